@@ -1,0 +1,128 @@
+"""Swap a compression into a transformers model in place; the model stays a normal transformers model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from methods.base import GroupCompression
+
+CONFIG_KEY = "acbench_compression"
+
+
+class LowRankLinear(nn.Module):
+    """y = A (B x) + bias. Sites of one group share the owner's B, and z = B x is computed once per input."""
+
+    def __init__(self, in_features: int, out_features: int, k: int, bias: bool, owner: "LowRankLinear | None" = None,
+                 dtype=None, device=None):
+        super().__init__()
+        self.in_features, self.out_features, self.k = in_features, out_features, k
+        self.A = nn.Linear(k, out_features, bias=bias, dtype=dtype, device=device)
+        if owner is None:
+            self.B = nn.Linear(in_features, k, bias=False, dtype=dtype, device=device)
+            owner = self
+        # A plain attribute, not a submodule: the shared B is stored once, under the owner.
+        object.__setattr__(self, "_owner", owner)
+        self._cache: tuple | None = None
+        self.n_readers = 1  # sites reading this module's z (set on the owner)
+        self._hits = 0
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        # The cache holds x itself, so identity cannot be reused by another tensor while cached.
+        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
+            z = self._cache[2]
+            self._hits += 1
+        else:
+            z = self.B(x)
+            self._cache, self._hits = (x, x._version, z), 1
+        if self._hits >= self.n_readers:
+            self._cache = None  # every reader has z: free the activation
+        return z
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.A(self._owner.project(x))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, module)
+
+
+def _build_modules(model: nn.Module, layout: dict) -> dict[str, nn.Module]:
+    """Create empty low-rank modules from a layout {site: {form, k, owner, d_in, d_out, bias}}."""
+    built: dict[str, LowRankLinear] = {}
+    ref = next(model.parameters())
+    factorised = [(site, spec) for site, spec in layout.items() if spec["form"] == "factorised"]
+    # Owners first: a saved config may list sites in any order.
+    for site, spec in sorted(factorised, key=lambda item: item[1]["owner"] != item[0]):
+        owner = built[spec["owner"]] if spec["owner"] != site else None
+        built[site] = LowRankLinear(spec["d_in"], spec["d_out"], spec["k"], spec["bias"], owner=owner,
+                                    dtype=ref.dtype, device=ref.device)
+    for site, mod in built.items():
+        if mod._owner is not mod:
+            mod._owner.n_readers += 1
+    for site, mod in built.items():
+        _set_module(model, site, mod)
+    return built
+
+
+def apply_compression(model: nn.Module, group, result: GroupCompression) -> dict:
+    """Deploy one group's result: factorised modules, or merged dense weights W_i' = A_i B_i."""
+    layout = {}
+    owner = group.site_names[0]
+    for name, site in zip(group.site_names, group.sites):
+        A, B = result.factors[name]
+        layout[name] = {
+            "form": result.form, "k": int(A.shape[1]), "d_in": site.in_features, "d_out": site.out_features,
+            "bias": site.bias is not None, "owner": owner if result.shared_projection else name,
+        }
+    if result.form == "merged":
+        with torch.no_grad():
+            for name, site in zip(group.site_names, group.sites):
+                A, B = result.factors[name]
+                site.weight.copy_((A.double() @ B.double()).to(site.weight.dtype))
+    else:
+        biases = {n: s.bias for n, s in zip(group.site_names, group.sites)}
+        built = _build_modules(model, {n: layout[n] for n in group.site_names})
+        with torch.no_grad():
+            for name, mod in built.items():
+                A, B = result.factors[name]
+                mod.A.weight.copy_(A.to(mod.A.weight.dtype))
+                if biases[name] is not None:
+                    mod.A.bias.copy_(biases[name])
+                if mod._owner is mod:
+                    mod.B.weight.copy_(B.to(mod.B.weight.dtype))
+    layouts = dict(getattr(model.config, CONFIG_KEY, None) or {})
+    layouts.update(layout)
+    setattr(model.config, CONFIG_KEY, layouts)
+    return layout
+
+
+def load_compressed(path: str | Path, dtype=torch.float32) -> nn.Module:
+    """Reload a model saved with save_pretrained after compression (factorised sites included)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(path)
+    layout = getattr(config, CONFIG_KEY, None) or {}
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _build_modules(model, layout)
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for f in files:
+        state.update(load_file(path / f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    tied = {k for k in missing if "lm_head" in k}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"checkpoint {path} does not match its compression layout: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    return model.eval()

@@ -1,0 +1,158 @@
+"""The calibration engine: hooks collect only the statistics the chosen methods need."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as Fn
+from tqdm.auto import tqdm
+
+from methods.base import GRADIENT_STATS, GroupStats
+
+from .groups import InputGroup
+
+
+@dataclass(frozen=True)
+class CalibSpec:
+    samples: int = 32  # calibration windows
+    seq_len: int = 256
+    seed: int = 0
+    pair_tokens: int = 512  # bounded (x, g) token sample per group, for coupling statistics
+    source: str = "wiki-calib"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def next_token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy; labels are shifted here, exactly once."""
+    return Fn.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1), reduction="sum"
+    )
+
+
+class _GroupCollector:
+    def __init__(self, group: InputGroup, needed: frozenset[str], pairs_per_batch: int, gen: torch.Generator):
+        self.group, self.needed = group, needed
+        d = group.d_in
+        self.n = 0
+        self.C = torch.zeros(d, d, dtype=torch.float64) if "C" in needed else None
+        self.abs_sum = torch.zeros(d, dtype=torch.float64) if "abs_mean" in needed else None
+        self.F = torch.zeros(d, d, dtype=torch.float64) if "F" in needed else None
+        self.xs, self.gs = [], []
+        self.pairs_per_batch, self.gen = pairs_per_batch, gen
+        self.row_fisher = {n: torch.zeros(s.out_features, dtype=torch.float64)
+                           for n, s in zip(group.site_names, group.sites)} if "row_fisher" in needed else None
+        self._seen: torch.Tensor | None = None
+        self.handle = group.sites[0].register_forward_pre_hook(self._pre_hook)
+
+    def _pre_hook(self, module, args):
+        x = args[0]
+        flat = x.detach().reshape(-1, x.shape[-1])
+        self.n += flat.shape[0]
+        if self.C is not None or self.abs_sum is not None:
+            xd = flat.double().cpu()
+            if self.C is not None:
+                self.C += xd.T @ xd
+            if self.abs_sum is not None:
+                self.abs_sum += xd.abs().sum(0)
+        idx = None
+        if "pairs" in self.needed:
+            m = min(self.pairs_per_batch, flat.shape[0])
+            idx = torch.randperm(flat.shape[0], generator=self.gen)[:m].to(flat.device)
+            self.xs.append(flat[idx].float().cpu())
+        if (self.F is not None or idx is not None) and x.requires_grad:
+            x.register_hook(lambda g, idx=idx: self._grad_hook(g, idx))
+
+    def _grad_hook(self, g, idx):
+        flat = g.detach().reshape(-1, g.shape[-1])
+        if self.F is not None:
+            gd = flat.double().cpu()
+            self.F += gd.T @ gd
+        if idx is not None:
+            self.gs.append(flat[idx].float().cpu())
+
+    def after_backward(self):
+        if self.row_fisher is not None:
+            for n, s in zip(self.group.site_names, self.group.sites):
+                self.row_fisher[n] += (s.weight.grad.double() ** 2).sum(1).cpu()
+                s.weight.grad = None
+
+    def finish(self) -> GroupStats:
+        self.handle.remove()
+        n = max(self.n, 1)
+        return GroupStats(
+            n_tokens=self.n,
+            C=None if self.C is None else self.C / n,
+            abs_mean=None if self.abs_sum is None else self.abs_sum / n,
+            F=None if self.F is None else self.F / n,
+            xs=torch.cat(self.xs) if self.xs else None,
+            gs=torch.cat(self.gs) if self.gs else None,
+            row_fisher=self.row_fisher,
+        )
+
+
+def calibrate(
+    model: torch.nn.Module,
+    groups: list[InputGroup],
+    windows: torch.Tensor,
+    needed: frozenset[str],
+    spec: CalibSpec,
+    batch_size: int = 2,
+    progress: bool = True,
+) -> dict[str, GroupStats]:
+    """One forward (and, if gradients are needed, one backward) pass per batch of calibration windows.
+
+    g is dL/dx at the group input for L = the summed next-token loss, so it does not depend on batch size.
+    """
+    if not needed:
+        return {g.name: GroupStats() for g in groups}
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(spec.seed)
+    n_batches = math.ceil(len(windows) / batch_size)
+    pairs_per_batch = math.ceil(spec.pair_tokens / n_batches)
+    collectors = [_GroupCollector(g, needed, pairs_per_batch, gen) for g in groups]
+    want_grad = bool(needed & GRADIENT_STATS)
+    was_training = model.training
+    model.eval()
+    saved_flags = {p: p.requires_grad for p in model.parameters()}
+    embed_handle = None
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if "row_fisher" in needed:
+            for g in groups:
+                for s in g.sites:
+                    s.weight.requires_grad_(True)
+        if want_grad:
+            # Gradients must flow to every group input even with frozen weights.
+            embed_handle = model.get_input_embeddings().register_forward_hook(
+                lambda m, a, out: out.requires_grad_(True)
+            )
+        for b in tqdm(range(n_batches), desc="calibrate", disable=not progress, leave=False):
+            ids = windows[b * batch_size:(b + 1) * batch_size].to(device)
+            with torch.set_grad_enabled(want_grad):
+                logits = model(input_ids=ids, use_cache=False).logits
+                if want_grad:
+                    next_token_loss_sum(logits, ids).backward()
+            del logits
+            for c in collectors:
+                c.after_backward()
+    finally:
+        for c in collectors:
+            c.handle.remove()
+        if embed_handle is not None:
+            embed_handle.remove()
+        for p, flag in saved_flags.items():
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return {c.group.name: c.finish() for c in collectors}
+
+
+def needed_stats(method_classes, extra: frozenset[str] = frozenset()) -> frozenset[str]:
+    out = set(extra)
+    for cls in method_classes:
+        out |= cls.stats
+    return frozenset(out)

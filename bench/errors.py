@@ -1,0 +1,16 @@
+"""User-facing errors: one line naming the problem and the fix, exit status 2, never a traceback."""
+
+
+class UserError(Exception):
+    """A problem with the user's input; the message names the problem and how to fix it."""
+
+    exit_code = 2
+
+
+def did_you_mean(name: str, known) -> str:
+    import difflib
+
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"{hint} Known: {', '.join(known)}."

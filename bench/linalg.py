@@ -1,0 +1,91 @@
+"""Float64 factorisations with trace-relative damping; every fallback is returned, never silent."""
+
+from __future__ import annotations
+
+import torch
+
+BASE_EPS = 1e-6
+MAX_EPS = 1e-1
+
+
+class NumericError(ValueError):
+    """Statistics that cannot be used (NaN / inf)."""
+
+
+def check_finite(where: str, **tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and not torch.isfinite(t).all():
+            raise NumericError(
+                f"non-finite {name} statistics in {where}: recalibrate in float32 (--dtype float32) "
+                "or with fewer/shorter calibration windows"
+            )
+
+
+def damp(C: torch.Tensor, eps: float) -> torch.Tensor:
+    d = C.shape[0]
+    scale = torch.trace(C) / d
+    if scale <= 0:
+        scale = torch.ones((), dtype=C.dtype)
+    return C + eps * scale * torch.eye(d, dtype=C.dtype)
+
+
+def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """S with S S^T = C + damping, and S^{-1}. Cholesky first; escalate damping; eigh as the last resort."""
+    C = C.double()
+    C = 0.5 * (C + C.T)
+    fallbacks: list[dict] = []
+    evals = torch.linalg.eigvalsh(C)
+    top = evals[-1].clamp_min(1e-300)
+    rank = int((evals > top * 1e-10).sum())
+    if rank < C.shape[0]:
+        fallbacks.append(
+            {"op": "whiten", "kind": "rank-deficient", "rank": rank, "d": C.shape[0],
+             "note": f"C has numerical rank {rank} < d; directions outside its range are set by damping eps={eps:g}"}
+        )
+    e = eps
+    while e <= MAX_EPS:
+        L, info = torch.linalg.cholesky_ex(damp(C, e))
+        if int(info) == 0:
+            if e != eps:
+                fallbacks.append({"op": "cholesky", "kind": "damping-escalated", "eps": e})
+            Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[0], dtype=L.dtype), upper=False)
+            return L, Linv, fallbacks
+        e *= 10
+    # Cholesky failed at every damping: symmetric square root from eigh, eigenvalues clamped.
+    w, U = torch.linalg.eigh(damp(C, eps))
+    floor = eps * (torch.trace(C) / C.shape[0]).clamp_min(1e-300)
+    w = w.clamp_min(floor)
+    fallbacks.append({"op": "cholesky", "kind": "eigh-fallback", "eps": eps})
+    return U * w.sqrt(), (U / w.sqrt()).T, fallbacks
+
+
+def sorted_eigh(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues descending, with eigenvectors as columns."""
+    w, V = torch.linalg.eigh(0.5 * (M + M.T))
+    return w.flip(0), V.flip(1)
+
+
+def weighted_subspace(
+    C: torch.Tensor,
+    F: torch.Tensor | None = None,
+    F_factor: torch.Tensor | None = None,
+    eps: float = BASE_EPS,
+) -> dict:
+    """Solve min_P tr((I-P)^T F (I-P) C) over rank-k projections, for every k at once.
+
+    With S S^T = C: the eigenvectors v_j of S^T F S (descending lambda_j) give u_j = S v_j and
+    w_j^T = v_j^T S^{-1}; keeping the first k gives P = U_k W_k^T, the exact optimum. F = I when
+    neither F nor F_factor (F = R^T R, solved by SVD of R S for accuracy) is given.
+    """
+    S, Sinv, fallbacks = whitening_factor(C, eps)
+    if F_factor is not None:
+        _, sig, Vh = torch.linalg.svd(F_factor.double() @ S, full_matrices=True)
+        lam = torch.zeros(S.shape[0], dtype=torch.float64)
+        lam[: sig.numel()] = sig**2
+        V = Vh.T
+    else:
+        Fm = torch.eye(S.shape[0], dtype=torch.float64) if F is None else F.double()
+        lam, V = sorted_eigh(S.T @ Fm @ S)
+    U = S @ V  # columns u_j
+    Wt = V.T @ Sinv  # rows w_j^T
+    return {"lam": lam, "U": U, "Wt": Wt, "fallbacks": fallbacks}

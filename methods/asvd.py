@@ -1,0 +1,31 @@
+"""ASVD: per site, SVD of W diag(s)^alpha with s = E|x| per input channel, then undo the scaling."""
+
+from dataclasses import dataclass
+
+from bench.linalg import check_finite
+
+from .base import Compressor
+from .svd import truncated_factors
+
+
+@dataclass(frozen=True)
+class ASVDSettings:
+    alpha: float = 0.5
+
+
+class ASVD(Compressor):
+    name = "asvd"
+    description = "SVD of W diag(E|x|)^alpha, B <- B diag(.)^-1 (alpha = 0.5)"
+    stats = frozenset({"abs_mean"})
+    per_site = True
+    Settings = ASVDSettings
+
+    def solve(self, weights, stats, k):
+        s = stats.abs_mean.double()
+        check_finite("asvd", abs_mean=s)
+        scale = s.clamp_min(0) ** self.settings.alpha + 1e-6
+        factors = {}
+        for n, W in weights.items():
+            A, B = truncated_factors(W * scale, k)
+            factors[n] = (A, B / scale)
+        return factors, False, [], {}

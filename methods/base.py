@@ -1,0 +1,165 @@
+"""The Compressor interface: what a method needs, its settings, and its one uniform result per input group."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+# Statistics a method can ask for; the calibration engine collects only the union of what is asked.
+ACTIVATION_STATS = frozenset({"C", "abs_mean"})
+GRADIENT_STATS = frozenset({"F", "pairs", "row_fisher"})
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    pass
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """`ratio` is a rank ratio (budget="rank") or a parameter ratio (budget="params")."""
+
+    ratio: float
+    budget: str = "rank"
+    align: int = 1
+
+    def __post_init__(self):
+        if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1) or math.isnan(self.ratio):
+            raise ValueError(f"rank ratio {self.ratio} is outside (0, 1]: pass e.g. --rank 0.5")
+        if self.budget not in ("rank", "params"):
+            raise ValueError(f"budget '{self.budget}' is unknown: use rank or params")
+        if self.align < 1:
+            raise ValueError("rank alignment must be >= 1")
+
+    def k_for(self, d_in: int, d_outs: tuple[int, ...], per_site: bool) -> int:
+        full = min(d_in, d_outs[0]) if per_site else d_in
+        if self.budget == "rank":
+            k = round(self.ratio * full)
+        else:
+            m = d_outs[0] if per_site else sum(d_outs)
+            k = math.floor(self.ratio * d_in * m / (d_in + m))
+        k = max(1, k)
+        if self.align > 1:
+            k = math.ceil(k / self.align) * self.align
+        return min(k, full)
+
+
+@dataclass
+class GroupStats:
+    """Calibration statistics of one input group (all float64 except the token sample)."""
+
+    n_tokens: int = 0
+    C: torch.Tensor | None = None  # E[x x^T]
+    abs_mean: torch.Tensor | None = None  # E|x| per channel
+    F: torch.Tensor | None = None  # E[g g^T], g = dL/dx at the group input
+    xs: torch.Tensor | None = None  # (N, d) token sample of x
+    gs: torch.Tensor | None = None  # (N, d) the same tokens' g
+    row_fisher: dict[str, torch.Tensor] | None = None  # per site: sum over batches of (dL/dW)^2 row sums
+
+
+@dataclass
+class GroupCompression:
+    """One method's answer for one input group: per site, factors with W_i ~= A_i @ B_i."""
+
+    group: str
+    method: str
+    k: int
+    factors: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    shared_projection: bool  # True: every site uses the same B (one z = B x for the group)
+    d_in: int
+    d_outs: tuple[int, ...]
+    fallbacks: list[dict] = field(default_factory=list)
+    extras: dict = field(default_factory=dict)
+    form: str = ""
+
+    def __post_init__(self):
+        if not self.form:
+            self.form = "factorised" if self.params_factorised < self.params_dense else "merged"
+
+    @property
+    def params_dense(self) -> int:
+        return self.d_in * sum(self.d_outs)
+
+    @property
+    def params_factorised(self) -> int:
+        ks = [A.shape[1] for A, _ in self.factors.values()]
+        outs = sum(k * d for k, d in zip(ks, self.d_outs))
+        if self.shared_projection:
+            return ks[0] * self.d_in + outs
+        return sum(k * self.d_in for k in ks) + outs
+
+    @property
+    def params_deployed(self) -> int:
+        return self.params_factorised if self.form == "factorised" else self.params_dense
+
+    def summary(self) -> dict:
+        return {
+            "group": self.group,
+            "k": self.k,
+            "d_in": self.d_in,
+            "form": self.form,
+            "params_dense": self.params_dense,
+            "params_deployed": self.params_deployed,
+            "fallbacks": self.fallbacks,
+            **{k: v for k, v in self.extras.items() if isinstance(v, (int, float, str))},
+        }
+
+
+class Compressor:
+    """Base class. A method sets `name`, `stats` (what it needs) and `Settings`, and implements `solve`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    stats: ClassVar[frozenset[str]] = frozenset()
+    per_site: ClassVar[bool] = False  # rank semantics of a per-site weight factorisation
+    Settings: ClassVar[type] = NoSettings
+
+    def __init__(self, settings=None):
+        self.settings = settings if settings is not None else self.Settings()
+
+    @classmethod
+    def from_options(cls, options: dict | None = None) -> "Compressor":
+        options = dict(options or {})
+        names = {f.name for f in dataclasses.fields(cls.Settings)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(
+                f"method '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
+                f"{', '.join(sorted(names)) or '(none)'}"
+            )
+        return cls(cls.Settings(**options))
+
+    @classmethod
+    def capabilities(cls) -> dict:
+        return {
+            "data_free": not cls.stats,
+            "activations": bool(cls.stats & ACTIVATION_STATS),
+            "gradients": bool(cls.stats & GRADIENT_STATS),
+        }
+
+    def compress(self, group, stats: GroupStats, rank: RankSpec) -> GroupCompression:
+        k = rank.k_for(group.d_in, group.d_outs, self.per_site)
+        weights = {n: s.weight.detach().double() for n, s in zip(group.site_names, group.sites)}
+        factors, shared, fallbacks, extras = self.solve(weights, stats, k)
+        factors = {n: (A.float(), B.float()) for n, (A, B) in factors.items()}
+        return GroupCompression(
+            group=group.name, method=self.name, k=k, factors=factors, shared_projection=shared,
+            d_in=group.d_in, d_outs=group.d_outs, fallbacks=fallbacks, extras=extras,
+        )
+
+    def solve(self, weights: dict[str, torch.Tensor], stats: GroupStats, k: int):
+        """Return (factors {site: (A, B)}, shared_projection, fallbacks, extras)."""
+        raise NotImplementedError
+
+
+def projection_factors(weights: dict[str, torch.Tensor], U_k: torch.Tensor, B: torch.Tensor):
+    """Deploy a projection P = U_k B of the group input: A_i = W_i U_k, shared B."""
+    return {n: (W @ U_k, B) for n, W in weights.items()}
+
+
+def settings_dict(settings) -> dict:
+    return dataclasses.asdict(settings)

@@ -1,0 +1,20 @@
+"""ESPACE NL-MSE: orthogonal projection on the top eigenvectors of C F + F C (a bound on the loss error)."""
+
+from bench.linalg import check_finite, sorted_eigh
+
+from .base import Compressor, projection_factors
+
+
+class EspaceNL(Compressor):
+    name = "espace-nl"
+    description = "top-k eigenvectors of C F + F C (ESPACE NL-MSE)"
+    stats = frozenset({"C", "F"})
+
+    def solve(self, weights, stats, k):
+        C, F = stats.C.double(), stats.F.double()
+        check_finite("espace-nl", C=C, F=F)
+        # Normalise both factors so neither scale dominates the symmetrised product.
+        C, F = C / C.trace().clamp_min(1e-300), F / F.trace().clamp_min(1e-300)
+        _, V = sorted_eigh(C @ F + F @ C)
+        Vk = V[:, :k]
+        return projection_factors(weights, Vk, Vk.T), True, [], {}

@@ -1,0 +1,29 @@
+"""FWSVD: per site, SVD of diag(r) W with r_i = sqrt(sum_j I_ij), I the diagonal weight Fisher."""
+
+import torch
+
+from bench.linalg import check_finite
+
+from .base import Compressor
+from .svd import truncated_factors
+
+
+class FWSVD(Compressor):
+    name = "fwsvd"
+    description = "SVD of diag(r) W, r = row sums of the diagonal weight Fisher, then diag(r)^-1"
+    stats = frozenset({"row_fisher"})
+    per_site = True
+
+    def solve(self, weights, stats, k):
+        factors, fallbacks = {}, []
+        for n, W in weights.items():
+            I_row = stats.row_fisher[n].double()
+            check_finite("fwsvd", row_fisher=I_row)
+            r = I_row.clamp_min(0).sqrt()
+            floor = 1e-6 * r.mean().clamp_min(1e-300)
+            if (r < floor).any():
+                fallbacks.append({"op": "fwsvd", "kind": "row-weight-floor", "rows": int((r < floor).sum())})
+            r = r.clamp_min(floor)
+            A, B = truncated_factors(r[:, None] * W, k)
+            factors[n] = (A / r[:, None], B)
+        return factors, False, fallbacks, {}

@@ -1,0 +1,15 @@
+"""Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I."""
+
+from bench.linalg import weighted_subspace
+
+from .base import Compressor, projection_factors
+
+
+class PCA(Compressor):
+    name = "pca"
+    description = "top-k eigenvectors of C = E[x x^T] (min E||x - Px||^2)"
+    stats = frozenset({"C"})
+
+    def solve(self, weights, stats, k):
+        sol = weighted_subspace(stats.C)
+        return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}

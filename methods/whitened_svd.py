@@ -1,0 +1,33 @@
+"""Whitened SVD (SVD-LLM): F_w = sum_i W_i^T W_i, minimising the output error E||W (x - P x)||^2."""
+
+from dataclasses import dataclass
+
+from bench.linalg import weighted_subspace
+
+from .base import Compressor, projection_factors
+
+
+@dataclass(frozen=True)
+class WhitenedSVDSettings:
+    per_site: bool = False  # True: one subspace per site, as SVD-LLM itself does (for its numbers)
+
+
+class WhitenedSVD(Compressor):
+    name = "whitened-svd"
+    description = "SVD of W S with S S^T = C (Cholesky whitening), truncated: min E||W(x - Px)||^2"
+    stats = frozenset({"C"})
+    Settings = WhitenedSVDSettings
+
+    def solve(self, weights, stats, k):
+        if not self.settings.per_site:
+            import torch
+
+            W = torch.cat(list(weights.values()), dim=0)
+            sol = weighted_subspace(stats.C, F_factor=W)
+            return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}
+        factors, fallbacks = {}, []
+        for n, W in weights.items():
+            sol = weighted_subspace(stats.C, F_factor=W)
+            factors[n] = (W @ sol["U"][:, :k], sol["Wt"][:k])
+            fallbacks = sol["fallbacks"]
+        return factors, False, fallbacks, {}
