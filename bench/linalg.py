@@ -70,6 +70,7 @@ def weighted_subspace(
     F: torch.Tensor | None = None,
     F_factor: torch.Tensor | None = None,
     eps: float = BASE_EPS,
+    whitening: tuple | None = None,
 ) -> dict:
     """Solve min_P tr((I-P)^T F (I-P) C) over rank-k projections, for every k at once.
 
@@ -77,7 +78,8 @@ def weighted_subspace(
     w_j^T = v_j^T S^{-1}; keeping the first k gives P = U_k W_k^T, the exact optimum. F = I when
     neither F nor F_factor (F = R^T R, solved by SVD of R S for accuracy) is given.
     """
-    S, Sinv, fallbacks = whitening_factor(C, eps)
+    S, Sinv, fallbacks = whitening if whitening is not None else whitening_factor(C, eps)
+    fallbacks = list(fallbacks)
     if F_factor is not None:
         _, sig, Vh = torch.linalg.svd(F_factor.double() @ S, full_matrices=True)
         lam = torch.zeros(S.shape[0], dtype=torch.float64)
@@ -89,3 +91,8 @@ def weighted_subspace(
     U = S @ V  # columns u_j
     Wt = V.T @ Sinv  # rows w_j^T
     return {"lam": lam, "U": U, "Wt": Wt, "fallbacks": fallbacks}
+
+
+def group_whitening(stats) -> tuple:
+    """The group's whitening factor, computed once and shared by every method that needs it."""
+    return stats.cached("whitening", lambda: whitening_factor(stats.C))

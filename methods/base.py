@@ -59,6 +59,13 @@ class GroupStats:
     xs: torch.Tensor | None = None  # (N, d) token sample of x
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g
     row_fisher: dict[str, torch.Tensor] | None = None  # per site: sum over batches of (dL/dW)^2 row sums
+    memo: dict = field(default_factory=dict, repr=False)  # solves shared by methods (whitening, Fisher basis)
+
+    def cached(self, key: str, compute):
+        """Methods that share a factorisation of the same statistics compute it once per group."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
 
 @dataclass

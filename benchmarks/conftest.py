@@ -1,0 +1,35 @@
+"""Benchmarks report ratios between pairs measured in the same run (never absolute times against a bound)."""
+
+import pytest
+
+# (numerator, denominator, what the ratio means, target)
+RATIOS = [
+    ("test_gradient_statistics", "test_plain_forward", "gradient statistics / plain forward (same tokens)", "<= 3"),
+    ("test_mmlu_lm_eval_bridge", "test_mmlu_native", "MMLU: lm-eval bridge time / native time", ">= 4"),
+    ("test_lama_brute_force", "test_lama_shared_prompt", "LAMA: brute-force time / shared-prompt scorer time", ">= 10"),
+    ("test_rho[4096]", "test_rho[640]", "rho cost d=4096 / d=640 (N fixed)", "~ 6.4 (linear in d)"),
+]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = getattr(config, "_benchmarksession", None)
+    if not session or not session.benchmarks:
+        return
+    med = {}
+    for b in session.benchmarks:
+        if b.stats is not None:
+            med[b.name] = b.stats.stats.median
+    terminalreporter.write_sep("-", "acbench ratios (medians, this run)")
+    for num, den, what, target in RATIOS:
+        if num in med and den in med:
+            terminalreporter.write_line(f"{what}: {med[num] / med[den]:.2f}x (target {target})")
+    for name in sorted(med):
+        if name.startswith("test_solve["):
+            terminalreporter.write_line(f"{name}: {med[name] * 1e3:.1f} ms per group")
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from bench.models import load_model
+
+    return load_model("gemma-3-270m", progress=False)

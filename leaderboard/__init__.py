@@ -1,0 +1,1 @@
+"""Leaderboards built only from stored result files (never from the runner)."""

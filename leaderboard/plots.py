@@ -1,0 +1,76 @@
+"""PNG plots written next to the leaderboard markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_rank(series: dict[str, dict[str, list[tuple[float, float]]]], dense: dict[str, float], title: str,
+                     path: Path) -> Path:
+    """series: {metric label: {method: [(rank, value)]}}; one panel per metric, dense as a dashed line."""
+    fig, axes = plt.subplots(1, max(1, len(series)), figsize=(5.2 * max(1, len(series)), 3.8), squeeze=False)
+    for ax, (label, per_method) in zip(axes[0], series.items()):
+        for method, pts in sorted(per_method.items()):
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        if dense.get(label) is not None:
+            ax.axhline(dense[label], color="black", linestyle="--", linewidth=1, label="dense")
+        ax.set_xlabel("rank ratio")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def ppl_vs_params(points: dict[str, list[tuple[float, float]]], dense_ppl: float | None, title: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for method, pts in sorted(points.items()):
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+    if dense_ppl:
+        ax.axhline(dense_ppl, color="black", linestyle="--", linewidth=1, label="dense")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameter ratio (compressed groups)")
+    ax.set_ylabel("perplexity (log scale)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Path) -> Path:
+    """Left: rho per block for each group type; right: unit sensitivity (loss rise) under pca and fasc."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    kinds = sorted({r["kind"] for r in per_group})
+    for kind in kinds:
+        rows = sorted((r["block"], r["rho"]) for r in per_group if r["kind"] == kind)
+        a.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=kind)
+    a.set_xlabel("block")
+    a.set_ylabel("rho (relative Frobenius violation)")
+    a.legend(fontsize=7)
+    a.grid(alpha=0.3)
+    x = [sum(u["blocks"]) / len(u["blocks"]) for u in units]
+    for method in ("pca", "fasc"):
+        key = f"loss_rise_{method}"
+        if all(key in u for u in units):
+            b.plot(x, [u[key] for u in units], marker="s", label=f"loss rise, {method}")
+    b.set_xlabel("block (centre of the compressed range)")
+    b.set_ylabel("held-out loss rise (nats/token)")
+    b.legend(fontsize=7)
+    b.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,206 @@
+"""`bench report`: markdown leaderboard (tabulate), CSV and JSON of the same tables, and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tabulate import tabulate
+
+from . import plots
+from .load import load_results
+from .tables import METRIC_COLUMNS, group_cells, is_number, missing_cells, rank_table
+
+DISPLAY = [  # (header, key, higher is better or None, format)
+    ("MMLU acc ↑", "MMLU acc", True, "{:.3f}"),
+    ("LAMA P@1 ↑", "LAMA P@1", True, "{:.3f}"),
+    ("PPL (ppl-token) ↓", "PPL (ppl-token)", False, "{:.2f}"),
+    ("PPL (ppl-word) ↓", "PPL (ppl-word)", False, "{:.2f}"),
+    ("recovery % ↑", "recovery %", True, "{:.1f}"),
+    ("param ratio ↓", "param ratio", False, "{:.3f}"),
+    ("weights MB ↓", "weight MB", False, "{:.1f}"),
+    ("peak MB ↓", "peak MB", False, "{:.0f}"),
+    ("prefill ↓", "prefill ms/tok (x dense)", False, "{:.2f}x"),
+    ("decode ↓", "decode ms/tok (x dense)", False, "{:.2f}x"),
+]
+
+
+def _atomic_write(path: Path, data: bytes | str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def _fmt(row: dict, key: str, fmt: str, best: bool) -> str:
+    v = row.get(key)
+    if not is_number(v):
+        return ""
+    s = fmt.format(v)
+    se = row.get(key + " stderr")
+    if is_number(se):
+        s += f" ± {se:.3f}" if "acc" in key or "P@1" in key else f" ± {se:.2f}"
+    return f"**{s}**" if best else s
+
+
+def _best(rows: list[dict], key: str, higher: bool):
+    vals = [r[key] for r in rows if r["method"] != "dense" and is_number(r.get(key))]
+    if len(vals) < 2 or len(set(vals)) == 1:  # nothing to single out
+        return None
+    return max(vals) if higher else min(vals)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    shown = [d for d in DISPLAY if any(is_number(r.get(d[1])) for r in rows)]
+    bests = {d[1]: _best(rows, d[1], d[2]) for d in shown}
+    body = []
+    for r in rows:
+        body.append([r["method"]] + [
+            _fmt(r, key, fmt, bests[key] is not None and r["method"] != "dense" and r.get(key) == bests[key])
+            for _, key, _, fmt in shown])
+    return tabulate(body, headers=["method"] + [d[0] for d in shown], tablefmt="github", disable_numparse=True)
+
+
+def _header(cells: list[dict]) -> list[str]:
+    fp = next((c.get("model_fingerprint") for c in cells if c.get("model_fingerprint")), {}) or {}
+    cal = next((c.get("calibration") for c in cells if c.get("calibration")), None)
+    env = next((c.get("env") for c in cells if c.get("env")), {}) or {}
+    dates = sorted((c.get("env") or {}).get("date", "") for c in cells)
+    lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items()))]
+    if cal:
+        spec = cal.get("spec", {})
+        lines.append(f"- calibration: {spec.get('samples')} x {spec.get('seq_len')} tokens from {spec.get('source')}, "
+                     f"{spec.get('pair_tokens')} (x, g) pairs/group, seed {spec.get('seed')}")
+    seeds = sorted({c.get("seed") for c in cells if c.get("seed") is not None})
+    lines.append(f"- seed: {', '.join(map(str, seeds))}")
+    lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
+                 f"{env.get('transformers')}, lm-eval {env.get('lm_eval')}, commit {env.get('git_commit')}, "
+                 f"device {env.get('device')}")
+    lines.append(f"- results dated {dates[0][:10]} to {dates[-1][:10]}" if dates and dates[0] else "- results undated")
+    return lines
+
+
+def _slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
+
+
+def _rho_section(cell: dict) -> list[str]:
+    d = cell["details"]
+    out = []
+    rows = []
+    for name, c in sorted(d["correlations"].items()):
+        for kind in ("spearman", "pearson"):
+            v = c.get(kind)
+            if v is None and kind == "spearman":
+                rows.append([name, "-", "", "", c.get("note", ""), c["n"]])
+            if v:
+                rows.append([name, kind, f"{v['r']:.3f}", f"{v['p']:.3g}", f"[{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]",
+                             c["n"]])
+    out.append(tabulate(rows, headers=["variable pair", "correlation", "r", "p", "bootstrap 95% CI", "n"],
+                        tablefmt="github", disable_numparse=True))
+    out.append("")
+    out.append("Highest-rho groups:")
+    out.append("")
+    out.append(tabulate([[g["group"], g["block"], g["kind"], f"{g['rho']:.3f}"] for g in d["highest_rho_groups"]],
+                        headers=["group", "block", "type", "rho"], tablefmt="github", disable_numparse=True))
+    return out
+
+
+def build(results_dirs, out_md: Path) -> dict:
+    """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
+    rs = load_results(*results_dirs)
+    grouped = group_cells(rs.cells)
+    plot_dir = out_md.parent / "plots"
+    md = ["# acbench leaderboard", ""]
+    flat_rows = []
+    written_plots = []
+    for model in sorted(grouped):
+        g = grouped[model]
+        model_cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
+        md += [f"## {model}", ""] + _header(model_cells) + [""]
+        cross: dict = {}
+        for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
+            budget, rank = key
+            rows = rank_table(g["dense"], g["ranks"][key])
+            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows), ""]
+            fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
+            if fb:
+                md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
+            for r in rows:
+                flat_rows.append({"model": model, "budget": budget, "rank": rank, **r})
+                if r["method"] != "dense":
+                    cross.setdefault(r["method"], {})[rank] = r
+        if cross:
+            ranks = sorted({r for per in cross.values() for r in per}, reverse=True)
+            body = []
+            for m in sorted(cross):
+                line = [m]
+                for rk in ranks:
+                    r = cross[m].get(rk, {})
+                    acc, ppl = r.get("MMLU acc"), r.get("PPL (ppl-token)")
+                    lama = r.get("LAMA P@1")
+                    line.append(" / ".join("" if not is_number(v) else f"{v:{f}}"
+                                           for v, f in ((acc, ".3f"), (lama, ".3f"), (ppl, ".1f"))))
+                body.append(line)
+            md += ["### Across rank ratios (MMLU acc / LAMA P@1 / PPL)", "",
+                   tabulate(body, headers=["method"] + [f"{r:g}" for r in ranks], tablefmt="github",
+                            disable_numparse=True), ""]
+            dense_row = rank_table(g["dense"], {})[0] if g["dense"] else {}
+            series = {}
+            for col in ("MMLU acc", "LAMA P@1"):
+                pts = {m: [(rk, r[col]) for rk, r in per.items() if is_number(r.get(col))] for m, per in cross.items()}
+                if any(pts.values()):
+                    series[col] = pts
+            if series:
+                p = plots.accuracy_vs_rank(series, {c: dense_row.get(c) for c in series}, model,
+                                           plot_dir / f"{_slug(model)}_accuracy_vs_rank.png")
+                written_plots.append(p)
+                md += [f"![accuracy vs rank ratio](plots/{p.name})", ""]
+            ppl_pts = {m: [(r["param ratio"], r["PPL (ppl-token)"]) for r in per.values()
+                           if is_number(r.get("param ratio")) and is_number(r.get("PPL (ppl-token)"))]
+                       for m, per in cross.items()}
+            if any(ppl_pts.values()):
+                p = plots.ppl_vs_params(ppl_pts, dense_row.get("PPL (ppl-token)"), model,
+                                        plot_dir / f"{_slug(model)}_ppl_vs_params.png")
+                written_plots.append(p)
+                md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
+        for (budget, rank), cell in sorted(g["rho"].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
+            md += [f"### rho at {budget} ratio {rank:g}", ""] + _rho_section(cell) + [""]
+            p = plots.rho_by_block(cell["details"]["per_group"], cell["details"]["units"], f"{model} @ {rank:g}",
+                                   plot_dir / f"{_slug(model)}_rho_{budget}_{rank:g}.png")
+            written_plots.append(p)
+            md += [f"![rho and sensitivity by block](plots/{p.name})", ""]
+    missing = missing_cells(grouped)
+    if missing:
+        md += ["## Missing cells", "", *[f"- {m}" for m in missing], ""]
+    if rs.problems:
+        md += ["## Skipped files", "", *[f"- {p}" for p in rs.problems], ""]
+    _atomic_write(out_md, "\n".join(md).rstrip() + "\n")
+    fields = sorted({k for r in flat_rows for k in r}, key=lambda k: (k not in ("model", "budget", "rank", "method"), k))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for r in flat_rows:
+        w.writerow({k: r.get(k) for k in fields})
+    _atomic_write(out_md.with_suffix(".csv"), buf.getvalue())
+    _atomic_write(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
+    return {"markdown": out_md, "plots": written_plots, "problems": rs.problems, "missing": missing,
+            "duplicates": rs.duplicates}
+
+
+def write_report(results: str, out: str | None = None) -> Path:
+    from bench.errors import UserError  # only for the error type users see
+
+    root = Path(results)
+    if not root.is_dir():
+        raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
+    out_md = Path(out) if out else root / "LEADERBOARD.md"
+    info = build([root], out_md)
+    for p in info["problems"]:
+        print(f"skipped: {p}")
+    return out_md

@@ -1,0 +1,72 @@
+"""The task interface: a task takes a (possibly compressed) model and its tokenizer and returns metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+
+@dataclass
+class TaskResult:
+    metrics: dict[str, float]
+    stderr: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # per subject / relation breakdowns
+    records: list[dict] = field(default_factory=list)  # per item
+    config: dict = field(default_factory=dict)
+
+
+class Task:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    higher_is_better: ClassVar[dict[str, bool]] = {}
+    primary_metric: ClassVar[str] = ""
+    Settings: ClassVar[type]
+
+    def __init__(self, settings=None):
+        self.settings = settings if settings is not None else self.Settings()
+
+    @classmethod
+    def from_options(cls, options: dict | None = None) -> "Task":
+        names = {f.name for f in dataclasses.fields(cls.Settings)}
+        options = {k: v for k, v in (options or {}).items() if v is not None}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"task '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
+                             f"{', '.join(sorted(names))}")
+        return cls(cls.Settings(**options))
+
+    def evaluate(self, model, tokenizer, progress: bool = True) -> TaskResult:
+        raise NotImplementedError
+
+
+def mean_stderr(values) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n)), as lm-eval reports."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(values) / n
+    if n < 2:
+        return m, float("nan")
+    var = sum((v - m) ** 2 for v in values) / (n - 1)
+    return m, math.sqrt(var / n)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def logits_from_hidden(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head (and Gemma's final soft-capping) applied only where needed."""
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def base_model(model):
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.model

@@ -1,0 +1,158 @@
+"""LAMA-style factual probes: candidate objects ranked by the summed log-probability of their tokens.
+
+The prompt runs once per probe; its key-value cache is shared by every candidate, and the vocabulary
+projection is computed only at the positions that score a candidate token (Gemma's vocabulary is 262k).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import random
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from .base import Task, TaskResult, base_model, logits_from_hidden, mean_stderr, model_device
+from .data.lama_data import LamaSet, Probe, load_lama, sample_probes
+
+
+def _cache_kwarg(body) -> str:
+    """transformers 5 renamed `past_key_values` to `cache` in decoder forwards."""
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+
+
+def candidate_ids(tokenizer, objects) -> list[list[int]]:
+    return [tokenizer.encode(" " + o, add_special_tokens=False) for o in objects]
+
+
+@torch.no_grad()
+def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chunk: int = 64) -> torch.Tensor:
+    """Summed log P(candidate tokens | prompt) for every candidate, sharing the prompt's forward pass."""
+    device = model_device(model)
+    body = base_model(model)
+    p_ids = torch.tensor([tokenizer.encode(prompt)], device=device)
+    cache_kw = _cache_kwarg(body)
+    out = body(input_ids=p_ids, use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    h_last = out.last_hidden_state[0, -1]
+    first = torch.log_softmax(logits_from_hidden(model, h_last), -1)
+    scores = torch.empty(len(cands))
+    n_prompt = p_ids.shape[1]
+    for start in range(0, len(cands), chunk):
+        block = cands[start:start + chunk]
+        s = torch.tensor([first[c[0]].item() for c in block])
+        longest = max(len(c) for c in block)
+        if longest > 1:
+            # Feed t_1..t_{m-1} after the cached prompt; position i predicts t_{i+2}.
+            width = longest - 1
+            ids = torch.zeros(len(block), width, dtype=torch.long)
+            mask = torch.zeros(len(block), width, dtype=torch.long)
+            for r, c in enumerate(block):
+                ids[r, : len(c) - 1] = torch.tensor(c[:-1])
+                mask[r, : len(c) - 1] = 1
+            kv = copy.deepcopy(cache)
+            kv.batch_repeat_interleave(len(block))
+            full_mask = torch.cat([torch.ones(len(block), n_prompt, dtype=torch.long), mask], 1)
+            pos = (n_prompt + torch.arange(width)).expand(len(block), width)
+            hid = body(input_ids=ids.to(device), attention_mask=full_mask.to(device), position_ids=pos.to(device),
+                       use_cache=True, **{cache_kw: kv}).last_hidden_state
+            rows, cols, targets = [], [], []
+            for r, c in enumerate(block):
+                for i in range(len(c) - 1):
+                    rows.append(r), cols.append(i), targets.append(c[i + 1])
+            logp = torch.log_softmax(logits_from_hidden(model, hid[rows, cols]), -1)
+            picked = logp[torch.arange(len(targets)), torch.tensor(targets, device=logp.device)].cpu()
+            s.index_add_(0, torch.tensor(rows), picked)
+        scores[start:start + len(block)] = s
+    return scores
+
+
+@torch.no_grad()
+def score_candidates_reference(model, tokenizer, prompt: str, cands: list[list[int]]) -> torch.Tensor:
+    """Brute force: one full forward per candidate, full log-softmax over every position."""
+    p = tokenizer.encode(prompt)
+    device = model_device(model)
+    out = []
+    for c in cands:
+        ids = torch.tensor([p + c], device=device)
+        logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), -1)
+        out.append(sum(logp[len(p) - 1 + i, t].item() for i, t in enumerate(c)))
+    return torch.tensor(out)
+
+
+def restrict_candidates(ls: LamaSet, probes: list[Probe], max_candidates: int, seed: int) -> LamaSet:
+    """Per relation, a fixed candidate set: every probe's gold objects plus seeded distractors, up to
+    `max_candidates` (the same set for every model, so compressed and dense rows stay comparable)."""
+    rng = random.Random(seed)
+    out = {}
+    for rel, objs in ls.candidates.items():
+        gold = list(dict.fromkeys(o for p in probes if p.relation == rel for o in p.objects if o in objs))
+        rest = [o for o in objs if o not in set(gold)]
+        extra = rng.sample(rest, max(0, min(len(rest), max_candidates - len(gold))))
+        out[rel] = tuple(sorted(gold + extra))
+    return LamaSet(ls.templates, out, ls.probes, ls.source + f" (<= {max_candidates} candidates per relation)")
+
+
+@dataclass(frozen=True)
+class LamaSettings:
+    source: str = "embedded"
+    per_relation: int | None = None  # probes per relation (seeded sample)
+    max_candidates: int | None = None  # per relation: gold objects of the probes + seeded distractors
+    seed: int = 0
+    chunk: int = 64
+
+
+class LAMA(Task):
+    name = "lama"
+    description = "LAMA-style cloze probes; candidates ranked by summed log-prob; P@1 (macro over relations), P@10, MRR"
+    higher_is_better = {"p@1": True, "p@10": True, "mrr": True, "p@1_micro": True}
+    primary_metric = "p@1"
+    Settings = LamaSettings
+
+    def evaluate(self, model, tokenizer, progress=True, lama_set: LamaSet | None = None) -> TaskResult:
+        s = self.settings
+        ls = lama_set or load_lama(s.source)
+        probes = sample_probes(ls, s.per_relation, s.seed)
+        if s.max_candidates:
+            ls = restrict_candidates(ls, probes, s.max_candidates, s.seed)
+        cand_cache = {rel: candidate_ids(tokenizer, objs) for rel, objs in ls.candidates.items()}
+        records, missing_gold = [], []
+        for probe in tqdm(probes, desc="lama", disable=not progress, leave=False):
+            objs = ls.candidates[probe.relation]
+            scores = score_candidates(model, tokenizer, probe.prompt, cand_cache[probe.relation], s.chunk)
+            ranking = scores.argsort(descending=True).tolist()
+            gold = [i for i, o in enumerate(objs) if o in probe.objects]
+            if not gold:
+                missing_gold.append({"subject": probe.subject, "relation": probe.relation, "objects": probe.objects})
+            rank = min((ranking.index(g) for g in gold), default=None)  # best-ranked gold object, 0-based
+            records.append({"subject": probe.subject, "relation": probe.relation, "pred": objs[ranking[0]],
+                            "gold": list(probe.objects), "rank": rank})
+        return self._aggregate(records, missing_gold, ls, s)
+
+    @staticmethod
+    def _aggregate(records, missing_gold, ls, s) -> TaskResult:
+        def hits(r, n):
+            return float(r["rank"] is not None and r["rank"] < n)
+
+        per_rel: dict[str, list[dict]] = {}
+        for r in records:
+            per_rel.setdefault(r["relation"], []).append(r)
+        rel_p1 = {rel: mean_stderr([hits(r, 1) for r in rs])[0] for rel, rs in per_rel.items()}
+        p1_micro, p1_se = mean_stderr([hits(r, 1) for r in records])
+        p10, p10_se = mean_stderr([hits(r, 10) for r in records])
+        mrr, mrr_se = mean_stderr([0.0 if r["rank"] is None else 1.0 / (r["rank"] + 1) for r in records])
+        import math
+
+        macro_se = math.sqrt(sum(mean_stderr([hits(r, 1) for r in rs])[1] ** 2 for rs in per_rel.values()
+                                 if len(rs) > 1)) / max(len(per_rel), 1)
+        return TaskResult(
+            metrics={"p@1": sum(rel_p1.values()) / max(len(rel_p1), 1), "p@1_micro": p1_micro, "p@10": p10, "mrr": mrr},
+            stderr={"p@1": macro_se, "p@1_micro": p1_se, "p@10": p10_se, "mrr": mrr_se},
+            details={"p@1_per_relation": rel_p1, "n_per_relation": {k: len(v) for k, v in per_rel.items()},
+                     "n_candidates": {k: len(v) for k, v in ls.candidates.items()},
+                     "missing_gold": missing_gold, "source": ls.source},
+            records=records,
+            config={"n_probes": len(records), **s.__dict__},
+        )

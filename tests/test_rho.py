@@ -1,0 +1,101 @@
+"""rho: the Gram-trick estimator, its behaviour under independence and dependence, and its correlations."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from bench.rho import correlations, rho_explicit, rho_scores
+
+
+def pairs(N, d, seed, coupled=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64)
+    grad = torch.randn(N, d, generator=g, dtype=torch.float64)
+    if coupled:  # g = (a.x) b + noise
+        a, b = torch.randn(d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
+        s = x @ a
+        grad = s[:, None] * b[None, :] + 0.1 * s.std() * grad
+    return x, grad
+
+
+def test_gram_trick_equals_explicit_kron():
+    for seed in range(3):
+        x, g = pairs(40, 4, seed, coupled=seed == 1)
+        fast = rho_scores(x, g, debias=False)
+        ref = rho_explicit(x, g)
+        assert fast["rho"] == pytest.approx(ref["rho"], rel=1e-9)
+        assert fast["rho_cos"] == pytest.approx(ref["rho_cos"], rel=1e-9, abs=1e-12)
+
+
+def test_independent_rho_small_and_shrinking_with_samples():
+    means = []
+    for N in (200, 800, 3200):
+        vals = [rho_scores(*pairs(N, 8, seed))["rho"] for seed in range(4)]
+        means.append(np.mean(vals))
+        assert max(vals) < 3.0 / np.sqrt(N) ** 0.5  # a bound that shrinks with N
+    assert means[2] < means[0]
+
+
+def test_independent_rho_near_zero_at_llm_width():
+    # the plug-in estimate is swamped by its n = m term at d = 640; the U-statistic is not
+    x, g = pairs(512, 640, 0)
+    assert rho_scores(x, g)["rho"] < 0.05
+    assert rho_scores(x, g, debias=False)["rho"] > 0.9
+
+
+def test_dependent_rho_far_from_zero():
+    x, g = pairs(2000, 8, 1, coupled=True)
+    dep = rho_scores(x, g)
+    ind = rho_scores(*pairs(2000, 8, 1))
+    assert dep["rho"] > 0.3 and dep["rho"] > 5 * ind["rho"]
+    assert dep["rho_cos"] > 10 * max(ind["rho_cos"], 1e-4)
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_rho_cos_in_unit_interval(coupled):
+    for seed in range(5):
+        for debias in (True, False):
+            r = rho_scores(*pairs(100, 6, seed, coupled), debias=debias)
+            assert 0.0 <= r["rho_cos"] <= 1.0
+
+
+def test_rho_dir_zero_when_independent_positive_when_coupled():
+    U = torch.linalg.qr(torch.randn(8, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64))[0]
+    ind = rho_scores(*pairs(20000, 8, 2), discard=U)["rho_dir"]
+    dep = rho_scores(*pairs(20000, 8, 2, coupled=True), discard=U)["rho_dir"]
+    assert abs(ind) < 0.02 and dep > 0.1  # jointly Gaussian: E[s^2 t^2] / (E s^2 E t^2) - 1 = 2 corr(s, t)^2
+
+
+def test_correlations_equal_scipy():
+    x = [0.1, 0.4, 0.35, 0.8, 0.7, 0.2, 0.9]
+    y = [1.0, 2.1, 1.9, 3.5, 3.9, 1.1, 4.2]
+    c = correlations(x, y, n_boot=200, seed=0)
+    s, p = stats.spearmanr(x, y), stats.pearsonr(x, y)
+    assert c["spearman"]["r"] == pytest.approx(s[0]) and c["spearman"]["p"] == pytest.approx(s[1])
+    assert c["pearson"]["r"] == pytest.approx(p[0]) and c["pearson"]["p"] == pytest.approx(p[1])
+    lo, hi = c["spearman"]["ci95"]
+    assert -1 <= lo <= c["spearman"]["r"] <= hi <= 1
+    assert correlations([1, 2], [3, 4])["spearman"] is None
+
+
+def test_sensitivity_at_full_rank_is_zero():
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.groups import find_input_groups
+    from bench.models import load_model
+    from bench.rho_analysis import _units, sensitivity
+    from bench.smoke import tiny_checkpoint
+    from bench.spec import RunSpec
+    from methods.base import RankSpec
+    from tasks.data.text_data import calibration_windows, load_text
+
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    spec = RunSpec(rho_lama_limit=1, rho_loss_windows=1, ppl_seq_len=32, lama_candidates=5, progress=False)
+    windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
+    groups = find_input_groups(lm.model)
+    st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
+                   progress=False)
+    rows, dense = sensitivity(lm, st, RankSpec(1.0), spec, _units(2, 2))
+    assert len(rows) == 4
+    for r in rows:
+        assert abs(r["loss_rise"]) < 1e-5 and r["lama_drop"] == 0

@@ -1,0 +1,107 @@
+"""`bench run` as a user runs it: bad input, interrupted sweeps, determinism, and the smoke check."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.smoke import tiny_checkpoint
+
+BENCH = [sys.executable, "-m", "bench.cli"]
+
+
+def tiny_args(out: Path) -> list[str]:
+    return ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc", "svd", "--rank", "0.5", "0.25",
+            "--tasks", "mmlu", "lama", "ppl-token", "--calib-samples", "4", "--calib-seq-len", "64",
+            "--pair-tokens", "64", "--mmlu-limit", "1", "--lama-limit", "1", "--lama-candidates", "6",
+            "--ppl-windows", "2", "--ppl-seq-len", "64", "--output", str(out), "--no-report", "--quiet"]
+
+
+def cells(out: Path) -> dict[str, dict]:
+    return {str(p.relative_to(out)): json.loads(p.read_text()) for p in sorted(out.rglob("*.json"))
+            if not p.name.startswith(".")}
+
+
+def run_bench(args, **kw):
+    return subprocess.run(BENCH + args, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--methods", "fsac"], "unknown method 'fsac'. Did you mean 'fasc'?"),
+    (["--rank", "0"], "rank ratio 0.0 is outside (0, 1]"),
+    (["--rank", "1.5"], "rank ratio 1.5 is outside (0, 1]"),
+    (["--rank", "nan"], "rank ratio nan is outside (0, 1]"),
+    (["--model", "/no/such/model-dir"], "model path /no/such/model-dir does not exist"),
+    (["--model", "/no/such/model.gguf"], "model file /no/such/model.gguf does not exist"),
+    (["--tasks", "mmlu", "lamma"], "unknown task 'lamma'. Did you mean 'lama'?"),
+    (["--output", "/proc/acbench-results"], "is not writable"),
+    (["--rank", "abc"], "invalid float value: 'abc'"),
+    (["--method-option", "fasc.bogus=1"], "method 'fasc' has no setting bogus"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    r = run_bench(["run"] + args)
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_malformed_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methods: [pca\nrank: 0.5\n")
+    r = run_bench(["run", "--config", str(bad)])
+    assert r.returncode == 2 and "is not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    bad.write_text("methods: pca\nrnak: 0.5\n")
+    r = run_bench(["run", "--config", str(bad)])
+    assert r.returncode == 2 and "unknown key 'rnak' (did you mean 'ranks'?)" in r.stderr
+
+
+def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
+    args = tiny_args(tmp_path / "killed")
+    out = tmp_path / "killed"
+    snapshots = []
+    for kill_after in (1, 6, 13):  # cells on disk when the process is killed: early, mid-sweep, late
+        proc = subprocess.Popen(BENCH + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if len(cells(out)) >= kill_after:
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        done = cells(out)
+        for name, rec in done.items():
+            assert rec["schema_version"] == 1 and "metrics" in rec  # no partial or corrupt cell
+        for earlier in snapshots:
+            for name, rec in earlier.items():
+                assert done[name] == rec  # finished cells are kept as they were
+        snapshots.append(done)
+    r = run_bench(args)
+    assert r.returncode == 0, r.stderr
+    final = cells(out)
+    assert len(final) == 3 + 3 * 2 * 3  # dense + methods x ranks, three tasks each
+    for name, rec in snapshots[-1].items():
+        assert final[name] == rec
+    # the same command with the same seed, uninterrupted, gives identical metric values
+    r = run_bench(tiny_args(tmp_path / "clean"))
+    assert r.returncode == 0, r.stderr
+    clean = cells(tmp_path / "clean")
+    assert set(clean) == set(final)
+    for name in final:
+        assert clean[name]["metrics"] == final[name]["metrics"], name
+    # a rerun computes nothing
+    r = run_bench(tiny_args(tmp_path / "clean")[:-1])
+    assert "0 cell(s) to compute" in r.stderr + r.stdout
+
+
+def test_smoke_passes(tmp_path):
+    r = run_bench(["smoke", "--output", str(tmp_path / "smoke")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "smoke OK" in r.stdout
+    assert (tmp_path / "smoke" / "LEADERBOARD.md").exists()

