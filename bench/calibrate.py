@@ -14,6 +14,10 @@ from methods.base import GRADIENT_STATS, GroupStats
 from .groups import InputGroup
 
 
+# Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
+STATS_VERSION = 2
+
+
 @dataclass(frozen=True)
 class CalibSpec:
     samples: int = 32  # calibration windows
@@ -60,8 +64,13 @@ class _GroupCollector:
                 self.abs_sum += xd.abs().sum(0)
         idx = None
         if "pairs" in self.needed:
-            m = min(self.pairs_per_batch, flat.shape[0])
-            idx = torch.randperm(flat.shape[0], generator=self.gen)[:m].to(flat.device)
+            # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
+            # outsized norms would dominate the fourth-moment (coupling) statistics, so it is never sampled.
+            seq = x.shape[1] if x.dim() == 3 else flat.shape[0]
+            pool = torch.arange(flat.shape[0])
+            pool = pool[pool % seq != 0]
+            m = min(self.pairs_per_batch, len(pool))
+            idx = pool[torch.randperm(len(pool), generator=self.gen)[:m]].to(flat.device)
             self.xs.append(flat[idx].float().cpu())
         if (self.F is not None or idx is not None) and x.requires_grad:
             x.register_hook(lambda g, idx=idx: self._grad_hook(g, idx))

@@ -96,3 +96,14 @@ def weighted_subspace(
 def group_whitening(stats) -> tuple:
     """The group's whitening factor, computed once and shared by every method that needs it."""
     return stats.cached("whitening", lambda: whitening_factor(stats.C))
+
+
+def pca_basis(stats) -> dict:
+    """F_w = I needs no whitening: the eigenvectors of C itself (orthonormal, so U = V and W^T = V^T)."""
+
+    def solve():
+        check_finite("pca", C=stats.C)
+        lam, V = sorted_eigh(stats.C.double())
+        return {"lam": lam, "U": V, "Wt": V.T, "fallbacks": []}
+
+    return stats.cached("pca_basis", solve)

@@ -20,20 +20,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _rss_hwm() -> int | None:
+def _proc_status_bytes(field: str) -> int | None:
+    """A memory line of /proc/self/status (VmRSS, VmHWM) in bytes; None where there is no procfs."""
     try:
         for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _rss_now() -> int | None:
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -68,9 +59,9 @@ def peak_memory(device: torch.device):
         out.update(kind="cuda_max_allocated", bytes=peak, working_bytes=peak - before)
     else:
         reset = _reset_rss_hwm()
-        before = _rss_now()
+        before = _proc_status_bytes("VmRSS")
         yield out
-        peak = _rss_hwm()
+        peak = _proc_status_bytes("VmHWM")
         out.update(kind="rss_high_water" if reset else "rss_high_water_since_start", bytes=peak,
                    working_bytes=None if peak is None or before is None else max(0, peak - before))
 
@@ -81,7 +72,7 @@ def _sync(device):
 
 
 @torch.no_grad()
-def latency(model, prompt_len: int = 64, new_tokens: int = 16, repeats: int = 2, vocab_hi: int | None = None) -> dict:
+def latency(model, prompt_len: int = 32, new_tokens: int = 8, repeats: int = 2, vocab_hi: int | None = None) -> dict:
     """Prefill and greedy-decode time per token (medians over repeats, after one warm-up)."""
     device = next(model.parameters()).device
     vocab_hi = vocab_hi or min(model.config.vocab_size, 1000)

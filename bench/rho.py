@@ -33,7 +33,9 @@ def rho_scores(xs: torch.Tensor, gs: torch.Tensor, discard: torch.Tensor | None 
         M_sq = (Kx2 * Kg2).sum() / N**2  # ||M||_F^2
         inner = (Kx2.sum(1) / N * Kg2.sum(1) / N).mean()  # <M, C (x) F> = mean_n (x_n^T C x_n)(g_n^T F g_n)
         CF_sq = Kx2.sum() / N**2 * Kg2.sum() / N**2  # ||C||_F^2 ||F||_F^2
-    M_sq = M_sq.clamp_min(1e-300)
+    if M_sq <= 0:  # the unbiased estimate of a square came out non-positive: too few or too heavy-tailed tokens
+        return {"rho": float("nan"), "rho_cos": float("nan"), "n_tokens": N, "debiased": debias,
+                "note": "||M||^2 estimate <= 0: increase --pair-tokens"}
     diff_sq = (M_sq - 2 * inner + CF_sq).clamp_min(0)
     out = {
         "rho": float(diff_sq.sqrt() / M_sq.sqrt()),
@@ -42,13 +44,18 @@ def rho_scores(xs: torch.Tensor, gs: torch.Tensor, discard: torch.Tensor | None 
         "debiased": debias,
     }
     if discard is not None and discard.shape[1] > 0:
-        U = discard.double()
-        U = U / U.norm(dim=0, keepdim=True)
-        px, pg = X @ U, G @ U  # (N, m)
-        joint = (pg**2 * px**2).mean(0)
-        indep = (pg**2).mean(0) * (px**2).mean(0)
-        out["rho_dir"] = float((joint / indep.clamp_min(1e-300) - 1).mean())
+        out["rho_dir"] = rho_directional(X, G, discard)
     return out
+
+
+def rho_directional(xs: torch.Tensor, gs: torch.Tensor, directions: torch.Tensor) -> float:
+    """Mean over unit directions u (columns) of E[(g^T u)^2 (u^T x)^2] / ((u^T F u)(u^T C u)) - 1."""
+    U = directions.double()
+    U = U / U.norm(dim=0, keepdim=True)
+    px, pg = xs.double() @ U, gs.double() @ U  # (N, m)
+    joint = (pg**2 * px**2).mean(0)
+    indep = (pg**2).mean(0) * (px**2).mean(0)
+    return float((joint / indep.clamp_min(1e-300) - 1).mean())
 
 
 def rho_explicit(xs: torch.Tensor, gs: torch.Tensor) -> dict:

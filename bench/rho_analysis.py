@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -11,7 +12,7 @@ from methods.base import RankSpec
 from methods.fasc import direction_scores
 
 from .groups import find_input_groups
-from .linalg import group_whitening, weighted_subspace
+from .linalg import group_whitening, pca_basis, weighted_subspace
 from .rho import correlations, cost_flops, rho_scores
 
 VARIANTS = ("rho", "rho_cos", "rho_dir")
@@ -23,7 +24,7 @@ def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
     for g in groups:
         st = stats[g.name]
         k = rank.k_for(g.d_in, g.d_outs, per_site=False)
-        pca = st.cached("pca_basis", lambda st=st: weighted_subspace(st.C, whitening=group_whitening(st)))
+        pca = pca_basis(st)
         t0 = time.perf_counter()
         r = rho_scores(st.xs, st.gs, discard=pca["U"][:, k:])
         seconds = time.perf_counter() - t0
@@ -38,6 +39,12 @@ def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
                      "surrogate_pca": s_pca, "surrogate_fasc_kfac": s_fasc,
                      "surrogate_gain": (s_pca - s_fasc) / s_pca if s_pca > 0 else 0.0, "seconds": seconds})
     return rows
+
+
+def _mean(values) -> float:
+    """Mean over the finite values (a group whose estimate is undefined is left out, and reported per group)."""
+    ok = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(ok) / len(ok) if ok else float("nan")
 
 
 def _units(n_blocks: int, n_units: int) -> list[list[int]]:
@@ -99,7 +106,7 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
     table = []
     for u, blocks in enumerate(units):
         gs = [r for r in per_group if r["block"] in blocks]
-        row = {"unit": u, "blocks": blocks, **{v: sum(r.get(v, 0.0) for r in gs) / len(gs) for v in VARIANTS}}
+        row = {"unit": u, "blocks": blocks, **{v: _mean([r.get(v) for r in gs]) for v in VARIANTS}}
         for s in sens:
             if s["unit"] == u:
                 for key in ("loss_rise", "lama_drop", "mmlu_drop"):
@@ -117,10 +124,10 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
             corr[f"{v}_vs_{t}"] = correlations([r[v] for r in table], [r[t] for r in table], seed=spec.seed)
         corr[f"{v}_vs_surrogate_gain_per_group"] = correlations([r.get(v) for r in per_group],
                                                                 [r["surrogate_gain"] for r in per_group], seed=spec.seed)
-    top = sorted(per_group, key=lambda r: -r["rho"])[:10]
+    top = sorted((r for r in per_group if math.isfinite(r["rho"])), key=lambda r: -r["rho"])[:10]
     d_small = min(r["d"] for r in per_group)
     d_big = max(r["d"] for r in per_group)
-    metrics = {f"{v}_mean": sum(r.get(v, 0.0) for r in per_group) / len(per_group) for v in VARIANTS}
+    metrics = {f"{v}_mean": _mean([r.get(v) for r in per_group]) for v in VARIANTS}
     s = corr.get("rho_vs_loss_rise_pca", {}).get("spearman")
     if s:
         metrics["spearman_rho_loss_rise"] = s["r"]

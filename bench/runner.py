@@ -17,7 +17,7 @@ from methods.base import GroupStats, RankSpec
 
 from . import __version__
 from .cache import cache_dir
-from .calibrate import CalibSpec, calibrate, needed_stats
+from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
 from .errors import UserError
 from .groups import find_input_groups
 from .linalg import NumericError
@@ -71,7 +71,7 @@ def method_key(name: str, spec: RunSpec) -> dict:
 # ---------------------------------------------------------------- calibration statistics (cached on disk)
 
 def _stats_file(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
-    key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__)
+    key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__, STATS_VERSION)
     return cache_dir() / "stats" / f"{key}.pt"
 
 

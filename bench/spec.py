@@ -21,7 +21,7 @@ class RunSpec:
     tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     # calibration
     calib_source: str = "wiki"
-    calib_samples: int = 16
+    calib_samples: int = 12
     calib_seq_len: int = 256
     pair_tokens: int = 512
     seed: int = 0
@@ -29,16 +29,16 @@ class RunSpec:
     limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
     mmlu_limit: int = 1
     mmlu_shots: int = 0
-    lama_limit: int = 5
+    lama_limit: int = 4
     lama_candidates: int = 25
-    ppl_windows: int = 4
+    ppl_windows: int = 3
     ppl_seq_len: int = 256
     text_source: str = "wiki"
     mmlu_source: str = "embedded"
     lama_source: str = "embedded"
     # rho sensitivity: blocks are compressed together in `rho_units` contiguous ranges
     rho_units: int = 6
-    rho_lama_limit: int = 2
+    rho_lama_limit: int = 1
     rho_mmlu_limit: int = 0
     rho_loss_windows: int = 2
     # execution

@@ -18,8 +18,8 @@ from .tables import METRIC_COLUMNS, group_cells, is_number, missing_cells, rank_
 DISPLAY = [  # (header, key, higher is better or None, format)
     ("MMLU acc ↑", "MMLU acc", True, "{:.3f}"),
     ("LAMA P@1 ↑", "LAMA P@1", True, "{:.3f}"),
-    ("PPL (ppl-token) ↓", "PPL (ppl-token)", False, "{:.2f}"),
-    ("PPL (ppl-word) ↓", "PPL (ppl-word)", False, "{:.2f}"),
+    ("PPL (ppl-token) ↓", "PPL (ppl-token)", False, "ppl"),
+    ("PPL (ppl-word) ↓", "PPL (ppl-word)", False, "ppl"),
     ("recovery % ↑", "recovery %", True, "{:.1f}"),
     ("param ratio ↓", "param ratio", False, "{:.3f}"),
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
@@ -37,14 +37,20 @@ def _atomic_write(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def _num(v: float, fmt: str) -> str:
+    if fmt == "ppl":  # perplexities of broken models run to 1e9: keep the column readable
+        return f"{v:.3g}" if abs(v) >= 1e5 else f"{v:.2f}"
+    return fmt.format(v)
+
+
 def _fmt(row: dict, key: str, fmt: str, best: bool) -> str:
     v = row.get(key)
     if not is_number(v):
         return ""
-    s = fmt.format(v)
+    s = _num(v, fmt)
     se = row.get(key + " stderr")
     if is_number(se):
-        s += f" ± {se:.3f}" if "acc" in key or "P@1" in key else f" ± {se:.2f}"
+        s += f" ± {se:.3f}" if "acc" in key or "P@1" in key else f" ± {_num(se, fmt)}"
     return f"**{s}**" if best else s
 
 
@@ -91,24 +97,21 @@ def _slug(s: str) -> str:
 
 def _rho_section(cell: dict) -> list[str]:
     d = cell["details"]
-    out = []
-    rows = []
-    for name, c in sorted(d["correlations"].items()):
-        for kind in ("spearman", "pearson"):
-            v = c.get(kind)
-            if v is None and kind == "spearman":
-                rows.append([name, "-", "", "", c.get("note", ""), c["n"]])
-            if v:
-                rows.append([name, kind, f"{v['r']:.3f}", f"{v['p']:.3g}", f"[{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]",
-                             c["n"]])
-    out.append(tabulate(rows, headers=["variable pair", "correlation", "r", "p", "bootstrap 95% CI", "n"],
-                        tablefmt="github", disable_numparse=True))
-    out.append("")
-    out.append("Highest-rho groups:")
-    out.append("")
-    out.append(tabulate([[g["group"], g["block"], g["kind"], f"{g['rho']:.3f}"] for g in d["highest_rho_groups"]],
-                        headers=["group", "block", "type", "rho"], tablefmt="github", disable_numparse=True))
-    return out
+
+    def show(v):
+        if not v:
+            return ""
+        return f"{v['r']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] p={v['p']:.2g}"
+
+    rows = [[name.replace("_vs_", " vs "), show(c.get("spearman")) or c.get("note", ""), show(c.get("pearson")), c["n"]]
+            for name, c in sorted(d["correlations"].items())]
+    return [
+        "Correlations (r [bootstrap 95% CI] p); sensitivity is per block range, surrogate gain per group:", "",
+        tabulate(rows, headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
+        "", "Highest-rho groups:", "",
+        tabulate([[g["group"], g["block"], g["kind"], f"{g['rho']:.3f}"] for g in d["highest_rho_groups"]],
+                 headers=["group", "block", "type", "rho"], tablefmt="github", disable_numparse=True),
+    ]
 
 
 def build(results_dirs, out_md: Path) -> dict:

@@ -1,6 +1,6 @@
 """Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I."""
 
-from bench.linalg import group_whitening, weighted_subspace
+from bench.linalg import pca_basis
 
 from .base import Compressor, projection_factors
 
@@ -11,5 +11,5 @@ class PCA(Compressor):
     stats = frozenset({"C"})
 
     def solve(self, weights, stats, k):
-        sol = stats.cached("pca_basis", lambda: weighted_subspace(stats.C, whitening=group_whitening(stats)))
+        sol = pca_basis(stats)
         return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}

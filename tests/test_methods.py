@@ -200,9 +200,10 @@ def test_rank_deficient_calibration_records_fallback():
     model = tiny_model("llama", hidden=32, inter=48)
     few = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(0))  # 12 tokens < d = 32
     stats = calibrate(model, find_input_groups(model), few, ALL_STATS, CalibSpec(pair_tokens=8), progress=False)
-    for name in ["pca", "whitened-svd", "fasc", "fasc-kfac"]:
+    for name in ["pca", "whitened-svd", "fasc", "fasc-kfac", "espace-nl", "asvd"]:
         results = compress_model(tiny_model("llama"), stats, name, 0.5)
-        assert any(f["kind"] == "rank-deficient" for r in results for f in r.fallbacks)
+        if name in ("whitened-svd", "fasc", "fasc-kfac"):  # the methods that invert C record it
+            assert any(f["kind"] == "rank-deficient" for r in results for f in r.fallbacks)
         for r in results:
             for A, B in r.factors.values():
                 assert torch.isfinite(A).all() and torch.isfinite(B).all()
