@@ -174,8 +174,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("ls", help="list registered methods, tasks or model aliases")
     p.add_argument("what", choices=["methods", "tasks", "models"])
     p = sub.add_parser("report", help="build the markdown leaderboard and plots from stored results")
-    p.add_argument("--results", default="results", help="results directory (default results/)")
-    p.add_argument("--out", default=None, help="markdown file (default <results>/LEADERBOARD.md)")
+    p.add_argument("--results", nargs="+", default=["results"],
+                   help="results directories; several (models, runs) merge without double-counting (default results/)")
+    p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
     p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")

@@ -196,14 +196,18 @@ def build(results_dirs, out_md: Path) -> dict:
             "duplicates": rs.duplicates}
 
 
-def write_report(results: str, out: str | None = None) -> Path:
+def write_report(results, out: str | None = None) -> Path:
+    """Build the leaderboard from one results directory or several; return the markdown path."""
     from bench.errors import UserError  # only for the error type users see
 
-    root = Path(results)
-    if not root.is_dir():
-        raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
-    out_md = Path(out) if out else root / "LEADERBOARD.md"
-    info = build([root], out_md)
+    roots = [Path(r) for r in ([results] if isinstance(results, (str, Path)) else results)]
+    for root in roots:
+        if not root.is_dir():
+            raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
+    out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
+    info = build(roots, out_md)
     for p in info["problems"]:
         print(f"skipped: {p}")
+    if info["duplicates"]:
+        print(f"{info['duplicates']} cell(s) stored more than once: the most recent result of each was used")
     return out_md

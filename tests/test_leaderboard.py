@@ -80,3 +80,18 @@ def test_plots_are_valid_pngs(rendered):
         head = Path(p).read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n"
         assert Path(p).stat().st_size > 5000
+
+
+def test_several_result_dirs_merge(tmp_path):
+    """Two runs' directories (one per model, plus a repeated cell) merge into one leaderboard."""
+    a, b = tmp_path / "run-a", tmp_path / "run-b"
+    shutil.copytree(FIXTURE / "model-a", a / "model-a")
+    shutil.copytree(FIXTURE / "model-b", b / "model-b")
+    shutil.copytree(FIXTURE / "model-a" / "dense", b / "model-a" / "dense")  # the same dense cells again
+    info = build([a, b], tmp_path / "merged.md")
+    text = (tmp_path / "merged.md").read_text()
+    assert "## model-a" in text and "## model-b" in text
+    assert info["duplicates"] == 1 + 3  # the fixture's own repeated cell, and the three copied dense cells
+    single = build([FIXTURE], tmp_path / "single.md")
+    assert (tmp_path / "merged.md").read_text().split("## Skipped")[0] == \
+        (tmp_path / "single.md").read_text().split("## Skipped")[0]
