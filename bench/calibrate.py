@@ -15,7 +15,7 @@ from .groups import InputGroup
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
-STATS_VERSION = 2
+STATS_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,12 @@ class _GroupCollector:
         x = args[0]
         flat = x.detach().reshape(-1, x.shape[-1])
         self.n += flat.shape[0]
-        if self.C is not None or self.abs_sum is not None:
-            xd = flat.double().cpu()
-            if self.C is not None:
-                self.C += xd.T @ xd
-            if self.abs_sum is not None:
-                self.abs_sum += xd.abs().sum(0)
+        # Per-batch products in float32 (on the model's device), summed across batches in float64.
+        if self.C is not None:
+            xf = flat.float()
+            self.C += (xf.T @ xf).double().cpu()
+        if self.abs_sum is not None:
+            self.abs_sum += flat.float().abs().sum(0).double().cpu()
         idx = None
         if "pairs" in self.needed:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
@@ -78,8 +78,8 @@ class _GroupCollector:
     def _grad_hook(self, g, idx):
         flat = g.detach().reshape(-1, g.shape[-1])
         if self.F is not None:
-            gd = flat.double().cpu()
-            self.F += gd.T @ gd
+            gf = flat.float()
+            self.F += (gf.T @ gf).double().cpu()
         if idx is not None:
             self.gs.append(flat[idx].float().cpu())
 

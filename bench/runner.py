@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +95,14 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
                       progress=spec.progress)
     info.update(n_tokens=int(windows.numel()), seconds=time.perf_counter() - t0, cached=False)
     _check_stats(stats)
+    # The cache stores float32 (half the disk); a fresh run uses the same rounded values, so a resumed sweep
+    # and an uninterrupted one compute bit-identical results.
+    stored = {k: {f: _to32(v) for f, v in vars(s).items() if f != "memo"} for k, s in stats.items()}
     tmp = path.with_suffix(".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"info": info, "stats": {k: {f: _to32(v) for f, v in vars(s).items() if f != "memo"}
-                                        for k, s in stats.items()}}, tmp)
+    torch.save({"info": info, "stats": stored}, tmp)
     tmp.replace(path)
-    return stats, info
+    return {k: GroupStats(**{f: _to64(v) for f, v in d.items()}) for k, d in stored.items()}, info
 
 
 def _to32(v):
@@ -312,7 +313,3 @@ def _rho_line(result: dict) -> str:
     c = corr.get("rho_vs_loss_rise_pca", {}).get("spearman")
     return f"mean rho={result['metrics']['rho_mean']:.3f}" + (
         f", Spearman(rho, loss rise under pca)={c['r']:.2f} (p={c['p']:.2g})" if c else "")
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())

@@ -166,7 +166,3 @@ class Compressor:
 def projection_factors(weights: dict[str, torch.Tensor], U_k: torch.Tensor, B: torch.Tensor):
     """Deploy a projection P = U_k B of the group input: A_i = W_i U_k, shared B."""
     return {n: (W @ U_k, B) for n, W in weights.items()}
-
-
-def settings_dict(settings) -> dict:
-    return dataclasses.asdict(settings)

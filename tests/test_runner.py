@@ -88,8 +88,10 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
     assert len(final) == 3 + 3 * 2 * 3  # dense + methods x ranks, three tasks each
     for name, rec in snapshots[-1].items():
         assert final[name] == rec
-    # the same command with the same seed, uninterrupted, gives identical metric values
-    r = run_bench(tiny_args(tmp_path / "clean"))
+    # the same command with the same seed, uninterrupted and calibrating afresh (its own empty statistics
+    # cache), gives identical metric values
+    env = {**os.environ, "ACBENCH_CACHE": str(tmp_path / "fresh-cache")}
+    r = run_bench(tiny_args(tmp_path / "clean"), env=env)
     assert r.returncode == 0, r.stderr
     clean = cells(tmp_path / "clean")
     assert set(clean) == set(final)
