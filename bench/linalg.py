@@ -29,13 +29,18 @@ def damp(C: torch.Tensor, eps: float) -> torch.Tensor:
     return C + eps * scale * torch.eye(d, dtype=C.dtype)
 
 
-def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    """S with S S^T = C + damping, and S^{-1}. Cholesky first; escalate damping; eigh as the last resort."""
+def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS,
+                     evals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """S with S S^T = C + damping, and S^{-1}. Cholesky first; escalate damping; eigh as the last resort.
+
+    `evals`, C's eigenvalues when already known, spare the decomposition the rank check needs.
+    """
     C = C.double()
     C = 0.5 * (C + C.T)
     fallbacks: list[dict] = []
-    evals = torch.linalg.eigvalsh(C)
-    top = evals[-1].clamp_min(1e-300)
+    if evals is None:
+        evals = torch.linalg.eigvalsh(C)
+    top = evals.max().clamp_min(1e-300)
     rank = int((evals > top * 1e-10).sum())
     if rank < C.shape[0]:
         fallbacks.append(
@@ -94,15 +99,16 @@ def weighted_subspace(
 
 
 def group_whitening(stats) -> tuple:
-    """The group's whitening factor, computed once and shared by every method that needs it."""
-    return stats.cached("whitening", lambda: whitening_factor(stats.C))
+    """The group's whitening factor, computed once and shared by every method that needs it. Its rank check
+    reuses the eigenvalues of C from pca_basis (one decomposition of C per group, not two, in a sweep)."""
+    return stats.cached("whitening", lambda: whitening_factor(stats.C, evals=pca_basis(stats)["lam"]))
 
 
 def pca_basis(stats) -> dict:
     """F_w = I needs no whitening: the eigenvectors of C itself (orthonormal, so U = V and W^T = V^T)."""
 
     def solve():
-        check_finite("pca", C=stats.C)
+        check_finite("the group", C=stats.C)
         lam, V = sorted_eigh(stats.C.double())
         return {"lam": lam, "U": V, "Wt": V.T, "fallbacks": []}
 

@@ -53,7 +53,7 @@ def _units(n_blocks: int, n_units: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(n_units)]
 
 
-def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -> list[dict]:
+def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -> tuple[list[dict], dict]:
     """Per unit and method: compress only that unit's groups; drops in LAMA P@1 / MMLU accuracy, rise in loss."""
     from tasks.lama import LAMA
     from tasks.mmlu import MMLU

@@ -82,8 +82,7 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
         try:
             saved = torch.load(path, weights_only=False)
             log(f"calibration statistics from cache ({path.name})")
-            return {k: GroupStats(**{f: _to64(v) for f, v in d.items()}) for k, d in saved["stats"].items()}, {
-                **info, **saved["info"], "cached": True}
+            return _stats_from_stored(saved["stats"]), {**info, **saved["info"], "cached": True}
         except Exception:  # a corrupt cache is recomputed, never trusted
             path.unlink(missing_ok=True)
     from tasks.data.text_data import calibration_windows, load_text
@@ -102,7 +101,7 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"info": info, "stats": stored}, tmp)
     tmp.replace(path)
-    return {k: GroupStats(**{f: _to64(v) for f, v in d.items()}) for k, d in stored.items()}, info
+    return _stats_from_stored(stored), info
 
 
 def _to32(v):
@@ -111,9 +110,14 @@ def _to32(v):
 
 
 def _to64(v):
-    if isinstance(v, torch.Tensor):
-        return v.double() if v.ndim == 2 and v.shape[0] == v.shape[1] or v.ndim == 1 else v
-    return {k: _to64(x) for k, x in v.items()} if isinstance(v, dict) else v
+    return v.double() if isinstance(v, torch.Tensor) else (
+        {k: _to64(x) for k, x in v.items()} if isinstance(v, dict) else v)
+
+
+def _stats_from_stored(stored: dict) -> dict[str, GroupStats]:
+    """Moments back to float64 for the solvers; the (x, g) token sample stays float32."""
+    return {k: GroupStats(**{f: v if f in ("xs", "gs") else _to64(v) for f, v in d.items()})
+            for k, d in stored.items()}
 
 
 def _check_stats(stats: dict[str, GroupStats]) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from tabulate import tabulate
+
+from bench.cache import atomic_write_text
 
 from . import plots
 from .load import load_results
@@ -27,14 +27,6 @@ DISPLAY = [  # (header, key, higher is better or None, format)
     ("prefill ↓", "prefill ms/tok (x dense)", False, "{:.2f}x"),
     ("decode ↓", "decode ms/tok (x dense)", False, "{:.2f}x"),
 ]
-
-
-def _atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
 
 
 def _num(v: float, fmt: str) -> str:
@@ -183,15 +175,15 @@ def build(results_dirs, out_md: Path) -> dict:
         md += ["## Missing cells", "", *[f"- {m}" for m in missing], ""]
     if rs.problems:
         md += ["## Skipped files", "", *[f"- {p}" for p in rs.problems], ""]
-    _atomic_write(out_md, "\n".join(md).rstrip() + "\n")
+    atomic_write_text(out_md, "\n".join(md).rstrip() + "\n")
     fields = sorted({k for r in flat_rows for k in r}, key=lambda k: (k not in ("model", "budget", "rank", "method"), k))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     for r in flat_rows:
         w.writerow({k: r.get(k) for k in fields})
-    _atomic_write(out_md.with_suffix(".csv"), buf.getvalue())
-    _atomic_write(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
+    atomic_write_text(out_md.with_suffix(".csv"), buf.getvalue())
+    atomic_write_text(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
     return {"markdown": out_md, "plots": written_plots, "problems": rs.problems, "missing": missing,
             "duplicates": rs.duplicates}
 
