@@ -20,11 +20,12 @@ STATS_VERSION = 3
 
 @dataclass(frozen=True)
 class CalibSpec:
-    samples: int = 32  # calibration windows
+    samples: int = 12  # calibration windows
     seq_len: int = 256
     seed: int = 0
     pair_tokens: int = 512  # bounded (x, g) token sample per group, for coupling statistics
-    source: str = "wiki-calib"
+    source: str = "wiki"
+    bos: str = "none"  # BOS protocol of the windows (tasks.data.text_data.BOS_PROTOCOLS)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -42,6 +42,10 @@ RUN_FLAGS = [
     ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 12)"}),
     ("--calib-seq-len", "calib_seq_len", {"type": int, "help": "tokens per calibration window (default 256)"}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
+    ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
+                      "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "
+                              "stream (one BOS opens the text), none; auto (default) = window if the tokenizer "
+                              "adds BOS, else none"}),
     ("--seed", "seed", {"type": int}),
     ("--limit", "limit", {"type": int, "help": "MMLU questions per subject and LAMA probes per relation"}),
     ("--mmlu-limit", "mmlu_limit", {"type": int, "help": "MMLU questions per subject (0 = all; default 1)"}),

@@ -23,7 +23,7 @@ def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
     rows = []
     for g in groups:
         st = stats[g.name]
-        k = rank.k_for(g.d_in, g.d_outs, per_site=False)
+        k = rank.k_group(g.d_in, g.d_outs)
         pca = pca_basis(st)
         t0 = time.perf_counter()
         r = rho_scores(st.xs, st.gs, discard=pca["U"][:, k:])
@@ -63,7 +63,7 @@ def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -
 
     probes = {
         "loss": PPLToken.from_options({"source": spec.text_source, "seq_len": spec.ppl_seq_len,
-                                       "max_windows": spec.rho_loss_windows, "batch_size": 1}),
+                                       "max_windows": spec.rho_loss_windows, "batch_size": 1, "bos": spec.bos}),
         "lama": LAMA.from_options({"per_relation": spec.rho_lama_limit, "max_candidates": spec.lama_candidates,
                                    "seed": spec.seed, "source": spec.lama_source}) if spec.rho_lama_limit else None,
         "mmlu": MMLU.from_options({"limit": spec.rho_mmlu_limit, "shots": 0, "seed": spec.seed,

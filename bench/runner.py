@@ -39,7 +39,7 @@ def build_tasks(spec: RunSpec, names: list[str] | None = None) -> dict[str, task
         "lama": {"per_relation": spec.lama_limit or None, "max_candidates": spec.lama_candidates, "seed": spec.seed,
                  "source": spec.lama_source},
         "ppl-token": {"source": spec.text_source, "seq_len": spec.ppl_seq_len, "max_windows": spec.ppl_windows,
-                      "batch_size": min(spec.batch_size, 2)},
+                      "batch_size": min(spec.batch_size, 2), "bos": spec.bos},
         "ppl-word": {"source": spec.text_source, "max_docs": spec.ppl_windows},
     }
     out = {}
@@ -57,7 +57,7 @@ def task_key(task) -> str:
 
 def calib_spec(spec: RunSpec) -> CalibSpec:
     return CalibSpec(samples=spec.calib_samples, seq_len=spec.calib_seq_len, seed=spec.seed,
-                     pair_tokens=spec.pair_tokens, source=spec.calib_source)
+                     pair_tokens=spec.pair_tokens, source=spec.calib_source, bos=spec.bos)
 
 
 def method_key(name: str, spec: RunSpec) -> dict:
@@ -88,7 +88,7 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
     from tasks.data.text_data import calibration_windows, load_text
 
     windows = calibration_windows(lm.tokenizer, load_text(spec.calib_source, "calib"), cspec.samples, cspec.seq_len,
-                                  cspec.seed)
+                                  cspec.seed, cspec.bos)
     t0 = time.perf_counter()
     stats = calibrate(lm.model, groups, windows, needed, cspec, batch_size=max(1, spec.batch_size // 2),
                       progress=spec.progress)
@@ -231,9 +231,14 @@ def run(spec: RunSpec) -> dict:
         f"LAMA {spec.lama_limit or 'all'} probes/relation, <= {spec.lama_candidates} candidates; "
         f"ppl-token {spec.ppl_windows} x {spec.ppl_seq_len} tokens")
     lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress)
+    from tasks.data.text_data import resolve_bos
+
+    asked = spec.bos
+    spec.bos = resolve_bos(lm.tokenizer, spec.bos)  # one protocol for calibration windows and ppl-token
+    log(f"BOS protocol: {spec.bos}" + (" (the tokenizer's default)" if asked == "auto" else ""))
     model_tasks = build_tasks(spec)
     env = environment(spec.device)
-    common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env,
+    common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos,
               "calibration": None}
 
     # Which cells are missing?
@@ -309,7 +314,7 @@ def run(spec: RunSpec) -> dict:
 def _rho_settings(spec: RunSpec) -> dict:
     return {k: getattr(spec, k) for k in ("rho_units", "rho_lama_limit", "rho_mmlu_limit", "rho_loss_windows",
                                           "lama_candidates", "ppl_seq_len", "text_source", "lama_source",
-                                          "mmlu_source", "seed")}
+                                          "mmlu_source", "seed", "bos")}
 
 
 def _rho_line(result: dict) -> str:

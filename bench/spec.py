@@ -25,6 +25,8 @@ class RunSpec:
     calib_seq_len: int = 256
     pair_tokens: int = 512
     seed: int = 0
+    # BOS protocol for calibration windows and ppl-token: window | stream | none | auto (resolved from the tokenizer)
+    bos: str = "auto"
     # task sizes (defaults fit `bench run --methods all --rank 0.5` in 15 minutes on 2 CPU cores)
     limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
     mmlu_limit: int = 1
@@ -106,6 +108,8 @@ def validate(spec: RunSpec) -> RunSpec:
         v = getattr(spec, attr)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if attr in ("mmlu_limit", "lama_limit") else 1):
             raise UserError(f"--{attr.replace('_', '-')} must be a positive integer, got {v!r}")
+    if spec.bos not in ("auto", "window", "stream", "none"):
+        raise UserError(f"--bos {spec.bos!r} is unknown: use auto, window, stream or none")
     if spec.dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"--dtype {spec.dtype} is unknown: use float32, bfloat16 or float16")
     if spec.device != "cpu":

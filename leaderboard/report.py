@@ -64,6 +64,21 @@ def markdown_table(rows: list[dict]) -> str:
     return tabulate(body, headers=["method"] + [d[0] for d in shown], tablefmt="github", disable_numparse=True)
 
 
+PARAM_RATIO_TOLERANCE = 0.01
+
+
+def param_ratio_warning(rows: list[dict]) -> list[str]:
+    """Rows of one rank ratio are compared as equals only if they deploy about as many parameters."""
+    ratios = {r["method"]: r["param ratio"] for r in rows if r["method"] != "dense" and is_number(r.get("param ratio"))}
+    if len(ratios) < 2 or max(ratios.values()) - min(ratios.values()) <= PARAM_RATIO_TOLERANCE:
+        return []
+    lo, hi = min(ratios.values()), max(ratios.values())
+    at = lambda v: ", ".join(m for m, x in sorted(ratios.items()) if abs(x - v) <= PARAM_RATIO_TOLERANCE / 2)
+    return [f"**Unequal budgets:** parameter ratios in this table range from {lo:.3f} ({at(lo)}) to {hi:.3f} "
+            f"({at(hi)}), more than {PARAM_RATIO_TOLERANCE} apart; rows are not compared at equal size "
+            "(`--budget params` sets the same parameter ratio for every method).", ""]
+
+
 def _header(cells: list[dict]) -> list[str]:
     fp = next((c.get("model_fingerprint") for c in cells if c.get("model_fingerprint")), {}) or {}
     cal = next((c.get("calibration") for c in cells if c.get("calibration")), None)
@@ -74,6 +89,10 @@ def _header(cells: list[dict]) -> list[str]:
         spec = cal.get("spec", {})
         lines.append(f"- calibration: {spec.get('samples')} x {spec.get('seq_len')} tokens from {spec.get('source')}, "
                      f"{spec.get('pair_tokens')} (x, g) pairs/group, seed {spec.get('seed')}")
+    bos = sorted({str(c["bos"]) for c in cells if c.get("bos")})
+    if bos:
+        lines.append(f"- BOS protocol (calibration and ppl-token windows; BOS never scored): {', '.join(bos)}"
+                     + (" — MIXED: these rows are not comparable" if len(bos) > 1 else ""))
     seeds = sorted({c.get("seed") for c in cells if c.get("seed") is not None})
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
     lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
@@ -123,6 +142,7 @@ def build(results_dirs, out_md: Path) -> dict:
             budget, rank = key
             rows = rank_table(g["dense"], g["ranks"][key])
             md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows), ""]
+            md += param_ratio_warning(rows)
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
                 md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]

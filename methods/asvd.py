@@ -26,6 +26,6 @@ class ASVD(Compressor):
         scale = s.clamp_min(0) ** self.settings.alpha + 1e-6
         factors = {}
         for n, W in weights.items():
-            A, B = truncated_factors(W * scale, k)
+            A, B = truncated_factors(W * scale, k[n])
             factors[n] = (A, B / scale)
         return factors, False, [], {}

@@ -35,13 +35,20 @@ class RankSpec:
         if self.align < 1:
             raise ValueError("rank alignment must be >= 1")
 
-    def k_for(self, d_in: int, d_outs: tuple[int, ...], per_site: bool) -> int:
-        full = min(d_in, d_outs[0]) if per_site else d_in
+    def k_group(self, d_in: int, d_outs: tuple[int, ...]) -> int:
+        """k of one projection shared by a group: the activation goes from d_in to k numbers."""
+        return self._k(full=d_in, d_in=d_in, d_out=sum(d_outs))
+
+    def k_site(self, d_in: int, d_out: int) -> int:
+        """k of one site's own factorisation W_i ~ A_i B_i, from that site's shape alone (so k_proj and v_proj
+        of a grouped-query attention get their own, smaller k: SVD-LLM's int(m*n*r/(m+n)) per matrix)."""
+        return self._k(full=min(d_in, d_out), d_in=d_in, d_out=d_out)
+
+    def _k(self, full: int, d_in: int, d_out: int) -> int:
         if self.budget == "rank":
             k = round(self.ratio * full)
         else:
-            m = d_outs[0] if per_site else sum(d_outs)
-            k = math.floor(self.ratio * d_in * m / (d_in + m))
+            k = math.floor(self.ratio * d_in * d_out / (d_in + d_out))
         k = max(1, k)
         if self.align > 1:
             k = math.ceil(k / self.align) * self.align
@@ -74,7 +81,7 @@ class GroupCompression:
 
     group: str
     method: str
-    k: int
+    k: int  # the shared k of a projection; for per-site factorisations the largest site k (see k_sites)
     factors: dict[str, tuple[torch.Tensor, torch.Tensor]]
     shared_projection: bool  # True: every site uses the same B (one z = B x for the group)
     d_in: int
@@ -86,6 +93,10 @@ class GroupCompression:
     def __post_init__(self):
         if not self.form:
             self.form = "factorised" if self.params_factorised < self.params_dense else "merged"
+
+    @property
+    def k_sites(self) -> dict[str, int]:
+        return {n: int(A.shape[1]) for n, (A, _) in self.factors.items()}
 
     @property
     def params_dense(self) -> int:
@@ -107,6 +118,7 @@ class GroupCompression:
         return {
             "group": self.group,
             "k": self.k,
+            "k_sites": self.k_sites,
             "d_in": self.d_in,
             "form": self.form,
             "params_dense": self.params_dense,
@@ -122,7 +134,9 @@ class Compressor:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     stats: ClassVar[frozenset[str]] = frozenset()
-    per_site: ClassVar[bool] = False  # rank semantics of a per-site weight factorisation
+    # Rank semantics of a per-site weight factorisation: k is computed for each site from its own shape and
+    # `solve` receives {site: k_i} instead of one int.
+    per_site: ClassVar[bool] = False
     Settings: ClassVar[type] = NoSettings
 
     def __init__(self, settings=None):
@@ -148,18 +162,30 @@ class Compressor:
             "gradients": bool(cls.stats & GRADIENT_STATS),
         }
 
+    @property
+    def site_wise(self) -> bool:
+        """Whether this instance factorises each site on its own (a setting may switch it, as whitened-svd's)."""
+        return self.per_site
+
+    def rank_for(self, group, rank: RankSpec) -> int | dict[str, int]:
+        if self.site_wise:
+            return {n: rank.k_site(group.d_in, d) for n, d in zip(group.site_names, group.d_outs)}
+        return rank.k_group(group.d_in, group.d_outs)
+
     def compress(self, group, stats: GroupStats, rank: RankSpec) -> GroupCompression:
-        k = rank.k_for(group.d_in, group.d_outs, self.per_site)
+        k_arg = self.rank_for(group, rank)
+        k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
         weights = {n: s.weight.detach().double() for n, s in zip(group.site_names, group.sites)}
-        factors, shared, fallbacks, extras = self.solve(weights, stats, k)
+        factors, shared, fallbacks, extras = self.solve(weights, stats, k_arg)
         factors = {n: (A.float(), B.float()) for n, (A, B) in factors.items()}
         return GroupCompression(
             group=group.name, method=self.name, k=k, factors=factors, shared_projection=shared,
             d_in=group.d_in, d_outs=group.d_outs, fallbacks=fallbacks, extras=extras,
         )
 
-    def solve(self, weights: dict[str, torch.Tensor], stats: GroupStats, k: int):
-        """Return (factors {site: (A, B)}, shared_projection, fallbacks, extras)."""
+    def solve(self, weights: dict[str, torch.Tensor], stats: GroupStats, k):
+        """Return (factors {site: (A, B)}, shared_projection, fallbacks, extras).
+        k: an int (the group's k) or, for a per-site method, {site: k_i}."""
         raise NotImplementedError
 
 

@@ -24,6 +24,6 @@ class FWSVD(Compressor):
             if (r < floor).any():
                 fallbacks.append({"op": "fwsvd", "kind": "row-weight-floor", "rows": int((r < floor).sum())})
             r = r.clamp_min(floor)
-            A, B = truncated_factors(r[:, None] * W, k)
+            A, B = truncated_factors(r[:, None] * W, k[n])
             factors[n] = (A / r[:, None], B)
         return factors, False, fallbacks, {}

@@ -18,4 +18,4 @@ class SVD(Compressor):
     per_site = True
 
     def solve(self, weights, stats, k):
-        return {n: truncated_factors(W, k) for n, W in weights.items()}, False, [], {}
+        return {n: truncated_factors(W, k[n]) for n, W in weights.items()}, False, [], {}

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import torch
+
 from bench.linalg import group_whitening, weighted_subspace
 
 from .base import Compressor, projection_factors
@@ -9,7 +11,8 @@ from .base import Compressor, projection_factors
 
 @dataclass(frozen=True)
 class WhitenedSVDSettings:
-    per_site: bool = False  # True: one subspace per site, as SVD-LLM itself does (for its numbers)
+    # True: one subspace per site with that site's own k, as SVD-LLM itself does (to reproduce its numbers)
+    per_site: bool = False
 
 
 class WhitenedSVD(Compressor):
@@ -18,16 +21,18 @@ class WhitenedSVD(Compressor):
     stats = frozenset({"C"})
     Settings = WhitenedSVDSettings
 
+    @property
+    def site_wise(self) -> bool:
+        return self.settings.per_site
+
     def solve(self, weights, stats, k):
         if not self.settings.per_site:
-            import torch
-
             W = torch.cat(list(weights.values()), dim=0)
             sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
             return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}
         factors, fallbacks = {}, []
         for n, W in weights.items():
             sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
-            factors[n] = (W @ sol["U"][:, :k], sol["Wt"][:k])
+            factors[n] = (W @ sol["U"][:, :k[n]], sol["Wt"][:k[n]])
             fallbacks = sol["fallbacks"]
         return factors, False, fallbacks, {}

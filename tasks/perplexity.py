@@ -11,17 +11,10 @@ import torch.nn.functional as Fn
 from tqdm.auto import tqdm
 
 from .base import Task, TaskResult, mean_stderr, model_device
-from .data.text_data import load_text
+from .data.text_data import evaluation_windows, load_text, resolve_bos
 
 
-def token_windows(tokenizer, text: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
-    """Non-overlapping windows of seq_len tokens over the concatenated text; the tail shorter than a
-    window is dropped, so no window crosses the end of the text."""
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
-    n = len(ids) // seq_len
-    if max_windows:
-        n = min(n, max_windows)
-    return ids[: n * seq_len].view(n, seq_len)
+token_windows = evaluation_windows
 
 
 @torch.no_grad()
@@ -43,6 +36,8 @@ class PPLTokenSettings:
     seq_len: int = 256
     max_windows: int | None = None
     batch_size: int = 2
+    # BOS protocol shared with calibration: window | stream | none | auto (window if the tokenizer adds BOS)
+    bos: str = "auto"
 
 
 class PPLToken(Task):
@@ -54,15 +49,18 @@ class PPLToken(Task):
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         s = self.settings
-        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows)
+        bos = resolve_bos(tokenizer, s.bos)
+        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
         per_window = window_nll(model, windows, s.batch_size, progress) / (s.seq_len - 1)
         nll, nll_se = mean_stderr(per_window.tolist())
         ppl = math.exp(nll)
         return TaskResult(
             metrics={"ppl": ppl, "nll": nll},
             stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method
-            details={"protocol": "ppl-token", "n_windows": len(windows), "n_tokens": len(windows) * (s.seq_len - 1)},
-            config=dict(s.__dict__),
+            details={"protocol": "ppl-token", "bos": bos, "n_windows": len(windows),
+                     "n_tokens": len(windows) * (s.seq_len - 1)},
+            records=[{"window": i, "nll": float(v)} for i, v in enumerate(per_window.tolist())],
+            config={**s.__dict__, "bos": bos},
         )
 
 

@@ -4,6 +4,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 
 from bench.errors import UserError
 from tasks.data.errors import DataError
@@ -137,19 +138,67 @@ def test_unknown_sources_say_what_to_use():
         load_text("bogus", "eval")
 
 
+class StreamTok:
+    """A tokenizer of a 500-token stream 0..499 whose BOS is 1000 (added by default when `adds_bos`)."""
+    bos_token_id = 1000
+
+    def __init__(self, adds_bos=True):
+        self.adds_bos = adds_bos
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=True):
+        import torch
+
+        ids = torch.arange(500) if text == "" else torch.tensor([7])
+        if add_special_tokens and self.adds_bos:
+            ids = torch.cat([torch.tensor([self.bos_token_id]), ids])
+
+        class R:
+            input_ids = ids[None] if return_tensors else ids.tolist()
+        return R()
+
+
 def test_calibration_windows_are_seeded():
-    class Tok:
-        bos_token_id = 1
-
-        def __call__(self, text, return_tensors, add_special_tokens):
-            import torch
-
-            class R:
-                input_ids = torch.arange(500)[None]
-            return R()
-
-    a = calibration_windows(Tok(), "", 4, 16, seed=3)
-    b = calibration_windows(Tok(), "", 4, 16, seed=3)
-    assert a.shape == (4, 16) and (a == b).all() and (a[:, 0] == 1).all()
+    tok = StreamTok()
+    a = calibration_windows(tok, "", 4, 16, seed=3, bos="window")
+    b = calibration_windows(tok, "", 4, 16, seed=3, bos="window")
+    assert a.shape == (4, 16) and (a == b).all() and (a[:, 0] == 1000).all()
+    assert ((a[:, 2:] - a[:, 1:-1]) == 1).all()  # 15 consecutive text tokens after BOS, none overwritten
     with pytest.raises(UserError, match="fewer than"):
-        calibration_windows(Tok(), "", 4, 1000, seed=3)
+        calibration_windows(tok, "", 4, 1000, seed=3)
+
+
+@pytest.mark.parametrize("bos", ["window", "stream", "none"])
+def test_bos_protocols_of_evaluation_and_calibration_windows(bos):
+    from tasks.data.text_data import evaluation_windows
+
+    tok = StreamTok()
+    w = evaluation_windows(tok, "", 16, None, bos)
+    text = w[w != 1000]
+    assert (text == torch.arange(len(text))).all()  # the windows tile the text stream, in order, without gaps
+    if bos == "window":
+        assert (w[:, 0] == 1000).all() and (w[:, 1:] != 1000).all() and len(w) == 500 // 15
+    elif bos == "stream":
+        assert w[0, 0] == 1000 and (w.view(-1)[1:] != 1000).all() and len(w) == 501 // 16
+    else:
+        assert (w != 1000).all() and len(w) == 500 // 16
+    # BOS is never a scored target: targets are positions 1..T-1 of each window
+    assert (w[:, 1:] != 1000).all()
+    c = calibration_windows(tok, "", 50, 16, seed=0, bos=bos)
+    assert ((c[:, 0] == 1000).all() if bos == "window" else (c[:, 1:] != 1000).all())
+    if bos == "none":
+        assert (c != 1000).all()
+
+
+def test_bos_default_follows_the_tokenizer():
+    from tasks.data.text_data import default_bos, resolve_bos
+
+    assert default_bos(StreamTok(adds_bos=True)) == "window"
+    assert default_bos(StreamTok(adds_bos=False)) == "none"
+    assert resolve_bos(StreamTok(adds_bos=False), "auto") == "none"
+    assert resolve_bos(StreamTok(adds_bos=False), "stream") == "stream"
+    with pytest.raises(UserError, match="unknown"):
+        resolve_bos(StreamTok(), "sometimes")
+    with pytest.raises(UserError, match="fewer than one window"):
+        from tasks.data.text_data import evaluation_windows
+
+        evaluation_windows(StreamTok(), "", 1000, None, "none")

@@ -95,3 +95,13 @@ def test_several_result_dirs_merge(tmp_path):
     single = build([FIXTURE], tmp_path / "single.md")
     assert (tmp_path / "merged.md").read_text().split("## Skipped")[0] == \
         (tmp_path / "single.md").read_text().split("## Skipped")[0]
+
+
+def test_unequal_parameter_ratios_flagged():
+    from leaderboard.report import param_ratio_warning
+
+    rows = [{"method": "dense", "param ratio": 1.0}, {"method": "pca", "param ratio": 0.708},
+            {"method": "svd", "param ratio": 0.775}, {"method": "fasc", "param ratio": 0.712}]
+    (line, _) = param_ratio_warning(rows)
+    assert "0.708 (fasc, pca)" in line and "0.775 (svd)" in line
+    assert param_ratio_warning(rows[:2] + rows[3:]) == []  # 0.004 apart: comparable

@@ -238,10 +238,50 @@ def test_parameter_accounting(windows):
 
 
 def test_rank_semantics():
-    assert RankSpec(0.5).k_for(640, (640,), per_site=False) == 320
-    assert RankSpec(0.5, align=64).k_for(600, (600,), per_site=False) == 320
-    assert RankSpec(0.5).k_for(640, (2048,), per_site=True) == 320
-    assert RankSpec(0.5, budget="params").k_for(640, (2048, 2048), per_site=False) == math.floor(0.5 * 640 * 4096 / 4736)
+    assert RankSpec(0.5).k_group(640, (640,)) == 320
+    assert RankSpec(0.5, align=64).k_group(600, (600,)) == 320
+    assert RankSpec(0.5).k_site(640, 2048) == 320
+    assert RankSpec(0.5, budget="params").k_group(640, (2048, 2048)) == math.floor(0.5 * 640 * 4096 / 4736)
+
+
+# Gemma-3-270m's q/k/v group: d_in 640, q 1024, k 256, v 256 (grouped-query attention)
+GQA = {"q_proj": 1024, "k_proj": 256, "v_proj": 256}
+
+
+def gqa_group(d_in=640, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return FakeGroup({n: torch.randn(d, d_in, generator=gen) / d_in**0.5 for n, d in GQA.items()})
+
+
+@pytest.mark.parametrize("name,options", [("svd", {}), ("asvd", {}), ("fwsvd", {}), ("whitened-svd", {"per_site": True})])
+@pytest.mark.parametrize("budget,expected", [("rank", {"q_proj": 320, "k_proj": 128, "v_proj": 128}),
+                                             ("params", {"q_proj": 196, "k_proj": 91, "v_proj": 91})])
+def test_per_site_budget_on_grouped_query_attention(name, options, budget, expected):
+    """k per site from the site's own shape: round(r min(d_in, d_out_i)) or floor(r d_in d_out_i / (d_in + d_out_i))."""
+    group = gqa_group()
+    d = group.d_in
+    gen = torch.Generator().manual_seed(3)
+    xs = torch.randn(2000, d, generator=gen, dtype=torch.float64)
+    stats = GroupStats(n_tokens=2000, C=xs.T @ xs / 2000, abs_mean=xs.abs().mean(0),
+                       row_fisher={n: torch.rand(o, generator=gen, dtype=torch.float64) + 0.1 for n, o in GQA.items()})
+    res = methods.get_method(name).from_options(options).compress(group, stats, RankSpec(0.5, budget))
+    assert res.k_sites == expected
+    assert res.summary()["k_sites"] == expected
+    if budget == "params":  # SVD-LLM's int(m*n*r/(m+n)) per matrix: the block lands at (just under) 0.5
+        assert res.form == "factorised"
+        assert 0.49 < res.params_deployed / res.params_dense <= 0.5
+
+
+def test_group_methods_keep_one_k_on_grouped_query_attention():
+    group = gqa_group()
+    stats = random_stats(640, n=1500)
+    res = methods.get_method("pca")().compress(group, stats, RankSpec(0.5))
+    assert res.k_sites == {n: 320 for n in GQA}
+    res = methods.get_method("whitened-svd")().compress(group, stats, RankSpec(0.5, "params"))
+    assert set(res.k_sites.values()) == {math.floor(0.5 * 640 * 1536 / (640 + 1536))}
+
+
+def test_rank_ratio_outside_unit_interval_refused():
     for bad in (0, 1.5, float("nan"), -0.1):
         with pytest.raises(ValueError, match="outside"):
             RankSpec(bad)
@@ -266,7 +306,7 @@ def test_entry_point_plugin(tmp_path, monkeypatch):
         "from methods.base import Compressor\nfrom methods.svd import truncated_factors\n"
         "class Half(Compressor):\n    name = 'my-svd'\n    per_site = True\n"
         "    def solve(self, weights, stats, k):\n"
-        "        return {n: truncated_factors(W, k) for n, W in weights.items()}, False, [], {}\n"
+        "        return {n: truncated_factors(W, k[n]) for n, W in weights.items()}, False, [], {}\n"
     )
     dist = tmp_path / "myplugin-0.1.dist-info"
     dist.mkdir()

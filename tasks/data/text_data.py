@@ -97,19 +97,70 @@ def load_text(source: str, part: str) -> str:
     raise UserError(f"text source '{source}' is unknown: use wiki, wikitext2 or file:<path>")
 
 
-def calibration_windows(tokenizer, text: str, samples: int, seq_len: int, seed: int) -> torch.Tensor:
-    """`samples` random windows of `seq_len` tokens from the calibration text (seeded)."""
+BOS_PROTOCOLS = ("window", "stream", "none")
+
+
+def default_bos(tokenizer) -> str:
+    """`window` when the tokenizer puts BOS in front of text by default (Gemma, Llama), else `none`."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return "none"
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return "window" if len(ids) and ids[0] == bos else "none"
+
+
+def resolve_bos(tokenizer, bos: str | None) -> str:
+    """The BOS protocol to use: an explicit one is checked against the tokenizer, `auto`/None picks the default."""
+    if bos in (None, "auto"):
+        return default_bos(tokenizer)
+    if bos not in BOS_PROTOCOLS:
+        raise UserError(f"bos protocol '{bos}' is unknown: use {', '.join(BOS_PROTOCOLS)} or auto")
+    if bos != "none" and getattr(tokenizer, "bos_token_id", None) is None:
+        raise UserError(f"--bos {bos} asked for, but this tokenizer has no BOS token: use --bos none")
+    return bos
+
+
+def text_ids(tokenizer, text: str, bos: str) -> torch.Tensor:
+    """The token stream of a text; under the `stream` protocol one BOS opens it (GPTQ / SVD-LLM)."""
     ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
-    if len(ids) < seq_len + 1:
+    if bos == "stream":
+        ids = torch.cat([torch.tensor([tokenizer.bos_token_id]), ids])
+    return ids
+
+
+def _with_window_bos(tokenizer, rows: torch.Tensor, bos: str) -> torch.Tensor:
+    """Under `window`, every window is [BOS] + (seq_len - 1) text tokens; position 0 is never a target."""
+    if bos != "window":
+        return rows
+    return torch.cat([torch.full((rows.shape[0], 1), tokenizer.bos_token_id, dtype=rows.dtype), rows], dim=1)
+
+
+def calibration_windows(tokenizer, text: str, samples: int, seq_len: int, seed: int, bos: str = "none") -> torch.Tensor:
+    """`samples` random windows of `seq_len` tokens from the calibration text (seeded), under a BOS protocol."""
+    if seq_len < 2:
+        raise UserError(f"--calib-seq-len {seq_len} leaves no next-token target: use at least 2 (e.g. 256)")
+    ids = text_ids(tokenizer, text, bos)
+    span = seq_len - 1 if bos == "window" else seq_len
+    if len(ids) < span + 1:
         raise UserError(f"calibration text has {len(ids)} tokens, fewer than --calib-seq-len {seq_len}: "
                         "use shorter windows or more text")
     gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(ids) - seq_len, (samples,), generator=gen)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    rows = []
-    for s in starts.tolist():
-        w = ids[s:s + seq_len]
-        if bos is not None:
-            w = torch.cat([torch.tensor([bos]), w[:-1]])
-        rows.append(w)
-    return torch.stack(rows)
+    starts = torch.randint(0, len(ids) - span, (samples,), generator=gen)
+    rows = torch.stack([ids[s:s + span] for s in starts.tolist()])
+    return _with_window_bos(tokenizer, rows, bos)
+
+
+def evaluation_windows(tokenizer, text: str, seq_len: int, max_windows: int | None, bos: str = "none") -> torch.Tensor:
+    """Non-overlapping windows of seq_len tokens tiling the text stream (the tail shorter than a window is dropped,
+    so no window crosses the end of the text); under `window` each is [BOS] + seq_len - 1 text tokens."""
+    if seq_len < 2:
+        raise UserError(f"--ppl-seq-len {seq_len} leaves no scored token: use at least 2 (e.g. 256)")
+    ids = text_ids(tokenizer, text, bos)
+    span = seq_len - 1 if bos == "window" else seq_len
+    n = len(ids) // span
+    if max_windows:
+        n = min(n, max_windows)
+    if n == 0:
+        raise UserError(f"the evaluation text has {len(ids)} tokens, fewer than one window of {seq_len}: "
+                        "use more text or a smaller --ppl-seq-len")
+    return _with_window_bos(tokenizer, ids[: n * span].view(n, span), bos)
