@@ -69,9 +69,11 @@ def test_lama_equals_brute_force_on_default_model(gemma):
 # inverse square root of a damped rank-deficient C amplifies directions the calibration never saw.)
 GOLDEN = {
     "dense_nll": 3.2119352085383857,
-    "pca_nll": 4.869297778512549,
-    "fasc-kfac_nll": 4.03704677792046,
-    "whitened-svd_nll": 3.9846869040661907,
+    # SmolLM2's tokenizer adds no BOS by default, so its protocol is `none` (calibration windows are plain text;
+    # before the BOS protocol, token 0 of each calibration window was overwritten with BOS)
+    "pca_nll": 4.9556759811761815,
+    "fasc-kfac_nll": 4.023109015517347,
+    "whitened-svd_nll": 4.02209316463921,
 }
 
 
@@ -84,12 +86,12 @@ def test_golden_values_smollm2(smol):
     from tasks.data.text_data import calibration_windows, load_text
     from tasks.perplexity import token_windows, window_nll
 
-    windows = calibration_windows(smol.tokenizer, load_text("wiki", "calib"), 24, 128, seed=0)
+    windows = calibration_windows(smol.tokenizer, load_text("wiki", "calib"), 24, 128, seed=0, bos="none")
     groups = find_input_groups(smol.model)
     assert len(groups) == 4 * 30 and groups[0].d_in == 576
     stats = calibrate(smol.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=128),
                       progress=False)
-    evalw = token_windows(smol.tokenizer, load_text("wiki", "eval"), 128, 2)
+    evalw = token_windows(smol.tokenizer, load_text("wiki", "eval"), 128, 2, bos="none")
     got = {"dense_nll": float(window_nll(smol.model, evalw, 2, progress=False).mean() / 127)}
     spec = RunSpec(progress=False)
     for m in ("pca", "fasc-kfac", "whitened-svd"):
@@ -98,4 +100,5 @@ def test_golden_values_smollm2(smol):
     print(got)
     for k, v in GOLDEN.items():
         assert got[k] == pytest.approx(v, abs=2e-3), k
-    assert got["dense_nll"] < got["whitened-svd_nll"] < got["fasc-kfac_nll"] < got["pca_nll"]
+    assert got["dense_nll"] < got["whitened-svd_nll"] < got["pca_nll"]
+    assert got["dense_nll"] < got["fasc-kfac_nll"] < got["pca_nll"]
