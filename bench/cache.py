@@ -27,13 +27,18 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temp file in the same directory, fsync, then rename: readers never see a partial file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a unique temp file in the same directory, fsync, then rename: readers never see a partial
+    file, and two processes writing the same path never share a temp file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -25,7 +25,12 @@ def _kv_options(items: list[str] | None, what: str) -> dict:
         key, eq, value = rest.partition("=")
         if not target or not key or not eq:
             raise UserError(f"--{what}-option '{item}' is not of the form {what}.setting=value")
-        out.setdefault(target, {})[key] = yaml.safe_load(value)
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--{what}-option '{item}': the value '{value}' does not parse (quote strings, close "
+                            "brackets)") from None
+        out.setdefault(target, {})[key] = parsed
     return out
 
 
@@ -34,7 +39,7 @@ RUN_FLAGS = [
     ("--model", "model", {"help": "alias (gemma-3-270m, smollm2-135m), .gguf file, checkpoint dir or hub id "
                                   "(default: gemma-3-270m)"}),
     ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
-    ("--rank", "ranks", {"nargs": "+", "type": float, "help": "rank ratio(s) in (0, 1] (default 0.5)"}),
+    ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
     ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
     ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
     ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: mmlu lama ppl-token rho; see `bench ls tasks`)"}),
@@ -83,12 +88,15 @@ def _add_run(sub):
 
 
 def _spec_from_args(args):
-    from .spec import RunSpec, load_config
+    from .spec import RunSpec, load_config, split_list
 
     data = load_config(args.config) if args.config else {}
     for _, dest, _ in RUN_FLAGS:
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
+    for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank")):
+        if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
+            data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
     for dest in ("overwrite", "measure_latency", "report", "progress"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
@@ -142,7 +150,9 @@ def cmd_ls(args) -> int:
 def cmd_report(args) -> int:
     from leaderboard.report import write_report
 
-    out = write_report(args.results, args.out)
+    from .spec import split_list
+
+    out = write_report(split_list(args.results, str, "--results"), args.out)
     print(f"leaderboard: {out}")
     return 0
 
@@ -170,8 +180,12 @@ def cmd_prepare(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+def run_spec_from_argv(argv: list[str]):
+    """The RunSpec that `bench run <argv>` would use (before validation)."""
+    return _spec_from_args(_parser().parse_args(["run", *argv]))
+
+
+def _parser() -> _Parser:
     parser = _Parser(prog="bench", description="acbench: benchmark post-training activation compression of LLMs")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _add_run(sub)
@@ -185,6 +199,12 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
     p.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
+    return parser
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = _parser()
     args = parser.parse_args(argv)
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare}[args.cmd]
     try:

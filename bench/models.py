@@ -121,11 +121,28 @@ def resolve(spec: str, progress: bool = True) -> tuple[Path | str, dict]:
                             f"or an alias ({', '.join(ALIASES)})")
         out = cache_dir() / "models" / f"gguf-{sha256_file(path)[:16]}"
         if not (out / "acbench_source.json").exists():
-            convert_gguf(path, out, progress)
+            try:
+                convert_gguf(path, out, progress)
+            except UserError:
+                raise
+            except Exception as e:  # the file is the user's: say what is wrong with it, not where gguf-py tripped
+                raise UserError(f"model file {path} is not a readable GGUF model ({_short(e)}): pass a complete "
+                                ".gguf file, a checkpoint directory, or an alias") from None
         return out, _dir_fingerprint(out)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"model directory {path} has no config.json: pass a transformers checkpoint directory")
+        try:
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            raise UserError(f"model directory {path}: config.json is not valid JSON ({_short(e)}): fix or "
+                            "re-save the checkpoint (save_pretrained)") from None
+        if not isinstance(cfg, dict) or "model_type" not in cfg:
+            raise UserError(f"model directory {path}: config.json has no model_type: re-save the checkpoint "
+                            "with save_pretrained")
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise UserError(f"model directory {path} holds no weights (*.safetensors or *.bin): pass a complete "
+                            "checkpoint (save_pretrained writes both config and weights)")
         return path, _dir_fingerprint(path)
     if spec.startswith((".", "/", "~")) or path.parent != Path("."):
         if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
@@ -134,23 +151,40 @@ def resolve(spec: str, progress: bool = True) -> tuple[Path | str, dict]:
     return spec, {"source": "hub", "id": spec}
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True) -> LoadedModel:
+def _short(e: Exception) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
+               before_weights=None) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     target, fp = resolve(spec, progress)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
     try:
         tok = AutoTokenizer.from_pretrained(target)
+        if before_weights is not None:
+            before_weights(tok)  # data checks run before the (slow) weights load
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype)
+    except UserError:
+        raise
     except OSError as e:
         if fp.get("source") == "hub":
             raise UserError(
                 f"model '{spec}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
-                f"from the Hugging Face hub ({str(e).splitlines()[0][:120]}): pass a local checkpoint or .gguf"
+                f"from the Hugging Face hub ({_short(e)}): pass a local checkpoint or .gguf"
             ) from None
-        raise
+        raise UserError(f"model '{spec}' could not be loaded ({_short(e)}): pass a complete checkpoint") from None
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise UserError(f"model '{spec}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
+                        "and weights (re-save with save_pretrained)") from None
     if fp.get("source") == "hub":
         fp["revision"] = getattr(model.config, "_commit_hash", None)
     model.to(device).eval()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +16,15 @@ import tasks as task_registry
 from methods.base import GroupStats, RankSpec
 
 from . import __version__
-from .cache import cache_dir
+from .cache import atomic_write_bytes, cache_dir
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
 from .errors import UserError
 from .groups import find_input_groups
 from .linalg import NumericError
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
-from .store import DENSE, cell_exists, cell_path, environment, settings_hash, write_cell
+from .store import (DENSE, cell_path, cell_status, claim_cell, environment, release_cell, settings_hash,
+                    write_cell)
 
 RHO_CELL_METHOD = "rho-analysis"
 
@@ -71,7 +73,7 @@ def method_key(name: str, spec: RunSpec) -> dict:
 
 def _stats_file(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
     key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__, STATS_VERSION)
-    return cache_dir() / "stats" / f"{key}.pt"
+    return cache_dir() / "stats" / f"{key}.safetensors"
 
 
 def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tuple[dict[str, GroupStats], dict]:
@@ -80,10 +82,11 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache_file": path.name}
     if path.exists():
         try:
-            saved = torch.load(path, weights_only=False)
+            stored, saved_info = read_stats(path)
             log(f"calibration statistics from cache ({path.name})")
-            return _stats_from_stored(saved["stats"]), {**info, **saved["info"], "cached": True}
-        except Exception:  # a corrupt cache is recomputed, never trusted
+            return _stats_from_stored(stored), {**info, **saved_info, "cached": True}
+        except Exception as e:  # a corrupt or foreign cache file is recomputed, never trusted
+            log(f"recomputing calibration statistics: cache file {path.name} is unreadable ({type(e).__name__})")
             path.unlink(missing_ok=True)
     from tasks.data.text_data import calibration_windows, load_text
 
@@ -97,11 +100,48 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
     # The cache stores float32 (half the disk); a fresh run uses the same rounded values, so a resumed sweep
     # and an uninterrupted one compute bit-identical results.
     stored = {k: {f: _to32(v) for f, v in vars(s).items() if f != "memo"} for k, s in stats.items()}
-    tmp = path.with_suffix(".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"info": info, "stats": stored}, tmp)
-    tmp.replace(path)
+    write_stats(path, stored, info)
     return _stats_from_stored(stored), info
+
+
+# The statistics cache is safetensors (tensors plus a JSON header): loading it can run no code, unlike a pickle,
+# which matters when $ACBENCH_CACHE is a folder shared on a cluster.
+_SEP = "::"
+
+
+def write_stats(path: Path, stored: dict, info: dict) -> None:
+    from safetensors.torch import save
+
+    tensors, scalars = {}, {}
+    for group, fields in stored.items():
+        for f, v in fields.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"{group}{_SEP}{f}"] = v.contiguous()
+            elif isinstance(v, dict):
+                for site, t in v.items():
+                    tensors[f"{group}{_SEP}{f}{_SEP}{site}"] = t.contiguous()
+            elif v is not None:
+                scalars[f"{group}{_SEP}{f}"] = v
+    meta = {"info": json.dumps(info, default=str), "scalars": json.dumps(scalars), "groups": json.dumps(list(stored))}
+    atomic_write_bytes(path, save(tensors, metadata=meta))
+
+
+def read_stats(path: Path) -> tuple[dict, dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        stored: dict = {g: {} for g in json.loads(meta["groups"])}
+        for key in f.keys():
+            group, field, *site = key.split(_SEP)
+            if site:
+                stored[group].setdefault(field, {})[site[0]] = f.get_tensor(key)
+            else:
+                stored[group][field] = f.get_tensor(key)
+    for key, v in json.loads(meta["scalars"]).items():
+        group, field = key.split(_SEP)
+        stored[group][field] = v
+    return stored, json.loads(meta["info"])
 
 
 def _to32(v):
@@ -230,13 +270,26 @@ def run(spec: RunSpec) -> dict:
         f"{spec.pair_tokens} (x, g) pairs/group); MMLU {spec.mmlu_shots}-shot, {spec.mmlu_limit or 'all'}/subject; "
         f"LAMA {spec.lama_limit or 'all'} probes/relation, <= {spec.lama_candidates} candidates; "
         f"ppl-token {spec.ppl_windows} x {spec.ppl_seq_len} tokens")
-    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress)
-    from tasks.data.text_data import resolve_bos
+    checked: dict = {}
 
-    asked = spec.bos
-    spec.bos = resolve_bos(lm.tokenizer, spec.bos)  # one protocol for calibration windows and ppl-token
-    log(f"BOS protocol: {spec.bos}" + (" (the tokenizer's default)" if asked == "auto" else ""))
-    model_tasks = build_tasks(spec)
+    def preflight(tokenizer):
+        """Data sources opened and checked before the weights load: a bad file costs seconds, not a dense run."""
+        from tasks.data.text_data import calibration_windows, load_text, resolve_bos
+
+        asked = spec.bos
+        spec.bos = resolve_bos(tokenizer, spec.bos)  # one protocol for calibration windows and ppl-token
+        log(f"BOS protocol: {spec.bos}" + (" (the tokenizer's default)" if asked == "auto" else ""))
+        checked["tasks"] = build_tasks(spec)
+        for task in checked["tasks"].values():
+            task.check(tokenizer)
+        if "rho" in spec.tasks or any(methods.get_method(m).stats for m in spec.methods):
+            calibration_windows(tokenizer, load_text(spec.calib_source, "calib"), spec.calib_samples,
+                                spec.calib_seq_len, spec.seed, spec.bos)
+
+    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight)
+    if "tasks" not in checked:
+        preflight(lm.tokenizer)
+    model_tasks = checked["tasks"]
     env = environment(spec.device)
     common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos,
               "calibration": None}
@@ -244,12 +297,20 @@ def run(spec: RunSpec) -> dict:
     # Which cells are missing?
     ranks = [RankSpec(r, spec.budget, spec.rank_align) for r in spec.ranks]
 
+    def needs_computing(p: Path) -> bool:
+        if spec.overwrite:
+            return True
+        status = cell_status(p)
+        if status not in (None, "missing"):
+            log(f"recomputing {p}: {status}")
+        return status is not None
+
     def paths_for(method, rank, key_extra):
         todo = {}
         for name, task in model_tasks.items():
             key = settings_hash(task_key(task), key_extra, lm.fingerprint)
             p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key)
-            if spec.overwrite or not cell_exists(p):
+            if needs_computing(p):
                 todo[name] = (task, p)
         return todo
 
@@ -265,50 +326,90 @@ def run(spec: RunSpec) -> dict:
         for r in ranks:
             key = settings_hash("rho", _rho_settings(spec), calib_spec(spec).as_dict(), lm.fingerprint, spec.budget)
             p = cell_path(out_root, lm.name, RHO_CELL_METHOD, r.ratio, spec.budget, "rho", key)
-            if spec.overwrite or not cell_exists(p):
+            if needs_computing(p):
                 rho_todo[r] = p
     n_cells = len(dense_todo) + sum(len(t) for t in plan.values()) + len(rho_todo)
     log(f"{n_cells} cell(s) to compute under {out_root}/ (existing cells are kept; --overwrite recomputes)")
-    written = 0
+    written, elsewhere = 0, []
+    claimed: set[Path] = set()
 
-    if dense_todo:
-        recs = evaluate_variant(Variant(DENSE, None, lm.model, None, {}), lm, spec, dense_todo, common, device)
-        written += len(recs)
-        log(f"[dense] {_summary_line(recs)}")
+    def unclaim(p: Path) -> None:
+        release_cell(p)
+        claimed.discard(p)
 
-    needs = needed_stats([methods.get_method(m) for m, _ in plan]) | (
-        frozenset({"C", "F", "pairs"}) if rho_todo else frozenset())
-    stats, calib_info = ({}, None)
-    if needs:
-        groups = find_input_groups(lm.model)
-        stats, calib_info = load_or_calibrate(lm, groups, spec, needs)
-    for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
-        t0 = time.perf_counter()
-        model, summaries = compress(lm.model, m, r, stats, spec, progress=spec.progress)
-        timings = {"compress_s": time.perf_counter() - t0}
-        if calib_info and methods.get_method(m).stats:
-            timings["calibrate_s"] = calib_info.get("seconds")
-        cell_common = {**common, "calibration": calib_info if methods.get_method(m).stats else None}
-        recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec), timings),
-                                lm, spec, todo, cell_common, device)
-        written += len(recs)
-        log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
-        del model
-    if rho_todo:
-        from .rho_analysis import rho_task
+    def claim(todo: dict) -> dict:
+        """The cells of `todo` this process computes: those no live process has claimed and none has finished
+        since the plan was made (parallel runs on one results directory split the work)."""
+        mine = {}
+        for name, item in todo.items():
+            p = item[1] if isinstance(item, tuple) else item
+            if not claim_cell(p):
+                elsewhere.append(p)
+                continue
+            claimed.add(p)
+            if not spec.overwrite and cell_status(p) is None:  # finished by another run meanwhile
+                unclaim(p)
+                continue
+            mine[name] = item
+        return mine
 
-        for r, path in rho_todo.items():
+    def release(todo: dict) -> None:
+        for item in todo.values():
+            unclaim(item[1] if isinstance(item, tuple) else item)
+
+    try:
+        dense_todo = claim(dense_todo)
+        if dense_todo:
+            recs = evaluate_variant(Variant(DENSE, None, lm.model, None, {}), lm, spec, dense_todo, common, device)
+            written += len(recs)
+            release(dense_todo)
+            log(f"[dense] {_summary_line(recs)}")
+
+        needs = needed_stats([methods.get_method(m) for m, _ in plan]) | (
+            frozenset({"C", "F", "pairs"}) if rho_todo else frozenset())
+        stats, calib_info = ({}, None)
+        if needs:
+            groups = find_input_groups(lm.model)
+            stats, calib_info = load_or_calibrate(lm, groups, spec, needs)
+        for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
+            todo = claim(todo)
+            if not todo:
+                continue
             t0 = time.perf_counter()
-            result = rho_task(lm, stats, r, spec)
-            write_cell(path, {**common, "calibration": calib_info,
-                              "cell": {"model": lm.name, "method": RHO_CELL_METHOD, "rank": r.ratio,
-                                       "budget": spec.budget, "task": "rho"},
-                              "timings": {"rho_s": time.perf_counter() - t0}, **result})
-            written += 1
-            log(f"[rho @ {r.ratio:g}] " + _rho_line(result))
+            model, summaries = compress(lm.model, m, r, stats, spec, progress=spec.progress)
+            timings = {"compress_s": time.perf_counter() - t0}
+            if calib_info and methods.get_method(m).stats:
+                timings["calibrate_s"] = calib_info.get("seconds")
+            cell_common = {**common, "calibration": calib_info if methods.get_method(m).stats else None}
+            recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec), timings),
+                                    lm, spec, todo, cell_common, device)
+            written += len(recs)
+            release(todo)
+            log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
+            del model
+        rho_todo = claim(rho_todo)
+        if rho_todo:
+            from .rho_analysis import rho_task
+
+            for r, path in rho_todo.items():
+                t0 = time.perf_counter()
+                result = rho_task(lm, stats, r, spec)
+                write_cell(path, {**common, "calibration": calib_info,
+                                  "cell": {"model": lm.name, "method": RHO_CELL_METHOD, "rank": r.ratio,
+                                           "budget": spec.budget, "task": "rho"},
+                                  "timings": {"rho_s": time.perf_counter() - t0}, **result})
+                unclaim(path)
+                written += 1
+                log(f"[rho @ {r.ratio:g}] " + _rho_line(result))
+    finally:
+        for p in list(claimed):  # an interrupted run leaves no claim that would block its successor
+            unclaim(p)
+    if elsewhere:
+        log(f"{len(elsewhere)} cell(s) left to another run that is computing them now: "
+            + ", ".join(str(p.relative_to(out_root)) for p in elsewhere[:5]) + (" ..." if len(elsewhere) > 5 else ""))
     elapsed = time.perf_counter() - t_start
     log(f"done: {written} cell(s) written in {elapsed:.0f} s")
-    return {"written": written, "seconds": elapsed, "output": str(out_root)}
+    return {"written": written, "seconds": elapsed, "output": str(out_root), "elsewhere": [str(p) for p in elsewhere]}
 
 
 def _rho_settings(spec: RunSpec) -> dict:

@@ -76,6 +76,12 @@ def validate(spec: RunSpec) -> RunSpec:
     import methods
     import tasks
 
+    from .settings import type_problems
+
+    problems = type_problems(spec)
+    if problems:
+        name = problems[0].split(" ", 1)[0]
+        raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
     try:
         spec.methods = methods.expand_methods(spec.methods)
     except KeyError as e:
@@ -106,12 +112,19 @@ def validate(spec: RunSpec) -> RunSpec:
     for attr in ("calib_samples", "calib_seq_len", "pair_tokens", "mmlu_limit", "lama_limit", "lama_candidates",
                  "ppl_windows", "ppl_seq_len", "rho_units", "batch_size"):
         v = getattr(spec, attr)
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if attr in ("mmlu_limit", "lama_limit") else 1):
-            raise UserError(f"--{attr.replace('_', '-')} must be a positive integer, got {v!r}")
+        low = {"mmlu_limit": 0, "lama_limit": 0, "calib_seq_len": 2, "ppl_seq_len": 2}.get(attr, 1)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            what = "a non-negative" if low == 0 else ("an" if low == 2 else "a positive")
+            raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
+                            f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
     if spec.bos not in ("auto", "window", "stream", "none"):
         raise UserError(f"--bos {spec.bos!r} is unknown: use auto, window, stream or none")
     if spec.dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"--dtype {spec.dtype} is unknown: use float32, bfloat16 or float16")
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", spec.device):
+        raise UserError(f"--device {spec.device} is not supported: use cpu, cuda or cuda:<index>")
     if spec.device != "cpu":
         import torch
 
@@ -123,14 +136,31 @@ def validate(spec: RunSpec) -> RunSpec:
     return spec
 
 
+def split_list(value, kind, where: str) -> list:
+    """Comma lists and space lists mean the same ('pca,fasc', ['pca', 'fasc'], ['pca,fasc']); numbers stay numbers."""
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        parts = [p.strip() for p in item.split(",")] if isinstance(item, str) else [item]
+        for p in parts:
+            if p == "":
+                continue
+            if kind is float and isinstance(p, str):
+                try:
+                    p = float(p)
+                except ValueError:
+                    raise UserError(f"{where}: '{p}' is not a number (e.g. 0.5)") from None
+            out.append(p)
+    return out
+
+
 def load_config(path: str) -> dict:
     import yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file {path} does not exist: pass --config <file.yaml>")
+    from tasks.data.errors import read_user_text
+
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(read_user_text(path, "config file")) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -141,8 +171,8 @@ def load_config(path: str) -> dict:
     if "rank" in data:
         data["ranks"] = data.pop("rank")
     for key in ("ranks", "methods", "tasks"):
-        if key in data and not isinstance(data[key], list):
-            data[key] = [data[key]] if not isinstance(data[key], str) else data[key].split(",")
+        if key in data:
+            data[key] = split_list(data[key], float if key == "ranks" else str, f"'{key}' in {path}")
     unknown = sorted(set(data) - RunSpec.field_names())
     if unknown:
         import difflib

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .cache import atomic_write_json
 
-SCHEMA_VERSION = 1
+from .schema import SCHEMA_VERSION, cell_problem
+
 DENSE = "dense"
 
 
@@ -33,16 +34,34 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
 
 
 def write_cell(path: Path, record: dict) -> None:
+    from .errors import UserError
+
     record = {"schema_version": SCHEMA_VERSION, **record}
-    atomic_write_json(path, record)
+    problem = cell_problem(json.loads(json.dumps(record, default=str)))
+    if problem:  # e.g. a NaN metric: never store a cell that readers would reject
+        raise UserError(f"result for {path.name} is not valid ({problem}): this is a bug or a degenerate setting; "
+                        "check the run's sizes")
+    try:
+        atomic_write_json(path, record)
+    except OSError as e:
+        raise UserError(f"cannot write result file {path} ({e.strerror or type(e).__name__}): make the results "
+                        "directory writable or pass --output <writable dir>") from None
+
+
+def cell_status(path: Path) -> str | None:
+    """None when the cell is done (its file validates against the cell schema), else why it must be computed."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"unreadable ({type(e).__name__})"
+    return cell_problem(rec)
 
 
 def cell_exists(path: Path) -> bool:
-    """A cell counts as done only if its file parses and carries the current schema version."""
-    try:
-        return json.loads(Path(path).read_text()).get("schema_version") == SCHEMA_VERSION
-    except (OSError, ValueError):
-        return False
+    return cell_status(path) is None
 
 
 _GIT = None
@@ -94,3 +113,58 @@ def check_writable(root: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise UserError(f"output directory {root} is not writable ({e.strerror}): pass --output <writable dir>") from None
+
+
+# ---------------------------------------------------------------- cell claims (parallel runs split the work)
+
+LOCK_TTL_S = float(os.environ.get("ACBENCH_LOCK_TTL", 6 * 3600))  # a claim older than this is presumed dead
+
+
+def _lock_path(path: Path) -> Path:
+    return Path(path).with_name(f".{Path(path).name}.lock")
+
+
+def _holder_alive(lock: Path) -> bool:
+    """Whether the process that wrote a claim may still be computing it."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+        info = json.loads(lock.read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return age < 60  # a claim being written right now, or garbage: give it a minute
+    if info.get("host") == platform.node():
+        try:
+            os.kill(int(info["pid"]), 0)
+        except ProcessLookupError:
+            return False  # killed (kill -9 leaves its claim behind): its successor breaks it
+        except (PermissionError, ValueError, KeyError, TypeError):
+            pass
+    return age < LOCK_TTL_S
+
+
+def claim_cell(path: Path) -> bool:
+    """Take an exclusive claim on a cell before computing it; False when a live process holds it."""
+    from .errors import UserError
+
+    lock = _lock_path(path)
+    for _ in range(2):
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _holder_alive(lock):
+                return False
+            lock.unlink(missing_ok=True)  # a dead process's claim: break it and try once more
+            continue
+        except OSError as e:
+            raise UserError(f"cannot write in results folder {lock.parent} ({e.strerror or type(e).__name__}): "
+                            "make it writable or pass --output <writable dir>") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": platform.node(), "since": time.time()}, f)
+        return True
+    return False
+
+
+def release_cell(path: Path) -> None:
+    _lock_path(path).unlink(missing_ok=True)

@@ -6,8 +6,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_SCHEMA = 1  # the result schema version this reader understands
+from bench.schema import SCHEMA_VERSION as SUPPORTED_SCHEMA  # the result schema version this reader understands
+from bench.schema import cell_problem
+
 DENSE = "dense"
+OWN_OUTPUTS = {"LEADERBOARD.json"}
 RHO = "rho"
 
 
@@ -35,15 +38,15 @@ def load_results(*roots) -> ResultSet:
                 continue
             shown = f"{Path(root).name}/{path.relative_to(root)}"
             try:
-                rec = json.loads(path.read_text())
+                rec = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as e:
                 rs.problems.append(f"{shown}: unreadable JSON ({type(e).__name__}), skipped")
                 continue
-            if not isinstance(rec, dict) or "cell" not in rec:
-                continue  # not a result cell (e.g. a table written next to the results)
-            if rec.get("schema_version") != SUPPORTED_SCHEMA:
-                rs.problems.append(f"{shown}: schema version {rec.get('schema_version')} "
-                                   f"(this reader understands {SUPPORTED_SCHEMA}), skipped")
+            if isinstance(rec, list) and (path.name in OWN_OUTPUTS or path.with_suffix(".md").exists()):
+                continue  # a leaderboard's own JSON table, written next to the results
+            problem = cell_problem(rec)
+            if problem:
+                rs.problems.append(f"{shown}: {problem}, skipped")
                 continue
             rec["_path"] = str(path)
             key = cell_id(rec)

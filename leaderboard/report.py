@@ -128,6 +128,12 @@ def _rho_section(cell: dict) -> list[str]:
 def build(results_dirs, out_md: Path) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
+    if not rs.cells:
+        from bench.errors import UserError
+
+        skipped = f" ({len(rs.problems)} unreadable or invalid file(s) skipped: {rs.problems[0]})" if rs.problems else ""
+        raise UserError(f"no result cells under {', '.join(map(str, results_dirs))}{skipped}: run `bench run` first "
+                        "or pass --results <dir with results>")
     grouped = group_cells(rs.cells)
     plot_dir = out_md.parent / "plots"
     md = ["# acbench leaderboard", ""]
@@ -217,7 +223,11 @@ def write_report(results, out: str | None = None) -> Path:
         if not root.is_dir():
             raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
-    info = build(roots, out_md)
+    try:
+        info = build(roots, out_md)
+    except OSError as e:
+        raise UserError(f"cannot write the leaderboard to {out_md} ({e.strerror or type(e).__name__}): pass "
+                        "--out <path in a writable folder>") from None
     for p in info["problems"]:
         print(f"skipped: {p}")
     if info["duplicates"]:

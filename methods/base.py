@@ -152,7 +152,11 @@ class Compressor:
                 f"method '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
                 f"{', '.join(sorted(names)) or '(none)'}"
             )
-        return cls(cls.Settings(**options))
+        from bench.settings import check_settings
+
+        settings = cls.Settings(**options)
+        check_settings(settings, f"method '{cls.name}'")
+        return cls(settings)
 
     @classmethod
     def capabilities(cls) -> dict:

@@ -112,15 +112,8 @@ class FASCSettings:
     # validation off (the unconstrained in-sample search, which fits noise: DESIGN.md section 10).
     folds: int = 4
 
-    def __post_init__(self):
-        for name in ("max_swaps", "folds"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"fasc.{name} must be an integer, got {v!r}")
-        if self.max_swaps < 0:
-            raise ValueError(f"fasc.max_swaps must be >= 0, got {self.max_swaps}")
-        if self.folds < 1:
-            raise ValueError(f"fasc.folds must be >= 1, got {self.folds}")
+    def minimums(self):
+        return {"folds": (self.folds, 1)}
 
 
 class FASCKFAC(Compressor):

@@ -9,6 +9,8 @@ from typing import ClassVar
 
 import torch
 
+from bench.errors import UserError
+
 
 @dataclass
 class TaskResult:
@@ -37,10 +39,25 @@ class Task:
         if unknown:
             raise ValueError(f"task '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
                              f"{', '.join(sorted(names))}")
-        return cls(cls.Settings(**options))
+        from bench.settings import check_settings
+
+        settings = cls.Settings(**options)
+        check_settings(settings, f"task '{cls.name}'")
+        return cls(settings)
+
+    def check(self, tokenizer) -> None:
+        """Open and check the task's data before any model weights load (bad data = one UserError line)."""
 
     def evaluate(self, model, tokenizer, progress: bool = True) -> TaskResult:
         raise NotImplementedError
+
+
+def check_limit(limit: int | None, sizes, flag: str, unit: str) -> None:
+    """A per-subject / per-relation limit above every group's size would silently mean "all": refuse it."""
+    largest = max(sizes, default=0)
+    if limit and limit > largest:
+        raise UserError(f"{flag} {limit} exceeds the largest {unit} ({largest} items): pass 0 for all, "
+                        f"or at most {largest}")
 
 
 def mean_stderr(values) -> tuple[float, float]:

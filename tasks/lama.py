@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .base import Task, TaskResult, base_model, logits_from_hidden, mean_stderr, model_device
+from .base import Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr, model_device
 from .data.lama_data import LamaSet, Probe, load_lama, sample_probes
 
 
@@ -103,6 +103,9 @@ class LamaSettings:
     seed: int = 0
     chunk: int = 64
 
+    def minimums(self):
+        return {"chunk": (self.chunk, 1), "max_candidates": (self.max_candidates, 2)}
+
 
 class LAMA(Task):
     name = "lama"
@@ -110,6 +113,13 @@ class LAMA(Task):
     higher_is_better = {"p@1": True, "p@10": True, "mrr": True, "p@1_micro": True}
     primary_metric = "p@1"
     Settings = LamaSettings
+
+    def check(self, tokenizer) -> None:
+        from collections import Counter
+
+        ls = load_lama(self.settings.source)
+        check_limit(self.settings.per_relation, Counter(p.relation for p in ls.probes).values(), "--lama-limit",
+                    "relation")
 
     def evaluate(self, model, tokenizer, progress=True, lama_set: LamaSet | None = None) -> TaskResult:
         s = self.settings

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from bench.errors import UserError
 
-from .base import Task, TaskResult, mean_stderr, model_device
+from .base import Task, TaskResult, check_limit, mean_stderr, model_device
 from .data.mmlu_data import LETTERS, MMLUQuestion, load_mmlu
 
 
@@ -83,6 +83,9 @@ class MMLUSettings:
     batch_size: int = 8
     source: str = "embedded"
 
+    def minimums(self):
+        return {"batch_size": (self.batch_size, 1)}
+
 
 class MMLU(Task):
     name = "mmlu"
@@ -90,6 +93,13 @@ class MMLU(Task):
     higher_is_better = {"acc": True, "acc_macro": True}
     primary_metric = "acc"
     Settings = MMLUSettings
+
+    def check(self, tokenizer) -> None:
+        from collections import Counter
+
+        test, _ = load_mmlu(self.settings.source)
+        check_limit(self.settings.limit, Counter(q.subject for q in test).values(), "--mmlu-limit", "subject")
+        letter_token_ids(tokenizer)
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         s = self.settings

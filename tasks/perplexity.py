@@ -39,6 +39,9 @@ class PPLTokenSettings:
     # BOS protocol shared with calibration: window | stream | none | auto (window if the tokenizer adds BOS)
     bos: str = "auto"
 
+    def minimums(self):
+        return {"seq_len": (self.seq_len, 2), "batch_size": (self.batch_size, 1), "max_windows": (self.max_windows, 1)}
+
 
 class PPLToken(Task):
     name = "ppl-token"
@@ -46,6 +49,10 @@ class PPLToken(Task):
     higher_is_better = {"ppl": False, "nll": False}
     primary_metric = "ppl"
     Settings = PPLTokenSettings
+
+    def check(self, tokenizer) -> None:
+        s = self.settings
+        token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, resolve_bos(tokenizer, s.bos))
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         s = self.settings
@@ -78,6 +85,9 @@ class PPLWord(Task):
     higher_is_better = {"word_ppl": False, "byte_ppl": False}
     primary_metric = "word_ppl"
     Settings = PPLWordSettings
+
+    def check(self, tokenizer) -> None:
+        load_text(self.settings.source, "eval")
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         from .lm_eval_bridge import make_lm, rolling_loglikelihood

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.linalg import weighted_subspace
-from methods.fasc import FASCSettings, _apply, direction_scores, select_discard, swap_path
+from methods.fasc import _apply, direction_scores, select_discard, swap_path
 
 from coupling_synthetic import Distribution
 
@@ -58,9 +58,11 @@ def test_keeps_half_the_oracle_gain_where_kfac_misranks(N):
 
 
 def test_fasc_settings_are_validated():
+    from methods.fasc import FASC
+
     with pytest.raises(ValueError, match="max_swaps must be >= 0"):
-        FASCSettings(max_swaps=-5)
-    with pytest.raises(TypeError, match="must be an integer"):
-        FASCSettings(max_swaps="abc")
+        FASC.from_options({"max_swaps": -5})
+    with pytest.raises(TypeError, match="max_swaps must be int"):
+        FASC.from_options({"max_swaps": "abc"})
     with pytest.raises(ValueError, match="folds must be >= 1"):
-        FASCSettings(folds=0)
+        FASC.from_options({"folds": 0})

@@ -40,7 +40,7 @@ def run_bench(args, **kw):
     (["--model", "/no/such/model.gguf"], "model file /no/such/model.gguf does not exist"),
     (["--tasks", "mmlu", "lamma"], "unknown task 'lamma'. Did you mean 'lama'?"),
     (["--output", "/proc/acbench-results"], "is not writable"),
-    (["--rank", "abc"], "invalid float value: 'abc'"),
+    (["--rank", "abc"], "--rank: 'abc' is not a number"),
     (["--method-option", "fasc.bogus=1"], "method 'fasc' has no setting bogus"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):

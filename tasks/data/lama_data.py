@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.errors import UserError
 
-from .errors import DataError
+from .errors import DataError, read_user_text
 
 
 @dataclass(frozen=True)
@@ -117,23 +117,24 @@ def _assemble(templates, facts, source, candidates=None) -> LamaSet:
     return ls
 
 
-def _read_jsonl(path: Path):
-    with open(path) as f:
-        for row, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield row, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(path, row, f"not valid JSON ({e.msg})") from None
+def _read_jsonl(path: Path, what: str = "LAMA file"):
+    for row, line in enumerate(read_user_text(path, what).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield row, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(path, row, f"not valid JSON ({e.msg})") from None
 
 
 def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
     """Original LAMA: one jsonl per relation (T-REx `P19.jsonl`, Google-RE `place_of_birth_test.jsonl`) with
     sub_label and obj_label, plus a templates jsonl with `relation` and `template` per line."""
     templates = {}
-    for row, rec in _read_jsonl(Path(templates_file)):
-        if "relation" not in rec or "template" not in rec:
+    if not Path(data_dir).is_dir():
+        raise UserError(f"LAMA relation folder {data_dir} does not exist: pass lama:<folder of *.jsonl>:<relations.jsonl>")
+    for row, rec in _read_jsonl(Path(templates_file), "LAMA relations file"):
+        if not isinstance(rec, dict) or "relation" not in rec or "template" not in rec:
             raise DataError(templates_file, row, "missing field relation or template")
         templates[rec["relation"]] = rec["template"]
     files = sorted(Path(data_dir).glob("*.jsonl"))
@@ -146,7 +147,7 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
             raise DataError(path, None, f"unknown relation '{rel}' (not in {templates_file})")
         by_subject: dict[str, list[str]] = {}
         for row, rec in _read_jsonl(path):
-            if "sub_label" not in rec or "obj_label" not in rec:
+            if not isinstance(rec, dict) or "sub_label" not in rec or "obj_label" not in rec:
                 raise DataError(path, row, "missing field sub_label or obj_label")
             by_subject.setdefault(rec["sub_label"], []).append(rec["obj_label"])
         facts[rel] = [(s, tuple(dict.fromkeys(o))) for s, o in by_subject.items()]
@@ -156,12 +157,14 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
 def load_qa_wikidata(task_json: Path) -> LamaSet:
     """BIG-bench qa_wikidata task.json: examples with `input` (a sentence missing its end) and `target`."""
     try:
-        task = json.loads(Path(task_json).read_text())
+        task = json.loads(read_user_text(task_json, "qa_wikidata task file"))
     except json.JSONDecodeError as e:
         raise DataError(task_json, None, f"not valid JSON ({e.msg})") from None
+    if not isinstance(task, dict) or not isinstance(task.get("examples", []), list):
+        raise DataError(task_json, None, "expected an object with a list of examples")
     items = []
     for row, ex in enumerate(task.get("examples", []), 1):
-        if "input" not in ex or "target" not in ex:
+        if not isinstance(ex, dict) or "input" not in ex or "target" not in ex:
             raise DataError(task_json, row, "example without input or target")
         targets = ex["target"] if isinstance(ex["target"], list) else [ex["target"]]
         items.append((ex["input"], tuple(targets)))

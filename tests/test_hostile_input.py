@@ -1,0 +1,239 @@
+"""Hostile but realistic input: every case ends with one line naming the input, exit 2, no traceback, no file."""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main, run_spec_from_argv
+from bench.smoke import tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_checkpoint()
+
+
+def base(tiny, out, **replace):
+    args = {"--model": str(tiny), "--methods": "pca", "--rank": "0.5", "--tasks": "ppl-token",
+            "--output": str(out), "--calib-samples": "2", "--calib-seq-len": "32", "--ppl-windows": "1",
+            "--ppl-seq-len": "32", **replace}
+    flat = ["run"]
+    for k, v in args.items():
+        if v is not None:
+            flat += [k, *(v if isinstance(v, list) else [v])]
+    return flat + ["--no-report", "--quiet", "--no-latency"]
+
+
+def expect_one_line(capsys, argv, needle):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def no_cells(out: Path) -> bool:
+    return not out.exists() or not [p for p in out.rglob("*.json")]
+
+
+def _bad_models(tmp: Path, tiny: Path) -> dict:
+    (tmp / "random.gguf").write_bytes(os.urandom(4096))
+    (tmp / "garbage.gguf").write_bytes(b"GGUF" + os.urandom(4096))
+    from bench.models import _alias_gguf
+
+    real = _alias_gguf("smollm2-135m").read_bytes()
+    (tmp / "truncated.gguf").write_bytes(real[: 1 << 20])
+    only = tmp / "only-config"
+    only.mkdir()
+    shutil.copy(tiny / "config.json", only / "config.json")
+    broken = tmp / "broken-config"
+    shutil.copytree(tiny, broken)
+    (broken / "config.json").write_text("{not json")
+    return {"random.gguf": (str(tmp / "random.gguf"), "random.gguf"),
+            "garbage.gguf": (str(tmp / "garbage.gguf"), "garbage.gguf"),
+            "truncated.gguf": (str(tmp / "truncated.gguf"), "truncated.gguf"),
+            "only-config": (str(only), "holds no weights"),
+            "broken-config": (str(broken), "config.json is not valid JSON")}
+
+
+@pytest.mark.parametrize("case", ["random.gguf", "garbage.gguf", "truncated.gguf", "only-config", "broken-config"])
+def test_bad_models(tmp_path, tiny, capsys, case):
+    model, needle = _bad_models(tmp_path, tiny)[case]
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **{"--model": model}), needle)
+    assert no_cells(out)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"\xff\xfe\x00bad", "not UTF-8"),
+    (b"methods: 5\n", "methods must be list[str]"),
+    (b"tasks: 5\n", "tasks must be list[str]"),
+    (b"seed: abc\n", "seed must be int"),
+    (b"device: 5\n", "device must be str"),
+    (b"method_options: 5\n", "method_options must be dict"),
+    (b"output: 5\n", "output must be str"),
+])
+def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(content)
+    out = tmp_path / "out"
+    key = content.split(b":")[0].decode(errors="replace")
+    argv = base(tiny, out, **({f"--{key}": None} if key in ("methods", "tasks", "output") else {})) + ["--config", str(cfg)]
+    expect_one_line(capsys, argv, needle)
+    assert no_cells(out)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--method-option", "fasc.max_swaps=abc"], "max_swaps must be int"),
+    (["--method-option", "fasc.max_swaps=[1"], "fasc.max_swaps=[1"),
+    (["--task-option", "ppl-token.seq_len=abc"], "seq_len must be int"),
+    (["--method-option", "fasc.max_swaps=-5"], "max_swaps must be >= 0"),
+    (["--device", "tpu"], "--device tpu"),
+    (["--ppl-seq-len", "1"], "--ppl-seq-len must be an integer >= 2"),
+    (["--calib-seq-len", "1"], "--calib-seq-len must be an integer >= 2"),
+])
+def test_bad_options(tmp_path, tiny, capsys, extra, needle):
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out) + extra, needle)
+    assert no_cells(out)
+
+
+def _bad_data(tmp: Path) -> dict:
+    mmlu = tmp / "mmlu"
+    for split in ("dev", "test"):
+        (mmlu / split).mkdir(parents=True)
+        (mmlu / split / f"anatomy_{split}.csv").write_bytes(b"\x80\x81\xfe" + os.urandom(200))
+    lama = tmp / "lama"
+    lama.mkdir()
+    (lama / "P19.jsonl").write_text('{"sub_label": "a", "obj_label": "b"}\n')
+    (tmp / "empty.txt").write_text("")
+    (tmp / "short.txt").write_text("Just a few words here.")
+    (tmp / "binary.bin").write_bytes(bytes(range(256)) * 20)
+    (tmp / "folder").mkdir()
+    return {
+        "mmlu-random-bytes": ({"--tasks": "mmlu", "--mmlu-source": str(mmlu)}, "not UTF-8"),
+        "lama-missing-relations": ({"--tasks": "lama", "--lama-source": f"lama:{lama}:{tmp / 'nope.jsonl'}"},
+                                   "nope.jsonl does not exist"),
+        "qa-wikidata-missing": ({"--tasks": "lama", "--lama-source": f"qa_wikidata:{tmp / 'task.json'}"},
+                                "task.json does not exist"),
+        "text-empty": ({"--text-source": f"file:{tmp / 'empty.txt'}"}, "empty.txt"),
+        "text-short": ({"--text-source": f"file:{tmp / 'short.txt'}"}, "fewer than one window"),
+        "text-binary": ({"--text-source": f"file:{tmp / 'binary.bin'}"}, "binary.bin"),
+        "limit-huge": ({"--tasks": "lama", "--limit": "1000000000000"}, "exceeds the largest relation"),
+        "calib-folder": ({"--calib-source": f"file:{tmp / 'folder'}"}, "is a folder"),
+        "calib-bare-folder": ({"--calib-source": str(tmp / "folder")}, "write it as file:"),
+    }
+
+
+@pytest.mark.parametrize("case", ["mmlu-random-bytes", "lama-missing-relations", "qa-wikidata-missing", "text-empty",
+                                  "text-short", "text-binary", "limit-huge", "calib-folder", "calib-bare-folder"])
+def test_bad_data_refused_before_the_model_loads(tmp_path, tiny, capsys, monkeypatch, case):
+    replace, needle = _bad_data(tmp_path)[case]
+    import transformers
+
+    def no_weights(*a, **k):
+        raise AssertionError("the weights loaded before the data was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **replace), needle)
+    assert no_cells(out)
+
+
+def test_unwritable_results_subfolder(tmp_path, tiny, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / tiny.name).write_text("a file where the model's results folder belongs")
+    expect_one_line(capsys, base(tiny, out), "cannot write")
+    assert no_cells(out)
+
+
+def test_report_refusals(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    expect_one_line(capsys, ["report", "--results", str(tmp_path / "empty")], "no result cells")
+    fixture = Path(__file__).parent / "fixtures" / "results"
+    (tmp_path / "a-file").write_text("x")
+    expect_one_line(capsys, ["report", "--results", str(fixture), "--out", str(tmp_path / "a-file" / "LB.md")],
+                    "a-file")
+
+
+def test_comma_and_space_lists_mean_the_same():
+    a = run_spec_from_argv(["--methods", "pca,fasc", "--tasks", "lama,ppl-token", "--rank", "0.5,0.25"])
+    b = run_spec_from_argv(["--methods", "pca", "fasc", "--tasks", "lama", "ppl-token", "--rank", "0.5", "0.25"])
+    assert a == b
+    assert a.methods == ["pca", "fasc"] and a.ranks == [0.5, 0.25] and a.tasks == ["lama", "ppl-token"]
+
+
+# ---------------------------------------------------------------- corrupt or foreign result files
+
+def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny, capsys):
+    out = tmp_path / "out"
+    assert main(base(tiny, out)) == 0
+    capsys.readouterr()
+    files = sorted(p for p in out.rglob("*.json"))
+    assert len(files) == 2  # dense and pca ppl-token
+    dense, pca = (f for f in files)
+    good = json.loads(pca.read_text())
+    dense.write_text(json.dumps({"schema_version": 1}))
+    broken = dict(good)
+    broken.pop("metrics")
+    pca.write_text(json.dumps(broken))
+    assert main(base(tiny, out)) == 0
+    log = capsys.readouterr().out
+    assert f"recomputing {dense}: no cell identity" in log
+    assert f"recomputing {pca}: no metrics" in log
+    assert all("metrics" in json.loads(f.read_text()) for f in files)
+    # a cell whose identity is a string is named and skipped by report, not a crash
+    pca.write_text(json.dumps({**good, "cell": "oops"}))
+    from leaderboard.load import load_results
+
+    rs = load_results(out)
+    assert any(pca.name in p and "no cell identity" in p for p in rs.problems)
+    assert main(["report", "--results", str(out)]) == 0
+    assert main(base(tiny, out)) == 0  # and a rerun recomputes it
+
+
+class Payload:
+    marker = ""
+
+    def __reduce__(self):
+        return (Path(self.marker).touch, ())
+
+
+def test_planted_pickle_in_the_statistics_cache_never_runs(tmp_path, tiny, capsys, monkeypatch):
+    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert main(base(tiny, out)) == 0
+    stats = list((tmp_path / "cache" / "stats").iterdir())
+    assert len(stats) == 1 and stats[0].suffix == ".safetensors"
+    marker = tmp_path / "pwned"
+    Payload.marker = str(marker)
+    stats[0].write_bytes(pickle.dumps(Payload()))
+    assert main(base(tiny, out) + ["--overwrite"]) == 0
+    assert not marker.exists()
+    assert "recomputing calibration statistics" in capsys.readouterr().out
+    assert not [p for p in (tmp_path / "cache" / "stats").iterdir() if p.suffix == ".tmp"]
+
+
+def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
+    out = tmp_path / "out"
+    argv = base(tiny, out, **{"--methods": ["pca", "svd", "random", "whitened-svd", "asvd", "fasc-kfac"],
+                              "--rank": ["0.5", "0.25"]})
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.cli", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    done = [{l.split("]")[0] + "]" for l in o.splitlines() if l.startswith("[")} for o, _ in logs]
+    assert not done[0] & done[1], done  # no variant computed twice
+    assert len(done[0] | done[1]) == 1 + 6 * 2
+    assert len([p for p in out.rglob("*.json")]) == 1 + 6 * 2
+    assert not [p for p in out.rglob("*.lock")]
