@@ -152,7 +152,7 @@ def cmd_report(args) -> int:
 
     from .spec import split_list
 
-    out = write_report(split_list(args.results, str, "--results"), args.out)
+    out = write_report(split_list(args.results, str, "--results"), args.out, args.vs)
     print(f"leaderboard: {out}")
     return 0
 
@@ -195,6 +195,7 @@ def _parser() -> _Parser:
     p.add_argument("--results", nargs="+", default=["results"],
                    help="results directories; several (models, runs) merge without double-counting (default results/)")
     p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
+    p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
     p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")

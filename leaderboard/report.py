@@ -13,7 +13,8 @@ from bench.cache import atomic_write_text
 
 from . import plots
 from .load import load_results
-from .tables import METRIC_COLUMNS, group_cells, is_number, missing_cells, rank_table
+from .significance import ALPHA
+from .tables import REFERENCE, chance_table, delta_key, group_cells, is_number, missing_cells, rank_table
 
 DISPLAY = [  # (header, key, higher is better or None, format)
     ("MMLU acc ↑", "MMLU acc", True, "{:.3f}"),
@@ -53,15 +54,55 @@ def _best(rows: list[dict], key: str, higher: bool):
     return max(vals) if higher else min(vals)
 
 
-def markdown_table(rows: list[dict]) -> str:
-    shown = [d for d in DISPLAY if any(is_number(r.get(d[1])) for r in rows)]
-    bests = {d[1]: _best(rows, d[1], d[2]) for d in shown}
+def _fmt_delta(row: dict, key: str) -> str:
+    if not is_number(row.get(key)):
+        return ""
+    p = row[key + " p"]
+    s = f"{row[key]:+.3f} [{row[key + ' lo']:+.3f}, {row[key + ' hi']:+.3f}] p={p:.2g}"
+    return s + " *" if p < ALPHA else s
+
+
+def markdown_table(rows: list[dict], ref: str = REFERENCE) -> str:
+    shown = []
+    for d in DISPLAY:
+        if any(is_number(r.get(d[1])) for r in rows):
+            shown.append(d)
+            dk = delta_key(d[1], ref)
+            if any(is_number(r.get(dk)) for r in rows):
+                label = "Δ NLL" if d[1].startswith("PPL") else "Δ " + d[0].rsplit(" ", 1)[0]
+                shown.append((f"{label} vs {ref}", dk, None, "delta"))
+    bests = {d[1]: _best(rows, d[1], d[2]) if d[3] != "delta" else None for d in shown}
     body = []
     for r in rows:
-        body.append([r["method"]] + [
+        body.append([r["method"] + (" (ref)" if r["method"] == ref else "")] + [
+            _fmt_delta(r, key) if fmt == "delta" else
             _fmt(r, key, fmt, bests[key] is not None and r["method"] != "dense" and r.get(key) == bests[key])
             for _, key, _, fmt in shown])
     return tabulate(body, headers=["method"] + [d[0] for d in shown], tablefmt="github", disable_numparse=True)
+
+
+def significance_note(rows: list[dict], ref: str) -> list[str]:
+    if not any(k.startswith("Δ ") for r in rows for k in r):
+        return []
+    return [f"Δ columns: paired difference to `{ref}` on the same items, [95 % interval], p-value; * marks p < {ALPHA}. "
+            "Accuracy: per-item (micro) difference, McNemar's exact test on the discordant items, exact conditional interval. "
+            "Perplexity: difference of per-window mean NLL (log of the perplexity ratio), seeded bootstrap interval, "
+            "paired t-test.", ""]
+
+
+def chance_note(dense_cells: list[dict]) -> list[str]:
+    """Which tasks the dense model is above chance on: only those enter recovery %."""
+    parts = []
+    for task, info in chance_table(dense_cells).items():
+        if info is None:
+            continue
+        verdict = "above chance" if info["above"] else "AT CHANCE: left out of recovery %, read its column as noise"
+        parts.append(f"{task} dense {info['acc']:.3f} vs chance {info['chance']:.3f} "
+                     f"(n={info['n']}, one-sided p={info['p']:.2g}): {verdict}")
+    if not parts:
+        return []
+    return ["- recovery % averages the accuracy tasks where dense is significantly above chance (MMLU 0.25; LAMA "
+            "1/|candidates| per probe): " + "; ".join(parts)]
 
 
 PARAM_RATIO_TOLERANCE = 0.01
@@ -125,7 +166,7 @@ def _rho_section(cell: dict) -> list[str]:
     ]
 
 
-def build(results_dirs, out_md: Path) -> dict:
+def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
     if not rs.cells:
@@ -142,12 +183,12 @@ def build(results_dirs, out_md: Path) -> dict:
     for model in sorted(grouped):
         g = grouped[model]
         model_cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
-        md += [f"## {model}", ""] + _header(model_cells) + [""]
+        md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"]) + [""]
         cross: dict = {}
         for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
             budget, rank = key
-            rows = rank_table(g["dense"], g["ranks"][key])
-            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows), ""]
+            rows = rank_table(g["dense"], g["ranks"][key], ref)
+            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows, ref), ""] + significance_note(rows, ref)
             md += param_ratio_warning(rows)
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
@@ -214,7 +255,7 @@ def build(results_dirs, out_md: Path) -> dict:
             "duplicates": rs.duplicates}
 
 
-def write_report(results, out: str | None = None) -> Path:
+def write_report(results, out: str | None = None, ref: str = REFERENCE) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
     from bench.errors import UserError  # only for the error type users see
 
@@ -224,7 +265,7 @@ def write_report(results, out: str | None = None) -> Path:
             raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
     try:
-        info = build(roots, out_md)
+        info = build(roots, out_md, ref)
     except OSError as e:
         raise UserError(f"cannot write the leaderboard to {out_md} ({e.strerror or type(e).__name__}): pass "
                         "--out <path in a writable folder>") from None

@@ -6,6 +6,9 @@ import math
 from collections import defaultdict
 
 from .load import DENSE, RHO
+from .significance import above_chance, compare
+
+REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
 # (column, task, metric, higher is better, kind)
 METRIC_COLUMNS = [
@@ -70,9 +73,22 @@ def group_cells(cells: list[dict]):
     return out
 
 
-def rank_table(dense_cells: list[dict], by_method: dict[str, list[dict]]) -> list[dict]:
-    """Rows (dense first) with ratios to dense for latency and a recovery percentage."""
+def chance_table(dense_cells: list[dict]) -> dict[str, dict]:
+    """Per recovery task, whether the dense model is significantly above chance (None: cannot tell)."""
+    by_task = {c["cell"]["task"]: c for c in dense_cells}
+    return {task: above_chance(by_task[task]) if task in by_task else None for task, _ in RECOVERY_METRICS}
+
+
+def delta_key(col: str, ref: str) -> str:
+    return f"Δ {col} vs {ref}"
+
+
+def rank_table(dense_cells: list[dict], by_method: dict[str, list[dict]], ref: str = REFERENCE) -> list[dict]:
+    """Rows (dense first) with ratios to dense for latency, paired differences to the reference method on the
+    same items, and a recovery percentage over the tasks where dense is significantly above chance."""
     dense = variant_row(dense_cells) if dense_cells else None
+    chance = chance_table(dense_cells)
+    ref_cells = {c["cell"]["task"]: c for c in by_method.get(ref, [])}
     rows = []
     for name, cells in [(DENSE, dense_cells)] + sorted(by_method.items()):
         if not cells:
@@ -80,10 +96,18 @@ def rank_table(dense_cells: list[dict], by_method: dict[str, list[dict]]) -> lis
         row = {"method": name, **variant_row(cells)}
         if name == DENSE:
             row["param ratio"] = 1.0
+        if name != ref:
+            by_task = {c["cell"]["task"]: c for c in cells}
+            for col, task, _, _ in METRIC_COLUMNS:
+                if task in by_task and task in ref_cells and (d := compare(ref_cells[task], by_task[task])):
+                    k = delta_key(col, ref)
+                    row[k], (row[k + " lo"], row[k + " hi"]), row[k + " p"] = d["diff"], d["ci95"], d["p"]
         rec = []
         if dense:
             for task, metric in RECOVERY_METRICS:
                 col = next(c for c, t, m, _ in METRIC_COLUMNS if t == task and m == metric)
+                if not (chance.get(task) or {}).get("above"):
+                    continue  # a task at chance says nothing about recovery
                 if row[col] is not None and dense[col]:
                     rec.append(row[col] / dense[col])
             for key in ("prefill ms/tok", "decode ms/tok"):

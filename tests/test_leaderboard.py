@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -105,3 +106,66 @@ def test_unequal_parameter_ratios_flagged():
     (line, _) = param_ratio_warning(rows)
     assert "0.708 (fasc, pca)" in line and "0.775 (svd)" in line
     assert param_ratio_warning(rows[:2] + rows[3:]) == []  # 0.004 apart: comparable
+
+
+def _fixture_cell(model, method, rank, task):
+    rs = load_results(FIXTURE)
+    return next(c for c in rs.cells if c["cell"]["model"] == model and c["cell"]["method"] == method
+                and c["cell"]["rank"] == rank and c["cell"]["task"] == task)
+
+
+@pytest.mark.parametrize("task", ["mmlu", "lama"])
+def test_paired_accuracy_pvalues_equal_scipy_mcnemar_and_marks_follow(rendered, task):
+    from scipy.stats import binomtest
+
+    _, out = rendered
+    rows = [r for r in json.loads((out / "LEADERBOARD.json").read_text())
+            if r["model"] == "model-a" and r["rank"] == 0.5]
+    col = {"mmlu": "MMLU acc", "lama": "LAMA P@1"}[task]
+    ref = _fixture_cell("model-a", "pca", 0.5, task)["records"]
+    for method in ("fasc", "dense"):
+        cell = _fixture_cell("model-a", method, 0.5 if method != "dense" else None, task)["records"]
+        right = lambda r: (r["rank"] == 0) if task == "lama" else (r["pred"] == r["gold"])
+        b = sum(right(x) and not right(y) for x, y in zip(ref, cell))
+        c = sum(right(y) and not right(x) for x, y in zip(ref, cell))
+        expected = binomtest(c, b + c, 0.5).pvalue
+        row = next(r for r in rows if r["method"] == method)
+        key = f"Δ {col} vs pca"
+        assert row[key + " p"] == pytest.approx(expected, rel=1e-12)
+        assert row[key] == pytest.approx((c - b) / len(ref))
+        assert row[key + " lo"] <= row[key] <= row[key + " hi"]
+    md = (out / "LEADERBOARD.md").read_text()
+    for line in md.splitlines():  # the * mark follows p < 0.05 in every Δ cell
+        for cellp in re.findall(r"\] p=([0-9.e+-]+)( \*)?", line):
+            assert (float(cellp[0]) < 0.05) == bool(cellp[1]), line
+
+
+def test_chance_aware_recovery(rendered):
+    _, out = rendered
+    md = (out / "LEADERBOARD.md").read_text()
+    model_b = md.split("## model-b")[1]
+    assert "mmlu dense 0.360 vs chance 0.250 (n=50, one-sided p=0.055): AT CHANCE" in model_b
+    assert "mmlu dense 0.400 vs chance 0.250 (n=50, one-sided p=0.014): above chance" in md.split("## model-b")[0]
+    rows = json.loads((out / "LEADERBOARD.json").read_text())
+    fasc_b = next(r for r in rows if r["model"] == "model-b" and r["method"] == "fasc" and r["rank"] == 0.5)
+    dense_b = next(r for r in rows if r["model"] == "model-b" and r["method"] == "dense")
+    # model-b's MMLU is at chance: recovery is LAMA alone
+    assert fasc_b["recovery %"] == pytest.approx(100 * fasc_b["LAMA P@1"] / dense_b["LAMA P@1"])
+    fasc_a = next(r for r in rows if r["model"] == "model-a" and r["method"] == "fasc" and r["rank"] == 0.5)
+    dense_a = next(r for r in rows if r["model"] == "model-a" and r["method"] == "dense")
+    assert fasc_a["recovery %"] == pytest.approx(
+        50 * (fasc_a["LAMA P@1"] / dense_a["LAMA P@1"] + fasc_a["MMLU acc"] / dense_a["MMLU acc"]))
+
+
+def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered):
+    from scipy.stats import ttest_rel
+
+    _, out = rendered
+    ref = [r["nll"] for r in _fixture_cell("model-a", "pca", 0.25, "ppl-token")["records"]]
+    oth = [r["nll"] for r in _fixture_cell("model-a", "fasc", 0.25, "ppl-token")["records"]]
+    row = next(r for r in json.loads((out / "LEADERBOARD.json").read_text())
+               if r["model"] == "model-a" and r["method"] == "fasc" and r["rank"] == 0.25)
+    key = "Δ PPL (ppl-token) vs pca"
+    assert row[key] == pytest.approx(sum(oth) / len(oth) - sum(ref) / len(ref))
+    assert row[key + " p"] == pytest.approx(ttest_rel(oth, ref).pvalue, rel=1e-9)
+    assert row[key + " lo"] < row[key] < row[key + " hi"]
