@@ -31,9 +31,9 @@ class RunSpec:
     limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
     mmlu_limit: int = 1
     mmlu_shots: int = 0
-    lama_limit: int = 4
-    lama_candidates: int = 25
-    ppl_windows: int = 3
+    lama_limit: int = 0  # all 1,354 embedded probes: the batched scorer makes them affordable
+    lama_candidates: int = 25  # per probe: its gold objects plus seeded distractors of its relation
+    ppl_windows: int = 16
     ppl_seq_len: int = 256
     text_source: str = "wiki"
     mmlu_source: str = "embedded"

@@ -7,6 +7,8 @@ RATIOS = [
     ("test_gradient_statistics", "test_plain_forward", "gradient statistics / plain forward (same tokens)", "<= 3"),
     ("test_mmlu_lm_eval_bridge", "test_mmlu_native", "MMLU: lm-eval bridge time / native time", ">= 4"),
     ("test_lama_brute_force", "test_lama_shared_prompt", "LAMA: brute-force time / shared-prompt scorer time", ">= 10"),
+    ("test_lama_probes_one_by_one", "test_lama_probes_batched",
+     "LAMA: probes/s of the batched scorer / one-by-one scorer (32 probes x 25 candidates)", ">= 5"),
     ("test_rho[4096]", "test_rho[640]", "rho cost d=4096 / d=640 (N = 512, m = d/2)", "19.5 from the cost formula 2N^2 d + 2N d m"),
 ]
 

@@ -103,6 +103,42 @@ def test_lama_brute_force(benchmark, default_model, lama_case):
                                                           cands), rounds=1, warmup_rounds=0)
 
 
+@pytest.fixture(scope="module")
+def lama_probes(default_model):
+    """32 embedded probes (all relations), each against 25 candidates: its gold plus seeded distractors."""
+    from tasks.data.lama_data import sample_probes
+    from tasks.lama import probe_candidates
+
+    ls = build_embedded()
+    probes = sample_probes(ls, 5, 0)[:32]
+    cands = [candidate_ids(default_model.tokenizer, probe_candidates(ls, p, 25, 0)) for p in probes]
+    return [p.prompt for p in probes], cands
+
+
+def test_lama_probes_one_by_one(benchmark, default_model, lama_probes):
+    """Today's scorer before batching: one prompt forward per probe, every candidate through the continuation."""
+    prompts, cands = lama_probes
+    benchmark.pedantic(lambda: [score_candidates(default_model.model, default_model.tokenizer, p, c)
+                                for p, c in zip(prompts, cands)], rounds=1, warmup_rounds=0)
+
+
+def test_lama_probes_batched(benchmark, default_model, lama_probes):
+    from tasks.lama import score_probes_batched
+
+    prompts, cands = lama_probes
+
+    def run():
+        out = []
+        for i in range(0, len(prompts), 16):
+            out += score_probes_batched(default_model.model, default_model.tokenizer, prompts[i:i + 16],
+                                        cands[i:i + 16])
+        return out
+
+    got = benchmark.pedantic(run, rounds=2, warmup_rounds=0)
+    ref = [score_candidates(default_model.model, default_model.tokenizer, p, c) for p, c in zip(prompts[:4], cands[:4])]
+    assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-4  # identical scores
+
+
 @pytest.mark.parametrize("d", [640, 4096])
 def test_rho(benchmark, d):
     g = torch.Generator().manual_seed(0)

@@ -84,6 +84,8 @@ def chance_levels(cell: dict) -> list[float] | None:
     if task == "mmlu":
         return [0.25] * len(recs)
     if task == "lama":
+        if recs and all(isinstance(r.get("n_candidates"), int) and r["n_candidates"] > 0 for r in recs):
+            return [1.0 / r["n_candidates"] for r in recs]
         n_cand = (cell.get("details") or {}).get("n_candidates") or {}
         if recs and all(r.get("relation") in n_cand for r in recs):
             return [1.0 / max(n_cand[r["relation"]], 1) for r in recs]

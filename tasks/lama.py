@@ -1,12 +1,14 @@
 """LAMA-style factual probes: candidate objects ranked by the summed log-probability of their tokens.
 
-The prompt runs once per probe; its key-value cache is shared by every candidate, and the vocabulary
-projection is computed only at the positions that score a candidate token (Gemma's vocabulary is 262k).
+Several probes' prompts run in one left-padded forward; single-token candidates are scored from the prompt's
+last position, and only multi-token candidates run a continuation over the prompt's key-value cache, with the
+vocabulary projection at the scored positions alone (Gemma's vocabulary is 262k).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import random
 from dataclasses import dataclass
@@ -70,6 +72,59 @@ def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chun
 
 
 @torch.no_grad()
+def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[list[int]]],
+                         pair_chunk: int = 256) -> list[torch.Tensor]:
+    """`score_candidates` for several probes at once: one left-padded forward over all prompts (position ids
+    counted from each prompt's first real token); single-token candidates are read straight from the prompt's
+    last-position log-probabilities; only multi-token candidates run a continuation, over the prompt's cached
+    keys and values, with the vocabulary projection at their scored positions alone."""
+    device = model_device(model)
+    body = base_model(model)
+    cache_kw = _cache_kwarg(body)
+    enc = [tokenizer.encode(p) for p in prompts]
+    n = max(len(e) for e in enc)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(enc), n), pad, dtype=torch.long)
+    mask = torch.zeros(len(enc), n, dtype=torch.long)
+    for r, e in enumerate(enc):
+        ids[r, n - len(e):] = torch.tensor(e)
+        mask[r, n - len(e):] = 1
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    first = torch.log_softmax(logits_from_hidden(model, out.last_hidden_state[:, -1]), -1).cpu()
+    scores = [torch.tensor([float(first[r, c[0]]) for c in cs]) for r, cs in enumerate(cands)]
+    pairs = [(r, j) for r, cs in enumerate(cands) for j, c in enumerate(cs) if len(c) > 1]
+    for start in range(0, len(pairs), pair_chunk):
+        block = pairs[start:start + pair_chunk]
+        rows = torch.tensor([r for r, _ in block])
+        width = max(len(cands[r][j]) for r, j in block) - 1
+        cont = torch.zeros(len(block), width, dtype=torch.long)
+        cmask = torch.zeros(len(block), width, dtype=torch.long)
+        for b, (r, j) in enumerate(block):
+            c = cands[r][j]
+            cont[b, : len(c) - 1] = torch.tensor(c[:-1])
+            cmask[b, : len(c) - 1] = 1
+        kv = copy.deepcopy(cache)
+        kv.batch_select_indices(rows.to(device))
+        full_mask = torch.cat([mask[rows], cmask], 1)
+        cpos = mask[rows].sum(1, keepdim=True) + torch.arange(width)[None]
+        hid = body(input_ids=cont.to(device), attention_mask=full_mask.to(device), position_ids=cpos.to(device),
+                   use_cache=True, **{cache_kw: kv}).last_hidden_state
+        at_b, at_i, targets = [], [], []
+        for b, (r, j) in enumerate(block):
+            c = cands[r][j]
+            for i in range(len(c) - 1):  # position i of the continuation predicts token i + 1 of the candidate
+                at_b.append(b), at_i.append(i), targets.append(c[i + 1])
+        logp = torch.log_softmax(logits_from_hidden(model, hid[at_b, at_i]), -1)
+        picked = logp[torch.arange(len(targets)), torch.tensor(targets, device=logp.device)].cpu()
+        for (b, t), v in zip(zip(at_b, targets), picked.tolist()):
+            r, j = block[b]
+            scores[r][j] += v
+    return scores
+
+
+@torch.no_grad()
 def score_candidates_reference(model, tokenizer, prompt: str, cands: list[list[int]]) -> torch.Tensor:
     """Brute force: one full forward per candidate, full log-softmax over every position."""
     p = tokenizer.encode(prompt)
@@ -82,17 +137,18 @@ def score_candidates_reference(model, tokenizer, prompt: str, cands: list[list[i
     return torch.tensor(out)
 
 
-def restrict_candidates(ls: LamaSet, probes: list[Probe], max_candidates: int, seed: int) -> LamaSet:
-    """Per relation, a fixed candidate set: every probe's gold objects plus seeded distractors, up to
-    `max_candidates` (the same set for every model, so compressed and dense rows stay comparable)."""
-    rng = random.Random(seed)
-    out = {}
-    for rel, objs in ls.candidates.items():
-        gold = list(dict.fromkeys(o for p in probes if p.relation == rel for o in p.objects if o in objs))
-        rest = [o for o in objs if o not in set(gold)]
-        extra = rng.sample(rest, max(0, min(len(rest), max_candidates - len(gold))))
-        out[rel] = tuple(sorted(gold + extra))
-    return LamaSet(ls.templates, out, ls.probes, ls.source + f" (<= {max_candidates} candidates per relation)")
+def probe_candidates(ls: LamaSet, probe: Probe, max_candidates: int | None, seed: int) -> tuple[str, ...]:
+    """The candidates one probe is ranked against: its relation's objects, or, with `max_candidates`, the probe's
+    gold objects plus distractors from the relation drawn with a seed of (seed, relation, subject), so every model
+    sees the same set and the cost per probe is bounded whatever the number of probes."""
+    objs = ls.candidates[probe.relation]
+    if not max_candidates or len(objs) <= max_candidates:
+        return objs
+    gold = [o for o in objs if o in probe.objects]
+    rest = [o for o in objs if o not in probe.objects]
+    digest = hashlib.sha256(f"{seed}|{probe.relation}|{probe.subject}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "little"))
+    return tuple(sorted(gold + rng.sample(rest, max(0, min(len(rest), max_candidates - len(gold))))))
 
 
 @dataclass(frozen=True)
@@ -101,10 +157,10 @@ class LamaSettings:
     per_relation: int | None = None  # probes per relation (seeded sample)
     max_candidates: int | None = None  # per relation: gold objects of the probes + seeded distractors
     seed: int = 0
-    chunk: int = 64
+    batch_size: int = 16  # probes whose prompts share one forward
 
     def minimums(self):
-        return {"chunk": (self.chunk, 1), "max_candidates": (self.max_candidates, 2)}
+        return {"batch_size": (self.batch_size, 1), "max_candidates": (self.max_candidates, 2)}
 
 
 class LAMA(Task):
@@ -125,20 +181,26 @@ class LAMA(Task):
         s = self.settings
         ls = lama_set or load_lama(s.source)
         probes = sample_probes(ls, s.per_relation, s.seed)
-        if s.max_candidates:
-            ls = restrict_candidates(ls, probes, s.max_candidates, s.seed)
-        cand_cache = {rel: candidate_ids(tokenizer, objs) for rel, objs in ls.candidates.items()}
+        token_ids: dict[str, list[int]] = {}
         records, missing_gold = [], []
-        for probe in tqdm(probes, desc="lama", disable=not progress, leave=False):
-            objs = ls.candidates[probe.relation]
-            scores = score_candidates(model, tokenizer, probe.prompt, cand_cache[probe.relation], s.chunk)
-            ranking = scores.argsort(descending=True).tolist()
-            gold = [i for i, o in enumerate(objs) if o in probe.objects]
-            if not gold:
-                missing_gold.append({"subject": probe.subject, "relation": probe.relation, "objects": probe.objects})
-            rank = min((ranking.index(g) for g in gold), default=None)  # best-ranked gold object, 0-based
-            records.append({"subject": probe.subject, "relation": probe.relation, "pred": objs[ranking[0]],
-                            "gold": list(probe.objects), "rank": rank})
+        for start in tqdm(range(0, len(probes), s.batch_size), desc="lama", disable=not progress, leave=False):
+            batch = probes[start:start + s.batch_size]
+            objs = [probe_candidates(ls, p, s.max_candidates, s.seed) for p in batch]
+            for os_ in objs:
+                for o in os_:
+                    if o not in token_ids:
+                        token_ids[o] = candidate_ids(tokenizer, [o])[0]
+            scores = score_probes_batched(model, tokenizer, [p.prompt for p in batch],
+                                          [[token_ids[o] for o in os_] for os_ in objs])
+            for probe, os_, sc in zip(batch, objs, scores):
+                ranking = sc.argsort(descending=True, stable=True).tolist()
+                gold = [i for i, o in enumerate(os_) if o in probe.objects]
+                if not gold:
+                    missing_gold.append({"subject": probe.subject, "relation": probe.relation,
+                                         "objects": probe.objects})
+                rank = min((ranking.index(g) for g in gold), default=None)  # best-ranked gold object, 0-based
+                records.append({"subject": probe.subject, "relation": probe.relation, "pred": os_[ranking[0]],
+                                "gold": list(probe.objects), "rank": rank, "n_candidates": len(os_)})
         return self._aggregate(records, missing_gold, ls, s)
 
     @staticmethod
@@ -161,7 +223,7 @@ class LAMA(Task):
             metrics={"p@1": sum(rel_p1.values()) / max(len(rel_p1), 1), "p@1_micro": p1_micro, "p@10": p10, "mrr": mrr},
             stderr={"p@1": macro_se, "p@1_micro": p1_se, "p@10": p10_se, "mrr": mrr_se},
             details={"p@1_per_relation": rel_p1, "n_per_relation": {k: len(v) for k, v in per_rel.items()},
-                     "n_candidates": {k: len(v) for k, v in ls.candidates.items()},
+                     "n_candidates": {k: max(r["n_candidates"] for r in rs) for k, rs in per_rel.items()},
                      "missing_gold": missing_gold, "source": ls.source},
             records=records,
             config={"n_probes": len(records), **s.__dict__},

@@ -81,6 +81,33 @@ def test_lama_scores_equal_brute_force(small_model, tokenizer):
     assert (fast - ref).abs().max() < 1e-4
 
 
+def test_batched_lama_scorer_equals_brute_force(small_model, tokenizer):
+    """Prompts of different lengths share one left-padded forward; single- and multi-token candidates alike."""
+    from tasks.lama import score_probes_batched
+
+    prompts = ["The capital of France is", "Paris is in", "The official language of the United Kingdom is"]
+    objs = [["Paris", "Buenos Aires", "Ulaanbaatar"], ["France", "Europe", "South America", "Kuala Lumpur"],
+            ["English", "Welsh"]]
+    cands = [candidate_ids(tokenizer, o) for o in objs]
+    assert any(len(c) > 1 for cs in cands for c in cs) and any(len(c) == 1 for cs in cands for c in cs)
+    got = score_probes_batched(small_model, tokenizer, prompts, cands, pair_chunk=2)
+    for p, cs, g in zip(prompts, cands, got):
+        assert (g - score_candidates_reference(small_model, tokenizer, p, cs)).abs().max() < 1e-4
+
+
+def test_lama_per_probe_candidates_are_seeded_and_bounded():
+    from tasks.lama import probe_candidates
+
+    objs = tuple(f"o{i}" for i in range(40))
+    ls = LamaSet(templates={"r": "[X] is [Y] ."}, candidates={"r": objs},
+                 probes=[Probe(f"s{i}", "r", f"s{i} is", (f"o{i}",)) for i in range(40)])
+    a = [probe_candidates(ls, p, 25, 0) for p in ls.probes]
+    assert a == [probe_candidates(ls, p, 25, 0) for p in ls.probes]  # the same set for every model
+    assert all(len(c) == 25 and p.objects[0] in c for c, p in zip(a, ls.probes))
+    assert len(set(a)) > 1 and probe_candidates(ls, ls.probes[0], 25, 1) != a[0]
+    assert probe_candidates(ls, ls.probes[0], None, 0) == objs
+
+
 def test_lama_metrics_and_missing_gold_reported(small_model, tokenizer):
     ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."},
                  candidates={"capital": ("Paris", "Rome", "Berlin")},
