@@ -212,6 +212,10 @@ class LAMA(Task):
         for r in records:
             per_rel.setdefault(r["relation"], []).append(r)
         rel_p1 = {rel: mean_stderr([hits(r, 1) for r in rs])[0] for rel, rs in per_rel.items()}
+        by_source: dict[str, list[float]] = {}
+        for rel, v in rel_p1.items():
+            by_source.setdefault(ls.relation_source.get(rel, ls.source.split(":")[0]), []).append(v)
+        p1_per_source = {src: sum(v) / len(v) for src, v in by_source.items()}
         p1_micro, p1_se = mean_stderr([hits(r, 1) for r in records])
         p10, p10_se = mean_stderr([hits(r, 10) for r in records])
         mrr, mrr_se = mean_stderr([0.0 if r["rank"] is None else 1.0 / (r["rank"] + 1) for r in records])
@@ -222,7 +226,7 @@ class LAMA(Task):
         return TaskResult(
             metrics={"p@1": sum(rel_p1.values()) / max(len(rel_p1), 1), "p@1_micro": p1_micro, "p@10": p10, "mrr": mrr},
             stderr={"p@1": macro_se, "p@1_micro": p1_se, "p@10": p10_se, "mrr": mrr_se},
-            details={"p@1_per_relation": rel_p1, "n_per_relation": {k: len(v) for k, v in per_rel.items()},
+            details={"p@1_per_relation": rel_p1, "p@1_per_source": p1_per_source, "n_per_relation": {k: len(v) for k, v in per_rel.items()},
                      "n_candidates": {k: max(r["n_candidates"] for r in rs) for k, rs in per_rel.items()},
                      "missing_gold": missing_gold, "source": ls.source},
             records=records,

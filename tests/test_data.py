@@ -157,6 +157,25 @@ class StreamTok:
         return R()
 
 
+def test_google_re_loads_with_lamas_built_in_templates(tmp_path):
+    """Google-RE files name the relation in `pred`; LAMA defines their templates in code, not relations.jsonl."""
+    g = tmp_path / "Google_RE"
+    g.mkdir()
+    rows = [{"pred": "/people/person/place_of_birth", "sub_label": "Ada Lovelace", "obj_label": "London"},
+            {"pred": "/people/person/place_of_birth", "sub_label": "Alan Turing", "obj_label": "London"},
+            {"pred": "/people/person/place_of_birth", "sub_label": "Marie Curie", "obj_label": "Warsaw"}]
+    (g / "place_of_birth_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (g / "date_of_birth_test.jsonl").write_text(json.dumps(
+        {"pred": "/people/person/date_of_birth", "sub_label": "Ada Lovelace", "obj_label": "1815"}) + "\n")
+    (tmp_path / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."}))
+    ls = load_lama(f"lama:{g}:{tmp_path / 'relations.jsonl'}")
+    assert ls.templates["place_of_birth"] == "[X] was born in [Y] ."
+    assert ls.templates["date_of_birth"] == "[X] (born [Y])."
+    assert ls.relation_source == {"place_of_birth": "Google-RE", "date_of_birth": "Google-RE"}
+    assert {p.prompt for p in ls.probes} >= {"Ada Lovelace was born in", "Ada Lovelace (born"}
+    assert ls.candidates["place_of_birth"] == ("London", "Warsaw")
+
+
 def test_calibration_windows_are_seeded():
     tok = StreamTok()
     a = calibration_windows(tok, "", 4, 16, seed=3, bos="window")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,15 @@ class LamaSet:
     candidates: dict[str, tuple[str, ...]]  # per relation: the candidate objects scored for each probe
     probes: list[Probe] = field(default_factory=list)
     source: str = ""
+    relation_source: dict[str, str] = field(default_factory=dict)  # e.g. T-REx / Google-RE, for P@1 per source
+
+
+# LAMA defines Google-RE's three templates in its code (scripts/run_experiments.py), not in relations.jsonl.
+GOOGLE_RE_TEMPLATES = {
+    "place_of_birth": "[X] was born in [Y] .",
+    "date_of_birth": "[X] (born [Y]).",
+    "place_of_death": "[X] died in [Y] .",
+}
 
 
 def prompt_of(template: str, subject: str, path="template", row=None) -> str:
@@ -141,17 +151,29 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
     if not files:
         raise UserError(f"no .jsonl files in {data_dir}: pass the LAMA relation folder (e.g. data/TREx)")
     facts: dict[str, list] = {}
+    origin: dict[str, str] = {}
     for path in files:
-        rel = path.stem.removesuffix("_test")
-        if rel not in templates:
-            raise DataError(path, None, f"unknown relation '{rel}' (not in {templates_file})")
+        rows = list(_read_jsonl(path))
+        first = rows[0][1] if rows and isinstance(rows[0][1], dict) else {}
+        # Google-RE names its relation in `pred` (/people/person/place_of_birth); T-REx in the file name (P19)
+        rel = str(first.get("pred", "")).rstrip("/").rsplit("/", 1)[-1] or path.stem.removesuffix("_test")
+        if rel not in templates and rel in GOOGLE_RE_TEMPLATES:
+            templates[rel] = GOOGLE_RE_TEMPLATES[rel]
+            origin[rel] = "Google-RE"
+        elif rel in templates:
+            origin[rel] = "T-REx" if re.fullmatch(r"P\d+", rel) else "LAMA"
+        else:
+            raise DataError(path, None, f"unknown relation '{rel}' (not in {templates_file}, not a Google-RE "
+                                        f"relation: {', '.join(GOOGLE_RE_TEMPLATES)})")
         by_subject: dict[str, list[str]] = {}
-        for row, rec in _read_jsonl(path):
+        for row, rec in rows:
             if not isinstance(rec, dict) or "sub_label" not in rec or "obj_label" not in rec:
                 raise DataError(path, row, "missing field sub_label or obj_label")
             by_subject.setdefault(rec["sub_label"], []).append(rec["obj_label"])
         facts[rel] = [(s, tuple(dict.fromkeys(o))) for s, o in by_subject.items()]
-    return _assemble(templates, facts, f"lama:{data_dir}")
+    ls = _assemble(templates, facts, f"lama:{data_dir}")
+    ls.relation_source = origin
+    return ls
 
 
 def load_qa_wikidata(task_json: Path) -> LamaSet:
