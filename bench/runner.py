@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,8 +246,10 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
 def _summary_line(records: list[dict]) -> str:
     parts = []
     for r in records:
-        m = r["primary_metric"]
-        parts.append(f"{r['cell']['task']} {m}={r['metrics'][m]:.4g}")
+        m = r.get("primary_metric")
+        v = r["metrics"].get(m) if m else None
+        parts.append(f"{r['cell']['task']} {m}=" + (f"{v:.4g}" if isinstance(v, (int, float)) and math.isfinite(v)
+                                                     else "undefined"))
     c = records[0]["compression"] if records else None
     if c:
         parts.append(f"params {c['param_ratio']:.3f}x, {c['n_fallbacks']} fallbacks")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -36,7 +37,7 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
 def write_cell(path: Path, record: dict) -> None:
     from .errors import UserError
 
-    record = {"schema_version": SCHEMA_VERSION, **record}
+    record = finite_or_null({"schema_version": SCHEMA_VERSION, **record})
     problem = cell_problem(json.loads(json.dumps(record, default=str)))
     if problem:  # e.g. a NaN metric: never store a cell that readers would reject
         raise UserError(f"result for {path.name} is not valid ({problem}): this is a bug or a degenerate setting; "
@@ -46,6 +47,18 @@ def write_cell(path: Path, record: dict) -> None:
     except OSError as e:
         raise UserError(f"cannot write result file {path} ({e.strerror or type(e).__name__}): make the results "
                         "directory writable or pass --output <writable dir>") from None
+
+
+def finite_or_null(obj):
+    """NaN and infinity are not JSON: an undefined value (a standard error of one item, an overflowing
+    perplexity) is stored as null, which readers show as a blank."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def cell_status(path: Path) -> str | None:

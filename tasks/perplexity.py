@@ -60,7 +60,7 @@ class PPLToken(Task):
         windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
         per_window = window_nll(model, windows, s.batch_size, progress) / (s.seq_len - 1)
         nll, nll_se = mean_stderr(per_window.tolist())
-        ppl = math.exp(nll)
+        ppl = math.exp(nll) if nll < 700 else float("inf")  # a destroyed model's perplexity overflows: stored as null
         return TaskResult(
             metrics={"ppl": ppl, "nll": nll},
             stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method

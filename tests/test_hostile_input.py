@@ -237,3 +237,17 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
     assert len(done[0] | done[1]) == 1 + 6 * 2
     assert len([p for p in out.rglob("*.json")]) == 1 + 6 * 2
     assert not [p for p in out.rglob("*.lock")]
+
+
+def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
+    from bench.store import cell_status, write_cell
+
+    path = tmp_path / "c.json"
+    write_cell(path, {"cell": {"model": "m", "method": "pca", "rank": 0.5, "budget": "rank", "task": "ppl-token"},
+                      "metrics": {"ppl": float("inf"), "nll": 800.0}, "stderr": {"nll": float("nan")},
+                      "primary_metric": "ppl"})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in a cell"))
+    assert rec["metrics"]["ppl"] is None and rec["stderr"]["nll"] is None
+    assert cell_status(path) is None
