@@ -55,7 +55,7 @@ RUN_FLAGS = [
     ("--limit", "limit", {"type": int, "help": "MMLU questions per subject and LAMA probes per relation"}),
     ("--mmlu-limit", "mmlu_limit", {"type": int, "help": "MMLU questions per subject (0 = all; default 1)"}),
     ("--mmlu-shots", "mmlu_shots", {"type": int, "help": "MMLU exemplars (default 0 for the 15-minute run; 5 is standard)"}),
-    ("--lama-limit", "lama_limit", {"type": int, "help": "LAMA probes per relation (0 = all; default 50)"}),
+    ("--lama-limit", "lama_limit", {"type": int, "help": "LAMA probes per relation (0 = all; default 20)"}),
     ("--lama-candidates", "lama_candidates", {"type": int, "help": "LAMA candidates per probe: its gold + seeded distractors (default 25)"}),
     ("--ppl-windows", "ppl_windows", {"type": int, "help": "perplexity windows (default 16)"}),
     ("--ppl-seq-len", "ppl_seq_len", {"type": int}),

@@ -32,9 +32,9 @@ class RunSpec:
     limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
     mmlu_limit: int = 1
     mmlu_shots: int = 0
-    # 50 probes per relation (350 of the 1,354 embedded): about 110 ms per probe and variant at 25 candidates on
+    # 20 probes per relation (140 of the 1,354 embedded): about 115 ms per probe and variant at 25 candidates on
     # 2 CPU cores, so all probes for 10 variants would not fit the 15-minute default run (`--lama-limit 0`: all)
-    lama_limit: int = 50
+    lama_limit: int = 20
     lama_candidates: int = 25  # per probe: its gold objects plus seeded distractors of its relation
     ppl_windows: int = 16
     ppl_seq_len: int = 256
