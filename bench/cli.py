@@ -55,14 +55,14 @@ RUN_FLAGS = [
     ("--limit", "limit", {"type": int, "help": "MMLU questions per subject and LAMA probes per relation"}),
     ("--mmlu-limit", "mmlu_limit", {"type": int, "help": "MMLU questions per subject (0 = all; default 1)"}),
     ("--mmlu-shots", "mmlu_shots", {"type": int, "help": "MMLU exemplars (default 0 for the 15-minute run; 5 is standard)"}),
-    ("--lama-limit", "lama_limit", {"type": int, "help": "LAMA probes per relation (0 = all; default 20)"}),
+    ("--lama-limit", "lama_limit", {"type": int, "help": "LAMA probes per relation (0 = all; default 15)"}),
     ("--lama-candidates", "lama_candidates", {"type": int, "help": "LAMA candidates per probe: its gold + seeded distractors (default 25)"}),
     ("--ppl-windows", "ppl_windows", {"type": int, "help": "perplexity windows (default 16)"}),
     ("--ppl-seq-len", "ppl_seq_len", {"type": int}),
     ("--text-source", "text_source", {"help": "evaluation text: wiki, wikitext2, file:<path>"}),
     ("--mmlu-source", "mmlu_source", {"help": "embedded, hub, or a folder with dev/ and test/ CSVs"}),
     ("--lama-source", "lama_source", {"help": "embedded, lama:<dir>:<relations.jsonl>, qa_wikidata:<task.json>"}),
-    ("--rho-units", "rho_units", {"type": int, "help": "block ranges for rho sensitivity (default 6)"}),
+    ("--rho-units", "rho_units", {"type": int, "help": "block ranges for rho sensitivity (default 4)"}),
     ("--rho-lama-limit", "rho_lama_limit", {"type": int}),
     ("--rho-mmlu-limit", "rho_mmlu_limit", {"type": int}),
     ("--rho-loss-windows", "rho_loss_windows", {"type": int}),
@@ -82,6 +82,8 @@ def _add_run(sub):
     p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5")
     p.add_argument("--overwrite", action="store_true", default=None, help="recompute cells that exist")
     p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None)
+    p.add_argument("--rho-per-group", dest="rho_per_group", action="store_true", default=None,
+                   help="rho: also the loss rise of compressing each input group alone (one pass per group)")
     p.add_argument("--no-report", dest="report", action="store_false", default=None)
     p.add_argument("--quiet", dest="progress", action="store_false", default=None, help="no progress bars")
     return p
@@ -97,7 +99,7 @@ def _spec_from_args(args):
     for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank")):
         if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
-    for dest in ("overwrite", "measure_latency", "report", "progress"):
+    for dest in ("overwrite", "measure_latency", "report", "progress", "rho_per_group"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
     if args.method_option:

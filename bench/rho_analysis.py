@@ -53,8 +53,11 @@ def _units(n_blocks: int, n_units: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(n_units)]
 
 
-def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -> tuple[list[dict], dict]:
-    """Per unit and method: compress only that unit's groups; drops in LAMA P@1 / MMLU accuracy, rise in loss."""
+def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]],
+                per_group_rise: dict | None = None) -> tuple[list[dict], dict]:
+    """Per unit and method: compress only that unit's groups; drops in LAMA P@1 / MMLU accuracy, rise in loss.
+    With spec.rho_per_group, also fills `per_group_rise` with the loss rise of compressing each group alone."""
+    per_group_rise = {} if per_group_rise is None else per_group_rise
     from tasks.lama import LAMA
     from tasks.mmlu import MMLU
     from tasks.perplexity import PPLToken
@@ -80,6 +83,12 @@ def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]]) -
 
     dense = measure(lm.model)
     groups = find_input_groups(lm.model)
+    if getattr(spec, "rho_per_group", False):
+        loss = probes["loss"]
+        for g in tqdm(groups, desc="rho per group", disable=not spec.progress, leave=False):
+            model, _ = compress(lm.model, "pca", rank, stats, spec, only_groups={g.name}, progress=False)
+            per_group_rise[g.name] = loss.evaluate(model, lm.tokenizer, progress=False).metrics["nll"] - dense["loss"]
+            del model
     rows = []
     jobs = [(u, m) for u in range(len(unit_blocks)) for m in ("pca", "fasc")]
     for u, method in tqdm(jobs, desc="rho sensitivity", disable=not spec.progress, leave=False):
@@ -100,7 +109,11 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
     groups = find_input_groups(lm.model)
     per_group = group_rho(stats, groups, rank)
     units = _units(len({g.block for g in groups}), spec.rho_units)
-    sens, dense = sensitivity(lm, stats, rank, spec, units)
+    rises: dict[str, float] = {}
+    sens, dense = sensitivity(lm, stats, rank, spec, units, rises)
+    for r in per_group:
+        if r["group"] in rises:
+            r["loss_rise_pca_alone"] = rises[r["group"]]
 
     # Unit-level table: mean rho of the unit's groups beside its sensitivities.
     table = []
@@ -124,6 +137,10 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
             corr[f"{v}_vs_{t}"] = correlations([r[v] for r in table], [r[t] for r in table], seed=spec.seed)
         corr[f"{v}_vs_surrogate_gain_per_group"] = correlations([r.get(v) for r in per_group],
                                                                 [r["surrogate_gain"] for r in per_group], seed=spec.seed)
+        if rises:
+            corr[f"{v}_vs_loss_rise_per_group"] = correlations([r.get(v) for r in per_group],
+                                                               [r.get("loss_rise_pca_alone") for r in per_group],
+                                                               seed=spec.seed)
     top = sorted((r for r in per_group if math.isfinite(r["rho"])), key=lambda r: -r["rho"])[:10]
     d_small = min(r["d"] for r in per_group)
     d_big = max(r["d"] for r in per_group)
@@ -146,5 +163,6 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
             "rank": {"ratio": rank.ratio, "budget": rank.budget},
         },
         "task_config": {"rho_units": spec.rho_units, "rho_lama_limit": spec.rho_lama_limit,
-                        "rho_mmlu_limit": spec.rho_mmlu_limit, "rho_loss_windows": spec.rho_loss_windows},
+                        "rho_mmlu_limit": spec.rho_mmlu_limit, "rho_loss_windows": spec.rho_loss_windows,
+                        "rho_per_group": spec.rho_per_group},
     }

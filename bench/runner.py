@@ -416,7 +416,7 @@ def run(spec: RunSpec) -> dict:
 
 
 def _rho_settings(spec: RunSpec) -> dict:
-    return {k: getattr(spec, k) for k in ("rho_units", "rho_lama_limit", "rho_mmlu_limit", "rho_loss_windows",
+    return {k: getattr(spec, k) for k in ("rho_units", "rho_lama_limit", "rho_mmlu_limit", "rho_loss_windows", "rho_per_group",
                                           "lama_candidates", "ppl_seq_len", "text_source", "lama_source",
                                           "mmlu_source", "seed", "bos")}
 

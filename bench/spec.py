@@ -32,9 +32,9 @@ class RunSpec:
     limit: int | None = None  # shorthand: MMLU questions per subject and LAMA probes per relation
     mmlu_limit: int = 1
     mmlu_shots: int = 0
-    # 20 probes per relation (140 of the 1,354 embedded): about 115 ms per probe and variant at 25 candidates on
+    # 15 probes per relation (105 of the 1,354 embedded): about 115 ms per probe and variant at 25 candidates on
     # 2 CPU cores, so all probes for 10 variants would not fit the 15-minute default run (`--lama-limit 0`: all)
-    lama_limit: int = 20
+    lama_limit: int = 15
     lama_candidates: int = 25  # per probe: its gold objects plus seeded distractors of its relation
     ppl_windows: int = 16
     ppl_seq_len: int = 256
@@ -42,10 +42,11 @@ class RunSpec:
     mmlu_source: str = "embedded"
     lama_source: str = "embedded"
     # rho sensitivity: blocks are compressed together in `rho_units` contiguous ranges
-    rho_units: int = 6
+    rho_units: int = 4
     rho_lama_limit: int = 1
     rho_mmlu_limit: int = 0
     rho_loss_windows: int = 2
+    rho_per_group: bool = False  # also compress each group alone with pca and measure its loss rise (72 groups)
     # execution
     device: str = "cpu"
     dtype: str = "float32"

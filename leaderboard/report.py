@@ -155,10 +155,23 @@ def _rho_section(cell: dict) -> list[str]:
             return ""
         return f"{v['r']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] p={v['p']:.2g}"
 
+    corr = d["correlations"]
+    # The headline is per group (n = every input group): the block-range table has a handful of points, a lead.
+    per_group = sorted((k, c) for k, c in corr.items() if k.endswith("_per_group"))
+    per_unit = sorted((k, c) for k, c in corr.items() if not k.endswith("_per_group"))
+    head = []
+    for name, c in per_group:
+        if name.startswith("rho_vs_") and c.get("spearman"):
+            sp = c["spearman"]
+            verdict = "significant" if sp["p"] < 0.05 else "not significant"
+            head.append(f"**Per group, n = {c['n']}: Spearman({name.replace('_vs_', ', ').replace('_per_group', '')}) "
+                        f"= {show(sp)}** ({verdict} at 0.05).")
     rows = [[name.replace("_vs_", " vs "), show(c.get("spearman")) or c.get("note", ""), show(c.get("pearson")), c["n"]]
-            for name, c in sorted(d["correlations"].items())]
-    return [
-        "Correlations (r [bootstrap 95% CI] p); sensitivity is per block range, surrogate gain per group:", "",
+            for name, c in per_group + per_unit]
+    n_units = len(d.get("units") or [])
+    return head + ([""] if head else []) + [
+        f"Correlations (r [bootstrap 95% CI] p); per group (surrogate gain, and loss rise with `--rho-per-group`) "
+        f"first, then per block range ({n_units} ranges: a lead, not a finding):", "",
         tabulate(rows, headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
         "", "Highest-rho groups:", "",
         tabulate([[g["group"], g["block"], g["kind"], f"{g['rho']:.3f}"] for g in d["highest_rho_groups"]],

@@ -100,3 +100,32 @@ def test_sensitivity_at_full_rank_is_zero():
     assert len(rows) == 4
     for r in rows:
         assert abs(r["loss_rise"]) < 1e-5 and r["lama_drop"] == 0
+
+
+def test_rho_per_group_headline_on_tiny_model():
+    """--rho-per-group: every group's loss rise alone, correlated with rho over all groups (the headline)."""
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.groups import find_input_groups
+    from bench.models import load_model
+    from bench.rho_analysis import rho_task
+    from bench.smoke import tiny_checkpoint
+    from bench.spec import RunSpec
+    from leaderboard.report import _rho_section
+    from methods.base import RankSpec
+    from tasks.data.text_data import calibration_windows, load_text
+
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    spec = RunSpec(rho_lama_limit=0, rho_loss_windows=1, ppl_seq_len=32, rho_units=2, rho_per_group=True,
+                   progress=False, bos="none")
+    windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
+    groups = find_input_groups(lm.model)
+    st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
+                   progress=False)
+    res = rho_task(lm, st, RankSpec(0.5), spec)
+    per_group = res["details"]["per_group"]
+    assert len(per_group) == len(groups) == 8
+    assert all(abs(r["loss_rise_pca_alone"]) < 50 for r in per_group)
+    c = res["details"]["correlations"]["rho_vs_loss_rise_per_group"]
+    assert c["n"] == 8
+    text = "\n".join(_rho_section({"details": res["details"]}))
+    assert text.startswith("**Per group, n = 8: Spearman(rho, surrogate_gain)") or "n = 8" in text.split("\n")[0]
