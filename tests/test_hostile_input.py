@@ -183,6 +183,8 @@ def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny
     assert len(files) == 2  # dense and pca ppl-token
     dense, pca = (f for f in files)
     good = json.loads(pca.read_text())
+    assert good["bos"] == "none" and good["task_config"]["bos"] == "none"  # SmolLM2's tokenizer adds no BOS
+    assert good["calibration"]["spec"]["bos"] == "none"
     dense.write_text(json.dumps({"schema_version": 1}))
     broken = dict(good)
     broken.pop("metrics")

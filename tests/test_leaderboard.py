@@ -169,3 +169,12 @@ def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered
     assert row[key] == pytest.approx(sum(oth) / len(oth) - sum(ref) / len(ref))
     assert row[key + " p"] == pytest.approx(ttest_rel(oth, ref).pvalue, rel=1e-9)
     assert row[key + " lo"] < row[key] < row[key + " hi"]
+
+
+def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
+    from leaderboard.report import _header
+
+    cells = [{"bos": "window", "env": {}}, {"bos": "window", "env": {}}]
+    assert any("BOS protocol" in l and l.endswith(": window") for l in _header(cells))
+    mixed = _header(cells + [{"bos": "none", "env": {}}])
+    assert any("none, window" in l and "MIXED" in l for l in mixed)
