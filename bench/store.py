@@ -157,25 +157,35 @@ def _holder_alive(lock: Path) -> bool:
 
 
 def claim_cell(path: Path) -> bool:
-    """Take an exclusive claim on a cell before computing it; False when a live process holds it."""
+    """Take an exclusive claim on a cell before computing it; False when a live process holds it.
+
+    The claim is written in full to a private file and then hard-linked into place (atomic, and refused when the
+    claim exists), so a process killed at any moment never leaves an empty claim that would look alive."""
     from .errors import UserError
 
     lock = _lock_path(path)
+    body = json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()})
     for _ in range(2):
+        tmp = lock.with_name(f"{lock.name}.{os.getpid()}.tmp")
         try:
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if _holder_alive(lock):
-                return False
-            lock.unlink(missing_ok=True)  # a dead process's claim: break it and try once more
-            continue
+            tmp.write_text(body)
+            try:
+                os.link(tmp, lock)
+            except FileExistsError:
+                if _holder_alive(lock):
+                    return False
+                lock.unlink(missing_ok=True)  # a dead process's claim: break it and try once more
+                continue
+            return True
         except OSError as e:
             raise UserError(f"cannot write in results folder {lock.parent} ({e.strerror or type(e).__name__}): "
                             "make it writable or pass --output <writable dir>") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": platform.node(), "since": time.time()}, f)
-        return True
+        finally:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # its folder could not be made: nothing was written
     return False
 
 
