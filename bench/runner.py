@@ -77,7 +77,9 @@ def _stats_file(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> 
     return cache_dir() / "stats" / f"{key}.safetensors"
 
 
-def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tuple[dict[str, GroupStats], dict]:
+def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str],
+                      windows: torch.Tensor | None = None) -> tuple[dict[str, GroupStats], dict]:
+    """Statistics from the cache, or calibrated on `windows` (built from the calibration text when not given)."""
     cspec = calib_spec(spec)
     path = _stats_file(lm.fingerprint, cspec, needed)
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache_file": path.name}
@@ -89,10 +91,11 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str]) -> tupl
         except Exception as e:  # a corrupt or foreign cache file is recomputed, never trusted
             log(f"recomputing calibration statistics: cache file {path.name} is unreadable ({type(e).__name__})")
             path.unlink(missing_ok=True)
-    from tasks.data.text_data import calibration_windows, load_text
+    if windows is None:
+        from tasks.data.text_data import calibration_windows, load_text
 
-    windows = calibration_windows(lm.tokenizer, load_text(spec.calib_source, "calib"), cspec.samples, cspec.seq_len,
-                                  cspec.seed, cspec.bos)
+        windows = calibration_windows(lm.tokenizer, load_text(spec.calib_source, "calib"), cspec.samples,
+                                      cspec.seq_len, cspec.seed, cspec.bos)
     t0 = time.perf_counter()
     stats = calibrate(lm.model, groups, windows, needed, cspec, batch_size=max(1, spec.batch_size // 2),
                       progress=spec.progress)
@@ -286,12 +289,11 @@ def run(spec: RunSpec) -> dict:
         for task in checked["tasks"].values():
             task.check(tokenizer)
         if "rho" in spec.tasks or any(methods.get_method(m).stats for m in spec.methods):
-            calibration_windows(tokenizer, load_text(spec.calib_source, "calib"), spec.calib_samples,
-                                spec.calib_seq_len, spec.seed, spec.bos)
+            # kept for calibration: the text is tokenized once
+            checked["calib_windows"] = calibration_windows(tokenizer, load_text(spec.calib_source, "calib"),
+                                                           spec.calib_samples, spec.calib_seq_len, spec.seed, spec.bos)
 
     lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight)
-    if "tasks" not in checked:
-        preflight(lm.tokenizer)
     model_tasks = checked["tasks"]
     env = environment(spec.device)
     common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos,
@@ -330,7 +332,7 @@ def run(spec: RunSpec) -> dict:
             key = settings_hash("rho", _rho_settings(spec), calib_spec(spec).as_dict(), lm.fingerprint, spec.budget)
             p = cell_path(out_root, lm.name, RHO_CELL_METHOD, r.ratio, spec.budget, "rho", key)
             if needs_computing(p):
-                rho_todo[r] = p
+                rho_todo[r] = (None, p)
     n_cells = len(dense_todo) + sum(len(t) for t in plan.values()) + len(rho_todo)
     log(f"{n_cells} cell(s) to compute under {out_root}/ (existing cells are kept; --overwrite recomputes)")
     written, elsewhere = 0, []
@@ -345,7 +347,7 @@ def run(spec: RunSpec) -> dict:
         since the plan was made (parallel runs on one results directory split the work)."""
         mine = {}
         for name, item in todo.items():
-            p = item[1] if isinstance(item, tuple) else item
+            p = item[1]
             if not claim_cell(p):
                 elsewhere.append(p)
                 continue
@@ -357,8 +359,8 @@ def run(spec: RunSpec) -> dict:
         return mine
 
     def release(todo: dict) -> None:
-        for item in todo.values():
-            unclaim(item[1] if isinstance(item, tuple) else item)
+        for _, p in todo.values():
+            unclaim(p)
 
     try:
         dense_todo = claim(dense_todo)
@@ -373,7 +375,7 @@ def run(spec: RunSpec) -> dict:
         stats, calib_info = ({}, None)
         if needs:
             groups = find_input_groups(lm.model)
-            stats, calib_info = load_or_calibrate(lm, groups, spec, needs)
+            stats, calib_info = load_or_calibrate(lm, groups, spec, needs, checked.get("calib_windows"))
         for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
             todo = claim(todo)
             if not todo:
@@ -394,7 +396,7 @@ def run(spec: RunSpec) -> dict:
         if rho_todo:
             from .rho_analysis import rho_task
 
-            for r, path in rho_todo.items():
+            for r, (_, path) in rho_todo.items():
                 t0 = time.perf_counter()
                 result = rho_task(lm, stats, r, spec)
                 write_cell(path, {**common, "calibration": calib_info,
