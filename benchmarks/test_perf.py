@@ -123,15 +123,16 @@ def test_lama_probes_one_by_one(benchmark, default_model, lama_probes):
 
 
 def test_lama_probes_batched(benchmark, default_model, lama_probes):
-    from tasks.lama import score_probes_batched
+    from tasks.lama import LamaSettings, score_probes_batched
 
     prompts, cands = lama_probes
+    bs = LamaSettings().batch_size
 
     def run():
         out = []
-        for i in range(0, len(prompts), 16):
-            out += score_probes_batched(default_model.model, default_model.tokenizer, prompts[i:i + 16],
-                                        cands[i:i + 16])
+        for i in range(0, len(prompts), bs):
+            out += score_probes_batched(default_model.model, default_model.tokenizer, prompts[i:i + bs],
+                                        cands[i:i + bs])
         return out
 
     got = benchmark.pedantic(run, rounds=2, warmup_rounds=0)

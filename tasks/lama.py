@@ -94,7 +94,9 @@ def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     first = torch.log_softmax(logits_from_hidden(model, out.last_hidden_state[:, -1]), -1).cpu()
     scores = [torch.tensor([float(first[r, c[0]]) for c in cs]) for r, cs in enumerate(cands)]
-    pairs = [(r, j) for r, cs in enumerate(cands) for j, c in enumerate(cs) if len(c) > 1]
+    # Longest first, so each chunk's continuation is padded to nearly its own width.
+    pairs = sorted(((r, j) for r, cs in enumerate(cands) for j, c in enumerate(cs) if len(c) > 1),
+                   key=lambda rj: -len(cands[rj[0]][rj[1]]))
     for start in range(0, len(pairs), pair_chunk):
         block = pairs[start:start + pair_chunk]
         rows = torch.tensor([r for r, _ in block])
@@ -157,7 +159,7 @@ class LamaSettings:
     per_relation: int | None = None  # probes per relation (seeded sample)
     max_candidates: int | None = None  # per relation: gold objects of the probes + seeded distractors
     seed: int = 0
-    batch_size: int = 16  # probes whose prompts share one forward
+    batch_size: int = 64  # probes whose prompts share one forward (16: 178 ms/probe, 64: 113-137 on 2 cores)
 
     def minimums(self):
         return {"batch_size": (self.batch_size, 1), "max_candidates": (self.max_candidates, 2)}
