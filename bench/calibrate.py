@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as Fn
 from tqdm.auto import tqdm
 
-from methods.base import GRADIENT_STATS, GroupStats
+from core.stats import GRADIENT_STATS, GroupStats
 
 from .groups import InputGroup
 

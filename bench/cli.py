@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .errors import UserError
+from core.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):

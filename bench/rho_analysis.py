@@ -8,11 +8,11 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from methods.base import RankSpec
-from methods.fasc import direction_scores
+from core.stats import RankSpec
+from core.linalg import direction_scores
 
 from .groups import find_input_groups
-from .linalg import group_whitening, pca_basis, weighted_subspace
+from core.linalg import group_whitening, pca_basis, weighted_subspace
 from .rho import correlations, cost_flops, rho_scores
 
 VARIANTS = ("rho", "rho_cos", "rho_dir")

@@ -14,14 +14,14 @@ from tqdm.auto import tqdm
 
 import methods
 import tasks as task_registry
-from methods.base import GroupStats, RankSpec
+from core.stats import GroupStats, RankSpec
 
 from . import __version__
-from .cache import atomic_write_bytes, cache_dir
+from core.io import atomic_write_bytes, cache_dir
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
-from .errors import UserError
+from core.errors import UserError
 from .groups import find_input_groups
-from .linalg import NumericError
+from core.linalg import NumericError
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
 from .store import (DENSE, cell_path, cell_status, claim_cell, environment, release_cell, settings_hash,

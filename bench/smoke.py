@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .cache import cache_dir
-from .errors import UserError
+from core.io import cache_dir
+from core.errors import UserError
 
 
 def tiny_checkpoint() -> Path:

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import UserError
+from core.errors import UserError
 
 # MMLU is one flag away (`--tasks mmlu ...`): 0-shot on a 270M model it sits at chance and costs LAMA probes
 DEFAULT_TASKS = ("lama", "ppl-token", "rho")
@@ -80,7 +80,7 @@ def validate(spec: RunSpec) -> RunSpec:
     import methods
     import tasks
 
-    from .settings import type_problems
+    from core.settings import type_problems
 
     problems = type_problems(spec)
     if problems:

@@ -11,9 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from .cache import atomic_write_json
+from core.io import atomic_write_json
 
-from .schema import SCHEMA_VERSION, cell_problem
+from core.record import SCHEMA_VERSION, cell_problem
 
 DENSE = "dense"
 
@@ -35,7 +35,7 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
 
 
 def write_cell(path: Path, record: dict) -> None:
-    from .errors import UserError
+    from core.errors import UserError
 
     record = finite_or_null({"schema_version": SCHEMA_VERSION, **record})
     problem = cell_problem(json.loads(json.dumps(record, default=str)))
@@ -116,7 +116,7 @@ def environment(device: str) -> dict:
 
 
 def check_writable(root: Path) -> None:
-    from .errors import UserError
+    from core.errors import UserError
 
     root = Path(root)
     try:
@@ -161,7 +161,7 @@ def claim_cell(path: Path) -> bool:
 
     The claim is written in full to a private file and then hard-linked into place (atomic, and refused when the
     claim exists), so a process killed at any moment never leaves an empty claim that would look alive."""
-    from .errors import UserError
+    from core.errors import UserError
 
     lock = _lock_path(path)
     body = json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()})

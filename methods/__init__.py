@@ -62,7 +62,7 @@ def known_methods() -> list[str]:
 def get_method(name: str) -> type[Compressor]:
     load_plugins()
     if name not in REGISTRY:
-        from bench.errors import did_you_mean
+        from core.errors import did_you_mean
 
         raise UnknownMethod(f"unknown method '{name}'.{did_you_mean(name, REGISTRY)}")
     return REGISTRY[name]

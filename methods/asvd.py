@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from bench.linalg import check_finite
+from core.linalg import check_finite
 
 from .base import Compressor
 from .svd import truncated_factors

@@ -10,14 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.linalg import check_finite, group_whitening, weighted_subspace
+from core.linalg import check_finite, direction_scores, group_whitening, weighted_subspace
 
 from .base import Compressor, projection_factors
-
-
-def direction_scores(sol: dict, xs: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
-    """z[n, j] = (g_n^T u_j)(w_j^T x_n): the share of direction j in token n's loss change."""
-    return (gs.double() @ sol["U"]) * (xs.double() @ sol["Wt"].T)
 
 
 def swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I."""
 
-from bench.linalg import pca_basis
+from core.linalg import pca_basis
 
 from .base import Compressor, projection_factors
 

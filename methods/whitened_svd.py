@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.linalg import group_whitening, weighted_subspace
+from core.linalg import group_whitening, weighted_subspace
 
 from .base import Compressor, projection_factors
 

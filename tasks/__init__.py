@@ -26,7 +26,7 @@ def known_tasks() -> list[str]:
 
 def get_task(name: str) -> type[Task]:
     if name not in TASKS:
-        from bench.errors import did_you_mean
+        from core.errors import did_you_mean
 
         raise UnknownTask(f"unknown task '{name}'.{did_you_mean(name, known_tasks())}")
     return TASKS[name]

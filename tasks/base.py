@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Task:
         if unknown:
             raise ValueError(f"task '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
                              f"{', '.join(sorted(names))}")
-        from bench.settings import check_settings
+        from core.settings import check_settings
 
         settings = cls.Settings(**options)
         check_settings(settings, f"task '{cls.name}'")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from bench.errors import UserError
+from core.errors import UserError
 
 from .base import Task, TaskResult
 

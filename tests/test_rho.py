@@ -87,7 +87,7 @@ def test_sensitivity_at_full_rank_is_zero():
     from bench.rho_analysis import _units, sensitivity
     from bench.smoke import tiny_checkpoint
     from bench.spec import RunSpec
-    from methods.base import RankSpec
+    from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
 
     lm = load_model(str(tiny_checkpoint()), progress=False)
@@ -111,7 +111,7 @@ def test_rho_per_group_headline_on_tiny_model():
     from bench.smoke import tiny_checkpoint
     from bench.spec import RunSpec
     from leaderboard.report import _rho_section
-    from methods.base import RankSpec
+    from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
 
     lm = load_model(str(tiny_checkpoint()), progress=False)

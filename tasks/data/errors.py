@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from bench.errors import UserError
+from core.errors import UserError
 
 
 class DataError(UserError):

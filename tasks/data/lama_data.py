@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.errors import UserError
+from core.errors import UserError
 
 from .errors import DataError, read_user_text
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from bench.cache import atomic_write_json, cache_dir
-from bench.errors import UserError
+from core.io import atomic_write_json, cache_dir
+from core.errors import UserError
 
 from .errors import DataError, read_user_text
 

@@ -113,3 +113,8 @@ def pca_basis(stats) -> dict:
         return {"lam": lam, "U": V, "Wt": V.T, "fallbacks": []}
 
     return stats.cached("pca_basis", solve)
+
+
+def direction_scores(sol: dict, xs: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    """z[n, j] = (g_n^T u_j)(w_j^T x_n): the share of direction j in token n's loss change."""
+    return (gs.double() @ sol["U"]) * (xs.double() @ sol["Wt"].T)
