@@ -164,5 +164,5 @@ def calibrate(
 def needed_stats(method_classes, extra: frozenset[str] = frozenset()) -> frozenset[str]:
     out = set(extra)
     for cls in method_classes:
-        out |= cls.stats
+        out |= cls.needs
     return frozenset(out)

@@ -62,10 +62,6 @@ RUN_FLAGS = [
     ("--text-source", "text_source", {"help": "evaluation text: wiki, wikitext2, file:<path>"}),
     ("--mmlu-source", "mmlu_source", {"help": "embedded, hub, or a folder with dev/ and test/ CSVs"}),
     ("--lama-source", "lama_source", {"help": "embedded, lama:<dir>:<relations.jsonl>, qa_wikidata:<task.json>"}),
-    ("--rho-units", "rho_units", {"type": int, "help": "block ranges for rho sensitivity (default 4)"}),
-    ("--rho-lama-limit", "rho_lama_limit", {"type": int}),
-    ("--rho-mmlu-limit", "rho_mmlu_limit", {"type": int}),
-    ("--rho-loss-windows", "rho_loss_windows", {"type": int}),
     ("--device", "device", {"help": "cpu or cuda[:i]"}),
     ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
     ("--batch-size", "batch_size", {"type": int}),
@@ -82,8 +78,8 @@ def _add_run(sub):
     p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5")
     p.add_argument("--overwrite", action="store_true", default=None, help="recompute cells that exist")
     p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None)
-    p.add_argument("--rho-per-group", dest="rho_per_group", action="store_true", default=None,
-                   help="rho: also the loss rise of compressing each input group alone (one pass per group)")
+    p.add_argument("--analysis-option", action="append",
+                   help="analysis.setting=value, e.g. rho.units=4 or rho.per_group=true (see `bench ls analyses`)")
     p.add_argument("--no-report", dest="report", action="store_false", default=None)
     p.add_argument("--quiet", dest="progress", action="store_false", default=None, help="no progress bars")
     return p
@@ -99,24 +95,35 @@ def _spec_from_args(args):
     for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank")):
         if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
-    for dest in ("overwrite", "measure_latency", "report", "progress", "rho_per_group"):
+    for dest in ("overwrite", "measure_latency", "report", "progress"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
     if args.method_option:
         data["method_options"] = {**data.get("method_options", {}), **_kv_options(args.method_option, "method")}
     if args.task_option:
         data["task_options"] = {**data.get("task_options", {}), **_kv_options(args.task_option, "task")}
+    if args.analysis_option:
+        data["analysis_options"] = {**data.get("analysis_options", {}), **_kv_options(args.analysis_option,
+                                                                                    "analysis")}
     try:
         return RunSpec(**data)
     except TypeError as e:
         raise UserError(f"bad run settings ({e}): check --config") from None
 
 
-def cmd_run(args) -> int:
+def run_spec(spec) -> dict:
+    """The sweep with the analyses among spec.tasks resolved from their registry: the CLI is the one layer that
+    knows both the harness and the analyses."""
+    import analyses
+
     from .runner import run
 
+    return run(spec, analyses.build(spec.tasks, spec.analysis_options))
+
+
+def cmd_run(args) -> int:
     spec = _spec_from_args(args)
-    run(spec)
+    run_spec(spec)
     if spec.report:
         from leaderboard.report import write_report
 
@@ -133,13 +140,15 @@ def cmd_ls(args) -> int:
             cls = methods.get_method(name)
             caps = cls.capabilities()
             need = "data-free" if caps["data_free"] else "+".join(k for k in ("activations", "gradients") if caps[k])
-            print(f"{name:14s} [{need}{', per-site' if cls.per_site else ''}] {cls.description}")
-    elif args.what == "tasks":
+            print(f"{name:14s} v{cls.version} [{need}{', per-site' if cls.per_site else ''}] {cls.description}")
+    elif args.what in ("tasks", "analyses"):
+        import analyses
         import tasks
 
-        for name in tasks.known_tasks():
-            desc = tasks.TASKS[name].description if name in tasks.TASKS else tasks.ANALYSIS_TASKS[name]
-            print(f"{name:10s} {desc}")
+        registry = tasks.REGISTRY if args.what == "tasks" else analyses.REGISTRY
+        for name in registry.names():
+            cls = registry.get(name)
+            print(f"{name:10s} v{cls.version} {cls.description}")
     else:
         from .models import ALIASES
 
@@ -191,8 +200,8 @@ def _parser() -> _Parser:
     parser = _Parser(prog="bench", description="acbench: benchmark post-training activation compression of LLMs")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     _add_run(sub)
-    p = sub.add_parser("ls", help="list registered methods, tasks or model aliases")
-    p.add_argument("what", choices=["methods", "tasks", "models"])
+    p = sub.add_parser("ls", help="list registered methods, tasks, analyses or model aliases")
+    p.add_argument("what", choices=["methods", "tasks", "analyses", "models"])
     p = sub.add_parser("report", help="build the markdown leaderboard and plots from stored results")
     p.add_argument("--results", nargs="+", default=["results"],
                    help="results directories; several (models, runs) merge without double-counting (default results/)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -14,29 +13,34 @@ from tqdm.auto import tqdm
 
 import methods
 import tasks as task_registry
+from core.errors import UserError
+from core.io import atomic_write_bytes, cache_dir
+from core.record import CellId, CellRecord
 from core.stats import GroupStats, RankSpec
 
 from . import __version__
-from core.io import atomic_write_bytes, cache_dir
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
-from core.errors import UserError
+from .compress import compress, compression_summary
 from .groups import find_input_groups
-from core.linalg import NumericError
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
 from .store import (DENSE, cell_path, cell_status, claim_cell, environment, release_cell, settings_hash,
                     write_cell)
 
-RHO_CELL_METHOD = "rho-analysis"
+
+
+def analysis_method(name: str) -> str:
+    """The `method` of an analysis cell ("rho-analysis"): analyses sit beside methods in the results tree."""
+    return f"{name}-analysis"
 
 
 def log(msg: str) -> None:
     tqdm.write(msg)
 
 
-def build_tasks(spec: RunSpec, names: list[str] | None = None) -> dict[str, task_registry.Task]:
-    """Model tasks with the run's sizes; --task-option values override them."""
-    sized = {
+def _sized_options(spec: RunSpec) -> dict[str, dict]:
+    """The run's sizes for the built-in tasks (a task plugin gets only its --task-option values)."""
+    return {
         "mmlu": {"limit": spec.mmlu_limit or None, "shots": spec.mmlu_shots, "seed": spec.seed,
                  "batch_size": spec.batch_size, "source": spec.mmlu_source},
         "lama": {"per_relation": spec.lama_limit or None, "max_candidates": spec.lama_candidates, "seed": spec.seed,
@@ -45,17 +49,21 @@ def build_tasks(spec: RunSpec, names: list[str] | None = None) -> dict[str, task
                       "batch_size": min(spec.batch_size, 2), "bos": spec.bos},
         "ppl-word": {"source": spec.text_source, "max_docs": spec.ppl_windows},
     }
-    out = {}
-    for name in names if names is not None else spec.tasks:
-        if name in task_registry.ANALYSIS_TASKS:
-            continue
-        opts = {**sized.get(name, {}), **spec.task_options.get(name, {})}
-        out[name] = task_registry.get_task(name).from_options(opts)
-    return out
+
+
+def build_task(spec: RunSpec, name: str, **overrides) -> task_registry.Task:
+    """One task with the run's sizes; --task-option values override them, and `overrides` override both."""
+    opts = {**_sized_options(spec).get(name, {}), **spec.task_options.get(name, {}), **overrides}
+    return task_registry.get_task(name).from_options(opts)
+
+
+def build_tasks(spec: RunSpec, analyses: dict | None = None) -> dict[str, task_registry.Task]:
+    """The model tasks of the run (names that are analyses are left to them)."""
+    return {name: build_task(spec, name) for name in spec.tasks if name not in (analyses or {})}
 
 
 def task_key(task) -> str:
-    return settings_hash(task.name, task.settings.__dict__)
+    return settings_hash(task.name, task.version, task.settings_dict())
 
 
 def calib_spec(spec: RunSpec) -> CalibSpec:
@@ -66,8 +74,8 @@ def calib_spec(spec: RunSpec) -> CalibSpec:
 def method_key(name: str, spec: RunSpec) -> dict:
     cls = methods.get_method(name)
     comp = cls.from_options(spec.method_options.get(name))
-    return {"settings": comp.settings.__dict__, "budget": spec.budget, "align": spec.rank_align,
-            "calibration": calib_spec(spec).as_dict() if cls.stats else None}
+    return {"settings": comp.settings_dict(), "version": comp.version, "budget": spec.budget, "align": spec.rank_align,
+            "calibration": calib_spec(spec).as_dict() if cls.needs else None}
 
 
 # ---------------------------------------------------------------- calibration statistics (cached on disk)
@@ -173,42 +181,6 @@ def _check_stats(stats: dict[str, GroupStats]) -> None:
                                 "run with --dtype float32 and check the model's outputs on the calibration text")
 
 
-# ---------------------------------------------------------------- compression
-
-def compress(lm_model, method: str, rank: RankSpec, stats: dict[str, GroupStats], spec: RunSpec,
-             only_groups: set[str] | None = None, progress: bool = True):
-    """A compressed copy of the model and the per-group results (factors are dropped once deployed)."""
-    from .apply import apply_compression
-
-    model = copy.deepcopy(lm_model)
-    comp = methods.get_method(method).from_options(spec.method_options.get(method))
-    summaries = []
-    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
-    for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
-        try:
-            res = comp.compress(g, stats.get(g.name, GroupStats()), rank)
-        except NumericError as e:
-            raise UserError(str(e)) from None
-        apply_compression(model, g, res)
-        summaries.append(res.summary())
-        del res
-    return model.eval(), summaries
-
-
-def compression_summary(summaries: list[dict], rank: RankSpec, method: str, spec: RunSpec) -> dict:
-    dense = sum(s["params_dense"] for s in summaries)
-    deployed = sum(s["params_deployed"] for s in summaries)
-    fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
-    comp = methods.get_method(method).from_options(spec.method_options.get(method))
-    return {
-        "rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align,
-        "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
-        "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
-        "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings.__dict__,
-        "capabilities": comp.capabilities(),
-    }
-
-
 # ---------------------------------------------------------------- evaluation of one model variant
 
 @dataclass
@@ -220,52 +192,85 @@ class Variant:
     timings: dict
 
 
-def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, device) -> list[dict]:
+def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, device) -> list[CellRecord]:
     """Evaluate the missing task cells of one variant and write each as soon as it is done."""
     eff = {"weight_bytes": weight_bytes(v.model)}
     if spec.measure_latency:
         t0 = time.perf_counter()
         eff["latency"] = latency(v.model)
         v.timings["latency_s"] = time.perf_counter() - t0
+    method_version = methods.get_method(v.method).version if v.method != DENSE else None
     written = []
-    for name, (task, path) in todo.items():
+    for name, (task, path, key) in todo.items():
         t0 = time.perf_counter()
         with peak_memory(device) as mem:
             result = task.evaluate(v.model, lm.tokenizer, progress=spec.progress)
-        record = {
+        record = CellRecord(
             **common,
-            "cell": {"model": lm.name, "method": v.method, "rank": v.rank, "budget": spec.budget, "task": name},
-            "metrics": result.metrics, "stderr": result.stderr, "higher_is_better": task.higher_is_better,
-            "primary_metric": task.primary_metric, "details": result.details, "task_config": result.config,
-            "compression": v.compression, "memory": {"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
-            "latency": eff.get("latency"), "timings": {**v.timings, "evaluate_s": time.perf_counter() - t0},
-            "records": result.records,
-        }
+            cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key),
+            metrics=result.metrics, stderr=result.stderr, higher_is_better=task.higher_is_better,
+            primary_metric=task.primary_metric or next(iter(result.metrics)), details=result.details,
+            task_config=result.config, versions={"method": method_version, "task": task.version},
+            compression=v.compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
+            latency=eff.get("latency"), timings={**v.timings, "evaluate_s": time.perf_counter() - t0},
+            records=result.records,
+        )
         write_cell(path, record)
         written.append(record)
     return written
 
 
-def _summary_line(records: list[dict]) -> str:
+def _summary_line(records: list[CellRecord]) -> str:
     parts = []
     for r in records:
-        m = r.get("primary_metric")
-        v = r["metrics"].get(m) if m else None
-        parts.append(f"{r['cell']['task']} {m}=" + (f"{v:.4g}" if isinstance(v, (int, float)) and math.isfinite(v)
-                                                     else "undefined"))
-    c = records[0]["compression"] if records else None
+        v = r.metrics.get(r.primary_metric)
+        parts.append(f"{r.cell.task} {r.primary_metric}=" + (f"{v:.4g}" if isinstance(v, (int, float)) and math.isfinite(v)
+                                                              else "undefined"))
+    c = records[0].compression if records else None
     if c:
         parts.append(f"params {c['param_ratio']:.3f}x, {c['n_fallbacks']} fallbacks")
     return ", ".join(parts)
 
 
+# ---------------------------------------------------------------- analyses
+
+@dataclass
+class AnalysisContext:
+    """What an analysis may use of the harness: the dense model, its statistics and groups, the public compress
+    step, and tasks sized as the run sizes them."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    stats: dict[str, GroupStats]
+    groups: list
+    seed: int
+    progress: bool
+    spec: RunSpec
+
+    def compress(self, method: str, rank: RankSpec, only_groups: set[str] | None = None) -> torch.nn.Module:
+        return compress(self.model, method, rank, self.stats, self.spec.method_options.get(method), only_groups,
+                        progress=False)[0]
+
+    def task(self, name: str, **overrides):
+        return build_task(self.spec, name, **overrides)
+
+
+def analysis_key(analysis, spec: RunSpec, fingerprint) -> str:
+    used = {t: task_key(build_task(spec, t)) for t in analysis.uses_tasks}
+    return settings_hash(analysis.name, analysis.version, analysis.settings_dict(), used,
+                         calib_spec(spec).as_dict(), fingerprint, spec.budget)
+
+
 # ---------------------------------------------------------------- the sweep
 
-def run(spec: RunSpec) -> dict:
+def run(spec: RunSpec, analyses: dict | None = None) -> dict:
+    """The sweep. `analyses` ({name: Analysis}, built by the caller from the analyses registry) are the names of
+    spec.tasks that are not model tasks; the harness runs them through `AnalysisContext` and never imports them."""
     from .models import load_model
     from .spec import validate
 
-    validate(spec)
+    analyses = dict(analyses or {})
+    validate(spec, set(analyses))
     out_root = Path(spec.output)
     device = torch.device(spec.device)
     torch.manual_seed(spec.seed)
@@ -285,10 +290,13 @@ def run(spec: RunSpec) -> dict:
         asked = spec.bos
         spec.bos = resolve_bos(tokenizer, spec.bos)  # one protocol for calibration windows and ppl-token
         log(f"BOS protocol: {spec.bos}" + (" (the tokenizer's default)" if asked == "auto" else ""))
-        checked["tasks"] = build_tasks(spec)
+        checked["tasks"] = build_tasks(spec, analyses)
         for task in checked["tasks"].values():
             task.check(tokenizer)
-        if "rho" in spec.tasks or any(methods.get_method(m).stats for m in spec.methods):
+        for analysis in analyses.values():
+            for name in analysis.uses_tasks:
+                build_task(spec, name)  # its run-sized tasks' settings are valid
+        if any(a.needs for a in analyses.values()) or any(methods.get_method(m).needs for m in spec.methods):
             # kept for calibration: the text is tokenized once
             checked["calib_windows"] = calibration_windows(tokenizer, load_text(spec.calib_source, "calib"),
                                                            spec.calib_samples, spec.calib_seq_len, spec.seed, spec.bos)
@@ -296,8 +304,7 @@ def run(spec: RunSpec) -> dict:
     lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight)
     model_tasks = checked["tasks"]
     env = environment(spec.device)
-    common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos,
-              "calibration": None}
+    common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos}
 
     # Which cells are missing?
     ranks = [RankSpec(r, spec.budget, spec.rank_align) for r in spec.ranks]
@@ -316,7 +323,7 @@ def run(spec: RunSpec) -> dict:
             key = settings_hash(task_key(task), key_extra, lm.fingerprint)
             p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key)
             if needs_computing(p):
-                todo[name] = (task, p)
+                todo[name] = (task, p, key)
         return todo
 
     dense_todo = paths_for(DENSE, None, None)
@@ -326,14 +333,14 @@ def run(spec: RunSpec) -> dict:
             todo = paths_for(m, r.ratio, method_key(m, spec))
             if todo:
                 plan[(m, r)] = todo
-    rho_todo = {}
-    if "rho" in spec.tasks:
+    analysis_todo = {}
+    for name, analysis in analyses.items():
+        key = analysis_key(analysis, spec, lm.fingerprint)
         for r in ranks:
-            key = settings_hash("rho", _rho_settings(spec), calib_spec(spec).as_dict(), lm.fingerprint, spec.budget)
-            p = cell_path(out_root, lm.name, RHO_CELL_METHOD, r.ratio, spec.budget, "rho", key)
+            p = cell_path(out_root, lm.name, analysis_method(name), r.ratio, spec.budget, name, key)
             if needs_computing(p):
-                rho_todo[r] = (None, p)
-    n_cells = len(dense_todo) + sum(len(t) for t in plan.values()) + len(rho_todo)
+                analysis_todo[(name, r)] = (analysis, p, key)
+    n_cells = len(dense_todo) + sum(len(t) for t in plan.values()) + len(analysis_todo)
     log(f"{n_cells} cell(s) to compute under {out_root}/ (existing cells are kept; --overwrite recomputes)")
     written, elsewhere = 0, []
     claimed: set[Path] = set()
@@ -347,7 +354,7 @@ def run(spec: RunSpec) -> dict:
         since the plan was made (parallel runs on one results directory split the work)."""
         mine = {}
         for name, item in todo.items():
-            p = item[1]
+            _, p, _ = item
             if not claim_cell(p):
                 elsewhere.append(p)
                 continue
@@ -359,7 +366,7 @@ def run(spec: RunSpec) -> dict:
         return mine
 
     def release(todo: dict) -> None:
-        for _, p in todo.values():
+        for _, p, _ in todo.values():
             unclaim(p)
 
     try:
@@ -370,8 +377,8 @@ def run(spec: RunSpec) -> dict:
             release(dense_todo)
             log(f"[dense] {_summary_line(recs)}")
 
-        needs = needed_stats([methods.get_method(m) for m, _ in plan]) | (
-            frozenset({"C", "F", "pairs"}) if rho_todo else frozenset())
+        needs = needed_stats([methods.get_method(m) for m, _ in plan]).union(
+            *(a.needs for a, _, _ in analysis_todo.values()))
         stats, calib_info = ({}, None)
         if needs:
             groups = find_input_groups(lm.model)
@@ -381,31 +388,36 @@ def run(spec: RunSpec) -> dict:
             if not todo:
                 continue
             t0 = time.perf_counter()
-            model, summaries = compress(lm.model, m, r, stats, spec, progress=spec.progress)
+            model, summaries = compress(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress)
             timings = {"compress_s": time.perf_counter() - t0}
-            if calib_info and methods.get_method(m).stats:
+            if calib_info and methods.get_method(m).needs:
                 timings["calibrate_s"] = calib_info.get("seconds")
-            cell_common = {**common, "calibration": calib_info if methods.get_method(m).stats else None}
-            recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec), timings),
+            cell_common = {**common, "calibration": calib_info if methods.get_method(m).needs else None}
+            recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec.method_options.get(m)), timings),
                                     lm, spec, todo, cell_common, device)
             written += len(recs)
             release(todo)
             log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
             del model
-        rho_todo = claim(rho_todo)
-        if rho_todo:
-            from .rho_analysis import rho_task
-
-            for r, (_, path) in rho_todo.items():
-                t0 = time.perf_counter()
-                result = rho_task(lm, stats, r, spec)
-                write_cell(path, {**common, "calibration": calib_info,
-                                  "cell": {"model": lm.name, "method": RHO_CELL_METHOD, "rank": r.ratio,
-                                           "budget": spec.budget, "task": "rho"},
-                                  "timings": {"rho_s": time.perf_counter() - t0}, **result})
-                unclaim(path)
-                written += 1
-                log(f"[rho @ {r.ratio:g}] " + _rho_line(result))
+        analysis_todo = claim(analysis_todo)
+        if analysis_todo:
+            groups = find_input_groups(lm.model)
+            ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)
+        for (name, r), (analysis, path, key) in analysis_todo.items():
+            t0 = time.perf_counter()
+            result = analysis.run(ctx, r)
+            hib = result.details.pop("higher_is_better", None) or analysis.higher_is_better
+            write_cell(path, CellRecord(
+                **common, calibration=calib_info,
+                cell=CellId(model=lm.name, method=analysis_method(name), rank=r.ratio, budget=spec.budget, task=name,
+                            key=key),
+                metrics=result.metrics, stderr=result.stderr, higher_is_better=hib,
+                primary_metric=analysis.primary_metric or next(iter(result.metrics)), details=result.details,
+                task_config=result.config, versions={"analysis": analysis.version}, records=result.records,
+                timings={f"{name}_s": time.perf_counter() - t0}))
+            unclaim(path)
+            written += 1
+            log(f"[{name} @ {r.ratio:g}] " + analysis.summary_line(result))
     finally:
         for p in list(claimed):  # an interrupted run leaves no claim that would block its successor
             unclaim(p)
@@ -415,16 +427,3 @@ def run(spec: RunSpec) -> dict:
     elapsed = time.perf_counter() - t_start
     log(f"done: {written} cell(s) written in {elapsed:.0f} s")
     return {"written": written, "seconds": elapsed, "output": str(out_root), "elsewhere": [str(p) for p in elsewhere]}
-
-
-def _rho_settings(spec: RunSpec) -> dict:
-    return {k: getattr(spec, k) for k in ("rho_units", "rho_lama_limit", "rho_mmlu_limit", "rho_loss_windows", "rho_per_group",
-                                          "lama_candidates", "ppl_seq_len", "text_source", "lama_source",
-                                          "mmlu_source", "seed", "bos")}
-
-
-def _rho_line(result: dict) -> str:
-    corr = result["details"]["correlations"]
-    c = corr.get("rho_vs_loss_rise_pca", {}).get("spearman")
-    return f"mean rho={result['metrics']['rho_mean']:.3f}" + (
-        f", Spearman(rho, loss rise under pca)={c['r']:.2f} (p={c['p']:.2g})" if c else "")

@@ -42,15 +42,16 @@ def tiny_checkpoint() -> Path:
 def smoke(output: str | None = None) -> int:
     from leaderboard.report import write_report
 
-    from .runner import run
+    from .cli import run_spec
     from .spec import RunSpec
 
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
     spec = RunSpec(model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], calib_samples=4, calib_seq_len=64,
                    pair_tokens=64, mmlu_limit=1, lama_limit=1, lama_candidates=8, ppl_windows=2, ppl_seq_len=64,
-                   rho_units=2, rho_lama_limit=1, rho_loss_windows=1, output=str(root), progress=False)
+                   analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root),
+                   progress=False)
     spec.tasks = ["mmlu", "lama", "ppl-token", "rho"]
-    run(spec)
+    run_spec(spec)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
     cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
     bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)

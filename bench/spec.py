@@ -41,12 +41,6 @@ class RunSpec:
     text_source: str = "wiki"
     mmlu_source: str = "embedded"
     lama_source: str = "embedded"
-    # rho sensitivity: blocks are compressed together in `rho_units` contiguous ranges
-    rho_units: int = 4
-    rho_lama_limit: int = 1
-    rho_mmlu_limit: int = 0
-    rho_loss_windows: int = 2
-    rho_per_group: bool = False  # also compress each group alone with pca and measure its loss rise (72 groups)
     # execution
     device: str = "cpu"
     dtype: str = "float32"
@@ -55,6 +49,7 @@ class RunSpec:
     overwrite: bool = False
     method_options: dict = field(default_factory=dict)  # {method: {setting: value}}
     task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
+    analysis_options: dict = field(default_factory=dict)  # {analysis: {setting: value}}, e.g. {"rho": {"units": 4}}
     measure_latency: bool = True
     report: bool = True
     progress: bool = True
@@ -75,8 +70,9 @@ def _is_ratio(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) and 0 < x <= 1
 
 
-def validate(spec: RunSpec) -> RunSpec:
-    """Every user error is found here, before the model loads: one line, and the fix."""
+def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
+    """Every user error is found here, before the model loads: one line, and the fix. `analysis_names`: the names
+    of spec.tasks that the caller resolved to analyses."""
     import methods
     import tasks
 
@@ -89,7 +85,7 @@ def validate(spec: RunSpec) -> RunSpec:
     try:
         spec.methods = methods.expand_methods(spec.methods)
     except KeyError as e:
-        raise UserError(str(e) + " Pass --methods all or names from `bench ls methods`.") from None
+        raise UserError(str(e) + " Or pass --methods all.") from None
     if not spec.methods:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     for r in spec.ranks:
@@ -99,10 +95,13 @@ def validate(spec: RunSpec) -> RunSpec:
         raise UserError(f"--budget {spec.budget} is unknown: use rank or params")
     if spec.rank_align < 1:
         raise UserError("--rank-align must be a positive integer")
-    try:
-        tasks.check_task_names(spec.tasks)
-    except KeyError as e:
-        raise UserError(str(e) + " See `bench ls tasks`.") from None
+    from core.errors import did_you_mean
+
+    for name in spec.tasks:
+        if name not in analysis_names and name not in tasks.REGISTRY:
+            known = set(tasks.known_tasks()) | set(analysis_names)
+            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
+                            "`bench ls analyses`.")
     for name, opts in spec.method_options.items():
         try:
             methods.get_method(name).from_options(opts)
@@ -114,7 +113,7 @@ def validate(spec: RunSpec) -> RunSpec:
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"task options for '{name}': {e}") from None
     for attr in ("calib_samples", "calib_seq_len", "pair_tokens", "mmlu_limit", "lama_limit", "lama_candidates",
-                 "ppl_windows", "ppl_seq_len", "rho_units", "batch_size"):
+                 "ppl_windows", "ppl_seq_len", "batch_size"):
         v = getattr(spec, attr)
         low = {"mmlu_limit": 0, "lama_limit": 0, "calib_seq_len": 2, "ppl_seq_len": 2}.get(attr, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:

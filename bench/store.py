@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from core.io import atomic_write_json
-
-from core.record import SCHEMA_VERSION, cell_problem
+from core.record import CellRecord, cell_problem
 
 DENSE = "dense"
 
@@ -34,10 +33,10 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
     return Path(root) / slug / method / rank_label(rank, budget) / f"{task}-{key}.json"
 
 
-def write_cell(path: Path, record: dict) -> None:
+def write_cell(path: Path, cell: CellRecord) -> None:
     from core.errors import UserError
 
-    record = finite_or_null({"schema_version": SCHEMA_VERSION, **record})
+    record = finite_or_null(cell.to_json())
     problem = cell_problem(json.loads(json.dumps(record, default=str)))
     if problem:  # e.g. a NaN metric: never store a cell that readers would reject
         raise UserError(f"result for {path.name} is not valid ({problem}): this is a bug or a degenerate setting; "

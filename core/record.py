@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field, fields
 
-SCHEMA_VERSION = 1
-CELL_KEYS = {"model": str, "method": str, "task": str, "budget": str}
+SCHEMA_VERSION = 2  # 2: the cell identity carries its settings key; method and task versions are stored
+CELL_KEYS = {"model": str, "method": str, "task": str, "budget": str, "key": str}
 
 
 def _finite_or_null(v) -> bool:
@@ -39,3 +40,69 @@ def cell_problem(rec) -> str | None:
     if pm is not None and pm not in metrics:
         return f"primary metric {pm!r} is not among its metrics"
     return None
+
+
+@dataclass(frozen=True)
+class CellId:
+    """Which result a cell is: the leaderboard never merges two cells whose `key` (the hash of every setting that
+    produced them, method and task versions included) differs."""
+
+    model: str
+    method: str
+    rank: float | None
+    budget: str
+    task: str
+    key: str = ""
+
+    def identity(self, model_hash: str | None = None) -> tuple:
+        return (self.model, model_hash or self.model, self.method, self.budget, self.rank, self.task, self.key)
+
+
+@dataclass
+class CellRecord:
+    """One stored result. The harness writes it, the leaderboard reads it; `to_json`/`from_json` are the schema."""
+
+    cell: CellId
+    metrics: dict
+    primary_metric: str
+    higher_is_better: dict = field(default_factory=dict)  # metric -> True / False / None (no direction)
+    stderr: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+    task_config: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)  # per item, for paired comparisons
+    versions: dict = field(default_factory=dict)  # {"method": int, "task": int} of the plugins that made it
+    compression: dict | None = None
+    calibration: dict | None = None
+    memory: dict | None = None
+    latency: dict | None = None
+    timings: dict = field(default_factory=dict)
+    model_fingerprint: dict | None = None
+    seed: int | None = None
+    bos: str | None = None
+    env: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["cell"] = asdict(self.cell)
+        return out
+
+    @classmethod
+    def from_json(cls, data) -> "CellRecord":
+        """The record, or ValueError naming what is wrong (the same rule `cell_problem` applies)."""
+        problem = cell_problem(data)
+        if problem:
+            raise ValueError(problem)
+        known = {f.name for f in fields(cls)}
+        cell = CellId(**{k: v for k, v in data["cell"].items() if k in {f.name for f in fields(CellId)}})
+        rec = cls(**{k: v for k, v in data.items() if k in known and k != "cell"}, cell=cell)
+        if not rec.primary_metric or rec.primary_metric not in rec.metrics:
+            rec.primary_metric = next(iter(rec.metrics))
+        return rec
+
+    @property
+    def model_hash(self) -> str | None:
+        return (self.model_fingerprint or {}).get("sha256")
+
+    def direction(self, metric: str) -> bool | None:
+        return self.higher_is_better.get(metric)

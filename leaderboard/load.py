@@ -6,25 +6,33 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # the result schema version this reader understands
-from core.record import cell_problem
+from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # noqa: F401 (the result schema this reader reads)
+from core.record import CellRecord
 
 DENSE = "dense"
 OWN_OUTPUTS = {"LEADERBOARD.json"}
-RHO = "rho"
 
 
 @dataclass
 class ResultSet:
-    cells: list[dict] = field(default_factory=list)
+    cells: list[CellRecord] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # one line per skipped file
-    duplicates: int = 0
+    duplicates: int = 0  # the same cell (settings key included) stored more than once
+    # cells at the same coordinates (model, method, rank, task) as a shown one but with other settings
+    superseded: list[str] = field(default_factory=list)
 
 
-def cell_id(rec: dict) -> tuple:
-    c = rec["cell"]
-    model = (rec.get("model_fingerprint") or {}).get("sha256") or c["model"]
-    return (c["model"], model, c["method"], c.get("budget", "rank"), c.get("rank"), c["task"])
+def cell_id(rec: CellRecord) -> tuple:
+    return rec.cell.identity(rec.model_hash)
+
+
+def coordinates(rec: CellRecord) -> tuple:
+    """Where a cell goes in a table: its identity without the settings key."""
+    return cell_id(rec)[:-1]
+
+
+def _date(rec: CellRecord) -> str:
+    return (rec.env or {}).get("date", "")
 
 
 def load_results(*roots) -> ResultSet:
@@ -44,16 +52,28 @@ def load_results(*roots) -> ResultSet:
                 continue
             if isinstance(rec, list) and (path.name in OWN_OUTPUTS or path.with_suffix(".md").exists()):
                 continue  # a leaderboard's own JSON table, written next to the results
-            problem = cell_problem(rec)
-            if problem:
-                rs.problems.append(f"{shown}: {problem}, skipped")
+            try:
+                rec = CellRecord.from_json(rec)
+            except (ValueError, TypeError) as e:
+                rs.problems.append(f"{shown}: {e}, skipped")
                 continue
-            rec["_path"] = str(path)
+            rec.source = shown
             key = cell_id(rec)
             if key in best:
                 rs.duplicates += 1
-                if (rec.get("env") or {}).get("date", "") <= (best[key].get("env") or {}).get("date", ""):
+                if _date(rec) <= _date(best[key]):
                     continue
             best[key] = rec
-    rs.cells = sorted(best.values(), key=lambda r: tuple(str(x) for x in cell_id(r)))
+    # One cell per table position: where settings differ (shots, calibration size, a method's version) the newest
+    # is shown and the others are named, never merged.
+    shown_at: dict[tuple, CellRecord] = {}
+    for rec in sorted(best.values(), key=_date, reverse=True):
+        at = coordinates(rec)
+        if at in shown_at:
+            rs.superseded.append(f"{rec.source} (settings {rec.cell.key}, {_date(rec)[:10] or 'undated'}) is not "
+                                 f"shown: {shown_at[at].source} (settings {shown_at[at].cell.key}) is newer")
+            continue
+        shown_at[at] = rec
+    rs.cells = sorted(shown_at.values(), key=lambda r: tuple(str(x) for x in cell_id(r)))
+    rs.superseded.sort()
     return rs

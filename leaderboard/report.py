@@ -10,17 +10,16 @@ from pathlib import Path
 from tabulate import tabulate
 
 from core.io import atomic_write_text
+from core.record import CellRecord
 
 from . import plots
 from .load import load_results
 from .significance import ALPHA
-from .tables import REFERENCE, chance_table, delta_key, group_cells, is_number, missing_cells, rank_table
+from .tables import (REFERENCE, Column, chance_table, delta_key, group_cells, is_number, metric_columns,
+                     missing_cells, rank_table)
 
-DISPLAY = [  # (header, key, higher is better or None, format)
-    ("MMLU acc ↑", "MMLU acc", True, "{:.3f}"),
-    ("LAMA P@1 ↑", "LAMA P@1", True, "{:.3f}"),
-    ("PPL (ppl-token) ↓", "PPL (ppl-token)", False, "ppl"),
-    ("PPL (ppl-word) ↓", "PPL (ppl-word)", False, "ppl"),
+ARROW = {True: " ↑", False: " ↓", None: ""}
+DISPLAY = [  # (header, key, higher is better or None, format), after the task columns
     ("recovery % ↑", "recovery %", True, "{:.1f}"),
     ("param ratio ↓", "param ratio", False, "{:.3f}"),
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
@@ -43,8 +42,14 @@ def _fmt(row: dict, key: str, fmt: str, best: bool) -> str:
     s = _num(v, fmt)
     se = row.get(key + " stderr")
     if is_number(se):
-        s += f" ± {se:.3f}" if "acc" in key or "P@1" in key else f" ± {_num(se, fmt)}"
+        s += f" ± {_num(se, fmt)}"
     return f"**{s}**" if best else s
+
+
+def column_display(columns: list[Column]) -> list[tuple]:
+    """Task columns as the cells declare them: higher-is-better metrics (accuracies) to 3 decimals, the others
+    (perplexities, losses) in a format that stays readable for a broken model's 1e9."""
+    return [(c.label + ARROW[c.higher], c.label, c.higher, "{:.3f}" if c.higher else "ppl") for c in columns]
 
 
 def _best(rows: list[dict], key: str, higher: bool):
@@ -62,16 +67,17 @@ def _fmt_delta(row: dict, key: str) -> str:
     return s + " *" if p < ALPHA else s
 
 
-def markdown_table(rows: list[dict], ref: str = REFERENCE) -> str:
+def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column] = ()) -> str:
     shown = []
-    for d in DISPLAY:
+    for d in column_display(columns) + DISPLAY:
         if any(is_number(r.get(d[1])) for r in rows):
             shown.append(d)
             dk = delta_key(d[1], ref)
             if any(is_number(r.get(dk)) for r in rows):
-                label = "Δ NLL" if d[1].startswith("PPL") else "Δ " + d[0].rsplit(" ", 1)[0]
+                nll = any(str(r.get(dk + " test", "")).startswith("paired t") for r in rows)
+                label = "Δ NLL" if nll else "Δ " + d[1]
                 shown.append((f"{label} vs {ref}", dk, None, "delta"))
-    bests = {d[1]: _best(rows, d[1], d[2]) if d[3] != "delta" else None for d in shown}
+    bests = {d[1]: _best(rows, d[1], d[2]) if d[3] != "delta" and d[2] is not None else None for d in shown}
     body = []
     for r in rows:
         body.append([r["method"] + (" (ref)" if r["method"] == ref else "")] + [
@@ -90,7 +96,7 @@ def significance_note(rows: list[dict], ref: str) -> list[str]:
             "paired t-test.", ""]
 
 
-def chance_note(dense_cells: list[dict]) -> list[str]:
+def chance_note(dense_cells: list[CellRecord]) -> list[str]:
     """Which tasks the dense model is above chance on: only those enter recovery %."""
     parts = []
     for task, info in chance_table(dense_cells).items():
@@ -120,21 +126,21 @@ def param_ratio_warning(rows: list[dict]) -> list[str]:
             "(`--budget params` sets the same parameter ratio for every method).", ""]
 
 
-def _header(cells: list[dict]) -> list[str]:
-    fp = next((c.get("model_fingerprint") for c in cells if c.get("model_fingerprint")), {}) or {}
-    cal = next((c.get("calibration") for c in cells if c.get("calibration")), None)
-    env = next((c.get("env") for c in cells if c.get("env")), {}) or {}
-    dates = sorted((c.get("env") or {}).get("date", "") for c in cells)
+def _header(cells: list[CellRecord]) -> list[str]:
+    fp = next((c.model_fingerprint for c in cells if c.model_fingerprint), {}) or {}
+    cal = next((c.calibration for c in cells if c.calibration), None)
+    env = next((c.env for c in cells if c.env), {}) or {}
+    dates = sorted((c.env or {}).get("date", "") for c in cells)
     lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items()))]
     if cal:
         spec = cal.get("spec", {})
         lines.append(f"- calibration: {spec.get('samples')} x {spec.get('seq_len')} tokens from {spec.get('source')}, "
                      f"{spec.get('pair_tokens')} (x, g) pairs/group, seed {spec.get('seed')}")
-    bos = sorted({str(c["bos"]) for c in cells if c.get("bos")})
+    bos = sorted({str(c.bos) for c in cells if c.bos})
     if bos:
         lines.append(f"- BOS protocol (calibration and ppl-token windows; BOS never scored): {', '.join(bos)}"
                      + (" — MIXED: these rows are not comparable" if len(bos) > 1 else ""))
-    seeds = sorted({c.get("seed") for c in cells if c.get("seed") is not None})
+    seeds = sorted({c.seed for c in cells if c.seed is not None})
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
     lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
                  f"{env.get('transformers')}, lm-eval {env.get('lm_eval')}, commit {env.get('git_commit')}, "
@@ -147,8 +153,8 @@ def _slug(s: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
 
 
-def _rho_section(cell: dict) -> list[str]:
-    d = cell["details"]
+def _rho_section(cell: CellRecord) -> list[str]:
+    d = cell.details
 
     def show(v):
         if not v:
@@ -170,7 +176,8 @@ def _rho_section(cell: dict) -> list[str]:
             for name, c in per_group + per_unit]
     n_units = len(d.get("units") or [])
     return head + ([""] if head else []) + [
-        f"Correlations (r [bootstrap 95% CI] p); per group (surrogate gain, and loss rise with `--rho-per-group`) "
+        f"Correlations (r [bootstrap 95% CI] p); per group (surrogate gain, and loss rise with "
+        f"`--analysis-option rho.per_group=true`) "
         f"first, then per block range ({n_units} ranges: a lead, not a finding):", "",
         tabulate(rows, headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
         "", "Highest-rho groups:", "",
@@ -196,12 +203,14 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     for model in sorted(grouped):
         g = grouped[model]
         model_cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
+        columns = metric_columns(model_cells)
         md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"]) + [""]
         cross: dict = {}
         for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
             budget, rank = key
-            rows = rank_table(g["dense"], g["ranks"][key], ref)
-            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows, ref), ""] + significance_note(rows, ref)
+            rows = rank_table(g["dense"], g["ranks"][key], ref, columns)
+            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows, ref, columns), ""]
+            md += significance_note(rows, ref)
             md += param_ratio_warning(rows)
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
@@ -217,17 +226,15 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
                 line = [m]
                 for rk in ranks:
                     r = cross[m].get(rk, {})
-                    acc, ppl = r.get("MMLU acc"), r.get("PPL (ppl-token)")
-                    lama = r.get("LAMA P@1")
-                    line.append(" / ".join("" if not is_number(v) else f"{v:{f}}"
-                                           for v, f in ((acc, ".3f"), (lama, ".3f"), (ppl, ".1f"))))
+                    line.append(" / ".join("" if not is_number(r.get(c.label)) else
+                                           f"{r[c.label]:{'.3f' if c.higher else '.1f'}}" for c in columns))
                 body.append(line)
-            md += ["### Across rank ratios (MMLU acc / LAMA P@1 / PPL)", "",
+            md += [f"### Across rank ratios ({' / '.join(c.label for c in columns)})", "",
                    tabulate(body, headers=["method"] + [f"{r:g}" for r in ranks], tablefmt="github",
                             disable_numparse=True), ""]
-            dense_row = rank_table(g["dense"], {})[0] if g["dense"] else {}
+            dense_row = rank_table(g["dense"], {}, ref, columns)[0] if g["dense"] else {}
             series = {}
-            for col in ("MMLU acc", "LAMA P@1"):
+            for col in (c.label for c in columns if c.higher):
                 pts = {m: [(rk, r[col]) for rk, r in per.items() if is_number(r.get(col))] for m, per in cross.items()}
                 if any(pts.values()):
                     series[col] = pts
@@ -236,23 +243,32 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
                                            plot_dir / f"{_slug(model)}_accuracy_vs_rank.png")
                 written_plots.append(p)
                 md += [f"![accuracy vs rank ratio](plots/{p.name})", ""]
-            ppl_pts = {m: [(r["param ratio"], r["PPL (ppl-token)"]) for r in per.values()
-                           if is_number(r.get("param ratio")) and is_number(r.get("PPL (ppl-token)"))]
-                       for m, per in cross.items()}
+            loss = next((c.label for c in columns if c.higher is False), None)  # ppl-token where it ran
+            ppl_pts = {m: [(r["param ratio"], r[loss]) for r in per.values()
+                           if is_number(r.get("param ratio")) and is_number(r.get(loss))]
+                       for m, per in cross.items()} if loss else {}
             if any(ppl_pts.values()):
-                p = plots.ppl_vs_params(ppl_pts, dense_row.get("PPL (ppl-token)"), model,
+                p = plots.ppl_vs_params(ppl_pts, dense_row.get(loss), model,
                                         plot_dir / f"{_slug(model)}_ppl_vs_params.png")
                 written_plots.append(p)
                 md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
-        for (budget, rank), cell in sorted(g["rho"].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
-            md += [f"### rho at {budget} ratio {rank:g}", ""] + _rho_section(cell) + [""]
-            p = plots.rho_by_block(cell["details"]["per_group"], cell["details"]["units"], f"{model} @ {rank:g}",
-                                   plot_dir / f"{_slug(model)}_rho_{budget}_{rank:g}.png")
-            written_plots.append(p)
-            md += [f"![rho and sensitivity by block](plots/{p.name})", ""]
+        for name in sorted(g["analyses"]):
+            for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
+                md += [f"### {name} at {budget} ratio {rank:g}", ""]
+                if name != "rho":  # an analysis plugin: its metrics as it declares them
+                    md += [tabulate([[k, f"{v:.4g}" if is_number(v) else ""] for k, v in cell.metrics.items()],
+                                    headers=["metric", "value"], tablefmt="github", disable_numparse=True), ""]
+                    continue
+                md += _rho_section(cell) + [""]
+                p = plots.rho_by_block(cell.details["per_group"], cell.details["units"], f"{model} @ {rank:g}",
+                                       plot_dir / f"{_slug(model)}_rho_{budget}_{rank:g}.png")
+                written_plots.append(p)
+                md += [f"![rho and sensitivity by block](plots/{p.name})", ""]
     missing = missing_cells(grouped)
     if missing:
         md += ["## Missing cells", "", *[f"- {m}" for m in missing], ""]
+    if rs.superseded:
+        md += ["## Cells with other settings (not shown)", "", *[f"- {p}" for p in rs.superseded], ""]
     if rs.problems:
         md += ["## Skipped files", "", *[f"- {p}" for p in rs.problems], ""]
     atomic_write_text(out_md, "\n".join(md).rstrip() + "\n")

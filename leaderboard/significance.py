@@ -12,15 +12,19 @@ import math
 import numpy as np
 from scipy import stats
 
+from core.record import CellRecord
+
 ALPHA = 0.05
 
 
-def item_scores(cell: dict) -> tuple[str, list] | None:
-    """('accuracy', [0/1 per item]) or ('nll', [per window]) from a cell's per-item records, in stored order."""
-    recs = cell.get("records")
+def item_scores(cell: CellRecord) -> tuple[str, list] | None:
+    """('accuracy', [0/1 per item]) or ('nll', [per window]) from a cell's per-item records, in stored order.
+    Any task gets paired tests by storing "correct" or "nll" per item; LAMA and MMLU records of the first schema
+    (rank / pred + gold) are read too."""
+    recs = cell.records
     if not isinstance(recs, list) or not recs or not all(isinstance(r, dict) for r in recs):
         return None
-    task = (cell.get("cell") or {}).get("task")
+    task = cell.cell.task
     if all("correct" in r for r in recs):
         return "accuracy", [float(bool(r["correct"])) for r in recs]
     if task == "lama" and all("rank" in r for r in recs):
@@ -32,10 +36,10 @@ def item_scores(cell: dict) -> tuple[str, list] | None:
     return None
 
 
-def item_keys(cell: dict) -> list:
+def item_keys(cell: CellRecord) -> list:
     """What identifies each item, to check that two cells scored the same items in the same order."""
     out = []
-    for r in cell.get("records") or []:
+    for r in cell.records or []:
         out.append(tuple(str(r.get(k)) for k in ("id", "subject", "relation", "gold", "window") if k in r))
     return out
 
@@ -69,7 +73,7 @@ def paired_mean(ref: list[float], other: list[float], n_boot: int = 10_000, seed
     return {"diff": float(d.mean()), "ci95": [float(lo), float(hi)], "p": p, "n": n, "test": "paired t, bootstrap CI"}
 
 
-def compare(ref_cell: dict, cell: dict) -> dict | None:
+def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     """The paired difference cell - reference on their common items, or None when they cannot be paired."""
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
@@ -77,22 +81,25 @@ def compare(ref_cell: dict, cell: dict) -> dict | None:
     return (mcnemar if a[0] == "accuracy" else paired_mean)(a[1], b[1])
 
 
-def chance_levels(cell: dict) -> list[float] | None:
-    """Per item, the accuracy of guessing: MMLU 1/4; LAMA 1/|candidates of the probe's relation|."""
-    task = (cell.get("cell") or {}).get("task")
-    recs = cell.get("records") or []
+def chance_levels(cell: CellRecord) -> list[float] | None:
+    """Per item, the accuracy of guessing: what each record declares ("chance"), else MMLU 1/4 and LAMA
+    1/|candidates of the probe| for records that predate the declaration."""
+    task = cell.cell.task
+    recs = cell.records or []
+    if recs and all(isinstance(r.get("chance"), (int, float)) and 0 <= r["chance"] <= 1 for r in recs):
+        return [float(r["chance"]) for r in recs]
     if task == "mmlu":
         return [0.25] * len(recs)
     if task == "lama":
         if recs and all(isinstance(r.get("n_candidates"), int) and r["n_candidates"] > 0 for r in recs):
             return [1.0 / r["n_candidates"] for r in recs]
-        n_cand = (cell.get("details") or {}).get("n_candidates") or {}
+        n_cand = (cell.details or {}).get("n_candidates") or {}
         if recs and all(r.get("relation") in n_cand for r in recs):
             return [1.0 / max(n_cand[r["relation"]], 1) for r in recs]
     return None
 
 
-def above_chance(cell: dict) -> dict | None:
+def above_chance(cell: CellRecord) -> dict | None:
     """One-sided test that the cell's per-item accuracy exceeds chance (exact binomial when chance is constant,
     normal approximation of the Poisson-binomial otherwise)."""
     scores, chance = item_scores(cell), chance_levels(cell)

@@ -4,20 +4,44 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
-from .load import DENSE, RHO
+from core.record import CellRecord
+
+from .load import DENSE
 from .significance import above_chance, compare
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
-# (column, task, metric, higher is better, kind)
-METRIC_COLUMNS = [
-    ("MMLU acc", "mmlu", "acc", True),
-    ("LAMA P@1", "lama", "p@1", True),
-    ("PPL (ppl-token)", "ppl-token", "ppl", False),
-    ("PPL (ppl-word)", "ppl-word", "word_ppl", False),
-]
-RECOVERY_METRICS = [("mmlu", "acc"), ("lama", "p@1")]
+# Columns come from what the cells declare (task, primary metric, direction); the paper's tasks keep their labels
+# and come first in this order, any other task (a plugin, an lm-eval task) follows by name.
+PREFERRED = {"mmlu": "MMLU acc", "lama": "LAMA P@1", "ppl-token": "PPL (ppl-token)", "ppl-word": "PPL (ppl-word)"}
+ANALYSIS_SUFFIX = "-analysis"
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    task: str
+    metric: str
+    higher: bool | None  # None: the metric has no better direction (no "best" mark, no recovery)
+
+
+def is_analysis(c: CellRecord) -> bool:
+    return c.cell.method.endswith(ANALYSIS_SUFFIX)
+
+
+def metric_columns(cells: list[CellRecord]) -> list[Column]:
+    declared: dict[str, Column] = {}
+    for c in cells:
+        if is_analysis(c) or c.cell.task in declared:
+            continue
+        m = c.primary_metric
+        declared[c.cell.task] = Column(PREFERRED.get(c.cell.task) or f"{c.cell.task} {m}", c.cell.task, m,
+                                       c.direction(m))
+    order = list(PREFERRED)
+    return [declared[t] for t in sorted(declared, key=lambda t: (t not in order, order.index(t) if t in order else 0,
+                                                                 t))]
 
 
 def _first(cells, key):
@@ -36,80 +60,86 @@ def _get(d, *path):
     return d
 
 
-def variant_row(cells: list[dict]) -> dict:
+def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
     """One row's raw values from the task cells of one (model, method, rank)."""
-    by_task = {c["cell"]["task"]: c for c in cells}
+    by_task = {c.cell.task: c for c in cells}
     row: dict = {}
-    for col, task, metric, _ in METRIC_COLUMNS:
-        c = by_task.get(task)
-        row[col] = _get(c, "metrics", metric) if c else None
-        row[col + " stderr"] = _get(c, "stderr", metric) if c else None
-    row["param ratio"] = _first(cells, lambda c: _get(c, "compression", "param_ratio"))
-    row["weight MB"] = _first(cells, lambda c: _get(c, "memory", "weight_bytes"))
+    for col in columns:
+        c = by_task.get(col.task)
+        row[col.label] = c.metrics.get(col.metric) if c else None
+        row[col.label + " stderr"] = c.stderr.get(col.metric) if c else None
+    row["param ratio"] = _first(cells, lambda c: _get(c.compression, "param_ratio"))
+    row["weight MB"] = _first(cells, lambda c: _get(c.memory, "weight_bytes"))
     if row["weight MB"] is not None:
         row["weight MB"] /= 2**20
     # deployed weights + the largest working set measured while a task ran
-    work = [b for c in cells if (b := _get(c, "memory", "peak", "working_bytes")) is not None]
-    wb = _first(cells, lambda c: _get(c, "memory", "weight_bytes"))
+    work = [b for c in cells if (b := _get(c.memory, "peak", "working_bytes")) is not None]
+    wb = _first(cells, lambda c: _get(c.memory, "weight_bytes"))
     row["peak MB"] = (wb + max(work)) / 2**20 if work and wb is not None else None
-    row["prefill ms/tok"] = _first(cells, lambda c: _get(c, "latency", "prefill_ms_per_token"))
-    row["decode ms/tok"] = _first(cells, lambda c: _get(c, "latency", "decode_ms_per_token"))
-    row["fallbacks"] = _first(cells, lambda c: _get(c, "compression", "n_fallbacks"))
+    row["prefill ms/tok"] = _first(cells, lambda c: _get(c.latency, "prefill_ms_per_token"))
+    row["decode ms/tok"] = _first(cells, lambda c: _get(c.latency, "decode_ms_per_token"))
+    row["fallbacks"] = _first(cells, lambda c: _get(c.compression, "n_fallbacks"))
     return row
 
 
-def group_cells(cells: list[dict]):
-    """{model: {"dense": [...], (budget, rank): {method: [...]}, "rho": {(budget, rank): cell}}}"""
-    out: dict = defaultdict(lambda: {"dense": [], "ranks": defaultdict(lambda: defaultdict(list)), "rho": {}})
+def group_cells(cells: list[CellRecord]):
+    """{model: {"dense": [...], "ranks": {(budget, rank): {method: [...]}},
+    "analyses": {task: {(budget, rank): cell}}}}"""
+    out: dict = defaultdict(lambda: {"dense": [], "ranks": defaultdict(lambda: defaultdict(list)),
+                                     "analyses": defaultdict(dict)})
     for c in cells:
-        cell = c["cell"]
-        m = out[cell["model"]]
-        if cell["task"] == RHO:
-            m["rho"][(cell.get("budget", "rank"), cell["rank"])] = c
-        elif cell["method"] == DENSE:
+        cell = c.cell
+        m = out[cell.model]
+        if is_analysis(c):
+            m["analyses"][cell.task][(cell.budget, cell.rank)] = c
+        elif cell.method == DENSE:
             m["dense"].append(c)
         else:
-            m["ranks"][(cell.get("budget", "rank"), cell["rank"])][cell["method"]].append(c)
+            m["ranks"][(cell.budget, cell.rank)][cell.method].append(c)
     return out
 
 
-def chance_table(dense_cells: list[dict]) -> dict[str, dict]:
-    """Per recovery task, whether the dense model is significantly above chance (None: cannot tell)."""
-    by_task = {c["cell"]["task"]: c for c in dense_cells}
-    return {task: above_chance(by_task[task]) if task in by_task else None for task, _ in RECOVERY_METRICS}
+def chance_table(dense_cells: list[CellRecord]) -> dict[str, dict]:
+    """Per higher-is-better task, whether the dense model is significantly above chance (None: cannot tell)."""
+    by_task = {c.cell.task: c for c in dense_cells}
+    return {col.task: above_chance(by_task[col.task]) for col in metric_columns(dense_cells) if col.higher is True}
 
 
 def delta_key(col: str, ref: str) -> str:
     return f"Δ {col} vs {ref}"
 
 
-def rank_table(dense_cells: list[dict], by_method: dict[str, list[dict]], ref: str = REFERENCE) -> list[dict]:
+def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellRecord]], ref: str = REFERENCE,
+               columns: list[Column] | None = None) -> list[dict]:
     """Rows (dense first) with ratios to dense for latency, paired differences to the reference method on the
     same items, and a recovery percentage over the tasks where dense is significantly above chance."""
-    dense = variant_row(dense_cells) if dense_cells else None
+    if columns is None:
+        columns = metric_columns(dense_cells + [c for cs in by_method.values() for c in cs])
+    dense = variant_row(dense_cells, columns) if dense_cells else None
     chance = chance_table(dense_cells)
-    ref_cells = {c["cell"]["task"]: c for c in by_method.get(ref, [])}
+    ref_cells = {c.cell.task: c for c in by_method.get(ref, [])}
     rows = []
     for name, cells in [(DENSE, dense_cells)] + sorted(by_method.items()):
         if not cells:
             continue
-        row = {"method": name, **variant_row(cells)}
+        row = {"method": name, **variant_row(cells, columns)}
         if name == DENSE:
             row["param ratio"] = 1.0
         if name != ref:
-            by_task = {c["cell"]["task"]: c for c in cells}
-            for col, task, _, _ in METRIC_COLUMNS:
-                if task in by_task and task in ref_cells and (d := compare(ref_cells[task], by_task[task])):
-                    k = delta_key(col, ref)
+            by_task = {c.cell.task: c for c in cells}
+            for col in columns:
+                if col.task in by_task and col.task in ref_cells and (d := compare(ref_cells[col.task],
+                                                                                   by_task[col.task])):
+                    k = delta_key(col.label, ref)
                     row[k], (row[k + " lo"], row[k + " hi"]), row[k + " p"] = d["diff"], d["ci95"], d["p"]
+                    row[k + " test"] = d["test"]
         rec = []
         if dense:
-            for task, metric in RECOVERY_METRICS:
-                col = next(c for c, t, m, _ in METRIC_COLUMNS if t == task and m == metric)
-                if not (chance.get(task) or {}).get("above"):
-                    continue  # a task at chance says nothing about recovery
-                if row[col] is not None and dense[col]:
-                    rec.append(row[col] / dense[col])
+            for col in columns:
+                if col.higher is not True or not (chance.get(col.task) or {}).get("above"):
+                    continue  # a task at chance (or without a chance level) says nothing about recovery
+                if row[col.label] is not None and dense[col.label]:
+                    rec.append(row[col.label] / dense[col.label])
             for key in ("prefill ms/tok", "decode ms/tok"):
                 row[key + " (x dense)"] = row[key] / dense[key] if row[key] is not None and dense[key] else None
         row["recovery %"] = 100 * sum(rec) / len(rec) if rec else None
@@ -122,15 +152,15 @@ def missing_cells(grouped) -> list[str]:
     out = []
     for model, g in grouped.items():
         methods = sorted({m for per in g["ranks"].values() for m in per})
-        tasks = sorted({c["cell"]["task"] for per in g["ranks"].values() for cs in per.values() for c in cs}
-                       | {c["cell"]["task"] for c in g["dense"]})
+        tasks = sorted({c.cell.task for per in g["ranks"].values() for cs in per.values() for c in cs}
+                       | {c.cell.task for c in g["dense"]})
         for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
             for m in methods:
-                have = {c["cell"]["task"] for c in g["ranks"][key].get(m, [])}
+                have = {c.cell.task for c in g["ranks"][key].get(m, [])}
                 for t in tasks:
                     if t not in have:
                         out.append(f"{model} / {m} / {key[0]} {key[1]:g} / {t}")
-        have_dense = {c["cell"]["task"] for c in g["dense"]}
+        have_dense = {c.cell.task for c in g["dense"]}
         for t in tasks:
             if t not in have_dense:
                 out.append(f"{model} / dense / {t}")

@@ -1,71 +1,24 @@
-"""Compression methods and their registry.
+"""Compression methods: one module per method, each a `Compressor` subclass, found by the registry.
 
-Built-in methods register here; third-party methods register through the `acbench.methods` entry-point group
-(`name = "package.module:MyCompressor"`), without editing the harness.
+A new module here is registered by being here; a method in another distribution registers through the
+`acbench.methods` entry-point group (`name = "package.module:MyCompressor"`).
 """
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
+from core.registry import Registry, UnknownName
+from core.stats import GroupStats, RankSpec
 
-from .asvd import ASVD
-from .base import Compressor, GroupCompression, GroupStats, RankSpec
-from .espace_nl import EspaceNL
-from .fasc import FASC, FASCKFAC
-from .fwsvd import FWSVD
-from .pca import PCA
-from .random_subspace import RandomSubspace
-from .svd import SVD
-from .whitened_svd import WhitenedSVD
+from .base import Compressor, GroupCompression
 
-__all__ = ["Compressor", "GroupCompression", "GroupStats", "RankSpec", "REGISTRY", "get_method", "expand_methods"]
+__all__ = ["Compressor", "GroupCompression", "GroupStats", "RankSpec", "REGISTRY", "get_method", "expand_methods",
+           "known_methods", "UnknownName"]
 
-ENTRY_POINT_GROUP = "acbench.methods"
-REGISTRY: dict[str, type[Compressor]] = {}
+REGISTRY = Registry("method", __name__, Compressor, "acbench.methods")
 
 
-class UnknownMethod(KeyError):
-    def __str__(self):
-        return self.args[0]
-
-
-def register(cls: type[Compressor]) -> type[Compressor]:
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-for _cls in (SVD, PCA, WhitenedSVD, ASVD, FASC, FASCKFAC, RandomSubspace, FWSVD, EspaceNL):
-    register(_cls)
-
-_plugins_loaded = False
-
-
-def load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, Compressor)):
-            raise TypeError(f"entry point {ep.name} = {ep.value} is not a Compressor subclass")
-        register(cls)
-
-
-def known_methods() -> list[str]:
-    load_plugins()
-    return sorted(REGISTRY)
-
-
-def get_method(name: str) -> type[Compressor]:
-    load_plugins()
-    if name not in REGISTRY:
-        from core.errors import did_you_mean
-
-        raise UnknownMethod(f"unknown method '{name}'.{did_you_mean(name, REGISTRY)}")
-    return REGISTRY[name]
+known_methods = REGISTRY.names
+get_method = REGISTRY.get
 
 
 def expand_methods(spec: str | list[str]) -> list[str]:

@@ -16,7 +16,7 @@ class ASVDSettings:
 class ASVD(Compressor):
     name = "asvd"
     description = "SVD of W diag(E|x|)^alpha, B <- B diag(.)^-1 (alpha = 0.5)"
-    stats = frozenset({"abs_mean"})
+    needs = frozenset({"abs_mean"})
     per_site = True
     Settings = ASVDSettings
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
+from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS, GroupStats, RankSpec  # noqa: F401 (the method API)
-
-
-@dataclass(frozen=True)
-class NoSettings:
-    pass
 
 
 @dataclass
@@ -69,42 +64,21 @@ class GroupCompression:
         }
 
 
-class Compressor:
-    """Base class. A method sets `name`, `stats` (what it needs) and `Settings`, and implements `solve`."""
+class Compressor(Plugin):
+    """Base class. A method sets `name`, `needs` (the statistics it reads) and `Settings`, and implements `solve`."""
 
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    stats: ClassVar[frozenset[str]] = frozenset()
+    kind = "method"
+    needs: ClassVar[frozenset[str]] = frozenset()  # names of the statistics `solve` reads (see core.stats)
     # Rank semantics of a per-site weight factorisation: k is computed for each site from its own shape and
     # `solve` receives {site: k_i} instead of one int.
     per_site: ClassVar[bool] = False
-    Settings: ClassVar[type] = NoSettings
-
-    def __init__(self, settings=None):
-        self.settings = settings if settings is not None else self.Settings()
-
-    @classmethod
-    def from_options(cls, options: dict | None = None) -> "Compressor":
-        options = dict(options or {})
-        names = {f.name for f in dataclasses.fields(cls.Settings)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(
-                f"method '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
-                f"{', '.join(sorted(names)) or '(none)'}"
-            )
-        from core.settings import check_settings
-
-        settings = cls.Settings(**options)
-        check_settings(settings, f"method '{cls.name}'")
-        return cls(settings)
 
     @classmethod
     def capabilities(cls) -> dict:
         return {
-            "data_free": not cls.stats,
-            "activations": bool(cls.stats & ACTIVATION_STATS),
-            "gradients": bool(cls.stats & GRADIENT_STATS),
+            "data_free": not cls.needs,
+            "activations": bool(cls.needs & ACTIVATION_STATS),
+            "gradients": bool(cls.needs & GRADIENT_STATS),
         }
 
     @property

@@ -8,7 +8,7 @@ from .base import Compressor, projection_factors
 class EspaceNL(Compressor):
     name = "espace-nl"
     description = "top-k eigenvectors of C F + F C (ESPACE NL-MSE)"
-    stats = frozenset({"C", "F"})
+    needs = frozenset({"C", "F"})
 
     def solve(self, weights, stats, k):
         C, F = stats.C.double(), stats.F.double()

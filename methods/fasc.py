@@ -114,7 +114,7 @@ class FASCSettings:
 class FASCKFAC(Compressor):
     name = "fasc-kfac"
     description = "top-k eigenvectors of C^1/2 F C^1/2 (F C b = lambda b), F = E[g g^T]: min tr((I-P)^T F (I-P) C)"
-    stats = frozenset({"C", "F"})
+    needs = frozenset({"C", "F"})
 
     def _basis(self, stats):
         check_finite("fasc", C=stats.C, F=stats.F)
@@ -129,7 +129,7 @@ class FASCKFAC(Compressor):
 class FASC(FASCKFAC):
     name = "fasc"
     description = "fasc-kfac's basis, discarded set chosen by swaps to minimise E[(g^T (I-P) x)^2] on sampled tokens"
-    stats = frozenset({"C", "F", "pairs"})
+    needs = frozenset({"C", "F", "pairs"})
     Settings = FASCSettings
 
     def solve(self, weights, stats, k):

@@ -11,7 +11,7 @@ from .svd import truncated_factors
 class FWSVD(Compressor):
     name = "fwsvd"
     description = "SVD of diag(r) W, r = row sums of the diagonal weight Fisher, then diag(r)^-1"
-    stats = frozenset({"row_fisher"})
+    needs = frozenset({"row_fisher"})
     per_site = True
 
     def solve(self, weights, stats, k):

@@ -8,7 +8,7 @@ from .base import Compressor, projection_factors
 class PCA(Compressor):
     name = "pca"
     description = "top-k eigenvectors of C = E[x x^T] (min E||x - Px||^2)"
-    stats = frozenset({"C"})
+    needs = frozenset({"C"})
 
     def solve(self, weights, stats, k):
         sol = pca_basis(stats)

@@ -18,7 +18,7 @@ class WhitenedSVDSettings:
 class WhitenedSVD(Compressor):
     name = "whitened-svd"
     description = "SVD of W S with S S^T = C (Cholesky whitening), truncated: min E||W(x - Px)||^2"
-    stats = frozenset({"C"})
+    needs = frozenset({"C"})
     Settings = WhitenedSVDSettings
 
     @property

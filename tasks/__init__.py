@@ -1,39 +1,19 @@
-"""Task adapters and their registry (`bench ls tasks`)."""
+"""Tasks: one module per task family, each a `Task` subclass, found by the registry (`bench ls tasks`).
+
+A new module here is registered by being here; a task in another distribution registers through the
+`acbench.tasks` entry-point group.
+"""
 
 from __future__ import annotations
 
+from core.registry import Registry, UnknownName
+
 from .base import Task, TaskResult
-from .lama import LAMA
-from .lm_eval_bridge import LMEvalTask
-from .mmlu import MMLU
-from .perplexity import PPLToken, PPLWord
 
-__all__ = ["Task", "TaskResult", "TASKS", "get_task", "ANALYSIS_TASKS"]
+__all__ = ["Task", "TaskResult", "REGISTRY", "get_task", "known_tasks", "UnknownName"]
 
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (MMLU, LAMA, PPLToken, PPLWord, LMEvalTask)}
-# Tasks computed by the runner from calibration statistics and group-wise compression, not on a model.
-ANALYSIS_TASKS = {"rho": "Dependence Violation Score per group and its correlation with knowledge loss"}
+REGISTRY = Registry("task", __name__, Task, "acbench.tasks")
 
 
-class UnknownTask(KeyError):
-    def __str__(self):
-        return self.args[0]
-
-
-def known_tasks() -> list[str]:
-    return sorted(set(TASKS) | set(ANALYSIS_TASKS))
-
-
-def get_task(name: str) -> type[Task]:
-    if name not in TASKS:
-        from core.errors import did_you_mean
-
-        raise UnknownTask(f"unknown task '{name}'.{did_you_mean(name, known_tasks())}")
-    return TASKS[name]
-
-
-def check_task_names(names: list[str]) -> list[str]:
-    for n in names:
-        if n not in ANALYSIS_TASKS:
-            get_task(n)
-    return names
+known_tasks = REGISTRY.names
+get_task = REGISTRY.get

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -10,6 +9,7 @@ from typing import ClassVar
 import torch
 
 from core.errors import UserError
+from core.registry import Plugin
 
 
 @dataclass
@@ -21,29 +21,10 @@ class TaskResult:
     config: dict = field(default_factory=dict)
 
 
-class Task:
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
+class Task(Plugin):
+    kind = "task"
     higher_is_better: ClassVar[dict[str, bool]] = {}
     primary_metric: ClassVar[str] = ""
-    Settings: ClassVar[type]
-
-    def __init__(self, settings=None):
-        self.settings = settings if settings is not None else self.Settings()
-
-    @classmethod
-    def from_options(cls, options: dict | None = None) -> "Task":
-        names = {f.name for f in dataclasses.fields(cls.Settings)}
-        options = {k: v for k, v in (options or {}).items() if v is not None}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ValueError(f"task '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
-                             f"{', '.join(sorted(names))}")
-        from core.settings import check_settings
-
-        settings = cls.Settings(**options)
-        check_settings(settings, f"task '{cls.name}'")
-        return cls(settings)
 
     def check(self, tokenizer) -> None:
         """Open and check the task's data before any model weights load (bad data = one UserError line)."""

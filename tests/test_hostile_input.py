@@ -185,7 +185,9 @@ def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny
     good = json.loads(pca.read_text())
     assert good["bos"] == "none" and good["task_config"]["bos"] == "none"  # SmolLM2's tokenizer adds no BOS
     assert good["calibration"]["spec"]["bos"] == "none"
-    dense.write_text(json.dumps({"schema_version": 1}))
+    from core.record import SCHEMA_VERSION
+
+    dense.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
     broken = dict(good)
     broken.pop("metrics")
     pca.write_text(json.dumps(broken))
@@ -243,11 +245,12 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
 
 def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
     from bench.store import cell_status, write_cell
+    from core.record import CellId, CellRecord
 
     path = tmp_path / "c.json"
-    write_cell(path, {"cell": {"model": "m", "method": "pca", "rank": 0.5, "budget": "rank", "task": "ppl-token"},
-                      "metrics": {"ppl": float("inf"), "nll": 800.0}, "stderr": {"nll": float("nan")},
-                      "primary_metric": "ppl"})
+    write_cell(path, CellRecord(cell=CellId("m", "pca", 0.5, "rank", "ppl-token", "k"),
+                                metrics={"ppl": float("inf"), "nll": 800.0}, stderr={"nll": float("nan")},
+                                primary_metric="ppl"))
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in a cell"))

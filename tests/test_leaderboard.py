@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import SCHEMA_VERSION
+from core.record import SCHEMA_VERSION
 from leaderboard.load import SUPPORTED_SCHEMA, load_results
 from leaderboard.report import build
 
@@ -47,9 +47,9 @@ def test_missing_cell_listed_and_duplicates_not_double_counted(rendered):
     assert info["missing"] == ["model-b / pca / rank 0.25 / lama"]
     assert info["duplicates"] == 1
     rs = load_results(FIXTURE)
-    ppl = [c for c in rs.cells if c["cell"]["method"] == "pca" and c["cell"]["rank"] == 0.5
-           and c["cell"]["task"] == "ppl-token" and c["cell"]["model"] == "model-a"]
-    assert len(ppl) == 1 and ppl[0]["metrics"]["ppl"] != 999.0  # the newer result wins
+    ppl = [c for c in rs.cells if c.cell.method == "pca" and c.cell.rank == 0.5
+           and c.cell.task == "ppl-token" and c.cell.model == "model-a"]
+    assert len(ppl) == 1 and ppl[0].metrics["ppl"] != 999.0  # the newer result wins
 
 
 def test_csv_round_trip_equals_result_files(rendered):
@@ -59,15 +59,15 @@ def test_csv_round_trip_equals_result_files(rendered):
     columns = {"mmlu": ("MMLU acc", "acc"), "lama": ("LAMA P@1", "p@1"), "ppl-token": ("PPL (ppl-token)", "ppl")}
     checked = 0
     for c in rs.cells:
-        cell = c["cell"]
-        if cell["task"] == "rho":
+        cell = c.cell
+        if cell.task == "rho":
             continue
-        col, metric = columns[cell["task"]]
-        match = [r for r in rows if r["model"] == cell["model"] and r["method"] == cell["method"]
-                 and (cell["method"] == "dense" or float(r["rank"]) == cell["rank"])]
+        col, metric = columns[cell.task]
+        match = [r for r in rows if r["model"] == cell.model and r["method"] == cell.method
+                 and (cell.method == "dense" or float(r["rank"]) == cell.rank)]
         assert match, cell
         for r in match:
-            assert float(r[col]) == pytest.approx(c["metrics"][metric], rel=1e-12)
+            assert float(r[col]) == pytest.approx(c.metrics[metric], rel=1e-12)
             checked += 1
     assert checked >= 30
     data = json.loads((out / "LEADERBOARD.json").read_text())
@@ -94,8 +94,20 @@ def test_several_result_dirs_merge(tmp_path):
     assert "## model-a" in text and "## model-b" in text
     assert info["duplicates"] == 1 + 3  # the fixture's own repeated cell, and the three copied dense cells
     single = build([FIXTURE], tmp_path / "single.md")
-    assert (tmp_path / "merged.md").read_text().split("## Skipped")[0] == \
-        (tmp_path / "single.md").read_text().split("## Skipped")[0]
+    assert (tmp_path / "merged.md").read_text().split("## Cells with other")[0] == \
+        (tmp_path / "single.md").read_text().split("## Cells with other")[0]
+
+
+def test_cells_with_other_settings_are_named_not_merged(rendered):
+    """Two cells at one table position whose settings keys differ (other shots, a new method version): the newer
+    is shown and the older is named under the tables, never averaged or silently dropped."""
+    info, out = rendered
+    text = (out / "LEADERBOARD.md").read_text()
+    assert "mmlu-othersettings.json (settings k0, 2026-10-15) is not shown" in text
+    rs = load_results(FIXTURE)
+    shown = [c for c in rs.cells if c.cell.model == "model-a" and c.cell.method == "fasc" and c.cell.rank == 0.5
+             and c.cell.task == "mmlu"]
+    assert [c.cell.key for c in shown] == ["k1"]
 
 
 def test_unequal_parameter_ratios_flagged():
@@ -110,8 +122,8 @@ def test_unequal_parameter_ratios_flagged():
 
 def _fixture_cell(model, method, rank, task):
     rs = load_results(FIXTURE)
-    return next(c for c in rs.cells if c["cell"]["model"] == model and c["cell"]["method"] == method
-                and c["cell"]["rank"] == rank and c["cell"]["task"] == task)
+    return next(c for c in rs.cells if c.cell.model == model and c.cell.method == method
+                and c.cell.rank == rank and c.cell.task == task)
 
 
 @pytest.mark.parametrize("task", ["mmlu", "lama"])
@@ -122,9 +134,9 @@ def test_paired_accuracy_pvalues_equal_scipy_mcnemar_and_marks_follow(rendered, 
     rows = [r for r in json.loads((out / "LEADERBOARD.json").read_text())
             if r["model"] == "model-a" and r["rank"] == 0.5]
     col = {"mmlu": "MMLU acc", "lama": "LAMA P@1"}[task]
-    ref = _fixture_cell("model-a", "pca", 0.5, task)["records"]
+    ref = _fixture_cell("model-a", "pca", 0.5, task).records
     for method in ("fasc", "dense"):
-        cell = _fixture_cell("model-a", method, 0.5 if method != "dense" else None, task)["records"]
+        cell = _fixture_cell("model-a", method, 0.5 if method != "dense" else None, task).records
         right = lambda r: (r["rank"] == 0) if task == "lama" else (r["pred"] == r["gold"])
         b = sum(right(x) and not right(y) for x, y in zip(ref, cell))
         c = sum(right(y) and not right(x) for x, y in zip(ref, cell))
@@ -161,8 +173,8 @@ def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered
     from scipy.stats import ttest_rel
 
     _, out = rendered
-    ref = [r["nll"] for r in _fixture_cell("model-a", "pca", 0.25, "ppl-token")["records"]]
-    oth = [r["nll"] for r in _fixture_cell("model-a", "fasc", 0.25, "ppl-token")["records"]]
+    ref = [r["nll"] for r in _fixture_cell("model-a", "pca", 0.25, "ppl-token").records]
+    oth = [r["nll"] for r in _fixture_cell("model-a", "fasc", 0.25, "ppl-token").records]
     row = next(r for r in json.loads((out / "LEADERBOARD.json").read_text())
                if r["model"] == "model-a" and r["method"] == "fasc" and r["rank"] == 0.25)
     key = "Δ PPL (ppl-token) vs pca"
@@ -174,7 +186,13 @@ def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered
 def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
     from leaderboard.report import _header
 
-    cells = [{"bos": "window", "env": {}}, {"bos": "window", "env": {}}]
+    from core.record import CellId, CellRecord
+
+    def cell(bos):
+        return CellRecord(cell=CellId("m", "pca", 0.5, "rank", "lama", "k"), metrics={"p@1": 0.5},
+                          primary_metric="p@1", bos=bos)
+
+    cells = [cell("window"), cell("window")]
     assert any("BOS protocol" in l and l.endswith(": window") for l in _header(cells))
-    mixed = _header(cells + [{"bos": "none", "env": {}}])
+    mixed = _header(cells + [cell("none")])
     assert any("none, window" in l and "MIXED" in l for l in mixed)

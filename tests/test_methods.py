@@ -313,11 +313,11 @@ def test_entry_point_plugin(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[acbench.methods]\nmy-svd = myplugin:Half\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(methods, "_plugins_loaded", False)
+    methods.REGISTRY.reload()
     try:
         assert "my-svd" in methods.expand_methods("all")
     finally:
-        methods.REGISTRY.pop("my-svd", None)
+        methods.REGISTRY.unregister("my-svd")
 
 
 def test_save_pretrained_roundtrip(tmp_path, windows):

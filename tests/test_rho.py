@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from bench.rho import correlations, rho_directional, rho_explicit, rho_scores
+from analyses.dependence import correlations, rho_directional, rho_explicit, rho_scores
 
 
 def pairs(N, d, seed, coupled=False):
@@ -80,52 +80,52 @@ def test_correlations_equal_scipy():
     assert correlations([1, 2], [3, 4])["spearman"] is None
 
 
-def test_sensitivity_at_full_rank_is_zero():
+def _tiny_context(**spec_kw):
+    """The harness's AnalysisContext over the smoke model's calibration statistics."""
     from bench.calibrate import CalibSpec, calibrate
     from bench.groups import find_input_groups
     from bench.models import load_model
-    from bench.rho_analysis import _units, sensitivity
+    from bench.runner import AnalysisContext
     from bench.smoke import tiny_checkpoint
     from bench.spec import RunSpec
-    from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
 
     lm = load_model(str(tiny_checkpoint()), progress=False)
-    spec = RunSpec(rho_lama_limit=1, rho_loss_windows=1, ppl_seq_len=32, lama_candidates=5, progress=False)
+    spec = RunSpec(ppl_seq_len=32, lama_candidates=5, progress=False, bos="none", **spec_kw)
     windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
     groups = find_input_groups(lm.model)
     st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
                    progress=False)
-    rows, dense = sensitivity(lm, st, RankSpec(1.0), spec, _units(2, 2))
+    return AnalysisContext(lm.model, lm.tokenizer, st, groups, 0, False, spec)
+
+
+def test_sensitivity_at_full_rank_is_zero():
+    from analyses.rho import RhoSettings, _units, sensitivity
+    from core.stats import RankSpec
+
+    ctx = _tiny_context()
+    rows, dense = sensitivity(ctx, RankSpec(1.0), RhoSettings(lama_limit=1, loss_windows=1), _units(2, 2))
     assert len(rows) == 4
     for r in rows:
         assert abs(r["loss_rise"]) < 1e-5 and r["lama_drop"] == 0
 
 
 def test_rho_per_group_headline_on_tiny_model():
-    """--rho-per-group: every group's loss rise alone, correlated with rho over all groups (the headline)."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.groups import find_input_groups
-    from bench.models import load_model
-    from bench.rho_analysis import rho_task
-    from bench.smoke import tiny_checkpoint
-    from bench.spec import RunSpec
-    from leaderboard.report import _rho_section
+    """rho.per_group=true: every group's loss rise alone, correlated with rho over all groups (the headline)."""
+    import analyses
+    from core.record import CellId, CellRecord
     from core.stats import RankSpec
-    from tasks.data.text_data import calibration_windows, load_text
+    from leaderboard.report import _rho_section
 
-    lm = load_model(str(tiny_checkpoint()), progress=False)
-    spec = RunSpec(rho_lama_limit=0, rho_loss_windows=1, ppl_seq_len=32, rho_units=2, rho_per_group=True,
-                   progress=False, bos="none")
-    windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
-    groups = find_input_groups(lm.model)
-    st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
-                   progress=False)
-    res = rho_task(lm, st, RankSpec(0.5), spec)
-    per_group = res["details"]["per_group"]
-    assert len(per_group) == len(groups) == 8
+    ctx = _tiny_context()
+    rho = analyses.build(["rho"], {"rho": {"lama_limit": 0, "loss_windows": 1, "units": 2, "per_group": True}})["rho"]
+    res = rho.run(ctx, RankSpec(0.5))
+    per_group = res.details["per_group"]
+    assert len(per_group) == len(ctx.groups) == 8
     assert all(abs(r["loss_rise_pca_alone"]) < 50 for r in per_group)
-    c = res["details"]["correlations"]["rho_vs_loss_rise_per_group"]
+    c = res.details["correlations"]["rho_vs_loss_rise_per_group"]
     assert c["n"] == 8
-    text = "\n".join(_rho_section({"details": res["details"]}))
+    cell = CellRecord(cell=CellId("m", "rho-analysis", 0.5, "rank", "rho", "k"), metrics=res.metrics,
+                      primary_metric="rho_mean", details=res.details)
+    text = "\n".join(_rho_section(cell))
     assert text.startswith("**Per group, n = 8: Spearman(rho, surrogate_gain)") or "n = 8" in text.split("\n")[0]

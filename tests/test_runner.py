@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from core.record import SCHEMA_VERSION
+
 from bench.smoke import tiny_checkpoint
 
 BENCH = [sys.executable, "-m", "bench.cli"]
@@ -77,7 +79,7 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
         proc.wait()
         done = cells(out)
         for name, rec in done.items():
-            assert rec["schema_version"] == 1 and "metrics" in rec  # no partial or corrupt cell
+            assert rec["schema_version"] == SCHEMA_VERSION and "metrics" in rec  # no partial or corrupt cell
         for earlier in snapshots:
             for name, rec in earlier.items():
                 assert done[name] == rec  # finished cells are kept as they were

@@ -150,6 +150,11 @@ def test_task_registry_did_you_mean():
 
     with pytest.raises(KeyError, match="Did you mean 'mmlu'"):
         tasks.get_task("mmul")
-    assert {"mmlu", "lama", "ppl-token", "ppl-word", "rho", "lm-eval"} <= set(tasks.known_tasks())
+    assert {"mmlu", "lama", "ppl-token", "ppl-word", "lm-eval"} <= set(tasks.known_tasks())
+    import analyses
+
+    assert "rho" in analyses.known_analyses() and "rho" not in tasks.known_tasks()
+    with pytest.raises(KeyError, match="Did you mean 'rho'"):
+        analyses.get_analysis("rh0")
     with pytest.raises(ValueError, match="no setting"):
         tasks.get_task("mmlu").from_options({"shotz": 3})

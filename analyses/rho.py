@@ -1,19 +1,21 @@
-"""The `rho` task: rho per input group, knowledge sensitivity per unit of blocks, and their correlations."""
+"""The `rho` analysis: the Dependence Violation Score per input group, knowledge sensitivity per range of blocks,
+and their correlations (per group, the headline, and per range)."""
 
 from __future__ import annotations
 
 import math
 import time
 
-import torch
+from dataclasses import dataclass
+
 from tqdm.auto import tqdm
 
+from core.linalg import direction_scores, group_whitening, pca_basis, weighted_subspace
 from core.stats import RankSpec
-from core.linalg import direction_scores
+from tasks.base import TaskResult
 
-from .groups import find_input_groups
-from core.linalg import group_whitening, pca_basis, weighted_subspace
-from .rho import correlations, cost_flops, rho_scores
+from .base import Analysis
+from .dependence import correlations, cost_flops, rho_scores
 
 VARIANTS = ("rho", "rho_cos", "rho_dir")
 
@@ -53,47 +55,38 @@ def _units(n_blocks: int, n_units: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(n_units)]
 
 
-def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]],
+def sensitivity(ctx, rank: RankSpec, settings: "RhoSettings", unit_blocks: list[list[int]],
                 per_group_rise: dict | None = None) -> tuple[list[dict], dict]:
     """Per unit and method: compress only that unit's groups; drops in LAMA P@1 / MMLU accuracy, rise in loss.
-    With spec.rho_per_group, also fills `per_group_rise` with the loss rise of compressing each group alone."""
+    With settings.per_group, also fills `per_group_rise` with the loss rise of compressing each group alone."""
     per_group_rise = {} if per_group_rise is None else per_group_rise
-    from tasks.lama import LAMA
-    from tasks.mmlu import MMLU
-    from tasks.perplexity import PPLToken
-
-    from .runner import compress
-
     probes = {
-        "loss": PPLToken.from_options({"source": spec.text_source, "seq_len": spec.ppl_seq_len,
-                                       "max_windows": spec.rho_loss_windows, "batch_size": 1, "bos": spec.bos}),
-        "lama": LAMA.from_options({"per_relation": spec.rho_lama_limit, "max_candidates": spec.lama_candidates,
-                                   "seed": spec.seed, "source": spec.lama_source}) if spec.rho_lama_limit else None,
-        "mmlu": MMLU.from_options({"limit": spec.rho_mmlu_limit, "shots": 0, "seed": spec.seed,
-                                   "source": spec.mmlu_source}) if spec.rho_mmlu_limit else None,
+        "loss": ctx.task("ppl-token", max_windows=settings.loss_windows, batch_size=1),
+        "lama": ctx.task("lama", per_relation=settings.lama_limit) if settings.lama_limit else None,
+        "mmlu": ctx.task("mmlu", limit=settings.mmlu_limit, shots=0) if settings.mmlu_limit else None,
     }
 
     def measure(model):
-        out = {"loss": probes["loss"].evaluate(model, lm.tokenizer, progress=False).metrics["nll"]}
+        out = {"loss": probes["loss"].evaluate(model, ctx.tokenizer, progress=False).metrics["nll"]}
         if probes["lama"]:
-            out["lama"] = probes["lama"].evaluate(model, lm.tokenizer, progress=False).metrics["p@1"]
+            out["lama"] = probes["lama"].evaluate(model, ctx.tokenizer, progress=False).metrics["p@1"]
         if probes["mmlu"]:
-            out["mmlu"] = probes["mmlu"].evaluate(model, lm.tokenizer, progress=False).metrics["acc"]
+            out["mmlu"] = probes["mmlu"].evaluate(model, ctx.tokenizer, progress=False).metrics["acc"]
         return out
 
-    dense = measure(lm.model)
-    groups = find_input_groups(lm.model)
-    if getattr(spec, "rho_per_group", False):
+    dense = measure(ctx.model)
+    groups = ctx.groups
+    if settings.per_group:
         loss = probes["loss"]
-        for g in tqdm(groups, desc="rho per group", disable=not spec.progress, leave=False):
-            model, _ = compress(lm.model, "pca", rank, stats, spec, only_groups={g.name}, progress=False)
-            per_group_rise[g.name] = loss.evaluate(model, lm.tokenizer, progress=False).metrics["nll"] - dense["loss"]
+        for g in tqdm(groups, desc="rho per group", disable=not ctx.progress, leave=False):
+            model = ctx.compress("pca", rank, only_groups={g.name})
+            per_group_rise[g.name] = loss.evaluate(model, ctx.tokenizer, progress=False).metrics["nll"] - dense["loss"]
             del model
     rows = []
     jobs = [(u, m) for u in range(len(unit_blocks)) for m in ("pca", "fasc")]
-    for u, method in tqdm(jobs, desc="rho sensitivity", disable=not spec.progress, leave=False):
+    for u, method in tqdm(jobs, desc="rho sensitivity", disable=not ctx.progress, leave=False):
         names = {g.name for g in groups if g.block in unit_blocks[u]}
-        model, _ = compress(lm.model, method, rank, stats, spec, only_groups=names, progress=False)
+        model = ctx.compress(method, rank, only_groups=names)
         got = measure(model)
         del model
         row = {"unit": u, "blocks": unit_blocks[u], "method": method, "loss_rise": got["loss"] - dense["loss"]}
@@ -105,12 +98,12 @@ def sensitivity(lm, stats, rank: RankSpec, spec, unit_blocks: list[list[int]],
     return rows, dense
 
 
-def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
-    groups = find_input_groups(lm.model)
-    per_group = group_rho(stats, groups, rank)
-    units = _units(len({g.block for g in groups}), spec.rho_units)
+def rho_task(ctx, rank: RankSpec, settings: "RhoSettings") -> TaskResult:
+    groups = ctx.groups
+    per_group = group_rho(ctx.stats, groups, rank)
+    units = _units(len({g.block for g in groups}), settings.units)
     rises: dict[str, float] = {}
-    sens, dense = sensitivity(lm, stats, rank, spec, units, rises)
+    sens, dense = sensitivity(ctx, rank, settings, units, rises)
     for r in per_group:
         if r["group"] in rises:
             r["loss_rise_pca_alone"] = rises[r["group"]]
@@ -134,13 +127,13 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
     targets = [k for k in table[0] if k.startswith(("loss_rise", "lama_drop", "mmlu_drop", "fasc_gain"))]
     for v in VARIANTS:
         for t in targets:
-            corr[f"{v}_vs_{t}"] = correlations([r[v] for r in table], [r[t] for r in table], seed=spec.seed)
+            corr[f"{v}_vs_{t}"] = correlations([r[v] for r in table], [r[t] for r in table], seed=ctx.seed)
         corr[f"{v}_vs_surrogate_gain_per_group"] = correlations([r.get(v) for r in per_group],
-                                                                [r["surrogate_gain"] for r in per_group], seed=spec.seed)
+                                                                [r["surrogate_gain"] for r in per_group], seed=ctx.seed)
         if rises:
             corr[f"{v}_vs_loss_rise_per_group"] = correlations([r.get(v) for r in per_group],
                                                                [r.get("loss_rise_pca_alone") for r in per_group],
-                                                               seed=spec.seed)
+                                                               seed=ctx.seed)
     top = sorted((r for r in per_group if math.isfinite(r["rho"])), key=lambda r: -r["rho"])[:10]
     d_small = min(r["d"] for r in per_group)
     d_big = max(r["d"] for r in per_group)
@@ -149,10 +142,9 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
     if s:
         metrics["spearman_rho_loss_rise"] = s["r"]
     metrics["surrogate_gain_mean"] = sum(r["surrogate_gain"] for r in per_group) / len(per_group)
-    return {
-        "metrics": metrics, "stderr": {}, "primary_metric": "rho_mean",
-        "higher_is_better": {k: None for k in metrics},
-        "details": {
+    return TaskResult(
+        metrics=metrics,
+        details={
             "per_group": per_group, "units": table, "dense": dense, "correlations": corr,
             "highest_rho_groups": [{"group": r["group"], "block": r["block"], "kind": r["kind"], "rho": r["rho"]}
                                    for r in top],
@@ -162,7 +154,36 @@ def rho_task(lm, stats, rank: RankSpec, spec) -> dict:
                      "seconds_total": sum(r["seconds"] for r in per_group)},
             "rank": {"ratio": rank.ratio, "budget": rank.budget},
         },
-        "task_config": {"rho_units": spec.rho_units, "rho_lama_limit": spec.rho_lama_limit,
-                        "rho_mmlu_limit": spec.rho_mmlu_limit, "rho_loss_windows": spec.rho_loss_windows,
-                        "rho_per_group": spec.rho_per_group},
-    }
+        config=dict(vars(settings)),
+    )
+
+
+@dataclass(frozen=True)
+class RhoSettings:
+    units: int = 4  # contiguous block ranges compressed together for the sensitivity table
+    lama_limit: int = 1  # LAMA probes per relation measured per range (0: none)
+    mmlu_limit: int = 0  # MMLU questions per subject measured per range (0: none)
+    loss_windows: int = 2  # perplexity windows measured per range and per group
+    per_group: bool = False  # also compress each group alone with pca and measure its loss rise (one pass per group)
+
+    def minimums(self):
+        return {"units": (self.units, 1), "loss_windows": (self.loss_windows, 1)}
+
+
+class Rho(Analysis):
+    name = "rho"
+    description = "Dependence Violation Score per group and its correlation with knowledge loss"
+    needs = frozenset({"C", "F", "pairs"})
+    uses_tasks = ("ppl-token", "lama", "mmlu")
+    primary_metric = "rho_mean"
+    Settings = RhoSettings
+
+    def run(self, ctx, rank: RankSpec) -> TaskResult:
+        result = rho_task(ctx, rank, self.settings)
+        result.details["higher_is_better"] = {k: None for k in result.metrics}
+        return result
+
+    def summary_line(self, result: TaskResult) -> str:
+        c = result.details["correlations"].get("rho_vs_surrogate_gain_per_group", {}).get("spearman")
+        return f"mean rho={result.metrics['rho_mean']:.3f}" + (
+            f", per group Spearman(rho, FASC surrogate gain)={c['r']:.2f} (p={c['p']:.2g})" if c else "")

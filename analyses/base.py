@@ -1,0 +1,26 @@
+"""The analysis interface: a study computed from calibration statistics and compressions through the harness,
+stored as a cell of its own (method "<name>-analysis") beside the task cells."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from core.registry import Plugin
+from tasks.base import TaskResult
+
+
+class Analysis(Plugin):
+    kind = "analysis"
+    needs: ClassVar[frozenset[str]] = frozenset()  # calibration statistics it reads (core.stats names)
+    # run-sized tasks it evaluates through `ctx.task`: their settings enter the cell key
+    uses_tasks: ClassVar[tuple[str, ...]] = ()
+    primary_metric: ClassVar[str] = ""
+    higher_is_better: ClassVar[dict[str, bool | None]] = {}
+
+    def run(self, ctx, rank) -> TaskResult:
+        """ctx: the harness's AnalysisContext (model, tokenizer, stats, seed, progress, compress(), task())."""
+        raise NotImplementedError
+
+    def summary_line(self, result: TaskResult) -> str:
+        v = result.metrics.get(self.primary_metric)
+        return f"{self.primary_metric}={v:.4g}" if isinstance(v, float) else ""

@@ -1,0 +1,51 @@
+"""The harness's public compression step: one method at one rank over a model's input groups (or some of them).
+
+Analyses compress through `compress` too, so a method's settings and numeric fallbacks mean the same wherever a
+compressed model comes from.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from tqdm.auto import tqdm
+
+import methods
+from core.errors import UserError
+from core.linalg import NumericError
+from core.stats import GroupStats, RankSpec
+
+from .apply import apply_compression
+from .groups import find_input_groups
+
+
+def compress(model, method: str, rank: RankSpec, stats: dict[str, GroupStats], method_options: dict | None = None,
+             only_groups: set[str] | None = None, progress: bool = True):
+    """A compressed copy of `model` and the per-group summaries (factors are dropped once deployed)."""
+    model = copy.deepcopy(model)
+    comp = methods.get_method(method).from_options(method_options)
+    summaries = []
+    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
+    for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
+        try:
+            res = comp.compress(g, stats.get(g.name, GroupStats()), rank)
+        except NumericError as e:
+            raise UserError(str(e)) from None
+        apply_compression(model, g, res)
+        summaries.append(res.summary())
+        del res
+    return model.eval(), summaries
+
+
+def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None) -> dict:
+    dense = sum(s["params_dense"] for s in summaries)
+    deployed = sum(s["params_deployed"] for s in summaries)
+    fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
+    comp = methods.get_method(method).from_options(method_options)
+    return {
+        "rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align,
+        "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
+        "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
+        "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
+        "method_version": comp.version, "capabilities": comp.capabilities(),
+    }

@@ -1,0 +1,118 @@
+"""One plugin mechanism for methods, tasks and analyses.
+
+A plugin is a class with a `name`, a `version` (it enters the key of every result it produces, so a changed
+algorithm never reuses old cells) and a frozen `Settings` dataclass. A registry finds its plugins in two places:
+every module of its own package (a new file there is registered with no list to edit) and an entry-point group
+(`acbench.methods`, `acbench.tasks`, `acbench.analyses`) for plugins that live in other distributions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import ClassVar
+
+from .errors import UserError, did_you_mean
+from .settings import check_settings
+
+
+@dataclass(frozen=True)
+class NoSettings:
+    pass
+
+
+class Plugin:
+    """What methods, tasks and analyses share: identity, version and settings built from `key=value` options."""
+
+    kind: ClassVar[str] = "plugin"
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    Settings: ClassVar[type] = NoSettings
+
+    def __init__(self, settings=None):
+        self.settings = settings if settings is not None else self.Settings()
+
+    @classmethod
+    def from_options(cls, options: dict | None = None):
+        """Settings from options (None values mean "the default"); unknown names and bad types are refused."""
+        names = {f.name for f in dataclasses.fields(cls.Settings)}
+        options = {k: v for k, v in (options or {}).items() if v is not None}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"{cls.kind} '{cls.name}' has no setting {', '.join(unknown)}; its settings are: "
+                             f"{', '.join(sorted(names)) or '(none)'}")
+        settings = cls.Settings(**options)
+        check_settings(settings, f"{cls.kind} '{cls.name}'")
+        return cls(settings)
+
+    def settings_dict(self) -> dict:
+        return dataclasses.asdict(self.settings)
+
+
+class UnknownName(UserError, KeyError):
+    """A name no registry knows; the message carries the closest known name."""
+
+    def __str__(self):
+        return self.args[0]
+
+
+class Registry:
+    def __init__(self, kind: str, package: str, base: type, group: str):
+        self.kind, self.package, self.base, self.group = kind, package, base, group
+        self._classes: dict[str, type] = {}
+        self._loaded = False
+
+    def register(self, cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise TypeError(f"{cls!r} is not a {self.base.__name__} subclass")
+        if not cls.name:
+            raise ValueError(f"{cls.__name__} has no name")
+        self._classes[cls.name] = cls
+        return cls
+
+    def unregister(self, name: str) -> None:
+        self._classes.pop(name, None)
+
+    def reload(self) -> None:
+        """Look for plugins again (a distribution installed since the first lookup)."""
+        self._loaded = False
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        pkg = importlib.import_module(self.package)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.ispkg or info.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{self.package}.{info.name}")
+            for obj in vars(module).values():
+                # only classes defined in that module: an imported base or sibling is registered where it lives
+                if (isinstance(obj, type) and issubclass(obj, self.base) and obj.__module__ == module.__name__
+                        and obj.name):
+                    self._classes.setdefault(obj.name, obj)
+        for ep in entry_points(group=self.group):
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise UserError(f"entry point {ep.name} = {ep.value} in group {self.group} is not a "
+                                f"{self.base.__name__} subclass: fix the plugin's packaging")
+            self.register(cls)
+
+    def names(self) -> list[str]:
+        self._load()
+        return sorted(self._classes)
+
+    def __contains__(self, name: str) -> bool:
+        self._load()
+        return name in self._classes
+
+    def get(self, name: str) -> type:
+        self._load()
+        if name not in self._classes:
+            raise UnknownName(f"unknown {self.kind} '{name}'.{did_you_mean(name, self._classes)} "
+                              f"See `bench ls {self.kind}s`.")
+        return self._classes[name]
