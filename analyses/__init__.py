@@ -8,7 +8,7 @@ from core.registry import Registry, UnknownName
 
 from .base import Analysis
 
-__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "UnknownName"]
+__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "run_sweep", "UnknownName"]
 
 REGISTRY = Registry("analysis", __name__, Analysis, "acbench.analyses")
 
@@ -31,3 +31,11 @@ def build(names, options: dict | None = None) -> dict[str, Analysis]:
             except (ValueError, TypeError) as e:
                 raise UserError(f"analysis options for '{name}': {e}") from None
     return out
+
+
+def run_sweep(spec) -> dict:
+    """`bench run`: the harness's sweep with the analyses among spec.tasks resolved from this registry (the
+    harness runs them but never imports them)."""
+    from bench.runner import run
+
+    return run(spec, build(spec.tasks, spec.analysis_options))

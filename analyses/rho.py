@@ -180,7 +180,7 @@ class Rho(Analysis):
 
     def run(self, ctx, rank: RankSpec) -> TaskResult:
         result = rho_task(ctx, rank, self.settings)
-        result.details["higher_is_better"] = {k: None for k in result.metrics}
+        result.higher_is_better = {k: None for k in result.metrics}  # descriptive numbers, no better direction
         return result
 
     def summary_line(self, result: TaskResult) -> str:

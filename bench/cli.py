@@ -111,19 +111,11 @@ def _spec_from_args(args):
         raise UserError(f"bad run settings ({e}): check --config") from None
 
 
-def run_spec(spec) -> dict:
-    """The sweep with the analyses among spec.tasks resolved from their registry: the CLI is the one layer that
-    knows both the harness and the analyses."""
-    import analyses
-
-    from .runner import run
-
-    return run(spec, analyses.build(spec.tasks, spec.analysis_options))
-
-
 def cmd_run(args) -> int:
+    from analyses import run_sweep
+
     spec = _spec_from_args(args)
-    run_spec(spec)
+    run_sweep(spec)
     if spec.report:
         from leaderboard.report import write_report
 

@@ -208,8 +208,10 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
         record = CellRecord(
             **common,
             cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key),
-            metrics=result.metrics, stderr=result.stderr, higher_is_better=task.higher_is_better,
-            primary_metric=task.primary_metric or next(iter(result.metrics)), details=result.details,
+            metrics=result.metrics, stderr=result.stderr,
+            higher_is_better={**task.higher_is_better, **result.higher_is_better},
+            primary_metric=result.primary_metric or task.primary_metric or next(iter(result.metrics)),
+            details=result.details,
             task_config=result.config, versions={"method": method_version, "task": task.version},
             compression=v.compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
             latency=eff.get("latency"), timings={**v.timings, "evaluate_s": time.perf_counter() - t0},
@@ -406,13 +408,14 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
         for (name, r), (analysis, path, key) in analysis_todo.items():
             t0 = time.perf_counter()
             result = analysis.run(ctx, r)
-            hib = result.details.pop("higher_is_better", None) or analysis.higher_is_better
             write_cell(path, CellRecord(
                 **common, calibration=calib_info,
                 cell=CellId(model=lm.name, method=analysis_method(name), rank=r.ratio, budget=spec.budget, task=name,
                             key=key),
-                metrics=result.metrics, stderr=result.stderr, higher_is_better=hib,
-                primary_metric=analysis.primary_metric or next(iter(result.metrics)), details=result.details,
+                metrics=result.metrics, stderr=result.stderr,
+                higher_is_better={**analysis.higher_is_better, **result.higher_is_better},
+                primary_metric=result.primary_metric or analysis.primary_metric or next(iter(result.metrics)),
+                details=result.details,
                 task_config=result.config, versions={"analysis": analysis.version}, records=result.records,
                 timings={f"{name}_s": time.perf_counter() - t0}))
             unclaim(path)

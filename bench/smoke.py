@@ -42,7 +42,7 @@ def tiny_checkpoint() -> Path:
 def smoke(output: str | None = None) -> int:
     from leaderboard.report import write_report
 
-    from .cli import run_spec
+    from analyses import run_sweep
     from .spec import RunSpec
 
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
@@ -51,7 +51,7 @@ def smoke(output: str | None = None) -> int:
                    analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root),
                    progress=False)
     spec.tasks = ["mmlu", "lama", "ppl-token", "rho"]
-    run_spec(spec)
+    run_sweep(spec)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
     cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
     bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)

@@ -17,8 +17,11 @@ class TaskResult:
     metrics: dict[str, float]
     stderr: dict[str, float] = field(default_factory=dict)
     details: dict = field(default_factory=dict)  # per subject / relation breakdowns
-    records: list[dict] = field(default_factory=list)  # per item
+    records: list[dict] = field(default_factory=list)  # per item: "correct" (0/1) or "nll", optionally "chance"
     config: dict = field(default_factory=dict)
+    # Declarations known only once the task ran (an lm-eval task's metrics); they override the class's.
+    primary_metric: str = ""
+    higher_is_better: dict = field(default_factory=dict)
 
 
 class Task(Plugin):

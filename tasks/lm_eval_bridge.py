@@ -74,17 +74,35 @@ class LMEvalTask(Task):
         try:
             out = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=s.limit,
                                           num_fewshot=s.num_fewshot, use_cache=None, cache_requests=False,
-                                          log_samples=False)
+                                          log_samples=True)
         except Exception as e:
             raise UserError(f"lm-eval could not run {names}: {str(e).splitlines()[0][:160]}") from None
         metrics, stderr = {}, {}
         for task, res in out["results"].items():
             for key, value in res.items():
-                if not isinstance(value, (int, float)) or key == "alias":
+                if not isinstance(value, (int, float)) or key in ("alias", "sample_len"):
                     continue
                 metric, _, filt = key.partition(",")
                 if metric.endswith("_stderr"):
                     stderr[f"{task}/{metric[:-7]}"] = float(value)
                 else:
                     metrics[f"{task}/{metric}"] = float(value)
-        return TaskResult(metrics=metrics, stderr=stderr, config=dict(s.__dict__))
+        if not metrics:
+            raise UserError(f"lm-eval returned no numeric metric for {names}: check the task's metric_list")
+        directions = {f"{task}/{m}": bool(v) for task, per in (out.get("higher_is_better") or {}).items()
+                      for m, v in per.items() if isinstance(v, bool)}
+        primary = next((m for m in metrics if m in directions), next(iter(metrics)))  # a scored metric first
+        return TaskResult(metrics=metrics, stderr=stderr, config=dict(s.__dict__), primary_metric=primary,
+                          higher_is_better=directions, records=sample_records(out, primary))
+
+
+def sample_records(out: dict, primary: str) -> list[dict]:
+    """Per-document records of the primary metric's task ("correct" when that metric is 0/1 per document), so the
+    leaderboard pairs two variants item by item as it does for the native tasks."""
+    task, _, metric = primary.partition("/")
+    samples = (out.get("samples") or {}).get(task) or []
+    values = [smp.get(metric) for smp in samples]
+    if not samples or not all(isinstance(v, (int, float, bool)) and float(v) in (0.0, 1.0) for v in values):
+        return []
+    return [{"id": f"{task}/{smp.get('doc_id', i)}", "correct": int(v)}
+            for i, (smp, v) in enumerate(zip(samples, values))]

@@ -1,0 +1,85 @@
+"""The README's "Adding a task" examples, installed as a user would and run through `bench run` and `bench report`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.smoke import tiny_checkpoint
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def readme_block(lang: str, first_line: str) -> str:
+    return re.search(rf"```{lang}\n({re.escape(first_line)}.*?)```", README, re.S).group(1)
+
+
+def install_entry_point(tmp_path: Path, group: str, name: str, target: str) -> None:
+    """What `pip install` of a plugin distribution leaves behind: a dist-info whose entry points name the class."""
+    dist = tmp_path / "my_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+
+
+def run_args(out: Path, tasks: list[str], *extra: str) -> list[str]:
+    return ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "svd", "--rank", "0.5", "--tasks", *tasks,
+            "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out), "--no-report", "--quiet",
+            "--no-latency", *extra]
+
+
+@pytest.fixture
+def task_registry_restored():
+    import tasks
+
+    yield tasks.REGISTRY
+    tasks.REGISTRY.unregister("next-token-acc")
+    tasks.REGISTRY.reload()
+
+
+def test_readme_task_plugin_runs_end_to_end(tmp_path, monkeypatch, task_registry_restored):
+    code = readme_block("python", "# my_tasks/next_token_accuracy.py")
+    (tmp_path / "my_next_token.py").write_text(code)
+    install_entry_point(tmp_path, "acbench.tasks", "next-token-acc", "my_next_token:NextTokenAccuracy")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task_registry_restored.reload()
+    assert "next-token-acc" in task_registry_restored.names()
+
+    out = tmp_path / "results"
+    assert main(run_args(out, ["next-token-acc", "ppl-token"], "--ppl-windows", "1", "--ppl-seq-len", "32")) == 0
+    cells = [json.loads(p.read_text()) for p in out.rglob("next-token-acc-*.json")]
+    assert len(cells) == 3  # dense, pca, svd
+    assert all(c["primary_metric"] == "acc" and c["versions"]["task"] == 1 and c["cell"]["key"] for c in cells)
+    assert main(["report", "--results", str(out)]) == 0
+    md = (out / "LEADERBOARD.md").read_text()
+    assert "next-token-acc acc ↑" in md  # a column no leaderboard code names
+    assert "Δ next-token-acc acc vs pca" in md  # paired to the reference on the same tokens
+    assert re.search(r"next-token-acc dense [0-9.]+ vs chance 0\.000", md)  # its declared chance level
+
+
+def test_readme_lm_eval_yaml_task_runs_end_to_end(tmp_path, monkeypatch):
+    yaml_text = readme_block("yaml", "# capitals.yaml")
+    (tmp_path / "capitals.yaml").write_text(yaml_text)
+    docs = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"), ("Egypt", "Cairo"),
+            ("Peru", "Lima")]
+    cities = [c for _, c in docs]
+    with open(tmp_path / "capitals.jsonl", "w") as f:
+        for i, (country, city) in enumerate(docs):
+            choices = [city] + [c for c in cities if c != city][:2]
+            f.write(json.dumps({"question": f"What is the capital of {country}?", "choices": choices,
+                                "answer": 0}) + "\n")
+    monkeypatch.chdir(tmp_path)  # the YAML names its data relative to where bench runs
+    out = tmp_path / "results"
+    assert main(run_args(out, ["lm-eval"], "--task-option", "lm-eval.tasks=capitals.yaml")) == 0
+    cells = [json.loads(p.read_text()) for p in out.rglob("lm-eval-*.json")]
+    assert len(cells) == 3
+    for c in cells:
+        assert c["primary_metric"] == "capitals/acc" and c["higher_is_better"]["capitals/acc"] is True
+        assert len(c["records"]) == len(docs) and {r["correct"] for r in c["records"]} <= {0, 1}
+    assert main(["report", "--results", str(out)]) == 0
+    md = (out / "LEADERBOARD.md").read_text()
+    assert "lm-eval capitals/acc ↑" in md and "Δ lm-eval capitals/acc vs pca" in md
