@@ -18,7 +18,7 @@ class Analysis(Plugin):
     higher_is_better: ClassVar[dict[str, bool | None]] = {}
 
     def run(self, ctx, rank) -> TaskResult:
-        """ctx: the harness's AnalysisContext (model, tokenizer, stats, seed, progress, compress(), task())."""
+        """ctx: the harness's AnalysisContext (model, tokenizer, stats, groups, seed, progress, compressed(), task())."""
         raise NotImplementedError
 
     def summary_line(self, result: TaskResult) -> str:

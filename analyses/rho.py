@@ -79,16 +79,14 @@ def sensitivity(ctx, rank: RankSpec, settings: "RhoSettings", unit_blocks: list[
     if settings.per_group:
         loss = probes["loss"]
         for g in tqdm(groups, desc="rho per group", disable=not ctx.progress, leave=False):
-            model = ctx.compress("pca", rank, only_groups={g.name})
-            per_group_rise[g.name] = loss.evaluate(model, ctx.tokenizer, progress=False).metrics["nll"] - dense["loss"]
-            del model
+            with ctx.compressed("pca", rank, only_groups={g.name}) as model:
+                per_group_rise[g.name] = loss.evaluate(model, ctx.tokenizer, progress=False).metrics["nll"] - dense["loss"]
     rows = []
     jobs = [(u, m) for u in range(len(unit_blocks)) for m in ("pca", "fasc")]
     for u, method in tqdm(jobs, desc="rho sensitivity", disable=not ctx.progress, leave=False):
         names = {g.name for g in groups if g.block in unit_blocks[u]}
-        model = ctx.compress(method, rank, only_groups=names)
-        got = measure(model)
-        del model
+        with ctx.compressed(method, rank, only_groups=names) as model:
+            got = measure(model)
         row = {"unit": u, "blocks": unit_blocks[u], "method": method, "loss_rise": got["loss"] - dense["loss"]}
         if "lama" in got:
             row["lama_drop"] = dense["lama"] - got["lama"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,8 +73,31 @@ def _build_modules(model: nn.Module, layout: dict) -> dict[str, nn.Module]:
     return built
 
 
-def apply_compression(model: nn.Module, group, result: GroupCompression) -> dict:
-    """Deploy one group's result: factorised modules, or merged dense weights W_i' = A_i B_i."""
+@dataclass
+class Undo:
+    """What one group's deployment replaced, held by reference (never copied), to put the dense model back."""
+
+    modules: dict[str, nn.Module] = field(default_factory=dict)  # site name -> the original module
+    weights: list[tuple[nn.Module, nn.Parameter]] = field(default_factory=list)  # (site, original weight)
+    layouts: dict | None = None  # the model's compression layout before
+    had_layouts: bool = False
+
+
+def restore(model: nn.Module, undo: Undo) -> None:
+    for name, module in undo.modules.items():
+        _set_module(model, name, module)
+    for site, weight in undo.weights:
+        site.weight = weight
+    if undo.had_layouts:
+        setattr(model.config, CONFIG_KEY, undo.layouts)
+    elif hasattr(model.config, CONFIG_KEY):
+        delattr(model.config, CONFIG_KEY)
+
+
+def apply_compression(model: nn.Module, group, result: GroupCompression) -> Undo:
+    """Deploy one group's result: factorised modules, or merged dense weights W_i' = A_i B_i. The originals are
+    not modified (a merged site gets a new weight tensor), so `restore` gives back the dense model bit for bit."""
+    undo = Undo(layouts=getattr(model.config, CONFIG_KEY, None), had_layouts=hasattr(model.config, CONFIG_KEY))
     layout = {}
     owner = group.site_names[0]
     for name, site in zip(group.site_names, group.sites):
@@ -86,9 +110,12 @@ def apply_compression(model: nn.Module, group, result: GroupCompression) -> dict
         with torch.no_grad():
             for name, site in zip(group.site_names, group.sites):
                 A, B = result.factors[name]
-                site.weight.copy_((A.double() @ B.double()).to(site.weight.dtype))
+                merged = (A.double() @ B.double()).to(dtype=site.weight.dtype, device=site.weight.device)
+                undo.weights.append((site, site.weight))
+                site.weight = nn.Parameter(merged, requires_grad=False)
     else:
         biases = {n: s.bias for n, s in zip(group.site_names, group.sites)}
+        undo.modules = {n: model.get_submodule(n) for n in group.site_names}
         built = _build_modules(model, {n: layout[n] for n in group.site_names})
         with torch.no_grad():
             for name, mod in built.items():
@@ -101,7 +128,7 @@ def apply_compression(model: nn.Module, group, result: GroupCompression) -> dict
     layouts = dict(getattr(model.config, CONFIG_KEY, None) or {})
     layouts.update(layout)
     setattr(model.config, CONFIG_KEY, layouts)
-    return layout
+    return undo
 
 
 def load_compressed(path: str | Path, dtype=torch.float32) -> nn.Module:

@@ -7,6 +7,8 @@ compressed model comes from.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -15,25 +17,48 @@ from core.errors import UserError
 from core.linalg import NumericError
 from core.stats import GroupStats, RankSpec
 
-from .apply import apply_compression
+from .apply import apply_compression, restore
 from .groups import find_input_groups
 
 
-def compress(model, method: str, rank: RankSpec, stats: dict[str, GroupStats], method_options: dict | None = None,
+@contextmanager
+def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats],
+               method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True):
+    """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
+    (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
+    error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
+    model plus the deployed factors instead of a copy per cell."""
+    comp = methods.get_method(method).from_options(method_options)
+    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
+    undo, summaries = [], []
+    try:
+        for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
+            try:
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
+            except NumericError as e:
+                raise UserError(str(e)) from None
+            undo.append(apply_compression(model, g, res))
+            summaries.append(res.summary())
+            del res
+        yield model.eval(), summaries
+    finally:
+        for u in reversed(undo):
+            restore(model, u)
+
+
+def compress(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats], method_options: dict | None = None,
              only_groups: set[str] | None = None, progress: bool = True):
-    """A compressed copy of `model` and the per-group summaries (factors are dropped once deployed)."""
+    """A compressed copy of `model` (to save or keep) and the per-group summaries; the sweep uses `compressed`."""
     model = copy.deepcopy(model)
     comp = methods.get_method(method).from_options(method_options)
     summaries = []
-    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
-    for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
+    for g in [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]:
         try:
-            res = comp.compress(g, stats.get(g.name, GroupStats()), rank)
+            res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
         except NumericError as e:
             raise UserError(str(e)) from None
         apply_compression(model, g, res)
         summaries.append(res.summary())
-        del res
     return model.eval(), summaries
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from core.stats import GroupStats, RankSpec
 
 from . import __version__
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
-from .compress import compress, compression_summary
+from .compress import compressed, compression_summary
 from .groups import find_input_groups
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
@@ -249,9 +250,12 @@ class AnalysisContext:
     progress: bool
     spec: RunSpec
 
-    def compress(self, method: str, rank: RankSpec, only_groups: set[str] | None = None) -> torch.nn.Module:
-        return compress(self.model, method, rank, self.stats, self.spec.method_options.get(method), only_groups,
-                        progress=False)[0]
+    @contextmanager
+    def compressed(self, method: str, rank: RankSpec, only_groups: set[str] | None = None):
+        """`with ctx.compressed(...) as model:` the dense model compressed in place, restored on exit."""
+        with compressed(self.model, method, rank, self.stats, self.spec.method_options.get(method), only_groups,
+                        progress=False) as (model, _):
+            yield model
 
     def task(self, name: str, **overrides):
         return build_task(self.spec, name, **overrides)
@@ -390,17 +394,18 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             if not todo:
                 continue
             t0 = time.perf_counter()
-            model, summaries = compress(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress)
-            timings = {"compress_s": time.perf_counter() - t0}
-            if calib_info and methods.get_method(m).needs:
-                timings["calibrate_s"] = calib_info.get("seconds")
-            cell_common = {**common, "calibration": calib_info if methods.get_method(m).needs else None}
-            recs = evaluate_variant(Variant(m, r.ratio, model, compression_summary(summaries, r, m, spec.method_options.get(m)), timings),
-                                    lm, spec, todo, cell_common, device)
+            with compressed(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress) as (
+                    model, summaries):
+                timings = {"compress_s": time.perf_counter() - t0}
+                if calib_info and methods.get_method(m).needs:
+                    timings["calibrate_s"] = calib_info.get("seconds")
+                cell_common = {**common, "calibration": calib_info if methods.get_method(m).needs else None}
+                summary = compression_summary(summaries, r, m, spec.method_options.get(m))
+                recs = evaluate_variant(Variant(m, r.ratio, model, summary, timings), lm, spec, todo, cell_common,
+                                        device)
             written += len(recs)
             release(todo)
             log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
-            del model
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
             groups = find_input_groups(lm.model)

@@ -349,3 +349,43 @@ def test_readme_method_example_runs():
     res = cls().compress(FakeGroup({"s": W}), GroupStats(), RankSpec(2 / 6))
     A, B = res.factors["s"]
     assert torch.allclose(A @ B, W)  # the two non-zero columns are kept exactly
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0])  # factorised modules at 0.5, merged weights at full rank
+def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, windows):
+    """A sweep compresses the one model in place and restores it: no copy per cell, and the dense logits after
+    every method equal those before, bit for bit (the originals are kept by reference, never modified)."""
+    from bench.compress import compressed
+
+    model = tiny_model("llama", hidden=32, inter=96)
+    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
+    with torch.no_grad():
+        dense = model(windows).logits
+    n_params = sum(p.numel() for p in model.parameters())
+    n_groups = len(find_input_groups(model))
+    for name in methods.known_methods():
+        with compressed(model, name, RankSpec(ratio), stats, progress=False) as (m, summaries):
+            assert m is model and len(summaries) == n_groups
+            with torch.no_grad():
+                inside = model(windows).logits
+            if ratio == 0.5:
+                assert not torch.equal(inside, dense), name
+                assert sum(p.numel() for p in model.parameters()) < n_params
+        with torch.no_grad():
+            assert torch.equal(model(windows).logits, dense), name
+        assert sum(p.numel() for p in model.parameters()) == n_params
+        assert not hasattr(model.config, "acbench_compression")
+
+
+def test_in_place_compression_restores_on_error(windows):
+    from bench.compress import compressed
+
+    model = tiny_model("llama", hidden=32, inter=96)
+    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
+    with torch.no_grad():
+        dense = model(windows).logits
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        with compressed(model, "pca", RankSpec(0.5), stats, progress=False):
+            raise RuntimeError("evaluation failed")
+    with torch.no_grad():
+        assert torch.equal(model(windows).logits, dense)
