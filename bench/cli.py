@@ -160,6 +160,25 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    import methods
+
+    from .plan import make_plan, parse_bytes, render
+    from .spec import split_list
+
+    names = split_list(args.methods, str, "--methods")
+    names = methods.expand_methods(names)
+    ranks = split_list(args.rank, float, "--rank")
+    for r in ranks:
+        if not 0 < r <= 1:
+            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5")
+    plan = make_plan(args.model, names, ranks, args.budget, args.rank_align, args.dtype,
+                     parse_bytes(args.stats_memory) if args.stats_memory else None, args.calib_samples,
+                     args.calib_seq_len, args.batch_size, args.pair_tokens)
+    print(render(plan))
+    return 0
+
+
 def cmd_smoke(args) -> int:
     from .smoke import smoke
 
@@ -199,6 +218,18 @@ def _parser() -> _Parser:
                    help="results directories; several (models, runs) merge without double-counting (default results/)")
     p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
     p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
+    p = sub.add_parser("plan", help="what a run costs (statistics, passes, memory), from the model's config alone")
+    p.add_argument("--model", default="gemma-3-270m", help="alias, .gguf, checkpoint folder or config.json, hub id")
+    p.add_argument("--methods", nargs="+", default=["all"])
+    p.add_argument("--rank", nargs="+", default=["0.5"])
+    p.add_argument("--budget", choices=["rank", "params"], default="rank")
+    p.add_argument("--rank-align", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--stats-memory", default=None, help="statistics memory per calibration pass, e.g. 16GB")
+    p.add_argument("--calib-samples", type=int, default=12)
+    p.add_argument("--calib-seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=2, help="calibration windows per forward")
+    p.add_argument("--pair-tokens", type=int, default=512)
     p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
@@ -210,7 +241,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = _parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare}[args.cmd]
+    handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
+               "plan": cmd_plan}[args.cmd]
     try:
         return handler(args)
     except UserError as e:

@@ -1,0 +1,225 @@
+"""`bench plan`: what a run will cost, from the model's config alone (weights never load: a meta-device model).
+
+Per input-group kind and in total: shapes, k and deployed form per method, bytes of every statistic the chosen
+methods need, calibration passes under a statistics-memory budget, the statistics cache on disk, weight bytes,
+and estimated peak memory for calibration and for evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import methods
+from core.errors import UserError
+from core.stats import RankSpec
+
+from .groups import InputGroup, find_input_groups
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'16GB' (decimal), '2GiB' (binary) or a plain number of bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
+        raise UserError(f"--stats-memory {text!r} is not a size: pass e.g. 16GB, 2GiB or 500MB")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def human(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width: int = 8) -> dict[str, int]:
+    """Bytes of each statistic of one group: moments at `width` bytes per number (float64 in memory, float32 in
+    the cache), the (x, g) token sample always float32."""
+    d = group.d_in
+    sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "pairs": 2 * pair_tokens * d * 4,
+             "row_fisher": sum(group.d_outs) * width}
+    return {k: v for k, v in sizes.items() if k in needs}
+
+
+def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, int]:
+    """(k per site, form, deployed parameters) exactly as `Compressor.compress` decides them."""
+    k = comp.rank_for(group, rank)
+    ks = [k[n] for n in group.site_names] if isinstance(k, dict) else [k] * len(group.sites)
+    outs = sum(ki * do for ki, do in zip(ks, group.d_outs))
+    factorised = (ks[0] * group.d_in + outs) if not comp.site_wise else (sum(ks) * group.d_in + outs)
+    dense = group.d_in * sum(group.d_outs)
+    return ks, ("factorised" if factorised < dense else "merged"), min(factorised, dense)
+
+
+def load_config(model: str):
+    """The model's transformers config from a config.json (file or folder), a .gguf header, an alias, or a hub id."""
+    from transformers import AutoConfig
+
+    from .models import ALIASES, _alias_gguf
+
+    path = Path(model).expanduser()
+    try:
+        if model in ALIASES:
+            converted = Path(_cache_models()) / model
+            if (converted / "config.json").exists():
+                return AutoConfig.from_pretrained(converted)
+            gguf = _alias_gguf(model)
+            return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise UserError(f"model file {path} does not exist: pass a .gguf, a config.json or a checkpoint folder")
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        if path.name.endswith(".json") or path.is_dir():
+            cfg_file = path if path.name.endswith(".json") else path / "config.json"
+            if not cfg_file.is_file():
+                raise UserError(f"{cfg_file} does not exist: pass a checkpoint folder or its config.json")
+            data = json.loads(cfg_file.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or "model_type" not in data:
+                raise UserError(f"{cfg_file} has no model_type: pass a transformers config.json")
+            return AutoConfig.for_model(**data)
+        return AutoConfig.from_pretrained(model)
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"no config for model '{model}' ({first}): pass a local config.json, checkpoint folder or "
+                        ".gguf") from None
+
+
+def _cache_models() -> Path:
+    from core.io import cache_dir
+
+    return cache_dir() / "models"
+
+
+def meta_model(config):
+    """The model's module tree with no storage behind its tensors: shapes only, in milliseconds."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@dataclass
+class Plan:
+    model: str
+    config: dict
+    n_blocks: int
+    params: int
+    weight_bytes: int
+    kinds: list[dict] = field(default_factory=list)  # per group kind
+    methods: dict = field(default_factory=dict)  # method -> rank -> {params, param_ratio, per kind k/form}
+    stats_total: dict[str, int] = field(default_factory=dict)  # statistic -> bytes in memory (float64)
+    stats_per_block: int = 0
+    cache_bytes: int = 0
+    passes: int = 1
+    blocks_per_pass: int = 0
+    calibration_peak: int = 0
+    evaluation_peak: int = 0
+    activation_bytes: int = 0
+
+
+def make_plan(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
+              dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
+              calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
+              eval_seq_len: int = 256) -> Plan:
+    config = load_config(model)
+    meta = meta_model(config)
+    groups = find_input_groups(meta)
+    comps = {m: methods.get_method(m)() for m in method_names}
+    needs = frozenset().union(*(c.needs for c in comps.values()))
+    width = DTYPE_BYTES[dtype]
+    params = sum(p.numel() for p in meta.parameters())
+    n_blocks = len({g.block for g in groups})
+    text = getattr(config, "get_text_config", lambda: config)()
+    hidden, inter, vocab = text.hidden_size, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size
+    plan = Plan(model=model, n_blocks=n_blocks, params=params, weight_bytes=params * width,
+                config={"model_type": config.model_type, "hidden_size": hidden, "intermediate_size": inter,
+                        "num_hidden_layers": n_blocks, "vocab_size": vocab})
+    for kind in dict.fromkeys(g.kind for g in groups):
+        g = next(x for x in groups if x.kind == kind)
+        count = sum(x.kind == kind for x in groups)
+        per = stat_bytes(g, needs, pair_tokens)
+        plan.kinds.append({"kind": kind, "count": count, "d_in": g.d_in, "d_outs": g.d_outs,
+                           "stats": {k: v * count for k, v in per.items()}})
+        for k, v in per.items():
+            plan.stats_total[k] = plan.stats_total.get(k, 0) + v * count
+    block_groups = [x for x in groups if x.block == groups[0].block]
+    plan.stats_per_block = sum(sum(stat_bytes(x, needs, pair_tokens).values()) for x in block_groups)
+    plan.cache_bytes = sum(sum(stat_bytes(x, needs, pair_tokens, width=4).values()) for x in groups)
+    dense_linear = sum(x.d_in * sum(x.d_outs) for x in groups)
+    for name, comp in comps.items():
+        plan.methods[name] = {}
+        for r in ranks:
+            rank = RankSpec(r, budget, align)
+            per_kind, total = {}, 0
+            for x in groups:
+                ks, form, p = deployed(comp, x, rank)
+                per_kind.setdefault(x.kind, {"k": ks, "form": form})
+                total += p
+            plan.methods[name][r] = {"per_kind": per_kind, "params_deployed": total,
+                                     "param_ratio": total / dense_linear}
+    # Memory: statistics of one pass, plus the calibration batch's activations kept for the backward pass
+    # (about 6 hidden + 4 intermediate numbers per token and block in float32) and its logits and their gradient.
+    if stats_memory is not None and plan.stats_per_block:
+        if plan.stats_per_block > stats_memory:
+            raise UserError(f"one block's statistics take {human(plan.stats_per_block)}, more than --stats-memory "
+                            f"{human(stats_memory)}: raise it to at least {human(plan.stats_per_block)}")
+        plan.blocks_per_pass = min(n_blocks, stats_memory // plan.stats_per_block)
+    else:
+        plan.blocks_per_pass = n_blocks
+    plan.passes = math.ceil(n_blocks / max(plan.blocks_per_pass, 1)) if needs else 0
+    tokens = batch_size * calib_seq_len
+    grads = bool(needs & {"F", "pairs", "row_fisher"})
+    plan.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
+        tokens * vocab * 4 * (2 if grads else 1)
+    pass_stats = plan.stats_per_block * plan.blocks_per_pass
+    plan.calibration_peak = plan.weight_bytes + pass_stats + plan.activation_bytes if needs else 0
+    largest_ratio = max((v["param_ratio"] for per in plan.methods.values() for v in per.values()), default=0)
+    # in place: the dense weights stay (by reference) and the deployed factors come on top, one variant at a time
+    plan.evaluation_peak = plan.weight_bytes + int(largest_ratio * dense_linear * width) + \
+        batch_size * eval_seq_len * vocab * 4
+    return plan
+
+
+def render(plan: Plan) -> str:
+    from tabulate import tabulate
+
+    c = plan.config
+    lines = [f"model {plan.model}: {c['model_type']}, {plan.n_blocks} blocks, hidden {c['hidden_size']}, "
+             f"intermediate {c['intermediate_size']}, vocabulary {c['vocab_size']}; {plan.params / 1e9:.2f}B "
+             f"parameters, weights {human(plan.weight_bytes)}", ""]
+    stat_names = sorted(plan.stats_total)
+    rows = [[k["kind"], k["count"], k["d_in"], "+".join(map(str, k["d_outs"]))] + [human(k["stats"][s]) for s in stat_names]
+            for k in plan.kinds]
+    rows.append(["total", sum(k["count"] for k in plan.kinds), "", ""] + [human(plan.stats_total[s]) for s in stat_names])
+    lines += ["Input groups and the statistics the chosen methods need (float64 moments, float32 token pairs):", "",
+              tabulate(rows, headers=["group", "n", "d_in", "d_out"] + stat_names, tablefmt="github",
+                       disable_numparse=True), ""]
+    body = []
+    for name, per_rank in plan.methods.items():
+        for r, v in per_rank.items():
+            body.append([name, f"{r:g}"] + [f"{'/'.join(map(str, dict.fromkeys(pk['k'])))} {pk['form'][0]}"
+                                             for pk in v["per_kind"].values()] + [f"{v['param_ratio']:.3f}"])
+    kinds = [k["kind"] for k in plan.kinds]
+    lines += ["k per group kind (f = factorised, m = merged) and the linear layers' deployed parameter ratio:", "",
+              tabulate(body, headers=["method", "rank"] + kinds + ["param ratio"], tablefmt="github",
+                       disable_numparse=True), ""]
+    total_stats = sum(plan.stats_total.values())
+    lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
+              f"{plan.passes} calibration pass(es) of {plan.blocks_per_pass} block(s)",
+              f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
+              f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's statistics "
+              f"+ {human(plan.activation_bytes)} of activations, logits and their gradients)",
+              f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
+              "factors, in place, + one batch of logits)"]
+    return "\n".join(lines)
