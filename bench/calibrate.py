@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass
 
@@ -15,7 +16,7 @@ from .groups import InputGroup
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
-STATS_VERSION = 3
+STATS_VERSION = 4  # 4: each group draws its (x, g) sample from its own seeded generator
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ def next_token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     return Fn.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), input_ids[:, 1:].reshape(-1), reduction="sum"
     )
+
+
+def group_generator(seed: int, group: str) -> torch.Generator:
+    """Each group's token sample has its own seeded generator, so calibrating the groups in several passes (a
+    memory budget) draws exactly the tokens one pass would."""
+    digest = hashlib.sha256(f"{seed}|{group}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
 class _GroupCollector:
@@ -112,6 +120,7 @@ def calibrate(
     spec: CalibSpec,
     batch_size: int = 2,
     progress: bool = True,
+    desc: str = "calibrate",
 ) -> dict[str, GroupStats]:
     """One forward (and, if gradients are needed, one backward) pass per batch of calibration windows.
 
@@ -120,10 +129,9 @@ def calibrate(
     if not needed:
         return {g.name: GroupStats() for g in groups}
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(spec.seed)
     n_batches = math.ceil(len(windows) / batch_size)
     pairs_per_batch = math.ceil(spec.pair_tokens / n_batches)
-    collectors = [_GroupCollector(g, needed, pairs_per_batch, gen) for g in groups]
+    collectors = [_GroupCollector(g, needed, pairs_per_batch, group_generator(spec.seed, g.name)) for g in groups]
     want_grad = bool(needed & GRADIENT_STATS)
     was_training = model.training
     model.eval()
@@ -141,7 +149,7 @@ def calibrate(
             embed_handle = model.get_input_embeddings().register_forward_hook(
                 lambda m, a, out: out.requires_grad_(True)
             )
-        for b in tqdm(range(n_batches), desc="calibrate", disable=not progress, leave=False):
+        for b in tqdm(range(n_batches), desc=desc, disable=not progress, leave=False):
             ids = windows[b * batch_size:(b + 1) * batch_size].to(device)
             with torch.set_grad_enabled(want_grad):
                 logits = model(input_ids=ids, use_cache=False).logits

@@ -65,6 +65,8 @@ RUN_FLAGS = [
     ("--device", "device", {"help": "cpu or cuda[:i]"}),
     ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
     ("--batch-size", "batch_size", {"type": int}),
+    ("--stats-memory", "stats_memory", {"help": "host memory for calibration statistics per pass, e.g. 16GB; beyond it "
+                                                "calibration runs in several passes (default: half of free memory)"}),
     ("--output", "output", {"help": "results directory (default results/)"}),
 ]
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 import methods
 import tasks as task_registry
 from core.errors import UserError
-from core.io import atomic_write_bytes, cache_dir
+from core.io import atomic_write_json, cache_dir
 from core.record import CellId, CellRecord
 from core.stats import GroupStats, RankSpec
 
@@ -25,6 +25,8 @@ from .compress import compressed, compression_summary
 from .groups import find_input_groups
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
+from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, readable, to_stored,
+                          write_group)
 from .store import (DENSE, cell_path, cell_status, claim_cell, environment, release_cell, settings_hash,
                     write_cell)
 
@@ -81,96 +83,72 @@ def method_key(name: str, spec: RunSpec) -> dict:
 
 # ---------------------------------------------------------------- calibration statistics (cached on disk)
 
-def _stats_file(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
+def stats_folder(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
     key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__, STATS_VERSION)
-    return cache_dir() / "stats" / f"{key}.safetensors"
+    return cache_dir() / "stats" / key
+
+
+def calibration_chunks(groups, needed: frozenset[str], pair_tokens: int, budget: int) -> list[list]:
+    """Consecutive groups whose float64 statistics fit the budget together: one calibration pass each."""
+    from .plan import human, stat_bytes
+
+    chunks, size = [[]], 0
+    for g in groups:
+        b = sum(stat_bytes(g, needed, pair_tokens).values())
+        if b > budget:
+            raise UserError(f"group {g.name}'s statistics take {human(b)}, more than --stats-memory {human(budget)}: "
+                            f"raise it to at least {human(b)}")
+        if chunks[-1] and size + b > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(g)
+        size += b
+    return [c for c in chunks if c]
 
 
 def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str],
-                      windows: torch.Tensor | None = None) -> tuple[dict[str, GroupStats], dict]:
-    """Statistics from the cache, or calibrated on `windows` (built from the calibration text when not given)."""
+                      windows: torch.Tensor | None = None) -> tuple[StatsStore, dict]:
+    """Statistics from the cache, calibrating (in as many passes as --stats-memory asks) the groups it lacks."""
+    from .plan import parse_bytes
+
     cspec = calib_spec(spec)
-    path = _stats_file(lm.fingerprint, cspec, needed)
-    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache_file": path.name}
-    if path.exists():
-        try:
-            stored, saved_info = read_stats(path)
-            log(f"calibration statistics from cache ({path.name})")
-            return _stats_from_stored(stored), {**info, **saved_info, "cached": True}
-        except Exception as e:  # a corrupt or foreign cache file is recomputed, never trusted
-            log(f"recomputing calibration statistics: cache file {path.name} is unreadable ({type(e).__name__})")
-            path.unlink(missing_ok=True)
+    folder = stats_folder(lm.fingerprint, cspec, needed)
+    budget = parse_bytes(spec.stats_memory) if spec.stats_memory else default_stats_memory()
+    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": folder.name}
+    pending = []
+    for g in groups:
+        if not readable(folder, g.name):
+            if group_file(folder, g.name).exists():  # a corrupt or foreign file is recomputed, never trusted
+                log(f"recomputing calibration statistics of {g.name}: its cache file is unreadable")
+                group_file(folder, g.name).unlink()
+            pending.append(g)
+    if not pending:
+        log(f"calibration statistics from cache ({folder.name})")
+        saved = folder / "info.json"
+        return StatsStore(folder, [g.name for g in groups], budget), {
+            **info, **(json.loads(saved.read_text()) if saved.exists() else {}), "cached": True}
     if windows is None:
         from tasks.data.text_data import calibration_windows, load_text
 
         windows = calibration_windows(lm.tokenizer, load_text(spec.calib_source, "calib"), cspec.samples,
                                       cspec.seq_len, cspec.seed, cspec.bos)
+    chunks = calibration_chunks(pending, needed, spec.pair_tokens, budget)
     t0 = time.perf_counter()
-    stats = calibrate(lm.model, groups, windows, needed, cspec, batch_size=max(1, spec.batch_size // 2),
-                      progress=spec.progress)
-    info.update(n_tokens=int(windows.numel()), seconds=time.perf_counter() - t0, cached=False)
-    _check_stats(stats)
-    # The cache stores float32 (half the disk); a fresh run uses the same rounded values, so a resumed sweep
-    # and an uninterrupted one compute bit-identical results.
-    stored = {k: {f: _to32(v) for f, v in vars(s).items() if f != "memo"} for k, s in stats.items()}
-    write_stats(path, stored, info)
-    return _stats_from_stored(stored), info
-
-
-# The statistics cache is safetensors (tensors plus a JSON header): loading it can run no code, unlike a pickle,
-# which matters when $ACBENCH_CACHE is a folder shared on a cluster.
-_SEP = "::"
-
-
-def write_stats(path: Path, stored: dict, info: dict) -> None:
-    from safetensors.torch import save
-
-    tensors, scalars = {}, {}
-    for group, fields in stored.items():
-        for f, v in fields.items():
-            if isinstance(v, torch.Tensor):
-                tensors[f"{group}{_SEP}{f}"] = v.contiguous()
-            elif isinstance(v, dict):
-                for site, t in v.items():
-                    tensors[f"{group}{_SEP}{f}{_SEP}{site}"] = t.contiguous()
-            elif v is not None:
-                scalars[f"{group}{_SEP}{f}"] = v
-    meta = {"info": json.dumps(info, default=str), "scalars": json.dumps(scalars), "groups": json.dumps(list(stored))}
-    atomic_write_bytes(path, save(tensors, metadata=meta))
-
-
-def read_stats(path: Path) -> tuple[dict, dict]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        stored: dict = {g: {} for g in json.loads(meta["groups"])}
-        for key in f.keys():
-            group, field, *site = key.split(_SEP)
-            if site:
-                stored[group].setdefault(field, {})[site[0]] = f.get_tensor(key)
-            else:
-                stored[group][field] = f.get_tensor(key)
-    for key, v in json.loads(meta["scalars"]).items():
-        group, field = key.split(_SEP)
-        stored[group][field] = v
-    return stored, json.loads(meta["info"])
-
-
-def _to32(v):
-    return v.float() if isinstance(v, torch.Tensor) and v.dtype == torch.float64 else (
-        {k: _to32(x) for k, x in v.items()} if isinstance(v, dict) else v)
-
-
-def _to64(v):
-    return v.double() if isinstance(v, torch.Tensor) else (
-        {k: _to64(x) for k, x in v.items()} if isinstance(v, dict) else v)
-
-
-def _stats_from_stored(stored: dict) -> dict[str, GroupStats]:
-    """Moments back to float64 for the solvers; the (x, g) token sample stays float32."""
-    return {k: GroupStats(**{f: v if f in ("xs", "gs") else _to64(v) for f, v in d.items()})
-            for k, d in stored.items()}
+    held: dict[str, GroupStats] = {}
+    for i, chunk in enumerate(chunks):
+        stats = calibrate(lm.model, chunk, windows, needed, cspec, batch_size=max(1, spec.batch_size // 2),
+                          progress=spec.progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
+        _check_stats(stats)
+        for name in list(stats):
+            write_group(folder, name, stats[name])
+            st = stats.pop(name)
+            if len(chunks) == 1:  # it all fits: keep the (cache-rounded) values, as a later run would read them
+                held[name] = from_stored(to_stored(st))
+            del st
+    info.update(n_tokens=int(windows.numel()), seconds=time.perf_counter() - t0, cached=False, passes=len(chunks),
+                groups_calibrated=len(pending))
+    atomic_write_json(folder / "info.json", info)
+    return StatsStore(folder, [g.name for g in groups], budget, preloaded=held), info
 
 
 def _check_stats(stats: dict[str, GroupStats]) -> None:

@@ -45,6 +45,7 @@ class RunSpec:
     device: str = "cpu"
     dtype: str = "float32"
     batch_size: int = 4
+    stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
     output: str = "results"
     overwrite: bool = False
     method_options: dict = field(default_factory=dict)  # {method: {setting: value}}
@@ -120,6 +121,10 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
             what = "a non-negative" if low == 0 else ("an" if low == 2 else "a positive")
             raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
                             f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
+    if spec.stats_memory is not None:
+        from .plan import parse_bytes
+
+        parse_bytes(spec.stats_memory)
     if spec.bos not in ("auto", "window", "stream", "none"):
         raise UserError(f"--bos {spec.bos!r} is unknown: use auto, window, stream or none")
     if spec.dtype not in ("float32", "bfloat16", "float16"):

@@ -217,15 +217,15 @@ def test_planted_pickle_in_the_statistics_cache_never_runs(tmp_path, tiny, capsy
     monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     assert main(base(tiny, out)) == 0
-    stats = list((tmp_path / "cache" / "stats").iterdir())
-    assert len(stats) == 1 and stats[0].suffix == ".safetensors"
+    stats = sorted((tmp_path / "cache" / "stats").rglob("*.safetensors"))
+    assert len(stats) == 8  # one file per input group: 2 blocks x 4 groups
     marker = tmp_path / "pwned"
     Payload.marker = str(marker)
     stats[0].write_bytes(pickle.dumps(Payload()))
     assert main(base(tiny, out) + ["--overwrite"]) == 0
     assert not marker.exists()
     assert "recomputing calibration statistics" in capsys.readouterr().out
-    assert not [p for p in (tmp_path / "cache" / "stats").iterdir() if p.suffix == ".tmp"]
+    assert not [p for p in (tmp_path / "cache" / "stats").rglob("*") if p.suffix == ".tmp"]
 
 
 def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):

@@ -1,0 +1,94 @@
+"""Calibration in bounded memory: several passes give the one-pass statistics, a killed run resumes from the
+groups already written, and compression reads one group at a time within the budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.calibrate import CalibSpec, calibrate
+from bench.groups import find_input_groups
+from bench.stats_store import StatsStore, nbytes, read_group, write_group
+from tests.conftest import tiny_model
+
+NEEDS = frozenset({"C", "F", "abs_mean", "pairs"})
+
+
+def _close(a, b):
+    for f in ("C", "F", "abs_mean", "xs", "gs"):
+        x, y = getattr(a, f), getattr(b, f)
+        if x is None and y is None:
+            continue
+        assert (x - y).abs().max() <= 1e-6 * y.abs().max(), f
+
+
+def test_group_by_group_passes_equal_one_pass(windows):
+    model = tiny_model("llama", hidden=32, inter=96)
+    groups = find_input_groups(model)
+    spec = CalibSpec(pair_tokens=64)
+    once = calibrate(model, groups, windows, NEEDS, spec, progress=False)
+    for g in groups:  # the smallest budget: one group per pass
+        alone = calibrate(model, [g], windows, NEEDS, spec, progress=False)[g.name]
+        _close(alone, once[g.name])
+
+
+def test_store_round_trip_and_budget(tmp_path, windows):
+    model = tiny_model("llama", hidden=32, inter=96)
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, NEEDS, CalibSpec(pair_tokens=64), progress=False)
+    for name, st in stats.items():
+        write_group(tmp_path, name, st)
+    back = read_group(tmp_path, groups[0].name)
+    _close(back, stats[groups[0].name])
+    assert back.C.dtype == torch.float64 and back.xs.dtype == torch.float32
+    one = nbytes(back)
+    store = StatsStore(tmp_path, [g.name for g in groups], budget=one)  # room for about one group
+    for g in groups:
+        store[g.name]
+    for g in groups:
+        store[g.name]
+    largest = max(nbytes(read_group(tmp_path, g.name)) for g in groups)
+    assert store.reads == 2 * len(groups) and store.held_bytes <= max(one, largest)
+    roomy = StatsStore(tmp_path, [g.name for g in groups], budget=None)
+    for _ in range(2):
+        for g in groups:
+            roomy[g.name]
+    assert roomy.reads == len(groups)
+    with pytest.raises(KeyError):
+        store["layers.9.attn_in"]
+
+
+def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
+    """--stats-memory below the total: several passes; a group file lost (a run killed mid-way) is recomputed
+    alone, and the statistics equal those of an unbounded run."""
+    from bench.models import load_model
+    from bench.runner import load_or_calibrate, stats_folder, calib_spec
+    from bench.smoke import tiny_checkpoint
+    from bench.spec import RunSpec
+    from bench.stats_store import group_file
+
+    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    groups = find_input_groups(lm.model)
+    needs = frozenset({"C", "F", "pairs"})
+    spec = RunSpec(calib_samples=2, calib_seq_len=32, pair_tokens=32, bos="none", progress=False)
+    full, info = load_or_calibrate(lm, groups, spec, needs)
+    assert info["passes"] == 1
+    reference = {g.name: full[g.name] for g in groups}
+    folder = stats_folder(lm.fingerprint, calib_spec(spec), needs)
+    for g in groups:
+        group_file(folder, g.name).unlink()
+    from bench.runner import calibration_chunks
+
+    per_group = max(nbytes(s) for s in reference.values())
+    spec.stats_memory = str(int(per_group * 1.5))  # the largest group and a little more per pass
+    bounded, info = load_or_calibrate(lm, groups, spec, needs)
+    assert info["passes"] == len(calibration_chunks(groups, needs, 32, int(per_group * 1.5))) > 2
+    for g in groups:
+        _close(bounded[g.name], reference[g.name])
+    group_file(folder, groups[2].name).write_bytes(b"truncated")  # as if killed while writing it
+    again, info = load_or_calibrate(lm, groups, spec, needs)
+    assert info["groups_calibrated"] == 1 and info["passes"] == 1
+    _close(again[groups[2].name], reference[groups[2].name])
+    _, info = load_or_calibrate(lm, groups, spec, needs)
+    assert info["cached"]
