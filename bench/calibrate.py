@@ -46,6 +46,13 @@ def group_generator(seed: int, group: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
+def _accumulate(total: torch.Tensor, product: torch.Tensor, rows: int = 1024) -> None:
+    """total (float64, host) += product (float32, any device), a slab of rows at a time: at d = 14336 a whole
+    float64 copy of the product would be 1.6 GB of temporary memory per group and batch."""
+    for r in range(0, product.shape[0], rows):
+        total[r:r + rows] += product[r:r + rows].double().cpu()
+
+
 class _GroupCollector:
     def __init__(self, group: InputGroup, needed: frozenset[str], pairs_per_batch: int, gen: torch.Generator):
         self.group, self.needed = group, needed
@@ -68,7 +75,7 @@ class _GroupCollector:
         # Per-batch products in float32 (on the model's device), summed across batches in float64.
         if self.C is not None:
             xf = flat.float()
-            self.C += (xf.T @ xf).double().cpu()
+            _accumulate(self.C, xf.T @ xf)
         if self.abs_sum is not None:
             self.abs_sum += flat.float().abs().sum(0).double().cpu()
         idx = None
@@ -88,7 +95,7 @@ class _GroupCollector:
         flat = g.detach().reshape(-1, g.shape[-1])
         if self.F is not None:
             gf = flat.float()
-            self.F += (gf.T @ gf).double().cpu()
+            _accumulate(self.F, gf.T @ gf)
         if idx is not None:
             self.gs.append(flat[idx].float().cpu())
 
@@ -101,11 +108,12 @@ class _GroupCollector:
     def finish(self) -> GroupStats:
         self.handle.remove()
         n = max(self.n, 1)
+        # in place: a copy of C and F would double the pass's memory at the very end
         return GroupStats(
             n_tokens=self.n,
-            C=None if self.C is None else self.C / n,
-            abs_mean=None if self.abs_sum is None else self.abs_sum / n,
-            F=None if self.F is None else self.F / n,
+            C=None if self.C is None else self.C.div_(n),
+            abs_mean=None if self.abs_sum is None else self.abs_sum.div_(n),
+            F=None if self.F is None else self.F.div_(n),
             xs=torch.cat(self.xs) if self.xs else None,
             gs=torch.cat(self.gs) if self.gs else None,
             row_fisher=self.row_fisher,

@@ -8,7 +8,6 @@ and estimated peak memory for calibration and for evaluation.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,22 @@ def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width
     sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "pairs": 2 * pair_tokens * d * 4,
              "row_fisher": sum(group.d_outs) * width}
     return {k: v for k, v in sizes.items() if k in needs}
+
+
+def calibration_chunks(groups, needed: frozenset[str], pair_tokens: int, budget: int) -> list[list]:
+    """Consecutive groups whose float64 statistics fit the budget together: one calibration pass each."""
+    chunks, size = [[]], 0
+    for g in groups:
+        b = sum(stat_bytes(g, needed, pair_tokens).values())
+        if b > budget:
+            raise UserError(f"group {g.name}'s statistics take {human(b)}, more than --stats-memory {human(budget)}: "
+                            f"raise it to at least {human(b)}")
+        if chunks[-1] and size + b > budget:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(g)
+        size += b
+    return [c for c in chunks if c]
 
 
 def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, int]:
@@ -122,7 +137,7 @@ class Plan:
     stats_per_block: int = 0
     cache_bytes: int = 0
     passes: int = 1
-    blocks_per_pass: int = 0
+    pass_bytes: int = 0  # statistics of the largest pass
     calibration_peak: int = 0
     evaluation_peak: int = 0
     activation_bytes: int = 0
@@ -168,22 +183,21 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
                 total += p
             plan.methods[name][r] = {"per_kind": per_kind, "params_deployed": total,
                                      "param_ratio": total / dense_linear}
-    # Memory: statistics of one pass, plus the calibration batch's activations kept for the backward pass
-    # (about 6 hidden + 4 intermediate numbers per token and block in float32) and its logits and their gradient.
-    if stats_memory is not None and plan.stats_per_block:
-        if plan.stats_per_block > stats_memory:
-            raise UserError(f"one block's statistics take {human(plan.stats_per_block)}, more than --stats-memory "
-                            f"{human(stats_memory)}: raise it to at least {human(plan.stats_per_block)}")
-        plan.blocks_per_pass = min(n_blocks, stats_memory // plan.stats_per_block)
-    else:
-        plan.blocks_per_pass = n_blocks
-    plan.passes = math.ceil(n_blocks / max(plan.blocks_per_pass, 1)) if needs else 0
+    # Memory: statistics of one pass (the runner's own split of the groups into passes), plus the calibration
+    # batch's activations kept for the backward pass (about 6 hidden + 4 intermediate numbers per token and block
+    # in float32) and its logits and their gradient.
+    chunks = calibration_chunks(groups, needs, pair_tokens, stats_memory or sum(plan.stats_total.values())) \
+        if needs else []
+    plan.passes = len(chunks)
+    pass_stats = max((sum(sum(stat_bytes(g, needs, pair_tokens).values()) for g in c) for c in chunks), default=0)
+    plan.pass_bytes = pass_stats
     tokens = batch_size * calib_seq_len
     grads = bool(needs & {"F", "pairs", "row_fisher"})
     plan.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
         tokens * vocab * 4 * (2 if grads else 1)
-    pass_stats = plan.stats_per_block * plan.blocks_per_pass
-    plan.calibration_peak = plan.weight_bytes + pass_stats + plan.activation_bytes if needs else 0
+    # + the largest group's worth again: its float32 per-batch products and the float32 copy written to the cache
+    largest = max((sum(stat_bytes(g, needs, pair_tokens).values()) for g in groups), default=0)
+    plan.calibration_peak = plan.weight_bytes + pass_stats + largest + plan.activation_bytes if needs else 0
     largest_ratio = max((v["param_ratio"] for per in plan.methods.values() for v in per.values()), default=0)
     # in place: the dense weights stay (by reference) and the deployed factors come on top, one variant at a time
     plan.evaluation_peak = plan.weight_bytes + int(largest_ratio * dense_linear * width) + \
@@ -216,10 +230,11 @@ def render(plan: Plan) -> str:
                        disable_numparse=True), ""]
     total_stats = sum(plan.stats_total.values())
     lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
-              f"{plan.passes} calibration pass(es) of {plan.blocks_per_pass} block(s)",
+              f"{plan.passes} calibration pass(es), the largest holding {human(plan.pass_bytes)}",
               f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
               f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's statistics "
-              f"+ {human(plan.activation_bytes)} of activations, logits and their gradients)",
+              f"+ the largest group's float32 products and cache copy + {human(plan.activation_bytes)} of "
+              "activations, logits and their gradients)",
               f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
               "factors, in place, + one batch of logits)"]
     return "\n".join(lines)

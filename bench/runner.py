@@ -88,28 +88,10 @@ def stats_folder(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) ->
     return cache_dir() / "stats" / key
 
 
-def calibration_chunks(groups, needed: frozenset[str], pair_tokens: int, budget: int) -> list[list]:
-    """Consecutive groups whose float64 statistics fit the budget together: one calibration pass each."""
-    from .plan import human, stat_bytes
-
-    chunks, size = [[]], 0
-    for g in groups:
-        b = sum(stat_bytes(g, needed, pair_tokens).values())
-        if b > budget:
-            raise UserError(f"group {g.name}'s statistics take {human(b)}, more than --stats-memory {human(budget)}: "
-                            f"raise it to at least {human(b)}")
-        if chunks[-1] and size + b > budget:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(g)
-        size += b
-    return [c for c in chunks if c]
-
-
 def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str],
                       windows: torch.Tensor | None = None) -> tuple[StatsStore, dict]:
     """Statistics from the cache, calibrating (in as many passes as --stats-memory asks) the groups it lacks."""
-    from .plan import parse_bytes
+    from .plan import calibration_chunks, parse_bytes
 
     cspec = calib_spec(spec)
     folder = stats_folder(lm.fingerprint, cspec, needed)

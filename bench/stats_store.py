@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from core.io import atomic_write_bytes
 from core.stats import GroupStats
 
 _SEP = "::"
@@ -49,7 +48,10 @@ def from_stored(fields: dict) -> GroupStats:
 
 
 def write_group(folder: Path, group: str, stats: GroupStats) -> None:
-    from safetensors.torch import save
+    """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file."""
+    import tempfile
+
+    from safetensors.torch import save_file
 
     tensors, scalars = {}, {}
     for f, v in to_stored(stats).items():
@@ -60,8 +62,18 @@ def write_group(folder: Path, group: str, stats: GroupStats) -> None:
                 tensors[f"{f}{_SEP}{site}"] = t.contiguous()
         else:
             scalars[f] = v
-    atomic_write_bytes(group_file(folder, group), save(tensors, metadata={"scalars": json.dumps(scalars),
-                                                                          "group": group}))
+    path = group_file(folder, group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"scalars": json.dumps(scalars), "group": group})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def read_group(folder: Path, group: str) -> GroupStats:
@@ -74,12 +86,15 @@ def read_group(folder: Path, group: str) -> GroupStats:
             raise ValueError(f"file holds group {meta.get('group')!r}, not {group!r}")
         for key in f.keys():
             name, _, site = key.partition(_SEP)
+            # one tensor at a time to float64 (moments) so the float32 copies never pile up
+            t = f.get_tensor(key)
+            t = t if name in ("xs", "gs") else t.double()
             if site:
-                fields.setdefault(name, {})[site] = f.get_tensor(key)
+                fields.setdefault(name, {})[site] = t
             else:
-                fields[name] = f.get_tensor(key)
+                fields[name] = t
         fields.update(json.loads(meta["scalars"]))
-    return from_stored(fields)
+    return GroupStats(**fields)
 
 
 def readable(folder: Path, group: str) -> bool:
@@ -96,14 +111,18 @@ def readable(folder: Path, group: str) -> bool:
         return False
 
 
-def nbytes(stats: GroupStats) -> int:
-    total = 0
-    for v in vars(stats).values():
-        if isinstance(v, torch.Tensor):
-            total += v.numel() * v.element_size()
-        elif isinstance(v, dict):
-            total += sum(t.numel() * t.element_size() for t in v.values() if isinstance(t, torch.Tensor))
-    return total
+def nbytes(obj) -> int:
+    """Bytes of the tensors a GroupStats holds, the solves it memoises included (they outweigh the statistics:
+    a whitening factor and a basis are d x d each)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, GroupStats):
+        return sum(nbytes(v) for v in vars(obj).values())
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
 
 
 def default_stats_memory() -> int:
@@ -128,12 +147,16 @@ class StatsStore(Mapping):
         for name, st in (preloaded or {}).items():
             self._hold(name, st)
 
+    def _make_room(self, incoming: int, keep: int = 0) -> None:
+        """Drop the least recently used groups until `incoming` more bytes fit the budget."""
+        while self.budget is not None and len(self._held) > keep and \
+                sum(nbytes(s) for s in self._held.values()) + incoming > self.budget:
+            self._held.popitem(last=False)
+
     def _hold(self, name: str, st: GroupStats) -> None:
         self._held[name] = st
         self._held.move_to_end(name)
-        while self.budget is not None and len(self._held) > 1 and \
-                sum(nbytes(s) for s in self._held.values()) > self.budget:
-            self._held.popitem(last=False)
+        self._make_room(0, keep=1)
 
     def __getitem__(self, name: str) -> GroupStats:
         if name not in self.groups:
@@ -141,6 +164,8 @@ class StatsStore(Mapping):
         if name in self._held:
             self._held.move_to_end(name)
             return self._held[name]
+        # room first: the file holds float32 moments, read back as float64 (about twice its size)
+        self._make_room(2 * group_file(self.folder, name).stat().st_size)
         st = read_group(self.folder, name)
         self.reads += 1
         self._hold(name, st)

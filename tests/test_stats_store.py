@@ -78,7 +78,7 @@ def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     folder = stats_folder(lm.fingerprint, calib_spec(spec), needs)
     for g in groups:
         group_file(folder, g.name).unlink()
-    from bench.runner import calibration_chunks
+    from bench.plan import calibration_chunks
 
     per_group = max(nbytes(s) for s in reference.values())
     spec.stats_memory = str(int(per_group * 1.5))  # the largest group and a little more per pass
@@ -92,3 +92,23 @@ def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     _close(again[groups[2].name], reference[groups[2].name])
     _, info = load_or_calibrate(lm, groups, spec, needs)
     assert info["cached"]
+
+
+def test_bfloat16_weights_float64_statistics_end_to_end(tmp_path):
+    """The GPU path's dtype on CPU: bfloat16 weights, statistics still float32 products summed in float64, solves
+    in float64, factors deployed in bfloat16."""
+    import json
+
+    from bench.cli import main
+    from bench.smoke import tiny_checkpoint
+
+    out = tmp_path / "out"
+    assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.5",
+                 "--tasks", "ppl-token", "--ppl-windows", "1", "--ppl-seq-len", "32", "--calib-samples", "2",
+                 "--calib-seq-len", "32", "--dtype", "bfloat16", "--output", str(out), "--no-report", "--quiet",
+                 "--no-latency"]) == 0
+    cells = [json.loads(p.read_text()) for p in out.rglob("ppl-token-*.json")]
+    assert len(cells) == 3 and all(c["model_fingerprint"]["dtype"] == "bfloat16" for c in cells)
+    assert all(c["metrics"]["ppl"] is not None for c in cells)
+    compressed = [c for c in cells if c["compression"]]
+    assert all(abs(c["compression"]["param_ratio"] - 0.762) < 0.01 for c in compressed)
