@@ -58,11 +58,11 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 def _build_modules(model: nn.Module, layout: dict) -> dict[str, nn.Module]:
     """Create empty low-rank modules from a layout {site: {form, k, owner, d_in, d_out, bias}}."""
     built: dict[str, LowRankLinear] = {}
-    ref = next(model.parameters())
     factorised = [(site, spec) for site, spec in layout.items() if spec["form"] == "factorised"]
     # Owners first: a saved config may list sites in any order.
     for site, spec in sorted(factorised, key=lambda item: item[1]["owner"] != item[0]):
         owner = built[spec["owner"]] if spec["owner"] != site else None
+        ref = model.get_submodule(site).weight  # the site's own device (several with --device-map) and dtype
         built[site] = LowRankLinear(spec["d_in"], spec["d_out"], spec["k"], spec["bias"], owner=owner,
                                     dtype=ref.dtype, device=ref.device)
     for site, mod in built.items():

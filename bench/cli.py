@@ -63,6 +63,7 @@ RUN_FLAGS = [
     ("--mmlu-source", "mmlu_source", {"help": "embedded, hub, or a folder with dev/ and test/ CSVs"}),
     ("--lama-source", "lama_source", {"help": "embedded, lama:<dir>:<relations.jsonl>, qa_wikidata:<task.json>"}),
     ("--device", "device", {"help": "cpu or cuda[:i]"}),
+    ("--device-map", "device_map", {"help": "auto: spread a model larger than one GPU over the GPUs (accelerate)"}),
     ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
     ("--batch-size", "batch_size", {"type": int}),
     ("--stats-memory", "stats_memory", {"help": "host memory for calibration statistics per pass, e.g. 16GB; beyond it "

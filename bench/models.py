@@ -157,7 +157,9 @@ def _short(e: Exception) -> str:
 
 
 def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
-               before_weights=None) -> LoadedModel:
+               before_weights=None, device_map: str | None = None) -> LoadedModel:
+    """device_map="auto": accelerate spreads the blocks over the GPUs (and host memory) for a model larger than one
+    device; `device` is then ignored."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not progress:
@@ -172,7 +174,8 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = 
         tok = AutoTokenizer.from_pretrained(target)
         if before_weights is not None:
             before_weights(tok)  # data checks run before the (slow) weights load
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype)
+        kwargs = {"device_map": device_map} if device_map else {}
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, **kwargs)
     except UserError:
         raise
     except OSError as e:
@@ -187,8 +190,11 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = 
                         "and weights (re-save with save_pretrained)") from None
     if fp.get("source") == "hub":
         fp["revision"] = getattr(model.config, "_commit_hash", None)
-    model.to(device).eval()
-    return LoadedModel(model, tok, {**fp, "dtype": dtype}, display_name(spec))
+    if not device_map:
+        model.to(device)
+    model.eval()
+    return LoadedModel(model, tok, {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})},
+                       display_name(spec))
 
 
 def display_name(spec: str) -> str:

@@ -267,7 +267,8 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             checked["calib_windows"] = calibration_windows(tokenizer, load_text(spec.calib_source, "calib"),
                                                            spec.calib_samples, spec.calib_seq_len, spec.seed, spec.bos)
 
-    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight)
+    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight,
+                    device_map=spec.device_map)
     model_tasks = checked["tasks"]
     env = environment(spec.device)
     common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos}

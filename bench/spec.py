@@ -43,6 +43,7 @@ class RunSpec:
     lama_source: str = "embedded"
     # execution
     device: str = "cpu"
+    device_map: str | None = None  # "auto": accelerate places the blocks across the GPUs (a model larger than one)
     dtype: str = "float32"
     batch_size: int = 4
     stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
@@ -121,6 +122,8 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
             what = "a non-negative" if low == 0 else ("an" if low == 2 else "a positive")
             raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
                             f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
+    if spec.device_map not in (None, "auto"):
+        raise UserError(f"--device-map {spec.device_map!r} is unknown: use auto (or leave it out for one device)")
     if spec.stats_memory is not None:
         from .plan import parse_bytes
 

@@ -227,7 +227,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
                 for rk in ranks:
                     r = cross[m].get(rk, {})
                     line.append(" / ".join("" if not is_number(r.get(c.label)) else
-                                           f"{r[c.label]:{'.3f' if c.higher else '.1f'}}" for c in columns))
+                                           _num(r[c.label], "{:.3f}" if c.higher else "ppl") for c in columns))
                 body.append(line)
             md += [f"### Across rank ratios ({' / '.join(c.label for c in columns)})", "",
                    tabulate(body, headers=["method"] + [f"{r:g}" for r in ranks], tablefmt="github",

@@ -112,3 +112,22 @@ def test_bfloat16_weights_float64_statistics_end_to_end(tmp_path):
     assert all(c["metrics"]["ppl"] is not None for c in cells)
     compressed = [c for c in cells if c["compression"]]
     assert all(abs(c["compression"]["param_ratio"] - 0.762) < 0.01 for c in compressed)
+
+
+def test_device_map_auto_runs_where_there_is_one_device(tmp_path, capsys):
+    """--device-map auto (accelerate) loads through device_map, and factorised modules are built on each site's
+    own device; with no GPU everything lands on the CPU and the run completes."""
+    import json
+
+    from bench.cli import main
+    from bench.smoke import tiny_checkpoint
+
+    out = tmp_path / "out"
+    assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "--rank", "0.5", "--tasks",
+                 "ppl-token", "--ppl-windows", "1", "--ppl-seq-len", "32", "--calib-samples", "2", "--calib-seq-len",
+                 "32", "--device-map", "auto", "--output", str(out), "--no-report", "--quiet", "--no-latency"]) == 0
+    cells = [json.loads(p.read_text()) for p in out.rglob("ppl-token-*.json")]
+    assert len(cells) == 2 and all(c["model_fingerprint"]["device_map"] == "auto" for c in cells)
+    capsys.readouterr()
+    assert main(["run", "--model", str(tiny_checkpoint()), "--device-map", "everywhere", "--output", str(out)]) == 2
+    assert "--device-map 'everywhere' is unknown" in capsys.readouterr().err
