@@ -10,7 +10,7 @@ from .base import Analysis
 
 __all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "run_sweep", "UnknownName"]
 
-REGISTRY = Registry("analysis", __name__, Analysis, "acbench.analyses")
+REGISTRY = Registry("analysis", __name__, Analysis, "acbench.analyses", plural="analyses")
 
 
 known_analyses = REGISTRY.names
@@ -20,22 +20,29 @@ get_analysis = REGISTRY.get
 def build(names, options: dict | None = None) -> dict[str, Analysis]:
     """The analyses among `names` (the rest are tasks), each with its `--analysis-option` settings."""
     options = options or {}
-    for name in options:
-        if name not in REGISTRY:
-            get_analysis(name)  # did-you-mean for an option aimed at no analysis
-    out = {}
-    for name in names:
-        if name in REGISTRY:
-            try:
-                out[name] = get_analysis(name).from_options(options.get(name))
-            except (ValueError, TypeError) as e:
-                raise UserError(f"analysis options for '{name}': {e}") from None
-    return out
+
+    def make(name):
+        try:
+            return get_analysis(name).from_options(options.get(name))
+        except (ValueError, TypeError) as e:
+            raise UserError(f"analysis options for '{name}': {e}") from None
+
+    for name in options:  # checked even when the analysis is not run this time: a typo is never silent
+        make(name)
+    return {name: make(name) for name in names if name in REGISTRY}
 
 
 def run_sweep(spec) -> dict:
     """`bench run`: the harness's sweep with the analyses among spec.tasks resolved from this registry (the
     harness runs them but never imports them)."""
+    import tasks
     from bench.runner import run
+    from core.errors import did_you_mean
 
-    return run(spec, build(spec.tasks, spec.analysis_options))
+    names = [n for n in spec.tasks if isinstance(n, str)] if isinstance(spec.tasks, (list, tuple)) else []
+    for name in names:  # one did-you-mean over tasks and analyses alike (types are the harness's to check)
+        if name not in tasks.REGISTRY and name not in REGISTRY:
+            known = set(tasks.known_tasks()) | set(known_analyses())
+            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
+                            "`bench ls analyses`.")
+    return run(spec, build(names, spec.analysis_options if isinstance(spec.analysis_options, dict) else {}))

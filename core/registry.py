@@ -61,8 +61,9 @@ class UnknownName(UserError, KeyError):
 
 
 class Registry:
-    def __init__(self, kind: str, package: str, base: type, group: str):
+    def __init__(self, kind: str, package: str, base: type, group: str, plural: str | None = None):
         self.kind, self.package, self.base, self.group = kind, package, base, group
+        self.plural = plural or f"{kind}s"
         self._classes: dict[str, type] = {}
         self._loaded = False
 
@@ -114,5 +115,5 @@ class Registry:
         self._load()
         if name not in self._classes:
             raise UnknownName(f"unknown {self.kind} '{name}'.{did_you_mean(name, self._classes)} "
-                              f"See `bench ls {self.kind}s`.")
+                              f"See `bench ls {self.plural}`.")
         return self._classes[name]

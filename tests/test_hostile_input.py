@@ -100,6 +100,12 @@ def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
     (["--device", "tpu"], "--device tpu"),
     (["--ppl-seq-len", "1"], "--ppl-seq-len must be an integer >= 2"),
     (["--calib-seq-len", "1"], "--calib-seq-len must be an integer >= 2"),
+    (["--tasks", "rhoo"], "Did you mean 'rho'?"),
+    (["--analysis-option", "rh.units=1"], "See `bench ls analyses`"),
+    (["--analysis-option", "rho.unitz=2"], "analysis 'rho' has no setting unitz"),
+    (["--analysis-option", "rho.units=0"], "setting units must be >= 1"),
+    (["--stats-memory", "lots"], "--stats-memory 'lots' is not a size"),
+    (["--device-map", "everywhere"], "--device-map 'everywhere' is unknown"),
 ])
 def test_bad_options(tmp_path, tiny, capsys, extra, needle):
     out = tmp_path / "out"
