@@ -33,8 +33,8 @@ def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStat
     undo, summaries = [], []
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
-            try:  # solved on the model's device (CUDA when the model is there)
-                res = comp.compress(g, (stats.get(g.name) or GroupStats()).to(g.sites[0].weight.device), rank)
+            try:
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
             except NumericError as e:
                 raise UserError(str(e)) from None
             undo.append(apply_compression(model, g, res))
@@ -54,7 +54,7 @@ def compress(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats]
     summaries = []
     for g in [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]:
         try:
-            res = comp.compress(g, (stats.get(g.name) or GroupStats()).to(g.sites[0].weight.device), rank)
+            res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
         except NumericError as e:
             raise UserError(str(e)) from None
         apply_compression(model, g, res)

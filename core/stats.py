@@ -61,16 +61,6 @@ class GroupStats:
     row_fisher: dict[str, torch.Tensor] | None = None  # per site: sum over batches of (dL/dW)^2 row sums
     memo: dict = field(default_factory=dict, repr=False)  # solves shared by methods (whitening, Fisher basis)
 
-    def to(self, device) -> "GroupStats":
-        """The statistics on the device the solve runs on (the model's); a no-op where they already are."""
-        device = torch.device(device)
-        if self.C is not None and self.C.device == device or all(
-                not isinstance(v, torch.Tensor) or v.device == device for v in vars(self).values()):
-            return self
-        move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else (
-            {k: x.to(device) for k, x in v.items()} if isinstance(v, dict) else v)
-        return GroupStats(**{f: move(v) for f, v in vars(self).items() if f != "memo"})
-
     def cached(self, key: str, compute):
         """Methods that share a factorisation of the same statistics compute it once per group."""
         if key not in self.memo:

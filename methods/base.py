@@ -94,7 +94,9 @@ class Compressor(Plugin):
     def compress(self, group, stats: GroupStats, rank: RankSpec) -> GroupCompression:
         k_arg = self.rank_for(group, rank)
         k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
-        weights = {n: s.weight.detach().double() for n, s in zip(group.site_names, group.sites)}
+        # Solved on the host in float64, beside the statistics, whatever device and dtype the model has; the
+        # factors are copied to each site's device when deployed.
+        weights = {n: s.weight.detach().double().cpu() for n, s in zip(group.site_names, group.sites)}
         factors, shared, fallbacks, extras = self.solve(weights, stats, k_arg)
         factors = {n: (A.float(), B.float()) for n, (A, B) in factors.items()}
         return GroupCompression(
