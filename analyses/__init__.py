@@ -35,14 +35,9 @@ def build(names, options: dict | None = None) -> dict[str, Analysis]:
 def run_sweep(spec) -> dict:
     """`bench run`: the harness's sweep with the analyses among spec.tasks resolved from this registry (the
     harness runs them but never imports them)."""
-    import tasks
     from bench.runner import run
-    from core.errors import did_you_mean
+    from bench.spec import check_task_names
 
     names = [n for n in spec.tasks if isinstance(n, str)] if isinstance(spec.tasks, (list, tuple)) else []
-    for name in names:  # one did-you-mean over tasks and analyses alike (types are the harness's to check)
-        if name not in tasks.REGISTRY and name not in REGISTRY:
-            known = set(tasks.known_tasks()) | set(known_analyses())
-            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
-                            "`bench ls analyses`.")
+    check_task_names(names, set(known_analyses()))  # suggestions from every analysis, not only those asked for
     return run(spec, build(names, spec.analysis_options if isinstance(spec.analysis_options, dict) else {}))

@@ -167,14 +167,11 @@ def cmd_plan(args) -> int:
     import methods
 
     from .plan import make_plan, parse_bytes, render
-    from .spec import split_list
+    from .spec import check_ranks, split_list
 
-    names = split_list(args.methods, str, "--methods")
-    names = methods.expand_methods(names)
+    names = methods.expand_methods(split_list(args.methods, str, "--methods"))
     ranks = split_list(args.rank, float, "--rank")
-    for r in ranks:
-        if not 0 < r <= 1:
-            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5")
+    check_ranks(ranks)
     plan = make_plan(args.model, names, ranks, args.budget, args.rank_align, args.dtype,
                      parse_bytes(args.stats_memory) if args.stats_memory else None, args.calib_samples,
                      args.calib_seq_len, args.batch_size, args.pair_tokens)

@@ -6,7 +6,6 @@ compressed model comes from.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from contextlib import contextmanager
 
@@ -44,22 +43,6 @@ def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStat
     finally:
         for u in reversed(undo):
             restore(model, u)
-
-
-def compress(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats], method_options: dict | None = None,
-             only_groups: set[str] | None = None, progress: bool = True):
-    """A compressed copy of `model` (to save or keep) and the per-group summaries; the sweep uses `compressed`."""
-    model = copy.deepcopy(model)
-    comp = methods.get_method(method).from_options(method_options)
-    summaries = []
-    for g in [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]:
-        try:
-            res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
-        except NumericError as e:
-            raise UserError(str(e)) from None
-        apply_compression(model, g, res)
-        summaries.append(res.summary())
-    return model.eval(), summaries
 
 
 def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import methods
+from methods.base import factorised_params
 from core.errors import UserError
 from core.stats import RankSpec
 
@@ -69,8 +70,7 @@ def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, i
     """(k per site, form, deployed parameters) exactly as `Compressor.compress` decides them."""
     k = comp.rank_for(group, rank)
     ks = [k[n] for n in group.site_names] if isinstance(k, dict) else [k] * len(group.sites)
-    outs = sum(ki * do for ki, do in zip(ks, group.d_outs))
-    factorised = (ks[0] * group.d_in + outs) if not comp.site_wise else (sum(ks) * group.d_in + outs)
+    factorised = factorised_params(group.d_in, group.d_outs, ks, shared=not comp.site_wise)
     dense = group.d_in * sum(group.d_outs)
     return ks, ("factorised" if factorised < dense else "merged"), min(factorised, dense)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,15 @@ class Variant:
     timings: dict
 
 
+def cell_record(plugin, result, **fields) -> CellRecord:
+    """A cell from a task's or analysis's result: what the result declares (an lm-eval task's metrics, known only
+    once it ran) overrides what the plugin's class declares."""
+    return CellRecord(
+        metrics=result.metrics, stderr=result.stderr, details=result.details, task_config=result.config,
+        records=result.records, higher_is_better={**plugin.higher_is_better, **result.higher_is_better},
+        primary_metric=result.primary_metric or plugin.primary_metric or next(iter(result.metrics)), **fields)
+
+
 def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, device) -> list[CellRecord]:
     """Evaluate the missing task cells of one variant and write each as soon as it is done."""
     eff = {"weight_bytes": weight_bytes(v.model)}
@@ -166,17 +176,12 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
         t0 = time.perf_counter()
         with peak_memory(device) as mem:
             result = task.evaluate(v.model, lm.tokenizer, progress=spec.progress)
-        record = CellRecord(
-            **common,
+        record = cell_record(
+            task, result, **common,
             cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key),
-            metrics=result.metrics, stderr=result.stderr,
-            higher_is_better={**task.higher_is_better, **result.higher_is_better},
-            primary_metric=result.primary_metric or task.primary_metric or next(iter(result.metrics)),
-            details=result.details,
-            task_config=result.config, versions={"method": method_version, "task": task.version},
+            versions={"method": method_version, "task": task.version},
             compression=v.compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
             latency=eff.get("latency"), timings={**v.timings, "evaluate_s": time.perf_counter() - t0},
-            records=result.records,
         )
         write_cell(path, record)
         written.append(record)
@@ -204,7 +209,7 @@ class AnalysisContext:
 
     model: torch.nn.Module
     tokenizer: object
-    stats: dict[str, GroupStats]
+    stats: Mapping[str, GroupStats]  # a StatsStore: groups read on demand
     groups: list
     seed: int
     progress: bool
@@ -347,8 +352,8 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
         needs = needed_stats([methods.get_method(m) for m, _ in plan]).union(
             *(a.needs for a, _, _ in analysis_todo.values()))
         stats, calib_info = ({}, None)
+        groups = find_input_groups(lm.model) if needs or analysis_todo else []
         if needs:
-            groups = find_input_groups(lm.model)
             stats, calib_info = load_or_calibrate(lm, groups, spec, needs, checked.get("calib_windows"))
         for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
             todo = claim(todo)
@@ -369,21 +374,15 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
-            groups = find_input_groups(lm.model)
             ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)
         for (name, r), (analysis, path, key) in analysis_todo.items():
             t0 = time.perf_counter()
             result = analysis.run(ctx, r)
-            write_cell(path, CellRecord(
-                **common, calibration=calib_info,
+            write_cell(path, cell_record(
+                analysis, result, **common, calibration=calib_info,
                 cell=CellId(model=lm.name, method=analysis_method(name), rank=r.ratio, budget=spec.budget, task=name,
                             key=key),
-                metrics=result.metrics, stderr=result.stderr,
-                higher_is_better={**analysis.higher_is_better, **result.higher_is_better},
-                primary_metric=result.primary_metric or analysis.primary_metric or next(iter(result.metrics)),
-                details=result.details,
-                task_config=result.config, versions={"analysis": analysis.version}, records=result.records,
-                timings={f"{name}_s": time.perf_counter() - t0}))
+                versions={"analysis": analysis.version}, timings={f"{name}_s": time.perf_counter() - t0}))
             unclaim(path)
             written += 1
             log(f"[{name} @ {r.ratio:g}] " + analysis.summary_line(result))

@@ -72,6 +72,25 @@ def _is_ratio(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) and 0 < x <= 1
 
 
+def check_ranks(ranks) -> None:
+    for r in ranks:
+        if not _is_ratio(r):
+            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5 (1.0 keeps full rank)")
+
+
+def check_task_names(names, analysis_names=frozenset()) -> None:
+    """Every name is a registered task or one of `analysis_names`; otherwise one did-you-mean over both."""
+    import tasks
+
+    from core.errors import did_you_mean
+
+    for name in names:
+        if name not in analysis_names and name not in tasks.REGISTRY:
+            known = set(tasks.known_tasks()) | set(analysis_names)
+            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
+                            "`bench ls analyses`.")
+
+
 def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
     """Every user error is found here, before the model loads: one line, and the fix. `analysis_names`: the names
     of spec.tasks that the caller resolved to analyses."""
@@ -90,20 +109,12 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
         raise UserError(str(e) + " Or pass --methods all.") from None
     if not spec.methods:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
-    for r in spec.ranks:
-        if not _is_ratio(r):
-            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5 (1.0 keeps full rank)")
+    check_ranks(spec.ranks)
     if spec.budget not in ("rank", "params"):
         raise UserError(f"--budget {spec.budget} is unknown: use rank or params")
     if spec.rank_align < 1:
         raise UserError("--rank-align must be a positive integer")
-    from core.errors import did_you_mean
-
-    for name in spec.tasks:
-        if name not in analysis_names and name not in tasks.REGISTRY:
-            known = set(tasks.known_tasks()) | set(analysis_names)
-            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
-                            "`bench ls analyses`.")
+    check_task_names(spec.tasks, analysis_names)
     for name, opts in spec.method_options.items():
         try:
             methods.get_method(name).from_options(opts)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from core.io import atomic_write_via
 from core.stats import GroupStats
 
 _SEP = "::"
@@ -37,20 +38,21 @@ def to_stored(stats: GroupStats) -> dict:
     return {f: to32(v) for f, v in vars(stats).items() if f != "memo" and v is not None}
 
 
-def from_stored(fields: dict) -> GroupStats:
+def for_solver(field: str, value):
     """Moments back to float64 for the solvers; the (x, g) token sample stays float32."""
-    def to64(v):
-        if isinstance(v, torch.Tensor):
-            return v.double()
-        return {k: to64(x) for k, x in v.items()} if isinstance(v, dict) else v
+    if field in ("xs", "gs"):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.double()
+    return {k: x.double() for k, x in value.items()} if isinstance(value, dict) else value
 
-    return GroupStats(**{f: v if f in ("xs", "gs") else to64(v) for f, v in fields.items()})
+
+def from_stored(fields: dict) -> GroupStats:
+    return GroupStats(**{f: for_solver(f, v) for f, v in fields.items()})
 
 
 def write_group(folder: Path, group: str, stats: GroupStats) -> None:
     """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file."""
-    import tempfile
-
     from safetensors.torch import save_file
 
     tensors, scalars = {}, {}
@@ -62,18 +64,8 @@ def write_group(folder: Path, group: str, stats: GroupStats) -> None:
                 tensors[f"{f}{_SEP}{site}"] = t.contiguous()
         else:
             scalars[f] = v
-    path = group_file(folder, group)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"scalars": json.dumps(scalars), "group": group})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_via(group_file(folder, group), lambda tmp: save_file(
+        tensors, str(tmp), metadata={"scalars": json.dumps(scalars), "group": group}))
 
 
 def read_group(folder: Path, group: str) -> GroupStats:
@@ -86,9 +78,7 @@ def read_group(folder: Path, group: str) -> GroupStats:
             raise ValueError(f"file holds group {meta.get('group')!r}, not {group!r}")
         for key in f.keys():
             name, _, site = key.partition(_SEP)
-            # one tensor at a time to float64 (moments) so the float32 copies never pile up
-            t = f.get_tensor(key)
-            t = t if name in ("xs", "gs") else t.double()
+            t = for_solver(name, f.get_tensor(key))  # one at a time, so float32 copies never pile up
             if site:
                 fields.setdefault(name, {})[site] = t
             else:

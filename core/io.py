@@ -31,15 +31,20 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a unique temp file in the same directory, fsync, then rename: readers never see a partial
-    file, and two processes writing the same path never share a temp file."""
+    atomic_write_via(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_via(path: Path, write) -> None:
+    """`write(tmp)` fills a unique temp file in the same directory, which is fsynced, then renamed onto `path`:
+    readers never see a partial file, and two processes writing the same path never share a temp file. (A writer
+    that streams, such as safetensors' save_file, never holds the whole file in memory.)"""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

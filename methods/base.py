@@ -11,6 +11,12 @@ from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS, GroupStats, RankSpec  # noqa: F401 (the method API)
 
 
+def factorised_params(d_in: int, d_outs, ks, shared: bool) -> int:
+    """Parameters of a group's factors: one shared B (k x d_in) or one B per site, plus each site's A."""
+    outs = sum(k * d for k, d in zip(ks, d_outs))
+    return (ks[0] if shared else sum(ks)) * d_in + outs
+
+
 @dataclass
 class GroupCompression:
     """One method's answer for one input group: per site, factors with W_i ~= A_i @ B_i."""
@@ -40,11 +46,8 @@ class GroupCompression:
 
     @property
     def params_factorised(self) -> int:
-        ks = [A.shape[1] for A, _ in self.factors.values()]
-        outs = sum(k * d for k, d in zip(ks, self.d_outs))
-        if self.shared_projection:
-            return ks[0] * self.d_in + outs
-        return sum(k * self.d_in for k in ks) + outs
+        return factorised_params(self.d_in, self.d_outs, [A.shape[1] for A, _ in self.factors.values()],
+                                 self.shared_projection)
 
     @property
     def params_deployed(self) -> int:

@@ -80,8 +80,7 @@ GOLDEN = {
 def test_golden_values_smollm2(smol):
     from bench.calibrate import CalibSpec, calibrate
     from bench.groups import find_input_groups
-    from bench.compress import compress
-    from bench.spec import RunSpec
+    from bench.compress import compressed
     from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
     from tasks.perplexity import token_windows, window_nll
@@ -93,10 +92,9 @@ def test_golden_values_smollm2(smol):
                       progress=False)
     evalw = token_windows(smol.tokenizer, load_text("wiki", "eval"), 128, 2, bos="none")
     got = {"dense_nll": float(window_nll(smol.model, evalw, 2, progress=False).mean() / 127)}
-    spec = RunSpec(progress=False)
     for m in ("pca", "fasc-kfac", "whitened-svd"):
-        model, _ = compress(smol.model, m, RankSpec(0.75), stats, None, progress=False)
-        got[f"{m}_nll"] = float(window_nll(model, evalw, 2, progress=False).mean() / 127)
+        with compressed(smol.model, m, RankSpec(0.75), stats, progress=False) as (model, _):
+            got[f"{m}_nll"] = float(window_nll(model, evalw, 2, progress=False).mean() / 127)
     print(got)
     for k, v in GOLDEN.items():
         assert got[k] == pytest.approx(v, abs=2e-3), k
