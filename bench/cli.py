@@ -42,6 +42,12 @@ RUN_FLAGS = [
     ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
     ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
     ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
+    ("--allocate", "allocate", {"nargs": "+", "help": "how k is split across groups: uniform (default: each group at "
+                                                    "--rank), fisher (largest K-FAC loss rise per parameter), "
+                                                    "variance (pca's eigenvalues); fisher/variance need --budget params"}),
+    ("--groups", "groups", {"nargs": "+", "help": "input-group kinds to compress: attn_in, attn_out, mlp_in, mlp_out "
+                                                "(default all)"}),
+    ("--blocks", "blocks", {"help": "blocks to compress, indices and ranges, e.g. 0-5,12 (default all)"}),
     ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: lama ppl-token rho; see `bench ls tasks`)"}),
     ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, file:<path>"}),
     ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 12)"}),
@@ -95,7 +101,8 @@ def _spec_from_args(args):
     for _, dest, _ in RUN_FLAGS:
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
-    for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank")):
+    for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"),
+                       ("groups", "--groups")):
         if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
     for dest in ("overwrite", "measure_latency", "report", "progress"):

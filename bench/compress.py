@@ -22,18 +22,20 @@ from .groups import find_input_groups
 
 @contextmanager
 def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats],
-               method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True):
+               method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
+               ks: Mapping[str, int] | None = None):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
-    model plus the deployed factors instead of a copy per cell."""
+    model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
+    (bench.allocate), for a projection method; without it every group's k comes from `rank`."""
     comp = methods.get_method(method).from_options(method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
             try:
-                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank)
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name])
             except NumericError as e:
                 raise UserError(str(e)) from None
             undo.append(apply_compression(model, g, res))
@@ -45,7 +47,8 @@ def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStat
             restore(model, u)
 
 
-def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None) -> dict:
+def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None,
+                        allocation: dict | None = None, scope: str = "all") -> dict:
     dense = sum(s["params_dense"] for s in summaries)
     deployed = sum(s["params_deployed"] for s in summaries)
     fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
@@ -55,5 +58,6 @@ def compression_summary(summaries: list[dict], rank: RankSpec, method: str, meth
         "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
         "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
-        "method_version": comp.version, "capabilities": comp.capabilities(),
+        "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,
+        "allocation": allocation or {"rule": "uniform"},
     }

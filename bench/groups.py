@@ -20,6 +20,7 @@ _LLAMA_LIKE = {
         "mlp_out": ("mlp.down_proj",),
     },
 }
+GROUP_KINDS = tuple(_LLAMA_LIKE["groups"])  # the kinds `--groups` selects from, in forward order
 ARCHITECTURES: dict[str, dict] = {
     name: _LLAMA_LIKE
     for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "olmo2")

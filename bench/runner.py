@@ -21,9 +21,11 @@ from core.record import CellId, CellRecord
 from core.stats import GroupStats, RankSpec
 
 from . import __version__
+from .allocate import RULES, UNIFORM, allocate, check_budget
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
 from .compress import compressed, compression_summary
 from .groups import find_input_groups
+from .selection import ALL, Selection, describe_scope
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
 from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, readable, to_stored,
@@ -75,11 +77,17 @@ def calib_spec(spec: RunSpec) -> CalibSpec:
                      pair_tokens=spec.pair_tokens, source=spec.calib_source, bos=spec.bos)
 
 
-def method_key(name: str, spec: RunSpec) -> dict:
+def method_key(name: str, spec: RunSpec, allocation: str = UNIFORM, scope: str = ALL) -> dict:
     cls = methods.get_method(name)
     comp = cls.from_options(spec.method_options.get(name))
-    return {"settings": comp.settings_dict(), "version": comp.version, "budget": spec.budget, "align": spec.rank_align,
-            "calibration": calib_spec(spec).as_dict() if cls.needs else None}
+    key = {"settings": comp.settings_dict(), "version": comp.version, "budget": spec.budget, "align": spec.rank_align,
+           "calibration": calib_spec(spec).as_dict() if cls.needs or RULES[allocation] else None}
+    # Only a non-default allocation or selection enters the key: today's cells keep their keys.
+    if allocation != UNIFORM:
+        key["allocation"] = allocation
+    if scope != ALL:
+        key["scope"] = scope
+    return key
 
 
 # ---------------------------------------------------------------- calibration statistics (cached on disk)
@@ -152,6 +160,8 @@ class Variant:
     model: torch.nn.Module
     compression: dict | None
     timings: dict
+    allocation: str = UNIFORM
+    scope: str = ALL
 
 
 def cell_record(plugin, result, **fields) -> CellRecord:
@@ -178,7 +188,8 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
             result = task.evaluate(v.model, lm.tokenizer, progress=spec.progress)
         record = cell_record(
             task, result, **common,
-            cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key),
+            cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key,
+                        allocation=v.allocation, scope=v.scope),
             versions={"method": method_version, "task": task.version},
             compression=v.compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
             latency=eff.get("latency"), timings={**v.timings, "evaluate_s": time.perf_counter() - t0},
@@ -247,7 +258,9 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
     torch.manual_seed(spec.seed)
     t_start = time.perf_counter()
     log(f"acbench {__version__}: model {spec.model}, methods {', '.join(spec.methods)}, ranks "
-        f"{', '.join(f'{r:g}' for r in spec.ranks)} ({spec.budget} budget), tasks {', '.join(spec.tasks)}")
+        f"{', '.join(f'{r:g}' for r in spec.ranks)} ({spec.budget} budget"
+        + ("" if spec.allocate == [UNIFORM] else f"; allocation {', '.join(spec.allocate)}")
+        + f"), tasks {', '.join(spec.tasks)}")
     log(f"sizes: calibration {spec.calib_samples} x {spec.calib_seq_len} tokens ({spec.calib_source}, seed {spec.seed}, "
         f"{spec.pair_tokens} (x, g) pairs/group); MMLU {spec.mmlu_shots}-shot, {spec.mmlu_limit or 'all'}/subject; "
         f"LAMA {spec.lama_limit or 'all'} probes/relation, <= {spec.lama_candidates} candidates; "
@@ -289,11 +302,24 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             log(f"recomputing {p}: {status}")
         return status is not None
 
-    def paths_for(method, rank, key_extra):
+    all_groups = find_input_groups(lm.model)
+    selection = Selection.from_flags(spec.groups, spec.blocks).resolve(len({g.block for g in all_groups}))
+    scope = selection.scope
+    selected = [g for g in all_groups if selection.includes(g)]
+    if scope != ALL:
+        log(f"compressing {len(selected)} of {len(all_groups)} input groups: {describe_scope(scope)}"
+            + ("; analyses run over every group" if analyses else ""))
+
+    if any(rule != UNIFORM for rule in spec.allocate):
+        for r in ranks:
+            check_budget(selected, r)
+
+    def paths_for(method, rank, key_extra, allocation=UNIFORM):
         todo = {}
         for name, task in model_tasks.items():
             key = settings_hash(task_key(task), key_extra, lm.fingerprint)
-            p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key)
+            p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key,
+                          allocation=allocation if method != DENSE else UNIFORM, scope=scope if method != DENSE else ALL)
             if needs_computing(p):
                 todo[name] = (task, p, key)
         return todo
@@ -302,9 +328,10 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
     plan = {}
     for m in spec.methods:
         for r in ranks:
-            todo = paths_for(m, r.ratio, method_key(m, spec))
-            if todo:
-                plan[(m, r)] = todo
+            for rule in spec.allocate:
+                todo = paths_for(m, r.ratio, method_key(m, spec, rule, scope), rule)
+                if todo:
+                    plan[(m, r, rule)] = todo
     analysis_todo = {}
     for name, analysis in analyses.items():
         key = analysis_key(analysis, spec, lm.fingerprint)
@@ -349,29 +376,39 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             release(dense_todo)
             log(f"[dense] {_summary_line(recs)}")
 
-        needs = needed_stats([methods.get_method(m) for m, _ in plan]).union(
-            *(a.needs for a, _, _ in analysis_todo.values()))
+        needs = needed_stats([methods.get_method(m) for m, _, _ in plan]).union(
+            *(a.needs for a, _, _ in analysis_todo.values()), *(RULES[rule] for _, _, rule in plan))
         stats, calib_info = ({}, None)
-        groups = find_input_groups(lm.model) if needs or analysis_todo else []
+        groups = all_groups if analysis_todo else selected  # analyses read every group; methods the selected ones
         if needs:
             stats, calib_info = load_or_calibrate(lm, groups, spec, needs, checked.get("calib_windows"))
-        for (m, r), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
+        allocations: dict = {}  # (rule, rank) -> Allocation: one per rule and ratio, whatever the method
+        for (m, r, rule), todo in tqdm(list(plan.items()), desc="cells", disable=not spec.progress):
             todo = claim(todo)
             if not todo:
                 continue
+            timings = {}
+            if rule != UNIFORM:
+                if (rule, r) not in allocations:
+                    allocations[(rule, r)] = allocate(rule, selected, stats, r, progress=spec.progress)
+                timings["allocate_s"] = sum(allocations[(rule, r)].seconds.values())
+            alloc = allocations.get((rule, r))
+            uses_stats = bool(methods.get_method(m).needs or RULES[rule])
             t0 = time.perf_counter()
-            with compressed(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress) as (
-                    model, summaries):
-                timings = {"compress_s": time.perf_counter() - t0}
-                if calib_info and methods.get_method(m).needs:
+            with compressed(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress,
+                            only_groups=None if scope == ALL else {g.name for g in selected},
+                            ks=alloc.ks if alloc else None) as (model, summaries):
+                timings["compress_s"] = time.perf_counter() - t0
+                if calib_info and uses_stats:
                     timings["calibrate_s"] = calib_info.get("seconds")
-                cell_common = {**common, "calibration": calib_info if methods.get_method(m).needs else None}
-                summary = compression_summary(summaries, r, m, spec.method_options.get(m))
-                recs = evaluate_variant(Variant(m, r.ratio, model, summary, timings), lm, spec, todo, cell_common,
-                                        device)
+                cell_common = {**common, "calibration": calib_info if uses_stats else None}
+                summary = compression_summary(summaries, r, m, spec.method_options.get(m),
+                                              alloc.summary() if alloc else None, scope)
+                recs = evaluate_variant(Variant(m, r.ratio, model, summary, timings, rule, scope), lm, spec, todo,
+                                        cell_common, device)
             written += len(recs)
             release(todo)
-            log(f"[{m} @ {r.ratio:g}] {_summary_line(recs)}")
+            log(f"[{m}{'' if rule == UNIFORM else '+' + rule} @ {r.ratio:g}] {_summary_line(recs)}")
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
             ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)

@@ -19,6 +19,10 @@ class RunSpec:
     ranks: list[float] = field(default_factory=lambda: [0.5])
     budget: str = "rank"
     rank_align: int = 1
+    # how k is split across the selected groups: uniform (each group at the run's ratio), fisher, variance
+    allocate: list[str] = field(default_factory=lambda: ["uniform"])
+    groups: list[str] | None = None  # group kinds to compress (attn_in, attn_out, mlp_in, mlp_out); None: all
+    blocks: str | None = None  # block indices and ranges to compress, e.g. "0-5,12"; None: all
     tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     # calibration
     calib_source: str = "wiki"
@@ -91,6 +95,27 @@ def check_task_names(names, analysis_names=frozenset()) -> None:
                             "`bench ls analyses`.")
 
 
+def check_selection(spec: RunSpec) -> None:
+    """--groups/--blocks parse, and --allocate names rules that apply to every method of the run."""
+    import methods
+
+    from .allocate import UNIFORM, check_rules
+    from .selection import Selection
+
+    Selection.from_flags(spec.groups, spec.blocks)
+    if not spec.allocate:
+        raise UserError("--allocate is empty: pass uniform, fisher or variance")
+    check_rules(spec.allocate, spec.budget, spec.rank_align)
+    rules = [r for r in spec.allocate if r != UNIFORM]
+    if rules:
+        per_site = [m for m in spec.methods
+                    if not methods.get_method(m).from_options(spec.method_options.get(m)).projection]
+        if per_site:
+            raise UserError(f"--allocate {rules[0]} sets one k per input group, but {', '.join(per_site)} "
+                            f"factorise{'s' if len(per_site) == 1 else ''} each site on its own: run them in another "
+                            "command, or name projection methods (e.g. --methods pca,whitened-svd,fasc-kfac,fasc)")
+
+
 def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
     """Every user error is found here, before the model loads: one line, and the fix. `analysis_names`: the names
     of spec.tasks that the caller resolved to analyses."""
@@ -120,6 +145,7 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
             methods.get_method(name).from_options(opts)
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"method options for '{name}': {e}") from None
+    check_selection(spec)
     for name, opts in spec.task_options.items():
         try:
             tasks.get_task(name).from_options(opts)
@@ -192,7 +218,9 @@ def load_config(path: str) -> dict:
     data = {k.replace("-", "_"): v for k, v in data.items()}
     if "rank" in data:
         data["ranks"] = data.pop("rank")
-    for key in ("ranks", "methods", "tasks"):
+    if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
+        data["blocks"] = str(data["blocks"])
+    for key in ("ranks", "methods", "tasks", "allocate", "groups"):
         if key in data:
             data[key] = split_list(data[key], float if key == "ranks" else str, f"'{key}' in {path}")
     unknown = sorted(set(data) - RunSpec.field_names())

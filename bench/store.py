@@ -26,11 +26,16 @@ def rank_label(rank: float | None, budget: str) -> str:
     return "full" if rank is None else f"{budget}-{rank:g}"
 
 
-def cell_path(root: Path, model: str, method: str, rank: float | None, budget: str, task: str, key: str) -> Path:
+def cell_path(root: Path, model: str, method: str, rank: float | None, budget: str, task: str, key: str,
+              allocation: str = "uniform", scope: str = "all") -> Path:
+    """results/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json"""
     slug = model.replace("/", "__")
     if method == DENSE:
         return Path(root) / slug / DENSE / f"{task}-{key}.json"
-    return Path(root) / slug / method / rank_label(rank, budget) / f"{task}-{key}.json"
+    folder = Path(root) / slug / (method if allocation == "uniform" else f"{method}+{allocation}")
+    if scope != "all":
+        folder = folder / "".join(ch if ch.isalnum() or ch in "-.," else "_" for ch in scope)
+    return folder / rank_label(rank, budget) / f"{task}-{key}.json"
 
 
 def write_cell(path: Path, cell: CellRecord) -> None:

@@ -104,6 +104,17 @@ def group_whitening(stats) -> tuple:
     return stats.cached("whitening", lambda: whitening_factor(stats.C, evals=pca_basis(stats)["lam"]))
 
 
+def fisher_basis(stats) -> dict:
+    """The K-FAC solution F C b = lambda b (fasc-kfac's basis); lam_j is the surrogate loss rise of discarding
+    direction j, which rank allocation compares across groups."""
+
+    def solve():
+        check_finite("fasc", C=stats.C, F=stats.F)
+        return weighted_subspace(stats.C, F=stats.F, whitening=group_whitening(stats))
+
+    return stats.cached("fisher_basis", solve)
+
+
 def pca_basis(stats) -> dict:
     """F_w = I needs no whitening: the eigenvectors of C itself (orthonormal, so U = V and W^T = V^T)."""
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-SCHEMA_VERSION = 2  # 2: the cell identity carries its settings key; method and task versions are stored
+# 2: the cell identity carries its settings key; method and task versions are stored.
+# 3: the identity carries the rank allocation rule and the compressed scope (groups, blocks); a schema-2 cell is
+#    read as uniform allocation over every group, which is what it was.
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (2, 3)
 CELL_KEYS = {"model": str, "method": str, "task": str, "budget": str, "key": str}
+OPTIONAL_CELL_KEYS = {"allocation": str, "scope": str}
 
 
 def _finite_or_null(v) -> bool:
@@ -17,14 +22,18 @@ def cell_problem(rec) -> str | None:
     """None for a valid cell; otherwise what is wrong with it, in a few words."""
     if not isinstance(rec, dict):
         return "not a JSON object"
-    if rec.get("schema_version") != SCHEMA_VERSION:
-        return f"schema version {rec.get('schema_version')} (this version reads {SCHEMA_VERSION})"
+    if rec.get("schema_version") not in READABLE_SCHEMAS:
+        return (f"schema version {rec.get('schema_version')} (this version reads "
+                f"{', '.join(map(str, READABLE_SCHEMAS))})")
     cell = rec.get("cell")
     if not isinstance(cell, dict):
         return "no cell identity (model, method, rank, task)"
     for key, kind in CELL_KEYS.items():
         if not isinstance(cell.get(key), kind):
             return f"cell.{key} missing or not a {kind.__name__}"
+    for key, kind in OPTIONAL_CELL_KEYS.items():
+        if key in cell and not isinstance(cell[key], kind):
+            return f"cell.{key} is not a {kind.__name__}"
     rank = cell.get("rank")
     if not (rank is None or (_finite_or_null(rank) and 0 < rank <= 1)):
         return f"cell.rank {rank!r} is not a ratio in (0, 1]"
@@ -53,9 +62,12 @@ class CellId:
     budget: str
     task: str
     key: str = ""
+    allocation: str = "uniform"  # how k is split across groups: uniform (one ratio per group), fisher, variance
+    scope: str = "all"  # which input groups were compressed (see bench.selection): "all" or "groups=...;blocks=..."
 
     def identity(self, model_hash: str | None = None) -> tuple:
-        return (self.model, model_hash or self.model, self.method, self.budget, self.rank, self.task, self.key)
+        return (self.model, model_hash or self.model, self.method, self.allocation, self.scope, self.budget,
+                self.rank, self.task, self.key)
 
 
 @dataclass

@@ -74,3 +74,24 @@ def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Pat
     b.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def k_by_block(ks: dict[str, list[dict]], title: str, path: Path) -> Path:
+    """ks: {row: [{block, kind, k, d_in}]}; one panel per group kind, k / d_in by block, a line per row."""
+    kinds = sorted({g["kind"] for per in ks.values() for g in per})
+    fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(3.6 * max(1, len(kinds)), 3.4), squeeze=False,
+                             sharey=True)
+    for ax, kind in zip(axes[0], kinds):
+        for name, per in sorted(ks.items()):
+            pts = sorted((g["block"], g["k"] / g["d_in"]) for g in per if g["kind"] == kind)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=name,
+                        linestyle="-" if "+" in name else ":")  # uniform rows dotted
+        ax.set_title(kind, fontsize=9)
+        ax.set_xlabel("block")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("k / d_in")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -15,8 +15,8 @@ from core.record import CellRecord
 from . import plots
 from .load import load_results
 from .significance import ALPHA
-from .tables import (REFERENCE, Column, chance_table, delta_key, group_cells, is_number, metric_columns,
-                     missing_cells, rank_table)
+from .tables import (REFERENCE, Column, allocation_k, chance_table, delta_key, describe_scope, group_cells, is_number,
+                     metric_columns, missing_cells, rank_table, section_order)
 
 ARROW = {True: " ↑", False: " ↓", None: ""}
 DISPLAY = [  # (header, key, higher is better or None, format), after the task columns
@@ -186,6 +186,41 @@ def _rho_section(cell: CellRecord) -> list[str]:
     ]
 
 
+def allocation_section(by_row: dict, rows: list[dict], model: str, budget: str, rank: float, scope: str,
+                       plot_dir: Path, written: list) -> list[str]:
+    """Rank allocations of one section: the budget each met, and k per group by block (table and plot)."""
+    cells = [c for cs in by_row.values() for c in cs]
+    ks = allocation_k(cells)
+    lines = []
+    for name in sorted(ks):
+        info = next(((c.compression or {}).get("allocation") for c in by_row.get(name, [])), None) or {}
+        if info.get("rule", "uniform") == "uniform":
+            continue
+        secs = sum((info.get("seconds") or {}).values())
+        lines.append(f"- {name}: {info['allocated_params']:,} of a {info['budget_params']:,}-parameter budget "
+                     f"({info['allocated_ratio']:.4f} of dense), allocated in {secs:.2f} s")
+    if not lines:
+        return []
+    # Allocations depend on the rule, not on the method: rows with the same ks share one line and one label
+    same: dict = {}
+    for name in sorted(ks):
+        same.setdefault(json.dumps(sorted((g["group"], g["k"]) for g in ks[name])), []).append(name)
+    ks = {", ".join(names): ks[names[0]] for names in same.values()}
+    kinds = sorted({g["kind"] for per in ks.values() for g in per})
+    table = []
+    for name in sorted(ks):
+        for kind in kinds:
+            per = sorted((g["block"], g["k"]) for g in ks[name] if g["kind"] == kind)
+            table.append([name, kind, " ".join(str(k) for _, k in per)])
+    p = plots.k_by_block(ks, f"{model}, {budget} ratio {rank:g}: k per group",
+                         plot_dir / f"{_slug(model)}_k_{budget}_{rank:g}{'' if scope == 'all' else '_' + _slug(scope)}.png")
+    written.append(p)
+    return (["Rank allocation (budget over the compressed groups):", ""] + lines + [""]
+            + ["k per group, by block:", "", tabulate(table, headers=["row", "group", "k by block"], tablefmt="github",
+                                                      disable_numparse=True), "",
+               f"![k per group by block](plots/{p.name})", ""])
+
+
 def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
@@ -206,19 +241,28 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
         columns = metric_columns(model_cells)
         md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"]) + [""]
         cross: dict = {}
-        for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
-            budget, rank = key
+        for key in sorted(g["ranks"], key=section_order):
+            budget, rank, scope = key
             rows = rank_table(g["dense"], g["ranks"][key], ref, columns)
-            md += [f"### {budget} ratio {rank:g}", "", markdown_table(rows, ref, columns), ""]
+            where = "" if scope == "all" else f", {describe_scope(scope)}"
+            md += [f"### {budget} ratio {rank:g}{where}", ""]
+            if scope != "all":
+                md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
+                       "ratio counts the compressed groups", ""]
+            md += [markdown_table(rows, ref, columns), ""]
             md += significance_note(rows, ref)
             md += param_ratio_warning(rows)
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
                 md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
+            alloc_rows = [r["method"] for r in rows if "+" in r["method"]]
+            if alloc_rows:
+                md += allocation_section(g["ranks"][key], rows, model, budget, rank, scope, plot_dir, written_plots)
             for r in rows:
-                flat_rows.append({"model": model, "budget": budget, "rank": rank, **r})
+                flat_rows.append({"model": model, "budget": budget, "rank": rank, "scope": scope, **r})
                 if r["method"] != "dense":
-                    cross.setdefault(r["method"], {})[rank] = r
+                    name = r["method"] if scope == "all" else f"{r['method']} [{scope}]"
+                    cross.setdefault(name, {})[rank] = r
         if cross:
             ranks = sorted({r for per in cross.values() for r in per}, reverse=True)
             body = []

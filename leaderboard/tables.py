@@ -27,6 +27,18 @@ class Column:
     higher: bool | None  # None: the metric has no better direction (no "best" mark, no recovery)
 
 
+def row_name(c: CellRecord) -> str:
+    """A table row: the method, and its rank allocation where that is not uniform ("fasc-kfac+fisher")."""
+    return c.cell.method if c.cell.allocation == "uniform" else f"{c.cell.method}+{c.cell.allocation}"
+
+
+def describe_scope(scope: str) -> str:
+    """'groups=mlp_in,mlp_out;blocks=0-5,12' -> 'groups mlp_in, mlp_out; blocks 0-5, 12'."""
+    if scope == "all":
+        return "every input group"
+    return "; ".join(part.replace("=", " ").replace(",", ", ") for part in scope.split(";"))
+
+
 def is_analysis(c: CellRecord) -> bool:
     return c.cell.method.endswith(ANALYSIS_SUFFIX)
 
@@ -83,7 +95,7 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
 
 
 def group_cells(cells: list[CellRecord]):
-    """{model: {"dense": [...], "ranks": {(budget, rank): {method: [...]}},
+    """{model: {"dense": [...], "ranks": {(budget, rank, scope): {row name: [...]}},
     "analyses": {task: {(budget, rank): cell}}}}"""
     out: dict = defaultdict(lambda: {"dense": [], "ranks": defaultdict(lambda: defaultdict(list)),
                                      "analyses": defaultdict(dict)})
@@ -95,7 +107,7 @@ def group_cells(cells: list[CellRecord]):
         elif cell.method == DENSE:
             m["dense"].append(c)
         else:
-            m["ranks"][(cell.budget, cell.rank)][cell.method].append(c)
+            m["ranks"][(cell.budget, cell.rank, cell.scope)][row_name(c)].append(c)
     return out
 
 
@@ -148,22 +160,46 @@ def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellReco
 
 
 def missing_cells(grouped) -> list[str]:
-    """Cells a complete sweep would have: every method seen for a model at every rank seen, for every task seen."""
+    """Cells a complete sweep would have: every row seen for a model under a budget and scope at every ratio seen
+    there, for every task seen."""
     out = []
     for model, g in grouped.items():
-        methods = sorted({m for per in g["ranks"].values() for m in per})
         tasks = sorted({c.cell.task for per in g["ranks"].values() for cs in per.values() for c in cs}
                        | {c.cell.task for c in g["dense"]})
-        for key in sorted(g["ranks"], key=lambda k: (k[0], -(k[1] or 0))):
+        for key in sorted(g["ranks"], key=section_order):
+            methods = sorted({m for k, per in g["ranks"].items() if (k[0], k[2]) == (key[0], key[2]) for m in per})
             for m in methods:
                 have = {c.cell.task for c in g["ranks"][key].get(m, [])}
                 for t in tasks:
                     if t not in have:
-                        out.append(f"{model} / {m} / {key[0]} {key[1]:g} / {t}")
+                        where = "" if key[2] == "all" else f" ({describe_scope(key[2])})"
+                        out.append(f"{model} / {m} / {key[0]} {key[1]:g}{where} / {t}")
         have_dense = {c.cell.task for c in g["dense"]}
         for t in tasks:
             if t not in have_dense:
                 out.append(f"{model} / dense / {t}")
+    return out
+
+
+def section_order(key: tuple) -> tuple:
+    """(budget, rank, scope) sections: every group first, then by budget and descending ratio."""
+    budget, rank, scope = key
+    return (scope != "all", scope, budget, -(rank or 0))
+
+
+def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
+    """{row name: [{group, block, kind, k, d_in}]} for the rows of one section, from their stored compression."""
+    out = {}
+    for c in cells:
+        groups = (c.compression or {}).get("groups") or []
+        rows = []
+        for g in groups:
+            name = g.get("group", "")
+            parts = name.split(".")
+            if len(parts) == 3 and parts[1].isdigit() and is_number(g.get("k")) and is_number(g.get("d_in")):
+                rows.append({"group": name, "block": int(parts[1]), "kind": parts[2], "k": g["k"], "d_in": g["d_in"]})
+        if rows:
+            out.setdefault(row_name(c), rows)
     return out
 
 

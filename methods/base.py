@@ -94,8 +94,16 @@ class Compressor(Plugin):
             return {n: rank.k_site(group.d_in, d) for n, d in zip(group.site_names, group.d_outs)}
         return rank.k_group(group.d_in, group.d_outs)
 
-    def compress(self, group, stats: GroupStats, rank: RankSpec) -> GroupCompression:
-        k_arg = self.rank_for(group, rank)
+    @property
+    def projection(self) -> bool:
+        """One subspace per input group (its k can be set per group by a rank allocation)."""
+        return not self.site_wise
+
+    def compress(self, group, stats: GroupStats, rank: RankSpec, k: int | None = None) -> GroupCompression:
+        """`k`: the group's k from a rank allocation (projection methods only); else from `rank`."""
+        if k is not None and not self.projection:
+            raise ValueError(f"{self.name} factorises each site on its own: a per-group k does not apply")
+        k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
         k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
         # Solved on the host in float64, beside the statistics, whatever device and dtype the model has; the
         # factors are copied to each site's device when deployed.

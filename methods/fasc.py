@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite, direction_scores, group_whitening, weighted_subspace
+from core.linalg import check_finite, direction_scores, fisher_basis
 
 from .base import Compressor, projection_factors
 
@@ -116,12 +116,8 @@ class FASCKFAC(Compressor):
     description = "top-k eigenvectors of C^1/2 F C^1/2 (F C b = lambda b), F = E[g g^T]: min tr((I-P)^T F (I-P) C)"
     needs = frozenset({"C", "F"})
 
-    def _basis(self, stats):
-        check_finite("fasc", C=stats.C, F=stats.F)
-        return stats.cached("fisher_basis", lambda: weighted_subspace(stats.C, F=stats.F, whitening=group_whitening(stats)))
-
     def solve(self, weights, stats, k):
-        sol = self._basis(stats)
+        sol = fisher_basis(stats)
         extras = {"surrogate_kfac": float(sol["lam"][k:].sum())}
         return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], extras
 
@@ -133,7 +129,7 @@ class FASC(FASCKFAC):
     Settings = FASCSettings
 
     def solve(self, weights, stats, k):
-        sol = self._basis(stats)
+        sol = fisher_basis(stats)
         d = sol["U"].shape[0]
         check_finite("fasc", xs=stats.xs, gs=stats.gs)
         z = direction_scores(sol, stats.xs, stats.gs)

@@ -106,6 +106,14 @@ def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
     (["--analysis-option", "rho.units=0"], "setting units must be >= 1"),
     (["--stats-memory", "lots"], "--stats-memory 'lots' is not a size"),
     (["--device-map", "everywhere"], "--device-map 'everywhere' is unknown"),
+    (["--allocate", "fisher"], "add --budget params"),
+    (["--allocate", "fishr", "--budget", "params"], "Did you mean 'fisher'?"),
+    (["--allocate", "fisher", "--budget", "params", "--methods", "svd"], "svd factorises each site on its own"),
+    (["--allocate", "fisher", "--budget", "params", "--rank-align", "8"], "does not combine with --rank-align"),
+    (["--allocate", "fisher", "--budget", "params", "--rank", "0.001"], "below the minimum ranks"),
+    (["--groups", "mlp"], "unknown group kind 'mlp'"),
+    (["--blocks", "0-x"], "'0-x' is not a block index"),
+    (["--blocks", "0,7"], "block 7 does not exist, the model has 2 blocks (0-1)"),
 ])
 def test_bad_options(tmp_path, tiny, capsys, extra, needle):
     out = tmp_path / "out"

@@ -1,0 +1,164 @@
+"""Rank allocation across groups (bench.allocate) and group/block selection (bench.selection)."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.allocate import allocate
+from bench.calibrate import CalibSpec, calibrate
+from bench.compress import compressed
+from bench.groups import find_input_groups
+from bench.selection import Selection, format_blocks, parse_blocks
+from core.errors import UserError
+from core.stats import GroupStats, RankSpec
+
+from conftest import tiny_model
+
+
+@dataclass
+class FakeGroup:
+    name: str
+    d_in: int
+    d_outs: tuple
+
+
+def psd(d, seed, scale=1.0, decay=0.9):
+    gen = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    return scale * (Q * decay ** torch.arange(d, dtype=torch.float64)) @ Q.T
+
+
+def synthetic(shapes, f_scale=None, seed=0):
+    groups = [FakeGroup(f"layers.{i}.g", d, outs) for i, (d, outs) in enumerate(shapes)]
+    stats = {g.name: GroupStats(C=psd(g.d_in, seed + 2 * i), F=psd(g.d_in, seed + 2 * i + 1,
+                                                                   (f_scale or {}).get(i, 1.0)))
+             for i, g in enumerate(groups)}
+    return groups, stats
+
+
+@pytest.mark.parametrize("ratio", [0.2, 0.45, 0.7, 0.95])
+@pytest.mark.parametrize("rule", ["fisher", "variance"])
+def test_budget_met_within_one_direction(rule, ratio):
+    groups, stats = synthetic([(48, (48, 16, 16)), (48, (48,)), (96, (48,)), (48, (96, 96))], seed=3)
+    a = allocate(rule, groups, stats, RankSpec(ratio, "params"))
+    per_dir = max(g.d_in + sum(g.d_outs) for g in groups)
+    assert a.allocated_params <= a.budget_params
+    assert a.budget_params - a.allocated_params < per_dir
+    # the spent parameters are what the chosen ks deploy (factorised, or dense for a group kept whole)
+    deployed = sum(min(a.ks[g.name] * (g.d_in + sum(g.d_outs)), g.d_in * sum(g.d_outs)) for g in groups)
+    assert deployed == a.allocated_params
+    assert all(1 <= a.ks[g.name] <= g.d_in for g in groups)
+
+
+def test_group_with_100x_fisher_gets_more_rank():
+    shapes = [(64, (64,))] * 4
+    groups, stats = synthetic(shapes, f_scale={2: 100.0})
+    fisher = allocate("fisher", groups, stats, RankSpec(0.4, "params"))
+    others = [fisher.ks[g.name] for i, g in enumerate(groups) if i != 2]
+    assert fisher.ks["layers.2.g"] > max(others)
+    # variance ignores F: the same C spectra get about the same k, and group 2 gets nothing extra
+    variance = allocate("variance", groups, stats, RankSpec(0.4, "params"))
+    assert max(variance.ks.values()) - min(variance.ks.values()) <= 1
+
+
+def test_merge_is_taken_when_a_group_carries_the_loss():
+    # One group's lambdas dwarf the others: keeping all of it (merged, at dense cost) beats anything else
+    groups, stats = synthetic([(32, (32,)), (32, (32,)), (32, (32,))], f_scale={1: 1e6})
+    a = allocate("fisher", groups, stats, RankSpec(0.6, "params"))
+    assert a.ks["layers.1.g"] == 32
+
+
+def test_uniform_is_the_rank_spec():
+    groups, stats = synthetic([(48, (48, 16, 16)), (96, (48,))])
+    r = RankSpec(0.5, "params")
+    a = allocate("uniform", groups, stats, r)
+    assert a.ks == {g.name: r.k_group(g.d_in, g.d_outs) for g in groups}
+
+
+def test_allocated_ks_deploy_exactly_the_allocated_parameters(windows):
+    model = tiny_model("llama", hidden=32, inter=96, layers=3)
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, frozenset({"C", "F"}), CalibSpec(), progress=False)
+    for rule in ("fisher", "variance"):
+        a = allocate(rule, groups, stats, RankSpec(0.5, "params"))
+        for method in ("pca", "fasc-kfac", "whitened-svd"):
+            with compressed(model, method, RankSpec(0.5, "params"), stats, ks=a.ks, progress=False) as (_, summaries):
+                assert sum(s["params_deployed"] for s in summaries) == a.allocated_params
+                assert {s["group"]: s["k"] for s in summaries} == a.ks
+
+
+def test_selection_parsing_and_scope():
+    assert parse_blocks("0-5,12") == (0, 1, 2, 3, 4, 5, 12)
+    assert parse_blocks("3, 1-2") == (1, 2, 3)
+    assert format_blocks((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
+    for bad in ("0-x", "5-2", "", "-1"):
+        with pytest.raises(UserError, match="--blocks"):
+            parse_blocks(bad)
+    s = Selection.from_flags(["mlp_out", "attn_in"], "12,0-5").resolve(18)
+    assert s.scope == "groups=attn_in,mlp_out;blocks=0-5,12"
+    # everything, spelled out, is the default selection
+    assert Selection.from_flags(["attn_in", "attn_out", "mlp_in", "mlp_out"], "0-17").resolve(18).scope == "all"
+    with pytest.raises(UserError, match="block 18 does not exist, the model has 18 blocks"):
+        Selection.from_flags(None, "0,18").resolve(18)
+    with pytest.raises(UserError, match="Did you mean 'mlp_in'"):
+        Selection.from_flags(["mlp_inn"], None)
+
+
+def _run(tmp, out, *extra):
+    from bench.cli import main
+    from bench.smoke import tiny_checkpoint
+
+    argv = ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.6",
+            "--budget", "params", "--tasks", "ppl-token", "--calib-samples", "4", "--calib-seq-len", "64",
+            "--ppl-windows", "2", "--ppl-seq-len", "64", "--output", str(out), "--quiet", "--no-latency", *extra]
+    assert main(argv) == 0
+
+
+def _cells(out: Path) -> dict:
+    return {str(p.relative_to(out)): json.loads(p.read_text()) for p in sorted(out.rglob("*.json"))
+            if not p.name.startswith(".") and p.name != "LEADERBOARD.json"}
+
+
+def test_flags_end_to_end(tmp_path, capsys):
+    plain, uniform = tmp_path / "plain", tmp_path / "uniform"
+    _run(tmp_path, plain, "--no-report")
+    _run(tmp_path, uniform, "--no-report", "--allocate", "uniform")
+    a, b = _cells(plain), _cells(uniform)
+    assert a.keys() == b.keys()  # same cells, same keys: uniform is today's behaviour
+    for path in a:
+        assert a[path]["metrics"] == b[path]["metrics"], path
+
+    out = tmp_path / "alloc"
+    _run(tmp_path, out, "--allocate", "uniform,fisher", "variance", "--groups", "mlp_in,mlp_out", "--blocks", "0")
+    cells = _cells(out)
+    seen = {(c["cell"]["method"], c["cell"]["allocation"], c["cell"]["scope"]) for c in cells.values()}
+    scope = "groups=mlp_in,mlp_out;blocks=0"
+    assert seen == {("dense", "uniform", "all")} | {(m, r, scope) for m in ("pca", "fasc-kfac")
+                                                    for r in ("uniform", "fisher", "variance")}
+    for c in cells.values():
+        comp = c["compression"]
+        if comp is None:
+            continue
+        assert {g["group"] for g in comp["groups"]} == {"layers.0.mlp_in", "layers.0.mlp_out"}
+        alloc = comp["allocation"]
+        if c["cell"]["allocation"] != "uniform":
+            assert alloc["rule"] == c["cell"]["allocation"]
+            assert alloc["allocated_params"] == comp["params_deployed"] <= alloc["budget_params"]
+            assert {g["group"]: g["k"] for g in comp["groups"]} == alloc["k"]
+            assert "allocate_s" in c["timings"]
+    # the uniform cells of a selection are not today's all-group cells
+    assert not set(cells) & {p for p in a if "dense" not in p}
+    md = (out / "LEADERBOARD.md").read_text()
+    assert "### params ratio 0.6, groups mlp_in, mlp_out; blocks 0" in md
+    assert "| fasc-kfac+fisher" in md and "| pca+variance" in md
+    assert "k per group, by block:" in md and (out / "plots").glob("*_k_params_0.6_*.png")
+    # a rerun computes nothing
+    before = {p: c["env"]["date"] for p, c in cells.items()}
+    capsys.readouterr()
+    _run(tmp_path, out, "--allocate", "uniform", "fisher", "variance", "--groups", "mlp_out,mlp_in", "--blocks", "0-0")
+    log = capsys.readouterr()
+    assert "0 cell(s) to compute" in log.out + log.err
+    assert {p: c["env"]["date"] for p, c in _cells(out).items()} == before
