@@ -75,6 +75,13 @@ RUN_FLAGS = [
     ("--stats-memory", "stats_memory", {"help": "host memory for calibration statistics per pass, e.g. 16GB; beyond it "
                                                 "calibration runs in several passes (default: half of free memory)"}),
     ("--output", "output", {"help": "results directory (default results/)"}),
+    ("--executor", "executor", {"choices": ["local", "ray"],
+                                "help": "local (default: this process) or ray (cells spread over Ray workers; "
+                                        "pip install -e '.[ray]')"}),
+    ("--ray-address", "ray_address", {"help": "Ray cluster to join: auto or HOST:PORT (default: start one here)"}),
+    ("--retries", "retries", {"type": int, "help": "Ray: runs of a failed task after the first (default 2)"}),
+    ("--threads", "threads", {"type": int, "help": "torch threads per process (default: its CPUs; Ray: the CPUs "
+                                                   "each task is given)"}),
 ]
 
 
@@ -125,13 +132,19 @@ def cmd_run(args) -> int:
     from analyses import run_sweep
 
     spec = _spec_from_args(args)
-    run_sweep(spec)
+    failed = []
+    if spec.executor == "ray":
+        from .ray_executor import run_on_ray
+
+        failed = run_on_ray(spec)["failed"]
+    else:
+        run_sweep(spec)
     if spec.report:
         from leaderboard.report import write_report
 
         out = write_report(spec.output)
         print(f"leaderboard: {out}")
-    return 0
+    return 1 if failed else 0
 
 
 def cmd_ls(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -38,6 +39,14 @@ from .store import (DENSE, cell_path, cell_status, claim_cell, environment, rele
 def analysis_method(name: str) -> str:
     """The `method` of an analysis cell ("rho-analysis"): analyses sit beside methods in the results tree."""
     return f"{name}-analysis"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or a scheduler's share, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def log(msg: str) -> None:
@@ -245,15 +254,31 @@ def analysis_key(analysis, spec: RunSpec, fingerprint) -> str:
 
 # ---------------------------------------------------------------- the sweep
 
-def run(spec: RunSpec, analyses: dict | None = None) -> dict:
+PARTS = ("dense", "variants", "analyses")  # the local sweep; "calibrate" forces the calibration
+
+
+def sweep_needs(spec: RunSpec, analyses: dict) -> frozenset[str]:
+    """The statistics a whole sweep reads: its methods', its allocation rules' and its analyses'."""
+    return needed_stats([methods.get_method(m) for m in spec.methods]).union(
+        *(a.needs for a in analyses.values()), *(RULES[rule] for rule in spec.allocate))
+
+
+def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: frozenset | None = None,
+        claim_owner: str | None = None, models: dict | None = None) -> dict:
     """The sweep. `analyses` ({name: Analysis}, built by the caller from the analyses registry) are the names of
-    spec.tasks that are not model tasks; the harness runs them through `AnalysisContext` and never imports them."""
+    spec.tasks that are not model tasks; the harness runs them through `AnalysisContext` and never imports them.
+
+    An executor that spreads a sweep over processes runs it in `parts`: "dense" and "calibrate" once, then
+    "variants" (one spec per method, rank and allocation) and "analyses" where it likes. `stats_needs`, the whole
+    sweep's statistics, makes every part read the one calibration the "calibrate" part wrote. `models`: a dict the
+    caller keeps across calls, in which a worker process keeps its loaded model for its next part."""
     from .models import load_model
     from .spec import validate
 
     analyses = dict(analyses or {})
     validate(spec, set(analyses))
     out_root = Path(spec.output)
+    torch.set_num_threads(spec.threads or available_cpus())
     device = torch.device(spec.device)
     torch.manual_seed(spec.seed)
     t_start = time.perf_counter()
@@ -285,8 +310,18 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             checked["calib_windows"] = calibration_windows(tokenizer, load_text(spec.calib_source, "calib"),
                                                            spec.calib_samples, spec.calib_seq_len, spec.seed, spec.bos)
 
-    lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight,
-                    device_map=spec.device_map)
+    key = (spec.model, spec.dtype, spec.device, spec.device_map)
+    if models is not None and key in models:
+        # The dense model a previous part of the sweep left in this process (a variant restores it bit for bit)
+        lm = models[key]
+        log("model: the one this process loaded for its previous part")
+        preflight(lm.tokenizer)
+    else:
+        lm = load_model(spec.model, spec.dtype, spec.device, progress=spec.progress, before_weights=preflight,
+                        device_map=spec.device_map)
+        if models is not None:
+            models.clear()  # one model per process
+            models[key] = lm
     model_tasks = checked["tasks"]
     env = environment(spec.device)
     common = {"model_fingerprint": lm.fingerprint, "seed": spec.seed, "env": env, "bos": spec.bos}
@@ -324,16 +359,16 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
                 todo[name] = (task, p, key)
         return todo
 
-    dense_todo = paths_for(DENSE, None, None)
+    dense_todo = paths_for(DENSE, None, None) if "dense" in parts else {}
     plan = {}
-    for m in spec.methods:
+    for m in (spec.methods if "variants" in parts else []):
         for r in ranks:
             for rule in spec.allocate:
                 todo = paths_for(m, r.ratio, method_key(m, spec, rule, scope), rule)
                 if todo:
                     plan[(m, r, rule)] = todo
     analysis_todo = {}
-    for name, analysis in analyses.items():
+    for name, analysis in (analyses.items() if "analyses" in parts else []):
         key = analysis_key(analysis, spec, lm.fingerprint)
         for r in ranks:
             p = cell_path(out_root, lm.name, analysis_method(name), r.ratio, spec.budget, name, key)
@@ -354,7 +389,7 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
         mine = {}
         for name, item in todo.items():
             _, p, _ = item
-            if not claim_cell(p):
+            if not claim_cell(p, claim_owner):
                 elsewhere.append(p)
                 continue
             claimed.add(p)
@@ -376,10 +411,16 @@ def run(spec: RunSpec, analyses: dict | None = None) -> dict:
             release(dense_todo)
             log(f"[dense] {_summary_line(recs)}")
 
-        needs = needed_stats([methods.get_method(m) for m, _, _ in plan]).union(
-            *(a.needs for a, _, _ in analysis_todo.values()), *(RULES[rule] for _, _, rule in plan))
+        # One calibration per sweep: the statistics of all its methods, rules and analyses, whichever cells are
+        # missing now, so a rerun and every part of a sweep spread over processes read the same cache folder.
+        needs = frozenset()
+        if plan or analysis_todo or "calibrate" in parts:
+            needs = sweep_needs(spec, analyses)
+            if stats_needs is not None and needs:
+                needs = frozenset(stats_needs)
         stats, calib_info = ({}, None)
-        groups = all_groups if analysis_todo else selected  # analyses read every group; methods the selected ones
+        # analyses read every group; methods the selected ones
+        groups = all_groups if analysis_todo or ("calibrate" in parts and analyses) else selected
         if needs:
             stats, calib_info = load_or_calibrate(lm, groups, spec, needs, checked.get("calib_windows"))
         allocations: dict = {}  # (rule, rank) -> Allocation: one per rule and ratio, whatever the method

@@ -52,6 +52,11 @@ class RunSpec:
     batch_size: int = 4
     stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
     output: str = "results"
+    # executor: local (this process) or ray (cells spread over a Ray cluster's workers: bench.ray_executor)
+    executor: str = "local"
+    ray_address: str | None = None  # None: a Ray instance on this machine; "auto" or HOST:PORT: a running cluster
+    retries: int = 2  # Ray: times a task whose worker died (or that raised a runtime error) is run again
+    threads: int | None = None  # torch intra-op threads (default: the CPUs this process may use; Ray: its CPUs)
     overwrite: bool = False
     method_options: dict = field(default_factory=dict)  # {method: {setting: value}}
     task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
@@ -159,6 +164,14 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
             what = "a non-negative" if low == 0 else ("an" if low == 2 else "a positive")
             raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
                             f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
+    if spec.executor not in ("local", "ray"):
+        raise UserError(f"--executor {spec.executor!r} is unknown: use local (default) or ray")
+    if spec.threads is not None and (not isinstance(spec.threads, int) or spec.threads < 1):
+        raise UserError(f"--threads must be a positive integer, got {spec.threads!r}")
+    if not isinstance(spec.retries, int) or isinstance(spec.retries, bool) or spec.retries < 0:
+        raise UserError(f"--retries must be a non-negative integer, got {spec.retries!r}")
+    if spec.ray_address is not None and spec.executor != "ray":
+        raise UserError("--ray-address is for --executor ray: add --executor ray or leave the address out")
     if spec.device_map not in (None, "auto"):
         raise UserError(f"--device-map {spec.device_map!r} is unknown: use auto (or leave it out for one device)")
     if spec.stats_memory is not None:

@@ -141,8 +141,9 @@ def _lock_path(path: Path) -> Path:
     return Path(path).with_name(f".{Path(path).name}.lock")
 
 
-def _holder_alive(lock: Path) -> bool:
-    """Whether the process that wrote a claim may still be computing it."""
+def _holder_alive(lock: Path, owner: str | None = None) -> bool:
+    """Whether the process that wrote a claim may still be computing it. `owner`: the claimant's own tag (a Ray
+    task's id), so a retried task breaks the claim its killed attempt left, on whichever node it runs now."""
     try:
         age = time.time() - lock.stat().st_mtime
         info = json.loads(lock.read_text())
@@ -150,6 +151,8 @@ def _holder_alive(lock: Path) -> bool:
         return False
     except (OSError, ValueError):
         return age < 60  # a claim being written right now, or garbage: give it a minute
+    if owner is not None and info.get("owner") == owner:
+        return False
     if info.get("host") == platform.node():
         try:
             os.kill(int(info["pid"]), 0)
@@ -160,7 +163,7 @@ def _holder_alive(lock: Path) -> bool:
     return age < LOCK_TTL_S
 
 
-def claim_cell(path: Path) -> bool:
+def claim_cell(path: Path, owner: str | None = None) -> bool:
     """Take an exclusive claim on a cell before computing it; False when a live process holds it.
 
     The claim is written in full to a private file and then hard-linked into place (atomic, and refused when the
@@ -168,7 +171,7 @@ def claim_cell(path: Path) -> bool:
     from core.errors import UserError
 
     lock = _lock_path(path)
-    body = json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time()})
+    body = json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time(), "owner": owner})
     for _ in range(2):
         tmp = lock.with_name(f"{lock.name}.{os.getpid()}.tmp")
         try:
@@ -177,7 +180,7 @@ def claim_cell(path: Path) -> bool:
             try:
                 os.link(tmp, lock)
             except FileExistsError:
-                if _holder_alive(lock):
+                if _holder_alive(lock, owner):
                     return False
                 lock.unlink(missing_ok=True)  # a dead process's claim: break it and try once more
                 continue
