@@ -53,7 +53,7 @@ def run_part(fields: dict, parts: tuple, needs: list | None, cache: str, cwd: st
     if spec.threads is None:
         spec.threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     torch.set_num_threads(spec.threads)
-    analyses = build([t for t in spec.tasks], spec.analysis_options)
+    analyses = build(spec.tasks, spec.analysis_options)
     # A retried task is the same Ray task: it may break the claims its killed attempt left behind.
     owner = f"ray-task:{ray.get_runtime_context().get_task_id()}"
     out = run(spec, analyses, parts=parts, stats_needs=None if needs is None else frozenset(needs), claim_owner=owner,
@@ -73,16 +73,13 @@ def run_on_ray(spec) -> dict:
     """The sweep of `spec` on Ray; returns {"written", "failed": [one line per failed task], "seconds"}."""
     from tqdm.auto import tqdm
 
-    from analyses import build
-    from core.io import cache_dir
+    from analyses import resolve
     from bench.runner import sweep_needs
-    from bench.spec import check_task_names, validate
-
-    import analyses as analysis_registry
+    from bench.spec import validate
+    from core.io import cache_dir
 
     ray = _import_ray()
-    check_task_names(spec.tasks, set(analysis_registry.known_analyses()))
-    analyses = build(spec.tasks, spec.analysis_options)
+    analyses = resolve(spec)
     validate(spec, set(analyses))  # every input error before a cluster starts
     spec.output = str(Path(spec.output).resolve())
     t0 = time.perf_counter()
