@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.linalg import NumericError, fisher_basis, pca_basis
+from core.record import UNIFORM
 from core.stats import GroupStats, RankSpec
 
-UNIFORM = "uniform"
 # rule -> the statistics it reads
 RULES = {UNIFORM: frozenset(), "fisher": frozenset({"C", "F"}), "variance": frozenset({"C"})}
 MIN_K_FRACTION = 0.01  # every selected group keeps at least 1 % of its input directions (and at least one)
@@ -62,7 +62,6 @@ class Allocation:
     budget_params: int
     allocated_params: int
     dense_params: int
-    min_k: dict[str, int] = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)  # values (the eigen-solves) and greedy
 
     def summary(self) -> dict:
@@ -79,25 +78,34 @@ def _floors(shapes: dict[str, tuple[int, int]]) -> tuple[dict, dict]:
     return kmax, min_k
 
 
+def _shapes(groups) -> dict[str, tuple[int, int]]:
+    return {g.name: (g.d_in, sum(g.d_outs)) for g in groups}
+
+
+def _budget(shapes: dict[str, tuple[int, int]], rank: RankSpec) -> int:
+    return math.floor(rank.ratio * sum(d * D for d, D in shapes.values()))
+
+
+def _paid_minimum(shapes: dict[str, tuple[int, int]], min_k: dict[str, int], budget: int, ratio: float) -> int:
+    """The parameters of every group's minimum k, or one line when the budget cannot pay them."""
+    floor = sum(min_k[g] * (d + D) for g, (d, D) in shapes.items())
+    if floor > budget:
+        raise UserError(f"--rank {ratio:g}: a parameter budget of {budget:,} is below the minimum ranks of the "
+                        f"selected groups ({floor:,} parameters at 1 % of each group's directions): raise --rank")
+    return floor
+
+
 def check_budget(groups, rank: RankSpec) -> None:
     """Before any compute: the budget pays for every selected group's minimum k."""
-    shapes = {g.name: (g.d_in, sum(g.d_outs)) for g in groups}
-    _, min_k = _floors(shapes)
-    floor = sum(min_k[g] * (d + D) for g, (d, D) in shapes.items())
-    budget = math.floor(rank.ratio * sum(d * D for d, D in shapes.values()))
-    if floor > budget:
-        raise UserError(f"--rank {rank.ratio:g}: a parameter budget of {budget:,} is below the minimum ranks of the "
-                        f"selected groups ({floor:,} parameters at 1 % of each group's directions): raise --rank")
+    shapes = _shapes(groups)
+    _paid_minimum(shapes, _floors(shapes)[1], _budget(shapes, rank), rank.ratio)
 
 
-def _greedy(shapes: dict[str, tuple[int, int]], values: dict[str, torch.Tensor], budget: int):
-    """shapes: group -> (d_in, sum d_out). Returns ({group: k}, params spent, {group: minimum k})."""
+def _greedy(shapes: dict[str, tuple[int, int]], values: dict[str, torch.Tensor], budget: int, ratio: float):
+    """shapes: group -> (d_in, sum d_out). Returns ({group: k}, params spent)."""
     kmax, min_k = _floors(shapes)
     ks = dict(min_k)
-    spent = sum(ks[g] * (d + D) for g, (d, D) in shapes.items())
-    if spent > budget:
-        raise UserError(f"parameter budget {budget:,} is below the minimum ranks of the selected groups "
-                        f"({spent:,} parameters at 1 % of each group's directions): raise --rank")
+    spent = _paid_minimum(shapes, min_k, budget, ratio)
     order = {g: i for i, g in enumerate(shapes)}  # ties go to the earlier group: deterministic
 
     def item(g):
@@ -126,12 +134,12 @@ def _greedy(shapes: dict[str, tuple[int, int]], values: dict[str, torch.Tensor],
         spent += cost
         ks[g] = shapes[g][0] if what == "merge" else ks[g] + 1
         push(g)
-    return ks, spent, min_k
+    return ks, spent
 
 
 def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec, progress: bool = False) -> Allocation:
     """k per group for `groups` (InputGroups) under `rank` (a parameter ratio for fisher and variance)."""
-    shapes = {g.name: (g.d_in, sum(g.d_outs)) for g in groups}
+    shapes = _shapes(groups)
     dense = sum(d * D for d, D in shapes.values())
     if rule == UNIFORM:
         ks = {g.name: rank.k_group(g.d_in, g.d_outs) for g in groups}
@@ -142,7 +150,7 @@ def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec,
     for g in tqdm(groups, desc=f"allocate ({rule})", disable=not progress, leave=False):
         values[g.name] = direction_values(rule, stats[g.name])
     t1 = time.perf_counter()
-    budget = math.floor(rank.ratio * dense)
-    ks, spent, min_k = _greedy(shapes, values, budget)
+    budget = _budget(shapes, rank)
+    ks, spent = _greedy(shapes, values, budget, rank.ratio)
     t2 = time.perf_counter()
-    return Allocation(rule, ks, budget, spent, dense, min_k, {"values_s": t1 - t0, "greedy_s": t2 - t1})
+    return Allocation(rule, ks, budget, spent, dense, {"values_s": t1 - t0, "greedy_s": t2 - t1})

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 import methods
 from core.errors import UserError
 from core.linalg import NumericError
+from core.record import ALL_GROUPS, UNIFORM
 from core.stats import GroupStats, RankSpec
 
 from .apply import apply_compression, restore
@@ -48,7 +49,7 @@ def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStat
 
 
 def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None,
-                        allocation: dict | None = None, scope: str = "all") -> dict:
+                        allocation: dict | None = None, scope: str = ALL_GROUPS) -> dict:
     dense = sum(s["params_dense"] for s in summaries)
     deployed = sum(s["params_deployed"] for s in summaries)
     fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
@@ -59,5 +60,5 @@ def compression_summary(summaries: list[dict], rank: RankSpec, method: str, meth
         "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
         "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,
-        "allocation": allocation or {"rule": "uniform"},
+        "allocation": allocation or {"rule": UNIFORM},
     }

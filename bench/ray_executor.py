@@ -39,9 +39,8 @@ _MODELS: dict = {}  # per worker process: the model its last part loaded (Ray re
 def run_part(fields: dict, parts: tuple, needs: list | None, cache: str, cwd: str) -> dict:
     """One Ray task: `bench.runner.run` on one part of the sweep, in a worker process."""
     import ray
-    import torch
 
-    from analyses import build
+    from analyses import resolve
     from bench.runner import run
     from bench.spec import RunSpec
 
@@ -50,10 +49,9 @@ def run_part(fields: dict, parts: tuple, needs: list | None, cache: str, cwd: st
         os.chdir(cwd)  # relative paths (data files, --output) mean what they meant to the driver
     spec = RunSpec(**fields)
     spec.executor, spec.ray_address, spec.report, spec.progress = "local", None, False, False
-    if spec.threads is None:
+    if spec.threads is None:  # `run` sets torch's threads from it
         spec.threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-    torch.set_num_threads(spec.threads)
-    analyses = build(spec.tasks, spec.analysis_options)
+    analyses = resolve(spec)
     # A retried task is the same Ray task: it may break the claims its killed attempt left behind.
     owner = f"ray-task:{ray.get_runtime_context().get_task_id()}"
     out = run(spec, analyses, parts=parts, stats_needs=None if needs is None else frozenset(needs), claim_owner=owner,
@@ -77,6 +75,7 @@ def run_on_ray(spec) -> dict:
     from bench.runner import sweep_needs
     from bench.spec import validate
     from core.io import cache_dir
+    from core.record import variant_name
 
     ray = _import_ray()
     analyses = resolve(spec)
@@ -134,7 +133,7 @@ def run_on_ray(spec) -> dict:
     refs = {}
     for m, r, rule in variants:
         sub = dict(fields, methods=[m], ranks=[r], allocate=[rule], tasks=[t for t in spec.tasks if t not in analyses])
-        label = f"{m}{'' if rule == 'uniform' else '+' + rule} @ {r:g}"
+        label = f"{variant_name(m, rule)} @ {r:g}"
         refs[part.options(**options).remote(sub, ("variants",), *common)] = (label, n_tasks)
     if analyses:
         refs[part.options(**options).remote(fields, ("analyses",), *common)] = (

@@ -18,15 +18,15 @@ import methods
 import tasks as task_registry
 from core.errors import UserError
 from core.io import atomic_write_json, cache_dir
-from core.record import CellId, CellRecord
+from core.record import UNIFORM, CellId, CellRecord, describe_scope, variant_name
 from core.stats import GroupStats, RankSpec
 
 from . import __version__
-from .allocate import RULES, UNIFORM, allocate, check_budget
+from .allocate import RULES, allocate, check_budget
 from .calibrate import STATS_VERSION, CalibSpec, calibrate, needed_stats
 from .compress import compressed, compression_summary
 from .groups import find_input_groups
-from .selection import ALL, Selection, describe_scope
+from .selection import ALL, Selection
 from .measure import latency, peak_memory, weight_bytes
 from .spec import RunSpec
 from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, readable, to_stored,
@@ -449,7 +449,7 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
                                         cell_common, device)
             written += len(recs)
             release(todo)
-            log(f"[{m}{'' if rule == UNIFORM else '+' + rule} @ {r.ratio:g}] {_summary_line(recs)}")
+            log(f"[{variant_name(m, rule)} @ {r.ratio:g}] {_summary_line(recs)}")
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
             ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)

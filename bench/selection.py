@@ -10,10 +10,9 @@ import re
 from dataclasses import dataclass
 
 from core.errors import UserError, did_you_mean
+from core.record import ALL_GROUPS as ALL
 
 from .groups import GROUP_KINDS, InputGroup
-
-ALL = "all"
 
 
 def parse_blocks(text: str) -> tuple[int, ...]:
@@ -86,7 +85,3 @@ class Selection:
             parts.append("blocks=" + format_blocks(self.blocks))
         return ";".join(parts) or ALL
 
-
-def describe_scope(scope: str) -> str:
-    """'groups=mlp_in;blocks=0-5' -> 'groups mlp_in; blocks 0-5' (for logs; the leaderboard has its own copy)."""
-    return "every input group" if scope == ALL else scope.replace("=", " ").replace(";", "; ")

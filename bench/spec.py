@@ -104,7 +104,9 @@ def check_selection(spec: RunSpec) -> None:
     """--groups/--blocks parse, and --allocate names rules that apply to every method of the run."""
     import methods
 
-    from .allocate import UNIFORM, check_rules
+    from core.record import UNIFORM
+
+    from .allocate import check_rules
     from .selection import Selection
 
     Selection.from_flags(spec.groups, spec.blocks)

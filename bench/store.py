@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from core.io import atomic_write_json
-from core.record import CellRecord, cell_problem
+from core.record import ALL_GROUPS, UNIFORM, CellRecord, cell_problem, variant_name
 
 DENSE = "dense"
 
@@ -27,13 +27,13 @@ def rank_label(rank: float | None, budget: str) -> str:
 
 
 def cell_path(root: Path, model: str, method: str, rank: float | None, budget: str, task: str, key: str,
-              allocation: str = "uniform", scope: str = "all") -> Path:
+              allocation: str = UNIFORM, scope: str = ALL_GROUPS) -> Path:
     """results/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json"""
     slug = model.replace("/", "__")
     if method == DENSE:
         return Path(root) / slug / DENSE / f"{task}-{key}.json"
-    folder = Path(root) / slug / (method if allocation == "uniform" else f"{method}+{allocation}")
-    if scope != "all":
+    folder = Path(root) / slug / variant_name(method, allocation)
+    if scope != ALL_GROUPS:
         folder = folder / "".join(ch if ch.isalnum() or ch in "-.," else "_" for ch in scope)
     return folder / rank_label(rank, budget) / f"{task}-{key}.json"
 

@@ -12,6 +12,20 @@ SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (2, 3)
 CELL_KEYS = {"model": str, "method": str, "task": str, "budget": str, "key": str}
 OPTIONAL_CELL_KEYS = {"allocation": str, "scope": str}
+UNIFORM = "uniform"  # the allocation of every cell before schema 3: each group at the run's ratio
+ALL_GROUPS = "all"  # the scope of every cell before schema 3: every input group compressed
+
+
+def variant_name(method: str, allocation: str) -> str:
+    """A variant's name in logs, folders and table rows: the method, and its allocation where not uniform."""
+    return method if allocation == UNIFORM else f"{method}+{allocation}"
+
+
+def describe_scope(scope: str) -> str:
+    """'groups=mlp_in,mlp_out;blocks=0-5,12' -> 'groups mlp_in, mlp_out; blocks 0-5, 12'."""
+    if scope == ALL_GROUPS:
+        return "every input group"
+    return "; ".join(part.replace("=", " ").replace(",", ", ") for part in scope.split(";"))
 
 
 def _finite_or_null(v) -> bool:
@@ -62,8 +76,8 @@ class CellId:
     budget: str
     task: str
     key: str = ""
-    allocation: str = "uniform"  # how k is split across groups: uniform (one ratio per group), fisher, variance
-    scope: str = "all"  # which input groups were compressed (see bench.selection): "all" or "groups=...;blocks=..."
+    allocation: str = UNIFORM  # how k is split across groups: uniform (one ratio per group), fisher, variance
+    scope: str = ALL_GROUPS  # which input groups were compressed (see bench.selection): "all" or "groups=...;blocks=..."
 
     def identity(self, model_hash: str | None = None) -> tuple:
         return (self.model, model_hash or self.model, self.method, self.allocation, self.scope, self.budget,

@@ -10,13 +10,13 @@ from pathlib import Path
 from tabulate import tabulate
 
 from core.io import atomic_write_text
-from core.record import CellRecord
+from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
 from .load import load_results
 from .significance import ALPHA
-from .tables import (REFERENCE, Column, allocation_k, chance_table, delta_key, describe_scope, group_cells, is_number,
-                     metric_columns, missing_cells, rank_table, section_order)
+from .tables import (REFERENCE, Column, allocation_k, chance_table, delta_key, group_cells, is_number, metric_columns,
+                     missing_cells, rank_table, section_order)
 
 ARROW = {True: " ↑", False: " ↓", None: ""}
 DISPLAY = [  # (header, key, higher is better or None, format), after the task columns
@@ -186,7 +186,7 @@ def _rho_section(cell: CellRecord) -> list[str]:
     ]
 
 
-def allocation_section(by_row: dict, rows: list[dict], model: str, budget: str, rank: float, scope: str,
+def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope: str,
                        plot_dir: Path, written: list) -> list[str]:
     """Rank allocations of one section: the budget each met, and k per group by block (table and plot)."""
     cells = [c for cs in by_row.values() for c in cs]
@@ -194,7 +194,7 @@ def allocation_section(by_row: dict, rows: list[dict], model: str, budget: str, 
     lines = []
     for name in sorted(ks):
         info = next(((c.compression or {}).get("allocation") for c in by_row.get(name, [])), None) or {}
-        if info.get("rule", "uniform") == "uniform":
+        if info.get("rule", UNIFORM) == UNIFORM:
             continue
         secs = sum((info.get("seconds") or {}).values())
         lines.append(f"- {name}: {info['allocated_params']:,} of a {info['budget_params']:,}-parameter budget "
@@ -213,7 +213,7 @@ def allocation_section(by_row: dict, rows: list[dict], model: str, budget: str, 
             per = sorted((g["block"], g["k"]) for g in ks[name] if g["kind"] == kind)
             table.append([name, kind, " ".join(str(k) for _, k in per)])
     p = plots.k_by_block(ks, f"{model}, {budget} ratio {rank:g}: k per group",
-                         plot_dir / f"{_slug(model)}_k_{budget}_{rank:g}{'' if scope == 'all' else '_' + _slug(scope)}.png")
+                         plot_dir / f"{_slug(model)}_k_{budget}_{rank:g}{'' if scope == ALL_GROUPS else '_' + _slug(scope)}.png")
     written.append(p)
     return (["Rank allocation (budget over the compressed groups):", ""] + lines + [""]
             + ["k per group, by block:", "", tabulate(table, headers=["row", "group", "k by block"], tablefmt="github",
@@ -244,9 +244,9 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
         for key in sorted(g["ranks"], key=section_order):
             budget, rank, scope = key
             rows = rank_table(g["dense"], g["ranks"][key], ref, columns)
-            where = "" if scope == "all" else f", {describe_scope(scope)}"
+            where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
             md += [f"### {budget} ratio {rank:g}{where}", ""]
-            if scope != "all":
+            if scope != ALL_GROUPS:
                 md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
                        "ratio counts the compressed groups", ""]
             md += [markdown_table(rows, ref, columns), ""]
@@ -255,13 +255,12 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
                 md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
-            alloc_rows = [r["method"] for r in rows if "+" in r["method"]]
-            if alloc_rows:
-                md += allocation_section(g["ranks"][key], rows, model, budget, rank, scope, plot_dir, written_plots)
+            # allocation_section writes nothing unless some row of the section has a non-uniform allocation
+            md += allocation_section(g["ranks"][key], model, budget, rank, scope, plot_dir, written_plots)
             for r in rows:
                 flat_rows.append({"model": model, "budget": budget, "rank": rank, "scope": scope, **r})
                 if r["method"] != "dense":
-                    name = r["method"] if scope == "all" else f"{r['method']} [{scope}]"
+                    name = r["method"] if scope == ALL_GROUPS else f"{r['method']} [{scope}]"
                     cross.setdefault(name, {})[rank] = r
         if cross:
             ranks = sorted({r for per in cross.values() for r in per}, reverse=True)

@@ -6,7 +6,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from core.record import CellRecord
+from core.record import ALL_GROUPS, CellRecord, describe_scope, variant_name
 
 from .load import DENSE
 from .significance import above_chance, compare
@@ -29,14 +29,7 @@ class Column:
 
 def row_name(c: CellRecord) -> str:
     """A table row: the method, and its rank allocation where that is not uniform ("fasc-kfac+fisher")."""
-    return c.cell.method if c.cell.allocation == "uniform" else f"{c.cell.method}+{c.cell.allocation}"
-
-
-def describe_scope(scope: str) -> str:
-    """'groups=mlp_in,mlp_out;blocks=0-5,12' -> 'groups mlp_in, mlp_out; blocks 0-5, 12'."""
-    if scope == "all":
-        return "every input group"
-    return "; ".join(part.replace("=", " ").replace(",", ", ") for part in scope.split(";"))
+    return variant_name(c.cell.method, c.cell.allocation)
 
 
 def is_analysis(c: CellRecord) -> bool:
@@ -172,7 +165,7 @@ def missing_cells(grouped) -> list[str]:
                 have = {c.cell.task for c in g["ranks"][key].get(m, [])}
                 for t in tasks:
                     if t not in have:
-                        where = "" if key[2] == "all" else f" ({describe_scope(key[2])})"
+                        where = "" if key[2] == ALL_GROUPS else f" ({describe_scope(key[2])})"
                         out.append(f"{model} / {m} / {key[0]} {key[1]:g}{where} / {t}")
         have_dense = {c.cell.task for c in g["dense"]}
         for t in tasks:
@@ -184,7 +177,7 @@ def missing_cells(grouped) -> list[str]:
 def section_order(key: tuple) -> tuple:
     """(budget, rank, scope) sections: every group first, then by budget and descending ratio."""
     budget, rank, scope = key
-    return (scope != "all", scope, budget, -(rank or 0))
+    return (scope != ALL_GROUPS, scope, budget, -(rank or 0))
 
 
 def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
