@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as Fn
 from torch import nn
 
-from methods.base import GroupCompression
+from core.sparsity import sparsify
+from methods.base import GroupCompression, MaskedWeights, SparseActivation
 
 CONFIG_KEY = "acbench_compression"
 
@@ -48,6 +50,72 @@ class LowRankLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
+
+
+class InputSparsifier(nn.Module):
+    """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
+    accelerator reads the sparse activation once). `n_computed` counts the masks actually computed."""
+
+    def __init__(self, result: SparseActivation, dtype, device):
+        super().__init__()
+        p = result.pattern
+        self.n, self.m = (p.n, p.m) if p.structured else (p.keep(result.d_in), 0)
+        self.mitigation = result.mitigation
+        as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
+        self.register_buffer("scale", as_buffer(result.scale))
+        self.register_buffer("mu", as_buffer(result.mu))
+        self._cache: tuple | None = None
+        self.n_readers, self._hits, self.n_computed = 1, 0, 0
+
+    def forward(self, x: torch.Tensor):
+        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
+            out = self._cache[2]
+            self._hits += 1
+        else:
+            out = sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu)
+            self.n_computed += 1
+            self._cache, self._hits = (x, x._version, out), 1
+        if self._hits >= self.n_readers:
+            self._cache = None
+        return out
+
+    def extra_repr(self) -> str:
+        return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
+
+
+class SparseInputLinear(nn.Module):
+    """y = W s(x) + b' : the dense site (kept by reference, its weight unchanged) reading the group's sparse x.
+    b' = b + W mu for the shift mitigation; a per-token median eta comes back as eta * (W 1)."""
+
+    def __init__(self, dense: nn.Linear, sparsifier: InputSparsifier, owner: bool):
+        super().__init__()
+        self.dense = dense
+        if owner:
+            self.sparsifier = sparsifier  # stored under the group's first site
+        else:
+            object.__setattr__(self, "_shared", sparsifier)
+        W = dense.weight.detach()
+        with torch.no_grad():
+            bias = dense.bias.detach().clone() if dense.bias is not None else None
+            if sparsifier.mitigation == "shift":
+                shift = (W.double() @ sparsifier.mu.double()).to(W.dtype)
+                bias = shift if bias is None else bias + shift
+            self.register_buffer("bias", bias)
+            self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
+
+    @property
+    def in_features(self):
+        return self.dense.in_features
+
+    @property
+    def out_features(self):
+        return self.dense.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sp = self.sparsifier if "sparsifier" in self._modules else self._shared
+        xs, eta = sp(x)
+        y = Fn.linear(xs, self.dense.weight, self.bias)
+        return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -94,10 +162,55 @@ def restore(model: nn.Module, undo: Undo) -> None:
         delattr(model.config, CONFIG_KEY)
 
 
-def apply_compression(model: nn.Module, group, result: GroupCompression) -> Undo:
-    """Deploy one group's result: factorised modules, or merged dense weights W_i' = A_i B_i. The originals are
-    not modified (a merged site gets a new weight tensor), so `restore` gives back the dense model bit for bit."""
-    undo = Undo(layouts=getattr(model.config, CONFIG_KEY, None), had_layouts=hasattr(model.config, CONFIG_KEY))
+def _new_undo(model) -> Undo:
+    return Undo(layouts=getattr(model.config, CONFIG_KEY, None), had_layouts=hasattr(model.config, CONFIG_KEY))
+
+
+def _record_layout(model, layout: dict) -> None:
+    layouts = dict(getattr(model.config, CONFIG_KEY, None) or {})
+    layouts.update(layout)
+    setattr(model.config, CONFIG_KEY, layouts)
+
+
+def apply_compression(model: nn.Module, group, result) -> Undo:
+    """Deploy one group's result in place with the handler of its type; `restore(model, undo)` gives back the
+    dense model bit for bit (the originals are never modified, only replaced by reference)."""
+    for kind, handler in HANDLERS.items():
+        if isinstance(result, kind):
+            return handler(model, group, result)
+    raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.apply.HANDLERS")
+
+
+def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) -> Undo:
+    """Every site of the group wrapped to read one sparse x; the dense modules are kept, unchanged, inside."""
+    undo = _new_undo(model)
+    ref = group.sites[0].weight
+    sparsifier = InputSparsifier(result, ref.dtype, ref.device)
+    sparsifier.n_readers = len(group.sites)
+    undo.modules = {n: model.get_submodule(n) for n in group.site_names}
+    for i, (name, site) in enumerate(zip(group.site_names, group.sites)):
+        _set_module(model, name, SparseInputLinear(site, sparsifier, owner=i == 0))
+    _record_layout(model, {n: {"form": result.form, "pattern": result.pattern.budget, "density": result.pattern.density,
+                               "mitigation": result.mitigation, "owner": group.site_names[0]}
+                           for n in group.site_names})
+    return undo
+
+
+def _apply_masked_weights(model: nn.Module, group, result: MaskedWeights) -> Undo:
+    """Each site gets a new weight W * mask (dense shape); the original weight is kept by reference."""
+    undo = _new_undo(model)
+    with torch.no_grad():
+        for name, site in zip(group.site_names, group.sites):
+            mask = result.masks[name].to(site.weight.device)
+            undo.weights.append((site, site.weight))
+            site.weight = nn.Parameter(site.weight.detach() * mask.to(site.weight.dtype), requires_grad=False)
+    _record_layout(model, {n: {"form": result.form, "pattern": result.pattern.budget} for n in group.site_names})
+    return undo
+
+
+def _apply_factors(model: nn.Module, group, result: GroupCompression) -> Undo:
+    """Factorised modules, or merged dense weights W_i' = A_i B_i (a merged site gets a new weight tensor)."""
+    undo = _new_undo(model)
     layout = {}
     owner = group.site_names[0]
     for name, site in zip(group.site_names, group.sites):
@@ -125,10 +238,13 @@ def apply_compression(model: nn.Module, group, result: GroupCompression) -> Undo
                     mod.A.bias.copy_(biases[name])
                 if mod._owner is mod:
                     mod.B.weight.copy_(B.to(mod.B.weight.dtype))
-    layouts = dict(getattr(model.config, CONFIG_KEY, None) or {})
-    layouts.update(layout)
-    setattr(model.config, CONFIG_KEY, layouts)
+    _record_layout(model, layout)
     return undo
+
+
+# One deployment per result type (as torchao dispatches on a config's type); a new result type adds its handler.
+HANDLERS = {GroupCompression: _apply_factors, SparseActivation: _apply_sparse_activation,
+            MaskedWeights: _apply_masked_weights}
 
 
 def load_compressed(path: str | Path, dtype=torch.float32) -> nn.Module:
@@ -139,6 +255,10 @@ def load_compressed(path: str | Path, dtype=torch.float32) -> nn.Module:
     path = Path(path)
     config = AutoConfig.from_pretrained(path)
     layout = getattr(config, CONFIG_KEY, None) or {}
+    sparse = sorted({spec.get("form") for spec in layout.values()} - {"factorised", "merged", "masked-weights"})
+    if sparse:
+        raise ValueError(f"checkpoint {path} holds a {sparse[0]} layout, which is deployed at run time and not "
+                         "saved as modules: compress it again in the sweep")
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     _build_modules(model, layout)
     index = path / "model.safetensors.index.json"

@@ -60,6 +60,7 @@ class _GroupCollector:
         self.n = 0
         self.C = torch.zeros(d, d, dtype=torch.float64) if "C" in needed else None
         self.abs_sum = torch.zeros(d, dtype=torch.float64) if "abs_mean" in needed else None
+        self.sum = torch.zeros(d, dtype=torch.float64) if "mean" in needed else None
         self.F = torch.zeros(d, d, dtype=torch.float64) if "F" in needed else None
         self.xs, self.gs = [], []
         self.pairs_per_batch, self.gen = pairs_per_batch, gen
@@ -78,6 +79,8 @@ class _GroupCollector:
             _accumulate(self.C, xf.T @ xf)
         if self.abs_sum is not None:
             self.abs_sum += flat.float().abs().sum(0).double().cpu()
+        if self.sum is not None:
+            self.sum += flat.float().sum(0).double().cpu()
         idx = None
         if "pairs" in self.needed:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
@@ -113,6 +116,7 @@ class _GroupCollector:
             n_tokens=self.n,
             C=None if self.C is None else self.C.div_(n),
             abs_mean=None if self.abs_sum is None else self.abs_sum.div_(n),
+            mean=None if self.sum is None else self.sum.div_(n),
             F=None if self.F is None else self.F.div_(n),
             xs=torch.cat(self.xs) if self.xs else None,
             gs=torch.cat(self.gs) if self.gs else None,
@@ -177,8 +181,9 @@ def calibrate(
     return {c.group.name: c.finish() for c in collectors}
 
 
-def needed_stats(method_classes, extra: frozenset[str] = frozenset()) -> frozenset[str]:
+def needed_stats(compressors, extra: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The union of what the method instances read (a method's needs may depend on its settings)."""
     out = set(extra)
-    for cls in method_classes:
-        out |= cls.needs
+    for comp in compressors:
+        out |= comp.required_stats()
     return frozenset(out)

@@ -40,6 +40,9 @@ RUN_FLAGS = [
                                   "(default: gemma-3-270m)"}),
     ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
     ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
+    ("--sparsity", "sparsity", {"nargs": "+", "help": "sparsity budgets: N:M patterns (2:4 8:16 16:32; keep N of "
+                                                    "every M input channels per token) and densities (0.5 = keep "
+                                                    "half of each token's channels, unstructured)"}),
     ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
     ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
     ("--allocate", "allocate", {"nargs": "+", "help": "how k is split across groups: uniform (default: each group at "
@@ -108,8 +111,12 @@ def _spec_from_args(args):
     for _, dest, _ in RUN_FLAGS:
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
-    for dest, flag in (("methods", "--methods"), ("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"),
-                       ("groups", "--groups")):
+    if args.methods is not None:  # `--methods pca,fasc` = `--methods pca fasc`; a variant's settings stay whole
+        import methods
+
+        data["methods"] = methods.split_methods(args.methods)
+    for dest, flag in (("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"), ("groups", "--groups"),
+                       ("sparsity", "--sparsity")):
         if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
     for dest in ("overwrite", "measure_latency", "report", "progress"):
@@ -153,9 +160,10 @@ def cmd_ls(args) -> int:
 
         for name in methods.known_methods():
             cls = methods.get_method(name)
-            caps = cls.capabilities()
+            caps = cls().capabilities()
             need = "data-free" if caps["data_free"] else "+".join(k for k in ("activations", "gradients") if caps[k])
-            print(f"{name:14s} v{cls.version} [{need}{', per-site' if cls.per_site else ''}] {cls.description}")
+            print(f"{name:15s} v{cls.version} {cls.family:8s} [{need}{', per-site' if cls.per_site else ''}] "
+                  f"{cls.description}")
     elif args.what in ("tasks", "analyses"):
         import analyses
         import tasks
@@ -189,7 +197,7 @@ def cmd_plan(args) -> int:
     from .plan import make_plan, parse_bytes, render
     from .spec import check_ranks, split_list
 
-    names = methods.expand_methods(split_list(args.methods, str, "--methods"))
+    names = methods.expand_methods(args.methods, [methods.LOW_RANK_FAMILY])  # `all` as `bench run --rank` means it
     ranks = split_list(args.rank, float, "--rank")
     check_ranks(ranks)
     plan = make_plan(args.model, names, ranks, args.budget, args.rank_align, args.dtype,

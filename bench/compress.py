@@ -15,26 +15,28 @@ import methods
 from core.errors import UserError
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
-from core.stats import GroupStats, RankSpec
+from core.stats import GroupStats, RankSpec, SparsitySpec
 
 from .apply import apply_compression, restore
 from .groups import find_input_groups
 
 
 @contextmanager
-def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStats],
+def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
                method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
                ks: Mapping[str, int] | None = None):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
     model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
-    (bench.allocate), for a projection method; without it every group's k comes from `rank`."""
-    comp = methods.get_method(method).from_options(method_options)
+    (bench.allocate), for a projection method; without it every group's k comes from `rank`. `method` is a name or
+    a variant (`act-sparse:score=fisher`); `rank` is a RankSpec (low-rank family) or a SparsitySpec (sparsity)."""
+    comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
     try:
-        for g in tqdm(groups, desc=f"compress {method}@{rank.ratio:g}", disable=not progress, leave=False):
+        label = rank.label if isinstance(rank, SparsitySpec) else f"{rank.ratio:g}"
+        for g in tqdm(groups, desc=f"compress {method}@{label}", disable=not progress, leave=False):
             try:
                 res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name])
             except NumericError as e:
@@ -48,15 +50,23 @@ def compressed(model, method: str, rank: RankSpec, stats: Mapping[str, GroupStat
             restore(model, u)
 
 
-def compression_summary(summaries: list[dict], rank: RankSpec, method: str, method_options: dict | None,
-                        allocation: dict | None = None, scope: str = ALL_GROUPS) -> dict:
+def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, method: str,
+                        method_options: dict | None, allocation: dict | None = None, scope: str = ALL_GROUPS) -> dict:
     dense = sum(s["params_dense"] for s in summaries)
     deployed = sum(s["params_deployed"] for s in summaries)
     fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
-    comp = methods.get_method(method).from_options(method_options)
+    comp = methods.build(method, method_options)
+    # totals: multiply-adds weighted by each group's dense multiply-adds (its dense parameters, once per token);
+    # activation numbers kept over the groups' input widths
+    macs = sum(s["compute_ratio"] * s["params_dense"] for s in summaries)
+    kept = sum(s["activation_ratio"] * s["d_in"] for s in summaries)
+    width = sum(s["d_in"] for s in summaries)
+    budget = ({"rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align} if isinstance(rank, RankSpec)
+              else {"rank_ratio": rank.ratio, "budget": rank.budget, "pattern": rank.budget, "density": rank.density})
     return {
-        "rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align,
+        **budget, "family": comp.family,
         "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
+        "compute_ratio": macs / dense if dense else None, "activation_ratio": kept / width if width else None,
         "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
         "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,

@@ -45,7 +45,7 @@ def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width
     """Bytes of each statistic of one group: moments at `width` bytes per number (float64 in memory, float32 in
     the cache), the (x, g) token sample always float32."""
     d = group.d_in
-    sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "pairs": 2 * pair_tokens * d * 4,
+    sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "mean": d * width, "pairs": 2 * pair_tokens * d * 4,
              "row_fisher": sum(group.d_outs) * width}
     return {k: v for k, v in sizes.items() if k in needs}
 
@@ -150,8 +150,8 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
     config = load_config(model)
     meta = meta_model(config)
     groups = find_input_groups(meta)
-    comps = {m: methods.get_method(m)() for m in method_names}
-    needs = frozenset().union(*(c.needs for c in comps.values()))
+    comps = {m: methods.build(m) for m in method_names}
+    needs = frozenset().union(*(c.required_stats() for c in comps.values()))
     width = DTYPE_BYTES[dtype]
     params = sum(p.numel() for p in meta.parameters())
     n_blocks = len({g.block for g in groups})
@@ -173,6 +173,8 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
     plan.cache_bytes = sum(sum(stat_bytes(x, needs, pair_tokens, width=4).values()) for x in groups)
     dense_linear = sum(x.d_in * sum(x.d_outs) for x in groups)
     for name, comp in comps.items():
+        if comp.family != methods.LOW_RANK_FAMILY:
+            continue  # a sparsity method keeps every weight (activation) or n/m of them: no k to plan
         plan.methods[name] = {}
         for r in ranks:
             rank = RankSpec(r, budget, align)

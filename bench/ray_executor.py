@@ -75,7 +75,9 @@ def run_on_ray(spec) -> dict:
     from bench.runner import sweep_needs
     from bench.spec import validate
     from core.io import cache_dir
-    from core.record import variant_name
+    import methods
+    from core.record import UNIFORM, variant_name
+    from core.stats import SPARSITY_FAMILY
 
     ray = _import_ray()
     analyses = resolve(spec)
@@ -98,7 +100,13 @@ def run_on_ray(spec) -> dict:
     if cuda and gpus < 1:
         raise UserError("--device cuda with --executor ray, but the Ray cluster has no GPU: start the workers on GPU "
                         "machines or use --device cpu")
-    variants = [(m, r, rule) for m in spec.methods for r in spec.ranks for rule in spec.allocate]
+    # (method, budget, rule, the part's own budget fields): a rank per low-rank variant, a pattern per sparsity one
+    variants = []
+    for m in spec.methods:
+        if methods.family_of(m) == SPARSITY_FAMILY:
+            variants += [(m, p, UNIFORM, {"ranks": None, "sparsity": [p]}) for p in spec.sparsity or []]
+        else:
+            variants += [(m, r, rule, {"ranks": [r], "sparsity": None}) for r in spec.ranks for rule in spec.allocate]
     n_tasks = len([t for t in spec.tasks if t not in analyses])
     if cuda:
         cpus = spec.threads or max(1, total_cpus // max(1, gpus))
@@ -131,9 +139,9 @@ def run_on_ray(spec) -> dict:
     bar.update(n_tasks)
     # 2. the variants and the analyses, all at once, as the cluster's resources allow
     refs = {}
-    for m, r, rule in variants:
-        sub = dict(fields, methods=[m], ranks=[r], allocate=[rule], tasks=[t for t in spec.tasks if t not in analyses])
-        label = f"{variant_name(m, rule)} @ {r:g}"
+    for m, r, rule, budget in variants:
+        sub = dict(fields, methods=[m], allocate=[rule], tasks=[t for t in spec.tasks if t not in analyses], **budget)
+        label = f"{variant_name(m, rule)} @ {r:g}" if isinstance(r, float) else f"{m} @ {r}"
         refs[part.options(**options).remote(sub, ("variants",), *common)] = (label, n_tasks)
     if analyses:
         refs[part.options(**options).remote(fields, ("analyses",), *common)] = (

@@ -19,7 +19,7 @@ import tasks as task_registry
 from core.errors import UserError
 from core.io import atomic_write_json, cache_dir
 from core.record import UNIFORM, CellId, CellRecord, describe_scope, variant_name
-from core.stats import GroupStats, RankSpec
+from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec
 
 from . import __version__
 from .allocate import RULES, allocate, check_budget
@@ -86,11 +86,20 @@ def calib_spec(spec: RunSpec) -> CalibSpec:
                      pair_tokens=spec.pair_tokens, source=spec.calib_source, bos=spec.bos)
 
 
-def method_key(name: str, spec: RunSpec, allocation: str = UNIFORM, scope: str = ALL) -> dict:
-    cls = methods.get_method(name)
-    comp = cls.from_options(spec.method_options.get(name))
+def build_method(variant: str, spec: RunSpec):
+    """The Compressor of a method or variant under the run's --method-option values for its base name."""
+    return methods.build(variant, spec.method_options.get(methods.base_name(variant)))
+
+
+def method_key(name: str, spec: RunSpec, allocation: str = UNIFORM, scope: str = ALL,
+               budget: RankSpec | SparsitySpec | None = None) -> dict:
+    comp = build_method(name, spec)
+    calibration = calib_spec(spec).as_dict() if comp.required_stats() or RULES[allocation] else None
+    if isinstance(budget, SparsitySpec):  # the pattern is the cell's budget; a rank alignment does not apply
+        return {"settings": comp.settings_dict(), "version": comp.version, "budget": budget.budget,
+                "calibration": calibration}
     key = {"settings": comp.settings_dict(), "version": comp.version, "budget": spec.budget, "align": spec.rank_align,
-           "calibration": calib_spec(spec).as_dict() if cls.needs or RULES[allocation] else None}
+           "calibration": calibration}
     # Only a non-default allocation or selection enters the key: today's cells keep their keys.
     if allocation != UNIFORM:
         key["allocation"] = allocation
@@ -153,7 +162,7 @@ def load_or_calibrate(lm, groups, spec: RunSpec, needed: frozenset[str],
 
 def _check_stats(stats: dict[str, GroupStats]) -> None:
     for name, s in stats.items():
-        for f in ("C", "F", "abs_mean", "xs", "gs"):
+        for f in ("C", "F", "abs_mean", "mean", "xs", "gs"):
             t = getattr(s, f)
             if t is not None and not torch.isfinite(t).all():
                 raise UserError(f"calibration produced non-finite {f} statistics in group {name}: "
@@ -171,6 +180,7 @@ class Variant:
     timings: dict
     allocation: str = UNIFORM
     scope: str = ALL
+    budget: str | None = None  # the cell's budget: rank/params (default: the run's) or a sparsity pattern
 
 
 def cell_record(plugin, result, **fields) -> CellRecord:
@@ -189,7 +199,7 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
         t0 = time.perf_counter()
         eff["latency"] = latency(v.model)
         v.timings["latency_s"] = time.perf_counter() - t0
-    method_version = methods.get_method(v.method).version if v.method != DENSE else None
+    method_version = build_method(v.method, spec).version if v.method != DENSE else None
     written = []
     for name, (task, path, key) in todo.items():
         t0 = time.perf_counter()
@@ -197,7 +207,7 @@ def evaluate_variant(v: Variant, lm, spec: RunSpec, todo: dict, common: dict, de
             result = task.evaluate(v.model, lm.tokenizer, progress=spec.progress)
         record = cell_record(
             task, result, **common,
-            cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=spec.budget, task=name, key=key,
+            cell=CellId(model=lm.name, method=v.method, rank=v.rank, budget=v.budget or spec.budget, task=name, key=key,
                         allocation=v.allocation, scope=v.scope),
             versions={"method": method_version, "task": task.version},
             compression=v.compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
@@ -216,7 +226,8 @@ def _summary_line(records: list[CellRecord]) -> str:
                                                               else "undefined"))
     c = records[0].compression if records else None
     if c:
-        parts.append(f"params {c['param_ratio']:.3f}x, {c['n_fallbacks']} fallbacks")
+        compute = f", compute {c['compute_ratio']:.3f}x" if c.get("compute_ratio") is not None else ""
+        parts.append(f"params {c['param_ratio']:.3f}x{compute}, {c['n_fallbacks']} fallbacks")
     return ", ".join(parts)
 
 
@@ -238,7 +249,8 @@ class AnalysisContext:
     @contextmanager
     def compressed(self, method: str, rank: RankSpec, only_groups: set[str] | None = None):
         """`with ctx.compressed(...) as model:` the dense model compressed in place, restored on exit."""
-        with compressed(self.model, method, rank, self.stats, self.spec.method_options.get(method), only_groups,
+        with compressed(self.model, method, rank, self.stats,
+                        self.spec.method_options.get(methods.base_name(method)), only_groups,
                         progress=False) as (model, _):
             yield model
 
@@ -259,7 +271,7 @@ PARTS = ("dense", "variants", "analyses")  # the local sweep; "calibrate" forces
 
 def sweep_needs(spec: RunSpec, analyses: dict) -> frozenset[str]:
     """The statistics a whole sweep reads: its methods', its allocation rules' and its analyses'."""
-    return needed_stats([methods.get_method(m) for m in spec.methods]).union(
+    return needed_stats([build_method(m, spec) for m in spec.methods]).union(
         *(a.needs for a in analyses.values()), *(RULES[rule] for rule in spec.allocate))
 
 
@@ -282,10 +294,12 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
     device = torch.device(spec.device)
     torch.manual_seed(spec.seed)
     t_start = time.perf_counter()
-    log(f"acbench {__version__}: model {spec.model}, methods {', '.join(spec.methods)}, ranks "
-        f"{', '.join(f'{r:g}' for r in spec.ranks)} ({spec.budget} budget"
-        + ("" if spec.allocate == [UNIFORM] else f"; allocation {', '.join(spec.allocate)}")
-        + f"), tasks {', '.join(spec.tasks)}")
+    log(f"acbench {__version__}: model {spec.model}, methods {', '.join(spec.methods)}"
+        + (f", ranks {', '.join(f'{r:g}' for r in spec.ranks)} ({spec.budget} budget"
+           + ("" if spec.allocate == [UNIFORM] else f"; allocation {', '.join(spec.allocate)}") + ")"
+           if spec.ranks else "")
+        + (f", sparsity {', '.join(map(str, spec.sparsity))}" if spec.sparsity else "")
+        + f", tasks {', '.join(spec.tasks)}")
     log(f"sizes: calibration {spec.calib_samples} x {spec.calib_seq_len} tokens ({spec.calib_source}, seed {spec.seed}, "
         f"{spec.pair_tokens} (x, g) pairs/group); MMLU {spec.mmlu_shots}-shot, {spec.mmlu_limit or 'all'}/subject; "
         f"LAMA {spec.lama_limit or 'all'} probes/relation, <= {spec.lama_candidates} candidates; "
@@ -305,7 +319,8 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
         for analysis in analyses.values():
             for name in analysis.uses_tasks:
                 build_task(spec, name)  # its run-sized tasks' settings are valid
-        if any(a.needs for a in analyses.values()) or any(methods.get_method(m).needs for m in spec.methods):
+        if any(a.needs for a in analyses.values()) or any(build_method(m, spec).required_stats()
+                                                            for m in spec.methods):
             # kept for calibration: the text is tokenized once
             checked["calib_windows"] = calibration_windows(tokenizer, load_text(spec.calib_source, "calib"),
                                                            spec.calib_samples, spec.calib_seq_len, spec.seed, spec.bos)
@@ -328,6 +343,7 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
 
     # Which cells are missing?
     ranks = [RankSpec(r, spec.budget, spec.rank_align) for r in spec.ranks]
+    patterns = [SparsitySpec.parse(p) for p in spec.sparsity or []]
 
     def needs_computing(p: Path) -> bool:
         if spec.overwrite:
@@ -348,12 +364,19 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
     if any(rule != UNIFORM for rule in spec.allocate):
         for r in ranks:
             check_budget(selected, r)
+    # a pattern that cannot split a group is refused before any cell is computed
+    if any(methods.family_of(m) == SPARSITY_FAMILY for m in spec.methods):
+        for p in patterns:
+            for g in selected:
+                problem = p.width_problem(g.name, g.d_in)
+                if problem:
+                    raise UserError(problem)
 
-    def paths_for(method, rank, key_extra, allocation=UNIFORM):
+    def paths_for(method, rank, key_extra, allocation=UNIFORM, budget=None):
         todo = {}
         for name, task in model_tasks.items():
             key = settings_hash(task_key(task), key_extra, lm.fingerprint)
-            p = cell_path(out_root, lm.name, method, rank, spec.budget, name, key,
+            p = cell_path(out_root, lm.name, method, rank, budget or spec.budget, name, key,
                           allocation=allocation if method != DENSE else UNIFORM, scope=scope if method != DENSE else ALL)
             if needs_computing(p):
                 todo[name] = (task, p, key)
@@ -362,12 +385,18 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
     dense_todo = paths_for(DENSE, None, None) if "dense" in parts else {}
     plan = {}
     for m in (spec.methods if "variants" in parts else []):
-        for r in ranks:
-            for rule in spec.allocate:
-                todo = paths_for(m, r.ratio, method_key(m, spec, rule, scope), rule)
+        sparse = methods.family_of(m) == SPARSITY_FAMILY
+        # a sparsity method keeps one pattern in every group: only the uniform rule applies to it
+        for r in (patterns if sparse else ranks):
+            for rule in ([UNIFORM] if sparse else spec.allocate):
+                todo = paths_for(m, r.ratio, method_key(m, spec, rule, scope, r), rule,
+                                 budget=r.budget if sparse else None)
                 if todo:
                     plan[(m, r, rule)] = todo
     analysis_todo = {}
+    if analyses and not ranks:
+        log(f"{', '.join(analyses)}: run at rank ratios, and this run gives none (--sparsity only): skipped; add "
+            "--rank 0.5 to run them")
     for name, analysis in (analyses.items() if "analyses" in parts else []):
         key = analysis_key(analysis, spec, lm.fingerprint)
         for r in ranks:
@@ -434,22 +463,23 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
                     allocations[(rule, r)] = allocate(rule, selected, stats, r, progress=spec.progress)
                 timings["allocate_s"] = sum(allocations[(rule, r)].seconds.values())
             alloc = allocations.get((rule, r))
-            uses_stats = bool(methods.get_method(m).needs or RULES[rule])
+            uses_stats = bool(build_method(m, spec).required_stats() or RULES[rule])
+            opts = spec.method_options.get(methods.base_name(m))
             t0 = time.perf_counter()
-            with compressed(lm.model, m, r, stats, spec.method_options.get(m), progress=spec.progress,
+            with compressed(lm.model, m, r, stats, opts, progress=spec.progress,
                             only_groups=None if scope == ALL else {g.name for g in selected},
                             ks=alloc.ks if alloc else None) as (model, summaries):
                 timings["compress_s"] = time.perf_counter() - t0
                 if calib_info and uses_stats:
                     timings["calibrate_s"] = calib_info.get("seconds")
                 cell_common = {**common, "calibration": calib_info if uses_stats else None}
-                summary = compression_summary(summaries, r, m, spec.method_options.get(m),
-                                              alloc.summary() if alloc else None, scope)
-                recs = evaluate_variant(Variant(m, r.ratio, model, summary, timings, rule, scope), lm, spec, todo,
-                                        cell_common, device)
+                summary = compression_summary(summaries, r, m, opts, alloc.summary() if alloc else None, scope)
+                recs = evaluate_variant(Variant(m, r.ratio, model, summary, timings, rule, scope, r.budget), lm,
+                                        spec, todo, cell_common, device)
             written += len(recs)
             release(todo)
-            log(f"[{variant_name(m, rule)} @ {r.ratio:g}] {_summary_line(recs)}")
+            at = r.label if isinstance(r, SparsitySpec) else f"{r.ratio:g}"
+            log(f"[{variant_name(m, rule)} @ {at}] {_summary_line(recs)}")
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
             ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)

@@ -46,7 +46,8 @@ def smoke(output: str | None = None) -> int:
     from .spec import RunSpec
 
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
-    spec = RunSpec(model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], calib_samples=4, calib_seq_len=64,
+    # both families: every low-rank method at rank 0.5 and every sparsity method at 2:4
+    spec = RunSpec(model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], sparsity=["2:4"], calib_samples=4, calib_seq_len=64,
                    pair_tokens=64, mmlu_limit=1, lama_limit=1, lama_candidates=8, ppl_windows=2, ppl_seq_len=64,
                    analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root),
                    progress=False)

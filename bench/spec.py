@@ -16,7 +16,10 @@ DEFAULT_TASKS = ("lama", "ppl-token", "rho")
 class RunSpec:
     model: str = "gemma-3-270m"
     methods: list[str] = field(default_factory=lambda: ["all"])
-    ranks: list[float] = field(default_factory=lambda: [0.5])
+    # the two families' budgets: rank ratios (low-rank) and N:M patterns or densities (sparsity). Unset ranks are
+    # [0.5] unless a sparsity is given (then []): `--methods all` runs the families whose budget is given.
+    ranks: list[float] | None = None
+    sparsity: list[str] | None = None
     budget: str = "rank"
     rank_align: int = 1
     # how k is split across the selected groups: uniform (each group at the run's ratio), fisher, variance
@@ -100,6 +103,43 @@ def check_task_names(names, analysis_names=frozenset()) -> None:
                             "`bench ls analyses`.")
 
 
+def resolve_budgets(spec: RunSpec) -> None:
+    """Methods expanded by family (`all` = every method of the families whose budget flag is given), ranks and
+    sparsity patterns checked; a method named without its family's budget is refused."""
+    import methods
+
+    from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, SparsitySpec
+
+    if spec.sparsity is not None:
+        if not isinstance(spec.sparsity, list):
+            spec.sparsity = [spec.sparsity]
+        for p in spec.sparsity:
+            try:
+                SparsitySpec.parse(p)
+            except ValueError as e:
+                raise UserError(f"--sparsity: {e}") from None
+        spec.sparsity = [SparsitySpec.parse(p).label.replace("unstructured ", "") for p in spec.sparsity]
+        if not spec.sparsity:
+            raise UserError("--sparsity is empty: pass N:M patterns (2:4 8:16) or densities (0.5)")
+    if spec.ranks is None:
+        spec.ranks = [] if spec.sparsity else [0.5]
+    elif not spec.ranks:
+        raise UserError("--rank is empty: pass rank ratios in (0, 1], e.g. --rank 0.5")
+    families = [f for f, given in ((LOW_RANK_FAMILY, spec.ranks), (SPARSITY_FAMILY, spec.sparsity)) if given]
+    try:
+        spec.methods = methods.expand_methods(spec.methods, families)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    except KeyError as e:
+        raise UserError(str(e) + " Or pass --methods all.") from None
+    for m in spec.methods:
+        family = methods.family_of(m)
+        if family not in families:
+            flag = "--sparsity 2:4 (an N:M pattern or a density)" if family == SPARSITY_FAMILY else "--rank 0.5"
+            raise UserError(f"{m} is a {family} method but no {family} budget is given: add {flag}, or leave "
+                            f"{m} out")
+
+
 def check_selection(spec: RunSpec) -> None:
     """--groups/--blocks parse, and --allocate names rules that apply to every method of the run."""
     import methods
@@ -114,9 +154,14 @@ def check_selection(spec: RunSpec) -> None:
         raise UserError("--allocate is empty: pass uniform, fisher or variance")
     check_rules(spec.allocate, spec.budget, spec.rank_align)
     rules = [r for r in spec.allocate if r != UNIFORM]
+    sparse = [m for m in spec.methods if methods.family_of(m) == "sparsity"]
+    if sparse and UNIFORM not in spec.allocate:
+        raise UserError(f"--allocate {rules[0]} splits a rank budget, but {', '.join(sparse)} keep one pattern in "
+                        "every group: add uniform to --allocate (the sparsity rows run under it) or run them in "
+                        "another command")
     if rules:
-        per_site = [m for m in spec.methods
-                    if not methods.get_method(m).from_options(spec.method_options.get(m)).projection]
+        per_site = [m for m in spec.methods if methods.family_of(m) != "sparsity" and not methods.build(
+                    m, spec.method_options.get(methods.base_name(m))).projection]
         if per_site:
             raise UserError(f"--allocate {rules[0]} sets one k per input group, but {', '.join(per_site)} "
                             f"factorise{'s' if len(per_site) == 1 else ''} each site on its own: run them in another "
@@ -135,10 +180,7 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
     if problems:
         name = problems[0].split(" ", 1)[0]
         raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
-    try:
-        spec.methods = methods.expand_methods(spec.methods)
-    except KeyError as e:
-        raise UserError(str(e) + " Or pass --methods all.") from None
+    resolve_budgets(spec)
     if not spec.methods:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     check_ranks(spec.ranks)
@@ -152,6 +194,11 @@ def validate(spec: RunSpec, analysis_names: set[str] = frozenset()) -> RunSpec:
             methods.get_method(name).from_options(opts)
         except (KeyError, ValueError, TypeError) as e:
             raise UserError(f"method options for '{name}': {e}") from None
+    for variant in spec.methods:
+        try:
+            methods.build(variant, spec.method_options.get(methods.base_name(variant)))
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"method '{variant}': {e}") from None
     check_selection(spec)
     for name, opts in spec.task_options.items():
         try:
@@ -235,7 +282,24 @@ def load_config(path: str) -> dict:
         data["ranks"] = data.pop("rank")
     if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
         data["blocks"] = str(data["blocks"])
-    for key in ("ranks", "methods", "tasks", "allocate", "groups"):
+    if "methods" in data:
+        import methods
+
+        value = data["methods"]
+        items = value if isinstance(value, list) else [value]
+        if all(isinstance(v, str) for v in items):  # anything else is left for the type check to name
+            data["methods"] = methods.split_methods(items)
+    if "sparsity" in data and not isinstance(data["sparsity"], list):
+        data["sparsity"] = [data["sparsity"]]
+    if "sparsity" in data:  # a pattern stays a string; YAML may have read a density as a number
+        items = []
+        for item in data["sparsity"]:
+            if isinstance(item, int) and not isinstance(item, bool) and item > 1:
+                raise UserError(f"'sparsity' in {path}: {item} is not a density; YAML reads an unquoted 2:4 as the "
+                                "number 124, so quote N:M patterns ('2:4')")
+            items += [p.strip() for p in item.split(",") if p.strip()] if isinstance(item, str) else [str(item)]
+        data["sparsity"] = items
+    for key in ("ranks", "tasks", "allocate", "groups"):
         if key in data:
             data[key] = split_list(data[key], float if key == "ranks" else str, f"'{key}' in {path}")
     unknown = sorted(set(data) - RunSpec.field_names())

@@ -32,10 +32,11 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
     slug = model.replace("/", "__")
     if method == DENSE:
         return Path(root) / slug / DENSE / f"{task}-{key}.json"
-    folder = Path(root) / slug / variant_name(method, allocation)
+    # a variant's settings (act-sparse:score=fisher) and a pattern (2:4) without ':' in the path
+    folder = Path(root) / slug / variant_name(method, allocation).replace(":", "@")
     if scope != ALL_GROUPS:
         folder = folder / "".join(ch if ch.isalnum() or ch in "-.," else "_" for ch in scope)
-    return folder / rank_label(rank, budget) / f"{task}-{key}.json"
+    return folder / rank_label(rank, budget).replace(":", "of") / f"{task}-{key}.json"
 
 
 def write_cell(path: Path, cell: CellRecord) -> None:

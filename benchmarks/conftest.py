@@ -9,6 +9,8 @@ RATIOS = [
     ("test_lama_brute_force", "test_lama_shared_prompt", "LAMA: brute-force time / shared-prompt scorer time", ">= 10"),
     ("test_lama_probes_one_by_one", "test_lama_probes_batched",
      "LAMA: probes/s of the batched scorer / one-by-one scorer (32 probes x 25 candidates)", ">= 5"),
+    ("test_group_forward[8:16 masked]", "test_group_forward[dense]",
+     "one attention input group (d = 2048, 256 tokens): 8:16-masked forward / dense forward", "<= 1.3"),
     ("test_rho[4096]", "test_rho[640]", "rho cost d=4096 / d=640 (N = 512, m = d/2)", "19.5 from the cost formula 2N^2 d + 2N d m"),
 ]
 

@@ -146,3 +146,31 @@ def test_rho(benchmark, d):
     X, G = torch.randn(512, d, generator=g), torch.randn(512, d, generator=g)
     U = torch.linalg.qr(torch.randn(d, d // 2, generator=g, dtype=torch.float64))[0]
     benchmark.pedantic(lambda: rho_scores(X, G, discard=U), rounds=3, warmup_rounds=1)
+
+
+def _qkv_group(sparse: bool):
+    """One attention input group at TinyLlama-1.1B shapes (d = 2048 -> q 2048, k 256, v 256) and 256 tokens,
+    dense or reading one 8:16-sparse x through the deployed modules."""
+    from bench.apply import InputSparsifier, SparseInputLinear
+    from core.stats import SparsitySpec
+    from methods.base import SparseActivation
+
+    torch.manual_seed(0)
+    sites = [torch.nn.Linear(2048, d, bias=False) for d in (2048, 256, 256)]
+    x = torch.randn(1, 256, 2048)
+    if sparse:
+        sp = InputSparsifier(SparseActivation(pattern=SparsitySpec.parse("8:16"), d_in=2048, d_outs=(2048, 256, 256)),
+                             torch.float32, "cpu")
+        sp.n_readers = 3
+        sites = [SparseInputLinear(s, sp, owner=i == 0) for i, s in enumerate(sites)]
+
+    def fwd():
+        with torch.no_grad():
+            for s in sites:
+                s(x)
+    return fwd
+
+
+@pytest.mark.parametrize("form", ["dense", "8:16 masked"])
+def test_group_forward(benchmark, form):
+    benchmark.pedantic(_qkv_group(form != "dense"), rounds=20, warmup_rounds=3)

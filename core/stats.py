@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
 
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
-ACTIVATION_STATS = frozenset({"C", "abs_mean"})
+ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean"})
 GRADIENT_STATS = frozenset({"F", "pairs", "row_fisher"})
 
 
@@ -48,6 +49,93 @@ class RankSpec:
         return min(k, full)
 
 
+SPARSITY_FAMILY, LOW_RANK_FAMILY = "sparsity", "low-rank"
+UNSTRUCTURED = "unstructured"
+_PATTERN = re.compile(r"(\d+):(\d+)")
+
+
+def is_sparsity_budget(budget: str) -> bool:
+    """A cell's budget names its family: 'rank'/'params' (low-rank) or an N:M pattern / 'unstructured'."""
+    return budget == UNSTRUCTURED or bool(_PATTERN.fullmatch(str(budget)))
+
+
+@dataclass(frozen=True)
+class SparsitySpec:
+    """A sparsity budget: keep `n` of every `m` consecutive input channels per token (N:M), or, with m = 0, the
+    top round(density * d_in) channels of each token (unstructured). `ratio` is the density kept, as a rank ratio
+    is the fraction of rank kept, so cells of both families sit at a ratio in (0, 1]."""
+
+    n: int = 0
+    m: int = 0
+    density: float = 0.0
+
+    @classmethod
+    def parse(cls, text) -> "SparsitySpec":
+        """'2:4' (N:M) or '0.5' (unstructured density); ValueError naming the problem and the fix."""
+        if isinstance(text, bool):
+            raise ValueError(f"sparsity {text!r} is neither an N:M pattern nor a density: pass e.g. 2:4 or 0.5")
+        if isinstance(text, int) and text > 1:
+            # YAML 1.1 reads an unquoted 2:4 as the base-60 number 124
+            raise ValueError(f"sparsity {text} is not a density in (0, 1]: an N:M pattern in a YAML file must be "
+                             "quoted ('2:4')")
+        s = str(text).strip()
+        m = _PATTERN.fullmatch(s)
+        if m:
+            n, mm = int(m.group(1)), int(m.group(2))
+            if not 0 < n < mm:
+                raise ValueError(f"sparsity {s}: N:M needs 0 < N < M (keep N of every M channels), e.g. 2:4 or 8:16")
+            return cls(n=n, m=mm, density=n / mm)
+        try:
+            d = float(s)
+        except ValueError:
+            raise ValueError(f"sparsity '{s}' is neither an N:M pattern nor a density: pass e.g. 2:4, 16:32 or "
+                             "0.5 (the fraction of channels kept per token)") from None
+        if not (0 < d <= 1) or math.isnan(d):
+            raise ValueError(f"sparsity density {s} is outside (0, 1]: it is the fraction of channels kept per "
+                             "token, e.g. 0.5")
+        return cls(density=d)
+
+    @property
+    def structured(self) -> bool:
+        return self.m > 0
+
+    @property
+    def ratio(self) -> float:
+        return self.density
+
+    @property
+    def budget(self) -> str:
+        """How a cell names it: the pattern '2:4' or 'unstructured' (its density is the cell's ratio)."""
+        return f"{self.n}:{self.m}" if self.structured else UNSTRUCTURED
+
+    @property
+    def label(self) -> str:
+        return self.budget if self.structured else f"{UNSTRUCTURED} {self.density:g}"
+
+    def keep(self, d_in: int) -> int:
+        """Channels kept per token of a d_in-wide input."""
+        return d_in // self.m * self.n if self.structured else max(1, round(self.density * d_in))
+
+    def index_bits(self, d_in: int) -> int:
+        """Bits of mask metadata per token: ceil(log2 C(m, n)) per block of m (N:M), or the kept indices."""
+        if self.structured:
+            return d_in // self.m * math.ceil(math.log2(math.comb(self.m, self.n)))
+        return math.ceil(math.log2(math.comb(d_in, self.keep(d_in)))) if d_in > 1 else 0
+
+    def width_problem(self, group: str, d_in: int) -> str | None:
+        if self.structured and d_in % self.m:
+            return (f"sparsity {self.budget} cannot split group {group} (d_in = {d_in}) into blocks of {self.m}: "
+                    f"pass a pattern whose M divides {d_in} (e.g. {_divisor_hint(d_in, self.n, self.m)}) or a density")
+        return None
+
+
+def _divisor_hint(d_in: int, n: int, m: int) -> str:
+    for mm in (4, 8, 16, 32, 2):
+        if d_in % mm == 0:
+            return f"{max(1, round(n / m * mm))}:{mm}"
+    return "0.5"
+
+
 @dataclass
 class GroupStats:
     """Calibration statistics of one input group (all float64 except the token sample)."""
@@ -55,6 +143,7 @@ class GroupStats:
     n_tokens: int = 0
     C: torch.Tensor | None = None  # E[x x^T]
     abs_mean: torch.Tensor | None = None  # E|x| per channel
+    mean: torch.Tensor | None = None  # E[x] per channel (the shift of activation sparsity)
     F: torch.Tensor | None = None  # E[g g^T], g = dL/dx at the group input
     xs: torch.Tensor | None = None  # (N, d) token sample of x
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g

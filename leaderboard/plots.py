@@ -95,3 +95,24 @@ def k_by_block(ks: dict[str, list[dict]], title: str, path: Path) -> Path:
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def metric_vs_compute(points: dict[str, list[tuple[float, float]]], dense: float | None, ylabel: str, log: bool,
+                      title: str, path: Path) -> Path:
+    """Both families on one figure: a task's metric against the theoretical compute ratio, one line per method
+    (a low-rank method over its ranks, a sparsity method over its densities; an N:M pattern is a point)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, pts in sorted(points.items()):
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if "@" not in name else "s",
+                linestyle="-" if len(pts) > 1 else "none", label=name)
+    if dense is not None:
+        ax.axhline(dense, color="black", linestyle="--", linewidth=1, label="dense")
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("compute ratio (theoretical multiply-adds per token / dense)")
+    ax.set_ylabel(ylabel + (" (log scale)" if log else ""))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title(title, fontsize=10)
+    return _save(fig, path)

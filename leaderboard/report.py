@@ -15,13 +15,22 @@ from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 from . import plots
 from .load import load_results
 from .significance import ALPHA
-from .tables import (REFERENCE, Column, allocation_k, chance_table, delta_key, group_cells, is_number, metric_columns,
-                     missing_cells, rank_table, section_order)
+from core.stats import is_sparsity_budget
+
+from .tables import (REFERENCE, Column, allocation_k, budget_title, chance_table, compute_of, delta_key, group_cells,
+                     is_number, matched_compute, metric_columns, missing_cells, rank_table, section_order)
+
+MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
+LATENCY_NOTE = ("- prefill / decode: measured CPU latency vs dense, masking included; a dense matmul over a zeroed "
+                "input is not faster on a CPU, so these do not fall. compute ratio: theoretical multiply-adds per "
+                "token vs dense (what N:M hardware would skip), not a measured speed-up.")
 
 ARROW = {True: " ↑", False: " ↓", None: ""}
 DISPLAY = [  # (header, key, higher is better or None, format), after the task columns
     ("recovery % ↑", "recovery %", True, "{:.1f}"),
     ("param ratio ↓", "param ratio", False, "{:.3f}"),
+    ("compute ratio (theory) ↓", "compute ratio", False, "{:.3f}"),
+    ("activation ratio ↓", "activation ratio", False, "{:.3f}"),
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
     ("peak MB ↓", "peak MB", False, "{:.0f}"),
     ("prefill ↓", "prefill ms/tok (x dense)", False, "{:.2f}x"),
@@ -114,13 +123,17 @@ def chance_note(dense_cells: list[CellRecord]) -> list[str]:
 PARAM_RATIO_TOLERANCE = 0.01
 
 
-def param_ratio_warning(rows: list[dict]) -> list[str]:
-    """Rows of one rank ratio are compared as equals only if they deploy about as many parameters."""
-    ratios = {r["method"]: r["param ratio"] for r in rows if r["method"] != "dense" and is_number(r.get("param ratio"))}
+def param_ratio_warning(rows: list[dict], key: str = "param ratio") -> list[str]:
+    """Rows of one rank ratio are compared as equals only if they deploy about as many parameters (a sparsity
+    section: only if they cost about as much compute)."""
+    ratios = {r["method"]: r[key] for r in rows if r["method"] != "dense" and is_number(r.get(key))}
     if len(ratios) < 2 or max(ratios.values()) - min(ratios.values()) <= PARAM_RATIO_TOLERANCE:
         return []
     lo, hi = min(ratios.values()), max(ratios.values())
     at = lambda v: ", ".join(m for m, x in sorted(ratios.items()) if abs(x - v) <= PARAM_RATIO_TOLERANCE / 2)
+    if key != "param ratio":
+        return [f"**Unequal budgets:** {key}s in this table range from {lo:.3f} ({at(lo)}) to {hi:.3f} ({at(hi)}).",
+                ""]
     return [f"**Unequal budgets:** parameter ratios in this table range from {lo:.3f} ({at(lo)}) to {hi:.3f} "
             f"({at(hi)}), more than {PARAM_RATIO_TOLERANCE} apart; rows are not compared at equal size "
             "(`--budget params` sets the same parameter ratio for every method).", ""]
@@ -221,6 +234,46 @@ def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope
                f"![k per group by block](plots/{p.name})", ""])
 
 
+def cross_family_section(g: dict, columns: list[Column], model: str, ref: str, plot_dir: Path,
+                         written: list, target: float = MATCHED_COMPUTE) -> list[str]:
+    """Low-rank and sparsity rows at one compute ratio, with paired differences to the reference row, and a
+    figure of each loss-like metric against compute ratio with both families (only where both were run)."""
+    families = {is_sparsity_budget(b) for (b, _, scope) in g["ranks"] if scope == ALL_GROUPS}
+    if families != {True, False}:
+        return []
+    by_label = matched_compute(g["ranks"], g["dense"], target)
+    ref_label = next((lab for lab in sorted(by_label) if lab.split(" @ ")[0] == ref), ref)
+    rows = rank_table(g["dense"], by_label, ref_label, columns)
+    for r in rows:
+        if r["method"] != "dense":
+            r["matched"] = compute_of(r)
+    md = [f"### Both families at compute ratio {target:g}", "",
+          f"- each low-rank row at its run ratio whose compute ratio (theoretical multiply-adds per token vs dense) "
+          f"is closest to {target:g}, each sparsity row at density {target:g}; the row label names the budget and "
+          "the compute ratio column the ratio matched", LATENCY_NOTE, "",
+          markdown_table(rows, ref_label, columns), ""]
+    md += significance_note(rows, ref_label)
+    # the figure: every row of every section (every group), a line per method over its ratios
+    points: dict[str, list] = {}
+    col = next((c for c in columns if c.higher is False), columns[0] if columns else None)
+    dense_row = rank_table(g["dense"], {}, ref, columns)[0] if g["dense"] else {}
+    for (budget, rank, scope), by_row in g["ranks"].items():
+        if scope != ALL_GROUPS:
+            continue
+        for r in rank_table([], by_row, ref, columns):
+            x, y = compute_of(r), r.get(col.label) if col else None
+            if is_number(x) and is_number(y):
+                series = r["method"] if not is_sparsity_budget(budget) or budget == "unstructured" else \
+                    f"{r['method']} @ {budget}"
+                points.setdefault(series + (" (unstructured)" if budget == "unstructured" else ""), []).append((x, y))
+    if col and points:
+        p = plots.metric_vs_compute(points, dense_row.get(col.label), col.label, col.higher is False,
+                                    f"{model}: both families", plot_dir / f"{_slug(model)}_{_slug(col.task)}_vs_compute.png")
+        written.append(p)
+        md += [f"![{col.label} vs compute ratio](plots/{p.name})", ""]
+    return md
+
+
 def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
@@ -245,13 +298,17 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
             budget, rank, scope = key
             rows = rank_table(g["dense"], g["ranks"][key], ref, columns)
             where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
-            md += [f"### {budget} ratio {rank:g}{where}", ""]
+            sparse = is_sparsity_budget(budget)
+            md += [f"### {budget_title(budget, rank)}{where}", ""]
             if scope != ALL_GROUPS:
                 md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
                        "ratio counts the compressed groups", ""]
             md += [markdown_table(rows, ref, columns), ""]
             md += significance_note(rows, ref)
-            md += param_ratio_warning(rows)
+            if sparse:
+                md += [LATENCY_NOTE, ""]
+            # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
+            md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
             fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
             if fb:
                 md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
@@ -259,7 +316,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
             md += allocation_section(g["ranks"][key], model, budget, rank, scope, plot_dir, written_plots)
             for r in rows:
                 flat_rows.append({"model": model, "budget": budget, "rank": rank, "scope": scope, **r})
-                if r["method"] != "dense":
+                if r["method"] != "dense" and not sparse:  # ranks of the low-rank family
                     name = r["method"] if scope == ALL_GROUPS else f"{r['method']} [{scope}]"
                     cross.setdefault(name, {})[rank] = r
         if cross:
@@ -295,6 +352,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
                                         plot_dir / f"{_slug(model)}_ppl_vs_params.png")
                 written_plots.append(p)
                 md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
+        md += cross_family_section(g, columns, model, ref, plot_dir, written_plots)
         for name in sorted(g["analyses"]):
             for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
                 md += [f"### {name} at {budget} ratio {rank:g}", ""]

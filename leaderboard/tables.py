@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from core.record import ALL_GROUPS, CellRecord, describe_scope, variant_name
+from core.stats import UNSTRUCTURED, is_sparsity_budget
 
 from .load import DENSE
 from .significance import above_chance, compare
@@ -74,6 +75,10 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
         row[col.label] = c.metrics.get(col.metric) if c else None
         row[col.label + " stderr"] = c.stderr.get(col.metric) if c else None
     row["param ratio"] = _first(cells, lambda c: _get(c.compression, "param_ratio"))
+    # theoretical multiply-adds per token and activation numbers kept, vs dense (DESIGN 13); stored since the
+    # sparsity family (older low-rank cells lack them, and their compute ratio equals their parameter ratio)
+    row["compute ratio"] = _first(cells, lambda c: _get(c.compression, "compute_ratio"))
+    row["activation ratio"] = _first(cells, lambda c: _get(c.compression, "activation_ratio"))
     row["weight MB"] = _first(cells, lambda c: _get(c.memory, "weight_bytes"))
     if row["weight MB"] is not None:
         row["weight MB"] /= 2**20
@@ -130,6 +135,8 @@ def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellReco
         row = {"method": name, **variant_row(cells, columns)}
         if name == DENSE:
             row["param ratio"] = 1.0
+            if any(_get(c.compression, "compute_ratio") is not None for cs in by_method.values() for c in cs):
+                row["compute ratio"] = row["activation ratio"] = 1.0
         if name != ref:
             by_task = {c.cell.task: c for c in cells}
             for col in columns:
@@ -177,7 +184,10 @@ def missing_cells(grouped) -> list[str]:
 def section_order(key: tuple) -> tuple:
     """(budget, rank, scope) sections: every group first, then by budget and descending ratio."""
     budget, rank, scope = key
-    return (scope != ALL_GROUPS, scope, budget, -(rank or 0))
+    # low-rank budgets first; then sparsity by density, N:M patterns by M (2:4 before 16:32), unstructured last
+    sparse = is_sparsity_budget(budget)
+    m = int(budget.split(":")[1]) if sparse and ":" in budget else 10**9
+    return (scope != ALL_GROUPS, scope, sparse, -(rank or 0) if sparse else 0, m, budget, -(rank or 0))
 
 
 def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
@@ -198,3 +208,42 @@ def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
 
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def budget_title(budget: str, rank: float) -> str:
+    """A section's heading: 'rank ratio 0.5', 'params ratio 0.5', 'N:M 2:4 sparsity (density 0.5)'."""
+    if budget == UNSTRUCTURED:
+        return f"unstructured sparsity, density {rank:g}"
+    if is_sparsity_budget(budget):
+        return f"N:M {budget} sparsity (density {rank:g})"
+    return f"{budget} ratio {rank:g}"
+
+
+def compute_of(row: dict) -> float | None:
+    """A row's compute ratio; a low-rank cell stored before it was recorded has it equal to its parameter ratio."""
+    v = row.get("compute ratio")
+    return v if is_number(v) else row.get("param ratio") if is_number(row.get("param ratio")) else None
+
+
+def matched_compute(sections: dict, dense_cells: list[CellRecord], target: float = 0.5) -> dict[str, list[CellRecord]]:
+    """Rows of both families at one compute ratio: each low-rank row at the section whose compute ratio is closest
+    to `target`; each sparsity row at density `target`. {label "method @ budget ratio": cells} (every group only)."""
+    out: dict[str, list[CellRecord]] = {}
+    best: dict[str, tuple[float, str, list]] = {}
+    for (budget, rank, scope), by_row in sections.items():
+        if scope != ALL_GROUPS:
+            continue
+        sparse = is_sparsity_budget(budget)
+        for name, cells in by_row.items():
+            if sparse:
+                if rank is not None and abs(rank - target) < 1e-9:
+                    out[f"{name} @ {budget}"] = cells
+                continue
+            cr = compute_of(variant_row(cells, []))
+            if cr is None:
+                continue
+            if name not in best or abs(cr - target) < best[name][0]:
+                best[name] = (abs(cr - target), f"{name} @ {budget} {rank:g}", cells)
+    for _, label, cells in best.values():
+        out[label] = cells
+    return out

@@ -1,14 +1,23 @@
-"""The Compressor interface: what a method needs, its settings, and its one uniform result per input group."""
+"""The Compressor interface: what a method needs, its settings, and its typed result per input group.
+
+A method returns one of three small results, each of which knows its parameter, compute and activation ratios
+(DESIGN 13) and is deployed by its own handler (bench.apply dispatches on the type):
+- `GroupCompression`: factors per site, W_i ~ A_i B_i (projections and factorisations; the low-rank family);
+- `SparseActivation`: a per-token mask rule on the group input, N:M or top-k (activation sparsity);
+- `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control).
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
-from core.stats import ACTIVATION_STATS, GRADIENT_STATS, GroupStats, RankSpec  # noqa: F401 (the method API)
+from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, SPARSITY_FAMILY,  # noqa: F401 (method API)
+                        GroupStats, RankSpec, SparsitySpec)
 
 
 def factorised_params(d_in: int, d_outs, ks, shared: bool) -> int:
@@ -53,35 +62,127 @@ class GroupCompression:
     def params_deployed(self) -> int:
         return self.params_factorised if self.form == "factorised" else self.params_dense
 
+    @property
+    def compute_ratio(self) -> float:
+        """Multiply-adds per token / dense: k (d_in + sum d_out) / (d_in sum d_out) factorised (the factorised
+        parameter count, as every factor weight is used once per token), 1.0 merged (dense shape)."""
+        return self.params_deployed / self.params_dense
+
+    @property
+    def activation_ratio(self) -> float:
+        """Numbers per token the group input becomes: k / d_in for one shared projection; per-site factors each
+        read the whole x, and a merged group reads x itself, so 1.0."""
+        return self.k / self.d_in if self.form == "factorised" and self.shared_projection else 1.0
+
     def summary(self) -> dict:
         return {
             "group": self.group,
+            "result": "factors",
             "k": self.k,
             "k_sites": self.k_sites,
             "d_in": self.d_in,
             "form": self.form,
             "params_dense": self.params_dense,
             "params_deployed": self.params_deployed,
+            "param_ratio": self.params_deployed / self.params_dense,
+            "compute_ratio": self.compute_ratio,
+            "activation_ratio": self.activation_ratio,
             "fallbacks": self.fallbacks,
             **{k: v for k, v in self.extras.items() if isinstance(v, (int, float, str))},
         }
+
+
+@dataclass
+class SparseResult:
+    """What the two sparsity results share: the group, its shapes and the pattern (filled in by `compress`)."""
+
+    pattern: SparsitySpec
+    group: str = ""
+    method: str = ""
+    d_in: int = 0
+    d_outs: tuple[int, ...] = ()
+    fallbacks: list[dict] = field(default_factory=list)
+    extras: dict = field(default_factory=dict)
+    form: str = ""  # set by each result type
+
+    @property
+    def params_dense(self) -> int:
+        return self.d_in * sum(self.d_outs)
+
+    def _summary(self, params_deployed: int, compute: float, activation: float) -> dict:
+        return {
+            "group": self.group, "result": self.form, "form": self.form, "pattern": self.pattern.budget,
+            "density": self.pattern.density, "kept_per_token": self.pattern.keep(self.d_in), "d_in": self.d_in,
+            "params_dense": self.params_dense, "params_deployed": params_deployed,
+            "param_ratio": params_deployed / self.params_dense, "compute_ratio": compute,
+            "activation_ratio": activation, "fallbacks": self.fallbacks,
+            **{k: v for k, v in self.extras.items() if isinstance(v, (int, float, str))},
+        }
+
+
+@dataclass
+class SparseActivation(SparseResult):
+    """Per token, keep `pattern` of the group input by score |x_j - s| * scale_j and zero the rest; every site of
+    the group reads the one sparse x. scale: static per-channel factors (None: |x| alone); mu: the calibrated
+    per-channel mean of the `shift` mitigation, deployed as a bias W_i mu on each site."""
+
+    scale: torch.Tensor | None = None
+    mitigation: str = "none"
+    mu: torch.Tensor | None = None
+    form: str = "sparse-activation"
+
+    def summary(self) -> dict:
+        # every weight is kept and n/m of them are read per token; the mask metadata is reported beside
+        kept = self.pattern.keep(self.d_in) / self.d_in
+        out = self._summary(self.params_dense, kept, kept)
+        out.update(mitigation=self.mitigation, index_bits_per_token=self.pattern.index_bits(self.d_in))
+        return out
+
+
+@dataclass
+class MaskedWeights(SparseResult):
+    """A 0/1 mask per site weight (d_out x d_in): `pattern` of every site's input weights kept per output row."""
+
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    form: str = "masked-weights"
+
+    def summary(self) -> dict:
+        kept = sum(int(m.sum()) for m in self.masks.values())
+        # stored as the kept weights (N:M compressed storage, as sparse tensor cores read it); x is read whole
+        return self._summary(kept, kept / self.params_dense, 1.0)
+
+
+class _instance_or_default:
+    """A method callable on an instance, or on the class (then on its default-settings instance)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, obj, cls):
+        return functools.partial(self.fn, obj if obj is not None else cls())
 
 
 class Compressor(Plugin):
     """Base class. A method sets `name`, `needs` (the statistics it reads) and `Settings`, and implements `solve`."""
 
     kind = "method"
+    family: ClassVar[str] = LOW_RANK_FAMILY  # low-rank (budget --rank) or sparsity (budget --sparsity)
     needs: ClassVar[frozenset[str]] = frozenset()  # names of the statistics `solve` reads (see core.stats)
     # Rank semantics of a per-site weight factorisation: k is computed for each site from its own shape and
     # `solve` receives {site: k_i} instead of one int.
     per_site: ClassVar[bool] = False
 
-    @classmethod
-    def capabilities(cls) -> dict:
+    def required_stats(self) -> frozenset[str]:
+        """The statistics this instance reads; a method whose needs depend on its settings overrides it."""
+        return self.needs
+
+    @_instance_or_default
+    def capabilities(self) -> dict:
+        needs = self.required_stats()
         return {
-            "data_free": not cls.needs,
-            "activations": bool(cls.needs & ACTIVATION_STATS),
-            "gradients": bool(cls.needs & GRADIENT_STATS),
+            "data_free": not needs,
+            "activations": bool(needs & ACTIVATION_STATS),
+            "gradients": bool(needs & GRADIENT_STATS),
         }
 
     @property
@@ -101,6 +202,8 @@ class Compressor(Plugin):
 
     def compress(self, group, stats: GroupStats, rank: RankSpec, k: int | None = None) -> GroupCompression:
         """`k`: the group's k from a rank allocation (projection methods only); else from `rank`."""
+        if not isinstance(rank, RankSpec):
+            raise TypeError(f"{self.name} is a low-rank method: it takes a rank ratio (--rank), not {rank!r}")
         if k is not None and not self.projection:
             raise ValueError(f"{self.name} factorises each site on its own: a per-group k does not apply")
         k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
@@ -124,3 +227,39 @@ class Compressor(Plugin):
 def projection_factors(weights: dict[str, torch.Tensor], U_k: torch.Tensor, B: torch.Tensor):
     """Deploy a projection P = U_k B of the group input: A_i = W_i U_k, shared B."""
     return {n: (W @ U_k, B) for n, W in weights.items()}
+
+
+class SparsityMethod(Compressor):
+    """Base of the sparsity family: `solve(weights, stats, pattern)` returns a SparseActivation or MaskedWeights
+    (shapes and names are filled in here). The budget is a SparsitySpec (--sparsity), never a rank."""
+
+    family = SPARSITY_FAMILY
+
+    @property
+    def projection(self) -> bool:
+        return False
+
+    def rank_for(self, group, rank):
+        raise TypeError(f"{self.name} is a sparsity method: it has no rank")
+
+    def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None) -> SparseResult:
+        from core.errors import UserError
+
+        if not isinstance(pattern, SparsitySpec):
+            raise TypeError(f"{self.name} is a sparsity method: it takes an N:M pattern or density (--sparsity), "
+                            f"not {pattern!r}")
+        if k is not None:
+            raise ValueError(f"{self.name} keeps a pattern per token: a per-group k does not apply")
+        problem = pattern.width_problem(group.name, group.d_in)
+        if problem:
+            raise UserError(problem)
+        weights = {n: s.weight.detach().double().cpu() for n, s in zip(group.site_names, group.sites)}
+        res = self.solve(weights, stats, pattern)
+        res.group, res.method, res.d_in, res.d_outs = group.name, self.name, group.d_in, group.d_outs
+        return res
+
+
+def stacked_column_norms(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """||W[:, j]|| of the group's sites stacked (sum over sites of ||W_i[:, j]||^2, square-rooted): input channel
+    j's reach into every output the group computes."""
+    return torch.sqrt(sum(W.pow(2).sum(0) for W in weights.values()))

@@ -31,3 +31,15 @@ def arch(request):
 def windows():
     gen = torch.Generator().manual_seed(1)
     return torch.randint(0, 101, (8, 24), generator=gen)
+
+
+def readme_example(first_line: str) -> dict:
+    """Run the README's python block that starts with `first_line`; its namespace (the README's code is real)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    code = re.search(r"```python\n(" + re.escape(first_line) + r".*?)```", readme, re.S).group(1)
+    ns: dict = {}
+    exec(compile(code, "README example", "exec"), ns)
+    return ns

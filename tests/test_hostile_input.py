@@ -270,3 +270,30 @@ def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
     rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in a cell"))
     assert rec["metrics"]["ppl"] is None and rec["stderr"]["nll"] is None
     assert cell_status(path) is None
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "5:4"}, "0 < N < M"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "0:4"}, "0 < N < M"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "2:3"}, "cannot split group layers.0.attn_in (d_in = 64)"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "1.5"}, "outside (0, 1]"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "abc"}, "neither an N:M pattern nor a density"),
+    ({"--methods": "wanda"}, "wanda is a sparsity method but no sparsity budget is given: add --sparsity"),
+    ({"--methods": "pca", "--rank": None, "--sparsity": "2:4"}, "pca is a low-rank method but no low-rank budget"),
+    ({"--methods": "act-sparse:score=bogus", "--sparsity": "2:4"}, "score 'bogus' is unknown"),
+    ({"--methods": "act-sparse:fisher", "--sparsity": "2:4"}, "setting=value"),
+    ({"--methods": ["pca", "act-sparse"], "--sparsity": "2:4", "--allocate": "fisher", "--budget": "params"},
+     "--allocate fisher"),
+])
+def test_bad_sparsity_flags(tmp_path, tiny, capsys, flags, needle):
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **flags), needle)
+    assert no_cells(out)
+
+
+def test_unquoted_pattern_in_yaml_is_named(tmp_path, tiny, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("sparsity: [2:4]\nmethods: [act-sparse]\n")
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **{"--methods": None, "--rank": None}) + ["--config", str(cfg)], "quote")
+    assert no_cells(out)

@@ -30,7 +30,7 @@ def compress_model(model, stats, name, ratio):
     return results
 
 
-@pytest.mark.parametrize("name", methods.known_methods())
+@pytest.mark.parametrize("name", methods.known_methods("low-rank"))
 def test_rank_one_reproduces_dense(arch, windows, name):
     model = tiny_model(arch)
     dense = model(windows).logits
@@ -335,14 +335,9 @@ def test_save_pretrained_roundtrip(tmp_path, windows):
 
 def test_readme_method_example_runs():
     """The worked example in the README is real code: it compresses a group and keeps its top-norm channels."""
-    import re
-    from pathlib import Path
+    from conftest import readme_example
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n(# my_methods/top_weight_norm.py.*?)```", readme, re.S).group(1)
-    ns: dict = {}
-    exec(compile(code, "README example", "exec"), ns)
-    cls = ns["TopNorm"]
+    cls = readme_example("# my_methods/top_weight_norm.py")["TopNorm"]
     assert cls.capabilities()["data_free"]
     W = torch.zeros(5, 6)
     W[:, 1], W[:, 4] = 3.0, 2.0
@@ -363,7 +358,7 @@ def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, window
         dense = model(windows).logits
     n_params = sum(p.numel() for p in model.parameters())
     n_groups = len(find_input_groups(model))
-    for name in methods.known_methods():
+    for name in methods.known_methods("low-rank"):
         with compressed(model, name, RankSpec(ratio), stats, progress=False) as (m, summaries):
             assert m is model and len(summaries) == n_groups
             with torch.no_grad():

@@ -100,3 +100,19 @@ def test_golden_values_smollm2(smol):
         assert got[k] == pytest.approx(v, abs=2e-3), k
     assert got["dense_nll"] < got["whitened-svd_nll"] < got["pca_nll"]
     assert got["dense_nll"] < got["fasc-kfac_nll"] < got["pca_nll"]
+
+
+def test_smollm2_16_32_beats_2_4_activation_sparsity(smol):
+    """The reference study's ordering on SmolLM2: at density 0.5 with |x| scores, 16:32 keeps a lower perplexity
+    than 2:4 (more freedom per block), and both lie above dense."""
+    from bench.compress import compressed
+    from core.stats import SparsitySpec
+    from tasks.perplexity import PPLToken
+
+    task = PPLToken.from_options({"max_windows": 4, "seq_len": 256})
+    dense = task.evaluate(smol.model, smol.tokenizer, progress=False).metrics["ppl"]
+    ppl = {}
+    for pattern in ("2:4", "16:32"):
+        with compressed(smol.model, "act-sparse", SparsitySpec.parse(pattern), {}, progress=False) as (m, _):
+            ppl[pattern] = task.evaluate(m, smol.tokenizer, progress=False).metrics["ppl"]
+    assert dense < ppl["16:32"] < ppl["2:4"]

@@ -1,0 +1,27 @@
+"""Wanda (Sun et al. 2023), the weight-sparsity control: per output row, keep N of every M input weights (or
+the top fraction of the row) by |W_ij| * ||X_j||, with ||X_j|| = sqrt(E[x_j^2]) from the calibration C."""
+
+import torch
+
+from core.sparsity import topk_mask
+
+from .base import MaskedWeights, SparsityMethod
+
+
+def weight_masks(weights, pattern, scale=None) -> dict:
+    """N of every M input weights per output row by |W| (times a per-input-channel scale)."""
+    out = {}
+    for name, W in weights.items():
+        score = W.abs() if scale is None else W.abs() * scale[None, :]
+        out[name] = topk_mask(score, pattern.keep(W.shape[1]) if not pattern.structured else pattern.n, pattern.m)
+    return out
+
+
+class Wanda(SparsityMethod):
+    name = "wanda"
+    description = "N:M weight pruning per output row by |W_ij| ||X_j|| (Wanda; the weight-sparsity control)"
+    needs = frozenset({"C"})
+
+    def solve(self, weights, stats, pattern):
+        return MaskedWeights(pattern=pattern, masks=weight_masks(weights, pattern,
+                                                                 torch.diagonal(stats.C).clamp_min(0).sqrt()))
