@@ -38,19 +38,24 @@ def study(root) -> str:
     md = []
     for model, cells in sorted(cells_by_row(root).items()):
         dense = {t: c for (m, b, t), c in cells.items() if m == "dense"}
-        rows = sorted({(m, b) for (m, b, t) in cells if m != "dense"})
-        body = [["dense", "", f"{dense['ppl-token'].metrics['ppl']:.2f}",
+        # patterns in order of M (2:4 before 16:32), unstructured after them
+        order = lambda mb: (mb[0], int(mb[1].split(":")[1]) if ":" in mb[1] else 10**6, mb[1])
+        rows = sorted({(m, b) for (m, b, t) in cells if m != "dense"}, key=order)
+        body = [["dense", "", f"{dense['ppl-token'].metrics['ppl']:.2f}", "",
                  f"{dense['lama'].metrics['p@1']:.3f}" if "lama" in dense else "", "", "1.000"]]
         for m, b in rows:
             ppl, lama = cells.get((m, b, "ppl-token")), cells.get((m, b, "lama"))
             comp = (ppl or lama).compression or {}
-            body.append([m, b, f"{ppl.metrics['ppl']:.2f}" if ppl else "", f"{lama.metrics['p@1']:.3f}" if lama else "",
+            body.append([m, b, f"{ppl.metrics['ppl']:.2f}" if ppl else "",
                          fmt_d(compare(dense["ppl-token"], ppl)) if ppl else "",
+                         f"{lama.metrics['p@1']:.3f}" if lama else "",
+                         fmt_d(compare(dense["lama"], lama)) if lama and "lama" in dense else "",
                          f"{comp.get('compute_ratio', float('nan')):.3f}"])
-        md += [f"### {model}", "", tabulate(body, headers=["method", "budget", "ppl-token", "LAMA P@1",
-                                                           "Δ NLL vs dense [95%] p", "compute ratio"],
+        md += [f"### {model}", "", tabulate(body, headers=["method", "budget", "ppl-token", "Δ NLL vs dense [95%] p",
+                                                           "LAMA P@1", "Δ P@1 vs dense [95%] p", "compute ratio"],
                                             tablefmt="github", disable_numparse=True), ""]
         ppl = lambda m, b: cells.get((m, b, "ppl-token"))
+        lama = lambda m, b: cells.get((m, b, "lama"))
         claims = []
         d0 = dense["ppl-token"].metrics["ppl"]
         a, z = ppl("act-sparse", "2:4"), ppl("act-sparse", "16:32")
@@ -69,8 +74,15 @@ def study(root) -> str:
             act = ppl("act-sparse", pattern)
             for w in ("wanda", "magnitude-prune"):
                 if act and ppl(w, pattern):
+                    acc = (f"; Δ LAMA P@1 = {fmt_d(compare(lama(w, pattern), lama('act-sparse', pattern)))}"
+                           if lama(w, pattern) and lama("act-sparse", pattern) else "")
                     claims.append(f"- activation vs weight at {pattern}: Δ NLL act-sparse - {w} = "
-                                  f"{fmt_d(compare(ppl(w, pattern), act))}")
+                                  f"{fmt_d(compare(ppl(w, pattern), act))}{acc}")
+        for pattern in ("8:16", "16:32"):
+            for lr in ("fasc-kfac", "pca"):
+                if ppl("act-sparse", pattern) and ppl(lr, "params"):
+                    claims.append(f"- families at compute 0.5: Δ NLL act-sparse {pattern} - {lr} (params 0.5) = "
+                                  f"{fmt_d(compare(ppl(lr, 'params'), ppl('act-sparse', pattern)))}")
         md += ["Claims (paired over the 16 perplexity windows; * = p < 0.05):", "", *claims, ""]
     return "\n".join(md)
 

@@ -101,7 +101,7 @@ def metric_vs_compute(points: dict[str, list[tuple[float, float]]], dense: float
                       title: str, path: Path) -> Path:
     """Both families on one figure: a task's metric against the theoretical compute ratio, one line per method
     (a low-rank method over its ranks, a sparsity method over its densities; an N:M pattern is a point)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.6, 4.4))
     for name, pts in sorted(points.items()):
         pts = sorted(pts)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if "@" not in name else "s",
@@ -110,9 +110,10 @@ def metric_vs_compute(points: dict[str, list[tuple[float, float]]], dense: float
         ax.axhline(dense, color="black", linestyle="--", linewidth=1, label="dense")
     if log:
         ax.set_yscale("log")
+    ax.set_xlim(0, 1.02)  # compute ratios lie in (0, 1]: the whole range, so one matched ratio is not a zoom
     ax.set_xlabel("compute ratio (theoretical multiply-adds per token / dense)")
     ax.set_ylabel(ylabel + (" (log scale)" if log else ""))
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title, fontsize=10)
     return _save(fig, path)

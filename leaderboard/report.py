@@ -263,9 +263,15 @@ def cross_family_section(g: dict, columns: list[Column], model: str, ref: str, p
         for r in rank_table([], by_row, ref, columns):
             x, y = compute_of(r), r.get(col.label) if col else None
             if is_number(x) and is_number(y):
-                series = r["method"] if not is_sparsity_budget(budget) or budget == "unstructured" else \
-                    f"{r['method']} @ {budget}"
-                points.setdefault(series + (" (unstructured)" if budget == "unstructured" else ""), []).append((x, y))
+                # a line per low-rank method over its ratios, per sparsity method and block size M (1:4, 2:4,
+                # 3:4 on one line), and per sparsity method over its unstructured densities
+                if not is_sparsity_budget(budget):
+                    series = r["method"]
+                elif budget == "unstructured":
+                    series = f"{r['method']} (unstructured)"
+                else:
+                    series = f"{r['method']} @ N:{budget.split(':')[1]}"
+                points.setdefault(series, []).append((x, y))
     if col and points:
         p = plots.metric_vs_compute(points, dense_row.get(col.label), col.label, col.higher is False,
                                     f"{model}: both families", plot_dir / f"{_slug(model)}_{_slug(col.task)}_vs_compute.png")

@@ -97,11 +97,13 @@ def local_ray(tmp_path_factory):
 @pytest.mark.slow
 def test_ray_sweep_equals_local_executor(tmp_path, local_ray):
     local, on_ray = tmp_path / "local", tmp_path / "ray"
-    methods = ["pca", "fasc-kfac", "svd"]
+    # both families: a sparsity variant is a Ray task per pattern, as a low-rank one is per rank
+    methods = ["pca", "fasc-kfac", "svd", "act-sparse:score=fisher", "--sparsity", "2:4"]
     assert main(sweep_args(local, methods)) == 0
     assert main(sweep_args(on_ray, methods, "--executor", "ray")) == 0
     a, b = cells(local), cells(on_ray)
-    assert len(a) == 2 * (1 + 3 * 2) and a.keys() == b.keys()  # dense + 3 methods x 2 ranks, 2 tasks each
+    # dense + 3 methods x 2 ranks + 1 sparsity variant x 1 pattern, 2 tasks each
+    assert len(a) == 2 * (1 + 3 * 2 + 1) and a.keys() == b.keys()
     for path in a:
         assert a[path]["metrics"] == b[path]["metrics"], path
         assert a[path]["records"] == b[path]["records"], path

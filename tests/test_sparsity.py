@@ -269,3 +269,13 @@ def test_readme_sparsity_method_example_runs():
     res = cls().compress(g, GroupStats(abs_mean=torch.full((8,), 2.0, dtype=torch.float64)), SparsitySpec.parse("2:4"))
     assert isinstance(res, SparseActivation) and torch.allclose(res.scale, torch.full((8,), 0.5))
     assert res.summary()["compute_ratio"] == 0.5
+
+
+def test_keep_top_equals_the_mask_times_x():
+    from core.sparsity import keep_top
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, 32, generator=gen)
+    score = x.abs() * torch.rand(32, generator=gen)
+    for n, m in ((2, 4), (8, 16), (5, 0)):
+        assert torch.equal(keep_top(x, score, n, m), x * topk_mask(score, n, m))
