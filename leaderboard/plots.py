@@ -102,10 +102,11 @@ def metric_vs_compute(points: dict[str, list[tuple[float, float]]], dense: float
     """Both families on one figure: a task's metric against the theoretical compute ratio, one line per method
     (a low-rank method over its ranks, a sparsity method over its densities; an N:M pattern is a point)."""
     fig, ax = plt.subplots(figsize=(8.6, 4.4))
-    for name, pts in sorted(points.items()):
+    colors = plt.get_cmap("tab20").colors  # up to 20 rows without a repeated colour
+    for i, (name, pts) in enumerate(sorted(points.items())):
         pts = sorted(pts)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if "@" not in name else "s",
-                linestyle="-" if len(pts) > 1 else "none", label=name)
+                linestyle="-" if len(pts) > 1 else "none", label=name, color=colors[i % len(colors)])
     if dense is not None:
         ax.axhline(dense, color="black", linestyle="--", linewidth=1, label="dense")
     if log:
