@@ -197,12 +197,22 @@ def cmd_plan(args) -> int:
     from .plan import make_plan, parse_bytes, render
     from .spec import check_ranks, split_list
 
-    names = methods.expand_methods(args.methods, [methods.LOW_RANK_FAMILY])  # `all` as `bench run --rank` means it
+    from core.stats import SparsitySpec
+
+    sparsity = split_list(args.sparsity, str, "--sparsity") if args.sparsity else []
+    for p in sparsity:
+        try:
+            SparsitySpec.parse(p)
+        except ValueError as e:
+            raise UserError(f"--sparsity: {e}") from None
+    # `all` means what `bench run` means by it: the families whose budget is given (--rank by default)
+    families = [methods.LOW_RANK_FAMILY] + ([methods.SPARSITY_FAMILY] if sparsity else [])
+    names = methods.expand_methods(args.methods, families)
     ranks = split_list(args.rank, float, "--rank")
     check_ranks(ranks)
     plan = make_plan(args.model, names, ranks, args.budget, args.rank_align, args.dtype,
                      parse_bytes(args.stats_memory) if args.stats_memory else None, args.calib_samples,
-                     args.calib_seq_len, args.batch_size, args.pair_tokens)
+                     args.calib_seq_len, args.batch_size, args.pair_tokens, sparsity=sparsity)
     print(render(plan))
     return 0
 
@@ -251,6 +261,7 @@ def _parser() -> _Parser:
     p.add_argument("--methods", nargs="+", default=["all"])
     p.add_argument("--rank", nargs="+", default=["0.5"])
     p.add_argument("--budget", choices=["rank", "params"], default="rank")
+    p.add_argument("--sparsity", nargs="+", default=None, help="N:M patterns or densities for sparsity methods")
     p.add_argument("--rank-align", type=int, default=1)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--stats-memory", default=None, help="statistics memory per calibration pass, e.g. 16GB")

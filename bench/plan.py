@@ -17,7 +17,7 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
-from core.stats import RankSpec
+from core.stats import RankSpec, SparsitySpec
 
 from .groups import InputGroup, find_input_groups
 
@@ -133,6 +133,7 @@ class Plan:
     weight_bytes: int
     kinds: list[dict] = field(default_factory=list)  # per group kind
     methods: dict = field(default_factory=dict)  # method -> rank -> {params, param_ratio, per kind k/form}
+    sparse: dict = field(default_factory=dict)  # sparsity method -> pattern -> {param_ratio, compute_ratio, ...}
     stats_total: dict[str, int] = field(default_factory=dict)  # statistic -> bytes in memory (float64)
     stats_per_block: int = 0
     cache_bytes: int = 0
@@ -146,7 +147,7 @@ class Plan:
 def make_plan(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
               dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
               calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
-              eval_seq_len: int = 256) -> Plan:
+              eval_seq_len: int = 256, sparsity: list[str] | None = None) -> Plan:
     config = load_config(model)
     meta = meta_model(config)
     groups = find_input_groups(meta)
@@ -174,7 +175,20 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
     dense_linear = sum(x.d_in * sum(x.d_outs) for x in groups)
     for name, comp in comps.items():
         if comp.family != methods.LOW_RANK_FAMILY:
-            continue  # a sparsity method keeps every weight (activation) or n/m of them: no k to plan
+            plan.sparse[name] = {}
+            for text in sparsity or []:
+                p = SparsitySpec.parse(text)
+                for x in groups:  # the run's own refusal, from the config alone
+                    problem = p.width_problem(x.name, x.d_in)
+                    if problem:
+                        raise UserError(problem)
+                kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
+                plan.sparse[name][p.label] = {
+                    "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0,
+                    # per token, the masks of one block's group inputs (a weight mask is static: none per token)
+                    "index_bits_per_token": None if comp.masks_weights else
+                    sum(p.index_bits(x.d_in) for x in groups if x.block == groups[0].block)}
+            continue
         plan.methods[name] = {}
         for r in ranks:
             rank = RankSpec(r, budget, align)
@@ -227,9 +241,18 @@ def render(plan: Plan) -> str:
             body.append([name, f"{r:g}"] + [f"{'/'.join(map(str, dict.fromkeys(pk['k'])))} {pk['form'][0]}"
                                              for pk in v["per_kind"].values()] + [f"{v['param_ratio']:.3f}"])
     kinds = [k["kind"] for k in plan.kinds]
-    lines += ["k per group kind (f = factorised, m = merged) and the linear layers' deployed parameter ratio:", "",
-              tabulate(body, headers=["method", "rank"] + kinds + ["param ratio"], tablefmt="github",
-                       disable_numparse=True), ""]
+    if body:
+        lines += ["k per group kind (f = factorised, m = merged) and the linear layers' deployed parameter ratio:", "",
+                  tabulate(body, headers=["method", "rank"] + kinds + ["param ratio"], tablefmt="github",
+                           disable_numparse=True), ""]
+    sparse = [[name, label, f"{v['param_ratio']:.3f}", f"{v['compute_ratio']:.3f}",
+               "" if v["index_bits_per_token"] is None else v["index_bits_per_token"]]
+              for name, per in plan.sparse.items() for label, v in per.items()]
+    if sparse:
+        lines += ["sparsity methods: deployed parameter ratio, theoretical compute ratio and, for activation "
+                  "masks, the index bits per token of one block's group inputs:", "",
+                  tabulate(sparse, headers=["method", "sparsity", "param ratio", "compute ratio", "index bits/token"],
+                           tablefmt="github", disable_numparse=True), ""]
     total_stats = sum(plan.stats_total.values())
     lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
               f"{plan.passes} calibration pass(es), the largest holding {human(plan.pass_bytes)}",

@@ -234,6 +234,8 @@ class SparsityMethod(Compressor):
     (shapes and names are filled in here). The budget is a SparsitySpec (--sparsity), never a rank."""
 
     family = SPARSITY_FAMILY
+    # what `solve` returns: MaskedWeights (True: n/m of the weights deployed) or SparseActivation (every weight)
+    masks_weights: ClassVar[bool] = False
 
     @property
     def projection(self) -> bool:

@@ -7,6 +7,7 @@ from .wanda import weight_masks
 class MagnitudePrune(SparsityMethod):
     name = "magnitude-prune"
     description = "N:M weight pruning per output row by |W_ij| (data-free weight-sparsity control)"
+    masks_weights = True
 
     def solve(self, weights, stats, pattern):
         return MaskedWeights(pattern=pattern, masks=weight_masks(weights, pattern))

@@ -20,6 +20,7 @@ def weight_masks(weights, pattern, scale=None) -> dict:
 class Wanda(SparsityMethod):
     name = "wanda"
     description = "N:M weight pruning per output row by |W_ij| ||X_j|| (Wanda; the weight-sparsity control)"
+    masks_weights = True
     needs = frozenset({"C"})
 
     def solve(self, weights, stats, pattern):

@@ -45,3 +45,16 @@ def test_plan_cli_is_one_screen_and_refuses_bad_input(capsys):
     assert main(["plan", "--model", str(CONFIGS / "nope")]) == 2
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--stats-memory", "lots"]) == 2
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "fsac"]) == 2
+
+
+def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
+    plan = make_plan(str(CONFIGS / "llama-3-8b"), ["act-sparse", "wanda"], [0.5], sparsity=["2:4", "0.25"])
+    assert plan.sparse["act-sparse"]["2:4"]["compute_ratio"] == 0.5
+    assert plan.sparse["act-sparse"]["2:4"]["param_ratio"] == 1.0 and plan.sparse["wanda"]["2:4"]["param_ratio"] == 0.5
+    # 2:4 index bits per token of one block: ceil(log2 C(4, 2)) = 3 bits per 4 channels of 4096 + 4096 + 4096 + 14336
+    assert plan.sparse["act-sparse"]["2:4"]["index_bits_per_token"] == 3 * (3 * 4096 + 14336) // 4
+    assert plan.sparse["wanda"]["unstructured 0.25"]["compute_ratio"] == pytest.approx(0.25, abs=1e-3)
+    assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "act-sparse", "--sparsity", "3:7"]) == 2
+    assert "cannot split group" in capsys.readouterr().err
+    assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "act-sparse", "--sparsity", "16:32"]) == 0
+    assert "sparsity methods" in capsys.readouterr().out
