@@ -16,12 +16,37 @@ from methods.base import GroupCompression, MaskedWeights, SparseActivation
 CONFIG_KEY = "acbench_compression"
 
 
-class LowRankLinear(nn.Module):
+class ReadOnce:
+    """What the sites of one group share: a function of their input x computed once per input tensor and handed to
+    each of the `n_readers` sites. The cache holds x itself, so its identity cannot be reused by another tensor
+    while cached; once every reader has the value it is freed."""
+
+    def __init__(self):
+        self._cache: tuple | None = None
+        self.n_readers = 1  # sites reading the shared value (set on the owner)
+        self._hits = 0
+        self.n_computed = 0  # values actually computed (not served from the cache)
+
+    def shared(self, x: torch.Tensor, compute):
+        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
+            out = self._cache[2]
+            self._hits += 1
+        else:
+            out = compute(x)
+            self.n_computed += 1
+            self._cache, self._hits = (x, x._version, out), 1
+        if self._hits >= self.n_readers:
+            self._cache = None
+        return out
+
+
+class LowRankLinear(ReadOnce, nn.Module):
     """y = A (B x) + bias. Sites of one group share the owner's B, and z = B x is computed once per input."""
 
     def __init__(self, in_features: int, out_features: int, k: int, bias: bool, owner: "LowRankLinear | None" = None,
                  dtype=None, device=None):
-        super().__init__()
+        nn.Module.__init__(self)
+        ReadOnce.__init__(self)
         self.in_features, self.out_features, self.k = in_features, out_features, k
         self.A = nn.Linear(k, out_features, bias=bias, dtype=dtype, device=device)
         if owner is None:
@@ -29,21 +54,9 @@ class LowRankLinear(nn.Module):
             owner = self
         # A plain attribute, not a submodule: the shared B is stored once, under the owner.
         object.__setattr__(self, "_owner", owner)
-        self._cache: tuple | None = None
-        self.n_readers = 1  # sites reading this module's z (set on the owner)
-        self._hits = 0
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        # The cache holds x itself, so identity cannot be reused by another tensor while cached.
-        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
-            z = self._cache[2]
-            self._hits += 1
-        else:
-            z = self.B(x)
-            self._cache, self._hits = (x, x._version, z), 1
-        if self._hits >= self.n_readers:
-            self._cache = None  # every reader has z: free the activation
-        return z
+        return self.shared(x, self.B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.A(self._owner.project(x))
@@ -52,32 +65,24 @@ class LowRankLinear(nn.Module):
         return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
 
 
-class InputSparsifier(nn.Module):
+class InputSparsifier(ReadOnce, nn.Module):
     """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
-    accelerator reads the sparse activation once). `n_computed` counts the masks actually computed."""
+    accelerator reads the sparse activation once)."""
 
     def __init__(self, result: SparseActivation, dtype, device):
-        super().__init__()
-        p = result.pattern
-        self.n, self.m = (p.n, p.m) if p.structured else (p.keep(result.d_in), 0)
+        nn.Module.__init__(self)
+        ReadOnce.__init__(self)
+        self.n, self.m = result.pattern.topk_args(result.d_in)
         self.mitigation = result.mitigation
         as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
         self.register_buffer("scale", as_buffer(result.scale))
         self.register_buffer("mu", as_buffer(result.mu))
-        self._cache: tuple | None = None
-        self.n_readers, self._hits, self.n_computed = 1, 0, 0
+
+    def _sparsify(self, x: torch.Tensor):
+        return sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu)
 
     def forward(self, x: torch.Tensor):
-        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
-            out = self._cache[2]
-            self._hits += 1
-        else:
-            out = sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu)
-            self.n_computed += 1
-            self._cache, self._hits = (x, x._version, out), 1
-        if self._hits >= self.n_readers:
-            self._cache = None
-        return out
+        return self.shared(x, self._sparsify)
 
     def extra_repr(self) -> str:
         return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
@@ -90,10 +95,9 @@ class SparseInputLinear(nn.Module):
     def __init__(self, dense: nn.Linear, sparsifier: InputSparsifier, owner: bool):
         super().__init__()
         self.dense = dense
+        object.__setattr__(self, "_sparsifier", sparsifier)  # read by every site of the group
         if owner:
-            self.sparsifier = sparsifier  # stored under the group's first site
-        else:
-            object.__setattr__(self, "_shared", sparsifier)
+            self.sparsifier = sparsifier  # and stored (its buffers) once, under the group's first site
         W = dense.weight.detach()
         with torch.no_grad():
             bias = dense.bias.detach().clone() if dense.bias is not None else None
@@ -112,8 +116,7 @@ class SparseInputLinear(nn.Module):
         return self.dense.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sp = self.sparsifier if "sparsifier" in self._modules else self._shared
-        xs, eta = sp(x)
+        xs, eta = self._sparsifier(x)
         y = Fn.linear(xs, self.dense.weight, self.bias)
         return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
 

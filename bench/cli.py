@@ -117,7 +117,7 @@ def _spec_from_args(args):
         data["methods"] = methods.split_methods(args.methods)
     for dest, flag in (("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"), ("groups", "--groups"),
                        ("sparsity", "--sparsity")):
-        if getattr(args, dest) is not None:  # `--methods pca,fasc` = `--methods pca fasc`, as in lm-eval
+        if getattr(args, dest) is not None:  # spaces or commas alike
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
     for dest in ("overwrite", "measure_latency", "report", "progress"):
         if getattr(args, dest) is not None:
@@ -197,14 +197,10 @@ def cmd_plan(args) -> int:
     from .plan import make_plan, parse_bytes, render
     from .spec import check_ranks, split_list
 
-    from core.stats import SparsitySpec
+    from .spec import parse_sparsity
 
     sparsity = split_list(args.sparsity, str, "--sparsity") if args.sparsity else []
-    for p in sparsity:
-        try:
-            SparsitySpec.parse(p)
-        except ValueError as e:
-            raise UserError(f"--sparsity: {e}") from None
+    parse_sparsity(sparsity)
     # `all` means what `bench run` means by it: the families whose budget is given (--rank by default)
     families = [methods.LOW_RANK_FAMILY] + ([methods.SPARSITY_FAMILY] if sparsity else [])
     names = methods.expand_methods(args.methods, families)

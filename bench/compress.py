@@ -35,8 +35,7 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
     try:
-        label = rank.label if isinstance(rank, SparsitySpec) else f"{rank.ratio:g}"
-        for g in tqdm(groups, desc=f"compress {method}@{label}", disable=not progress, leave=False):
+        for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
                 res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name])
             except NumericError as e:

@@ -17,7 +17,7 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
-from core.stats import RankSpec, SparsitySpec
+from core.stats import RankSpec, SparsitySpec, check_pattern_widths
 
 from .groups import InputGroup, find_input_groups
 
@@ -178,10 +178,7 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
             plan.sparse[name] = {}
             for text in sparsity or []:
                 p = SparsitySpec.parse(text)
-                for x in groups:  # the run's own refusal, from the config alone
-                    problem = p.width_problem(x.name, x.d_in)
-                    if problem:
-                        raise UserError(problem)
+                check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
                 kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
                 plan.sparse[name][p.label] = {
                     "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0,

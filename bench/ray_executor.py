@@ -67,6 +67,22 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
+def variant_parts(spec) -> list[tuple]:
+    """(method, budget, rule, the part's own budget fields) per variant task: a rank and rule per low-rank method,
+    a pattern per sparsity one."""
+    import methods
+    from core.record import UNIFORM
+    from core.stats import SPARSITY_FAMILY
+
+    out = []
+    for m in spec.methods:
+        if methods.family_of(m) == SPARSITY_FAMILY:
+            out += [(m, p, UNIFORM, {"ranks": None, "sparsity": [p]}) for p in spec.sparsity or []]
+        else:
+            out += [(m, r, rule, {"ranks": [r], "sparsity": None}) for r in spec.ranks for rule in spec.allocate]
+    return out
+
+
 def run_on_ray(spec) -> dict:
     """The sweep of `spec` on Ray; returns {"written", "failed": [one line per failed task], "seconds"}."""
     from tqdm.auto import tqdm
@@ -75,9 +91,7 @@ def run_on_ray(spec) -> dict:
     from bench.runner import sweep_needs
     from bench.spec import validate
     from core.io import cache_dir
-    import methods
-    from core.record import UNIFORM, variant_name
-    from core.stats import SPARSITY_FAMILY
+    from core.record import variant_name
 
     ray = _import_ray()
     analyses = resolve(spec)
@@ -100,13 +114,7 @@ def run_on_ray(spec) -> dict:
     if cuda and gpus < 1:
         raise UserError("--device cuda with --executor ray, but the Ray cluster has no GPU: start the workers on GPU "
                         "machines or use --device cpu")
-    # (method, budget, rule, the part's own budget fields): a rank per low-rank variant, a pattern per sparsity one
-    variants = []
-    for m in spec.methods:
-        if methods.family_of(m) == SPARSITY_FAMILY:
-            variants += [(m, p, UNIFORM, {"ranks": None, "sparsity": [p]}) for p in spec.sparsity or []]
-        else:
-            variants += [(m, r, rule, {"ranks": [r], "sparsity": None}) for r in spec.ranks for rule in spec.allocate]
+    variants = variant_parts(spec)
     n_tasks = len([t for t in spec.tasks if t not in analyses])
     if cuda:
         cpus = spec.threads or max(1, total_cpus // max(1, gpus))

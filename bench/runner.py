@@ -19,7 +19,7 @@ import tasks as task_registry
 from core.errors import UserError
 from core.io import atomic_write_json, cache_dir
 from core.record import UNIFORM, CellId, CellRecord, describe_scope, variant_name
-from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec
+from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec, check_pattern_widths
 
 from . import __version__
 from .allocate import RULES, allocate, check_budget
@@ -94,12 +94,11 @@ def build_method(variant: str, spec: RunSpec):
 def method_key(name: str, spec: RunSpec, allocation: str = UNIFORM, scope: str = ALL,
                budget: RankSpec | SparsitySpec | None = None) -> dict:
     comp = build_method(name, spec)
-    calibration = calib_spec(spec).as_dict() if comp.required_stats() or RULES[allocation] else None
+    key = {"settings": comp.settings_dict(), "version": comp.version,
+           "calibration": calib_spec(spec).as_dict() if comp.required_stats() or RULES[allocation] else None}
     if isinstance(budget, SparsitySpec):  # the pattern is the cell's budget; a rank alignment does not apply
-        return {"settings": comp.settings_dict(), "version": comp.version, "budget": budget.budget,
-                "calibration": calibration}
-    key = {"settings": comp.settings_dict(), "version": comp.version, "budget": spec.budget, "align": spec.rank_align,
-           "calibration": calibration}
+        return {**key, "budget": budget.budget}
+    key.update(budget=spec.budget, align=spec.rank_align)
     # Only a non-default allocation or selection enters the key: today's cells keep their keys.
     if allocation != UNIFORM:
         key["allocation"] = allocation
@@ -366,11 +365,7 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
             check_budget(selected, r)
     # a pattern that cannot split a group is refused before any cell is computed
     if any(methods.family_of(m) == SPARSITY_FAMILY for m in spec.methods):
-        for p in patterns:
-            for g in selected:
-                problem = p.width_problem(g.name, g.d_in)
-                if problem:
-                    raise UserError(problem)
+        check_pattern_widths(patterns, selected)
 
     def paths_for(method, rank, key_extra, allocation=UNIFORM, budget=None):
         todo = {}
@@ -478,8 +473,7 @@ def run(spec: RunSpec, analyses: dict | None = None, parts=PARTS, stats_needs: f
                                         spec, todo, cell_common, device)
             written += len(recs)
             release(todo)
-            at = r.label if isinstance(r, SparsitySpec) else f"{r.ratio:g}"
-            log(f"[{variant_name(m, rule)} @ {at}] {_summary_line(recs)}")
+            log(f"[{variant_name(m, rule)} @ {r.label}] {_summary_line(recs)}")
         analysis_todo = claim(analysis_todo)
         if analysis_todo:
             ctx = AnalysisContext(lm.model, lm.tokenizer, stats, groups, spec.seed, spec.progress, spec)

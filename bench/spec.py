@@ -103,22 +103,30 @@ def check_task_names(names, analysis_names=frozenset()) -> None:
                             "`bench ls analyses`.")
 
 
+def parse_sparsity(values) -> list:
+    """--sparsity values as SparsitySpecs, or one line naming the bad one (run and plan alike)."""
+    from core.stats import SparsitySpec
+
+    out = []
+    for p in values:
+        try:
+            out.append(SparsitySpec.parse(p))
+        except ValueError as e:
+            raise UserError(f"--sparsity: {e}") from None
+    return out
+
+
 def resolve_budgets(spec: RunSpec) -> None:
     """Methods expanded by family (`all` = every method of the families whose budget flag is given), ranks and
     sparsity patterns checked; a method named without its family's budget is refused."""
     import methods
 
-    from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, SparsitySpec
+    from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY
 
     if spec.sparsity is not None:
-        if not isinstance(spec.sparsity, list):
-            spec.sparsity = [spec.sparsity]
-        for p in spec.sparsity:
-            try:
-                SparsitySpec.parse(p)
-            except ValueError as e:
-                raise UserError(f"--sparsity: {e}") from None
-        spec.sparsity = [SparsitySpec.parse(p).label.replace("unstructured ", "") for p in spec.sparsity]
+        values = spec.sparsity if isinstance(spec.sparsity, list) else [spec.sparsity]
+        # one spelling per budget: '2:4', or a density as '0.5'
+        spec.sparsity = [p.budget if p.structured else f"{p.density:g}" for p in parse_sparsity(values)]
         if not spec.sparsity:
             raise UserError("--sparsity is empty: pass N:M patterns (2:4 8:16) or densities (0.5)")
     if spec.ranks is None:
@@ -145,6 +153,7 @@ def check_selection(spec: RunSpec) -> None:
     import methods
 
     from core.record import UNIFORM
+    from core.stats import SPARSITY_FAMILY
 
     from .allocate import check_rules
     from .selection import Selection
@@ -154,13 +163,13 @@ def check_selection(spec: RunSpec) -> None:
         raise UserError("--allocate is empty: pass uniform, fisher or variance")
     check_rules(spec.allocate, spec.budget, spec.rank_align)
     rules = [r for r in spec.allocate if r != UNIFORM]
-    sparse = [m for m in spec.methods if methods.family_of(m) == "sparsity"]
+    sparse = [m for m in spec.methods if methods.family_of(m) == SPARSITY_FAMILY]
     if sparse and UNIFORM not in spec.allocate:
         raise UserError(f"--allocate {rules[0]} splits a rank budget, but {', '.join(sparse)} keep one pattern in "
                         "every group: add uniform to --allocate (the sparsity rows run under it) or run them in "
                         "another command")
     if rules:
-        per_site = [m for m in spec.methods if methods.family_of(m) != "sparsity" and not methods.build(
+        per_site = [m for m in spec.methods if methods.family_of(m) != SPARSITY_FAMILY and not methods.build(
                     m, spec.method_options.get(methods.base_name(m))).projection]
         if per_site:
             raise UserError(f"--allocate {rules[0]} sets one k per input group, but {', '.join(per_site)} "
@@ -289,11 +298,9 @@ def load_config(path: str) -> dict:
         items = value if isinstance(value, list) else [value]
         if all(isinstance(v, str) for v in items):  # anything else is left for the type check to name
             data["methods"] = methods.split_methods(items)
-    if "sparsity" in data and not isinstance(data["sparsity"], list):
-        data["sparsity"] = [data["sparsity"]]
     if "sparsity" in data:  # a pattern stays a string; YAML may have read a density as a number
         items = []
-        for item in data["sparsity"]:
+        for item in data["sparsity"] if isinstance(data["sparsity"], list) else [data["sparsity"]]:
             if isinstance(item, int) and not isinstance(item, bool) and item > 1:
                 raise UserError(f"'sparsity' in {path}: {item} is not a density; YAML reads an unquoted 2:4 as the "
                                 "number 124, so quote N:M patterns ('2:4')")

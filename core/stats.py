@@ -29,6 +29,10 @@ class RankSpec:
         if self.align < 1:
             raise ValueError("rank alignment must be >= 1")
 
+    @property
+    def label(self) -> str:
+        return f"{self.ratio:g}"
+
     def k_group(self, d_in: int, d_outs: tuple[int, ...]) -> int:
         """k of one projection shared by a group: the activation goes from d_in to k numbers."""
         return self._k(full=d_in, d_in=d_in, d_out=sum(d_outs))
@@ -112,6 +116,10 @@ class SparsitySpec:
     def label(self) -> str:
         return self.budget if self.structured else f"{UNSTRUCTURED} {self.density:g}"
 
+    def topk_args(self, d_in: int) -> tuple[int, int]:
+        """(n, m) for core.sparsity's top-k of a d_in-wide row: n of every m, or (kept, 0) over the whole row."""
+        return (self.n, self.m) if self.structured else (self.keep(d_in), 0)
+
     def keep(self, d_in: int) -> int:
         """Channels kept per token of a d_in-wide input."""
         return d_in // self.m * self.n if self.structured else max(1, round(self.density * d_in))
@@ -127,6 +135,18 @@ class SparsitySpec:
             return (f"sparsity {self.budget} cannot split group {group} (d_in = {d_in}) into blocks of {self.m}: "
                     f"pass a pattern whose M divides {d_in} (e.g. {_divisor_hint(d_in, self.n, self.m)}) or a density")
         return None
+
+
+def check_pattern_widths(patterns, groups) -> None:
+    """Every pattern splits every group's input (anything with .name and .d_in), else one line naming the first
+    that does not: the same refusal for `bench run`, `bench plan` and a method's compress."""
+    from .errors import UserError
+
+    for p in patterns:
+        for g in groups:
+            problem = p.width_problem(g.name, g.d_in)
+            if problem:
+                raise UserError(problem)
 
 
 def _divisor_hint(d_in: int, n: int, m: int) -> str:

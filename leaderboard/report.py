@@ -234,19 +234,17 @@ def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope
                f"![k per group by block](plots/{p.name})", ""])
 
 
-def cross_family_section(g: dict, columns: list[Column], model: str, ref: str, plot_dir: Path,
+def cross_family_section(g: dict, section_rows: dict, columns: list[Column], model: str, ref: str, plot_dir: Path,
                          written: list, target: float = MATCHED_COMPUTE) -> list[str]:
     """Low-rank and sparsity rows at one compute ratio, with paired differences to the reference row, and a
-    figure of each loss-like metric against compute ratio with both families (only where both were run)."""
+    figure of each loss-like metric against compute ratio with both families (only where both were run).
+    `section_rows`: the rows each (budget, rank, scope) table already computed, read for the figure."""
     families = {is_sparsity_budget(b) for (b, _, scope) in g["ranks"] if scope == ALL_GROUPS}
     if families != {True, False}:
         return []
-    by_label = matched_compute(g["ranks"], g["dense"], target)
+    by_label = matched_compute(g["ranks"], target)
     ref_label = next((lab for lab in sorted(by_label) if lab.split(" @ ")[0] == ref), ref)
     rows = rank_table(g["dense"], by_label, ref_label, columns)
-    for r in rows:
-        if r["method"] != "dense":
-            r["matched"] = compute_of(r)
     md = [f"### Both families at compute ratio {target:g}", "",
           f"- each low-rank row at its run ratio whose compute ratio (theoretical multiply-adds per token vs dense) "
           f"is closest to {target:g}, each sparsity row at density {target:g}; the row label names the budget and "
@@ -256,11 +254,13 @@ def cross_family_section(g: dict, columns: list[Column], model: str, ref: str, p
     # the figure: every row of every section (every group), a line per method over its ratios
     points: dict[str, list] = {}
     col = next((c for c in columns if c.higher is False), columns[0] if columns else None)
-    dense_row = rank_table(g["dense"], {}, ref, columns)[0] if g["dense"] else {}
-    for (budget, rank, scope), by_row in g["ranks"].items():
+    dense_row = rows[0] if rows and rows[0]["method"] == "dense" else {}
+    for (budget, rank, scope), shown in section_rows.items():
         if scope != ALL_GROUPS:
             continue
-        for r in rank_table([], by_row, ref, columns):
+        for r in shown:
+            if r["method"] == "dense":
+                continue
             x, y = compute_of(r), r.get(col.label) if col else None
             if is_number(x) and is_number(y):
                 # a line per low-rank method over its ratios, per sparsity method and block size M (1:4, 2:4,
@@ -300,9 +300,10 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
         columns = metric_columns(model_cells)
         md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"]) + [""]
         cross: dict = {}
+        section_rows: dict = {}  # (budget, rank, scope) -> the rows its table shows
         for key in sorted(g["ranks"], key=section_order):
             budget, rank, scope = key
-            rows = rank_table(g["dense"], g["ranks"][key], ref, columns)
+            rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns)
             where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
             sparse = is_sparsity_budget(budget)
             md += [f"### {budget_title(budget, rank)}{where}", ""]
@@ -358,7 +359,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
                                         plot_dir / f"{_slug(model)}_ppl_vs_params.png")
                 written_plots.append(p)
                 md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
-        md += cross_family_section(g, columns, model, ref, plot_dir, written_plots)
+        md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written_plots)
         for name in sorted(g["analyses"]):
             for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
                 md += [f"### {name} at {budget} ratio {rank:g}", ""]

@@ -225,7 +225,7 @@ def compute_of(row: dict) -> float | None:
     return v if is_number(v) else row.get("param ratio") if is_number(row.get("param ratio")) else None
 
 
-def matched_compute(sections: dict, dense_cells: list[CellRecord], target: float = 0.5) -> dict[str, list[CellRecord]]:
+def matched_compute(sections: dict, target: float = 0.5) -> dict[str, list[CellRecord]]:
     """Rows of both families at one compute ratio: each low-rank row at the section whose compute ratio is closest
     to `target`; each sparsity row at density `target`. {label "method @ budget ratio": cells} (every group only)."""
     out: dict[str, list[CellRecord]] = {}

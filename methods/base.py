@@ -17,7 +17,7 @@ import torch
 
 from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
 from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, SPARSITY_FAMILY,  # noqa: F401 (method API)
-                        GroupStats, RankSpec, SparsitySpec)
+                        GroupStats, RankSpec, SparsitySpec, check_pattern_widths)
 
 
 def factorised_params(d_in: int, d_outs, ks, shared: bool) -> int:
@@ -245,16 +245,12 @@ class SparsityMethod(Compressor):
         raise TypeError(f"{self.name} is a sparsity method: it has no rank")
 
     def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None) -> SparseResult:
-        from core.errors import UserError
-
         if not isinstance(pattern, SparsitySpec):
             raise TypeError(f"{self.name} is a sparsity method: it takes an N:M pattern or density (--sparsity), "
                             f"not {pattern!r}")
         if k is not None:
             raise ValueError(f"{self.name} keeps a pattern per token: a per-group k does not apply")
-        problem = pattern.width_problem(group.name, group.d_in)
-        if problem:
-            raise UserError(problem)
+        check_pattern_widths([pattern], [group])
         weights = {n: s.weight.detach().double().cpu() for n, s in zip(group.site_names, group.sites)}
         res = self.solve(weights, stats, pattern)
         res.group, res.method, res.d_in, res.d_outs = group.name, self.name, group.d_in, group.d_outs

@@ -13,7 +13,7 @@ def weight_masks(weights, pattern, scale=None) -> dict:
     out = {}
     for name, W in weights.items():
         score = W.abs() if scale is None else W.abs() * scale[None, :]
-        out[name] = topk_mask(score, pattern.keep(W.shape[1]) if not pattern.structured else pattern.n, pattern.m)
+        out[name] = topk_mask(score, *pattern.topk_args(W.shape[1]))
     return out
 
 
