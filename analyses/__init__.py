@@ -8,7 +8,7 @@ from core.registry import Registry, UnknownName
 
 from .base import Analysis
 
-__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "resolve", "run_sweep", "UnknownName"]
+__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "resolve", "UnknownName"]
 
 REGISTRY = Registry("analysis", __name__, Analysis, "acbench.analyses", plural="analyses")
 
@@ -32,19 +32,11 @@ def build(names, options: dict | None = None) -> dict[str, Analysis]:
     return {name: make(name) for name in names if name in REGISTRY}
 
 
-def resolve(spec) -> dict[str, Analysis]:
-    """The analyses among spec.tasks, built with their options; an unknown name gets one did-you-mean over tasks
+def resolve(config) -> dict[str, Analysis]:
+    """The analyses among config.tasks, built with their options; an unknown name gets one did-you-mean over tasks
     and every analysis (not only those asked for)."""
-    from bench.spec import check_task_names
+    from bench.config import check_task_names
 
-    names = [n for n in spec.tasks if isinstance(n, str)] if isinstance(spec.tasks, (list, tuple)) else []
+    names = [n for n in config.tasks if isinstance(n, str)] if isinstance(config.tasks, (list, tuple)) else []
     check_task_names(names, set(known_analyses()))
-    return build(names, spec.analysis_options if isinstance(spec.analysis_options, dict) else {})
-
-
-def run_sweep(spec) -> dict:
-    """`bench run`: the harness's sweep with the analyses among spec.tasks resolved from this registry (the
-    harness runs them but never imports them)."""
-    from bench.runner import run
-
-    return run(spec, resolve(spec))
+    return build(names, config.analysis_options if isinstance(config.analysis_options, dict) else {})

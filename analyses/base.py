@@ -1,8 +1,10 @@
 """The analysis interface: a study computed from calibration statistics and compressions through the harness,
-stored as a cell of its own (method "<name>-analysis") beside the task cells."""
+stored as a cell of its own (kind "analysis", method "<name>-analysis") beside the task cells, and rendered into
+the leaderboard by its own `report_section`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from core.registry import Plugin
@@ -20,6 +22,12 @@ class Analysis(Plugin):
     def run(self, ctx, rank) -> TaskResult:
         """ctx: the harness's AnalysisContext (model, tokenizer, stats, groups, seed, progress, compressed(), task())."""
         raise NotImplementedError
+
+    @classmethod
+    def report_section(cls, cell, plot_dir: Path, stem: str, title: str) -> tuple[list[str], list[Path]] | None:
+        """The leaderboard's section for one stored cell of this analysis (below its heading): markdown lines and
+        the figures written under `plot_dir` (named from `stem`). None: the leaderboard's table of its metrics."""
+        return None
 
     def summary_line(self, result: TaskResult) -> str:
         v = result.metrics.get(self.primary_metric)

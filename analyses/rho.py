@@ -181,6 +181,12 @@ class Rho(Analysis):
         result.higher_is_better = {k: None for k in result.metrics}  # descriptive numbers, no better direction
         return result
 
+    @classmethod
+    def report_section(cls, cell, plot_dir, stem, title):
+        from .rho_report import report_section
+
+        return report_section(cell, plot_dir, stem, title)
+
     def summary_line(self, result: TaskResult) -> str:
         c = result.details["correlations"].get("rho_vs_surrogate_gain_per_group", {}).get("spearman")
         return f"mean rho={result.metrics['rho_mean']:.3f}" + (

@@ -87,3 +87,11 @@ def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) ->
                 )
             )
     return groups
+
+
+def meta_model(config):
+    """The model's module tree with no storage behind its tensors: shapes only, in milliseconds."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)

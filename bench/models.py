@@ -156,45 +156,86 @@ def _short(e: Exception) -> str:
     return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
-               before_weights=None, device_map: str | None = None) -> LoadedModel:
-    """device_map="auto": accelerate spreads the blocks over the GPUs (and host memory) for a model larger than one
-    device; `device` is then ignored."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@dataclass(frozen=True)
+class ModelSource:
+    """A model opened without its weights: where they are, its fingerprint, tokenizer and config (so a run is
+    planned, and its data checked, before the slow part)."""
+
+    spec: str
+    target: Path | str
+    fingerprint: dict
+    name: str
+    tokenizer: object
+    config: object
+    dtype: str = "float32"
+    device_map: str | None = None
+
+    def input_groups(self) -> list:
+        """The input groups on a meta-device copy of the model (shapes only, no storage)."""
+        from .groups import find_input_groups, meta_model
+
+        return find_input_groups(meta_model(self.config))
+
+
+def _load_error(spec: str, fp: dict, e: Exception) -> UserError:
+    if isinstance(e, OSError):
+        if fp.get("source") == "hub":
+            return UserError(
+                f"model '{spec}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
+                f"from the Hugging Face hub ({_short(e)}): pass a local checkpoint or .gguf")
+        return UserError(f"model '{spec}' could not be loaded ({_short(e)}): pass a complete checkpoint")
+    return UserError(f"model '{spec}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
+                     "and weights (re-save with save_pretrained)")
+
+
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def open_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", progress: bool = True,
+               device_map: str | None = None) -> ModelSource:
+    """The model's files, tokenizer and config; its weights stay on disk (`load_weights`)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     if not progress:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     target, fp = resolve(spec, progress)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
-    if torch_dtype is None:
+    if dtype not in TORCH_DTYPES:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
     try:
         tok = AutoTokenizer.from_pretrained(target)
-        if before_weights is not None:
-            before_weights(tok)  # data checks run before the (slow) weights load
-        kwargs = {"device_map": device_map} if device_map else {}
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype, **kwargs)
+        config = AutoConfig.from_pretrained(target)
+    except _LOAD_ERRORS as e:
+        raise _load_error(spec, fp, e) from None
+    if fp.get("source") == "hub":
+        fp["revision"] = getattr(config, "_commit_hash", None)
+    fp = {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})}
+    return ModelSource(spec, target, fp, display_name(spec), tok, config, dtype, device_map)
+
+
+def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
+    """device_map="auto" (in the source): accelerate spreads the blocks over the GPUs (and host memory) for a model
+    larger than one device; `device` is then ignored."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        kwargs = {"device_map": source.device_map} if source.device_map else {}
+        model = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
     except UserError:
         raise
-    except OSError as e:
-        if fp.get("source") == "hub":
-            raise UserError(
-                f"model '{spec}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
-                f"from the Hugging Face hub ({_short(e)}): pass a local checkpoint or .gguf"
-            ) from None
-        raise UserError(f"model '{spec}' could not be loaded ({_short(e)}): pass a complete checkpoint") from None
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise UserError(f"model '{spec}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
-                        "and weights (re-save with save_pretrained)") from None
-    if fp.get("source") == "hub":
-        fp["revision"] = getattr(model.config, "_commit_hash", None)
-    if not device_map:
+    except _LOAD_ERRORS as e:
+        raise _load_error(source.spec, source.fingerprint, e) from None
+    if not source.device_map:
         model.to(device)
     model.eval()
-    return LoadedModel(model, tok, {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})},
-                       display_name(spec))
+    return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name)
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
+               device_map: str | None = None) -> LoadedModel:
+    return load_weights(open_model(spec, dtype, progress, device_map), device)
 
 
 def display_name(spec: str) -> str:

@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 
 from core.io import atomic_write_json
-from core.record import ALL_GROUPS, UNIFORM, CellRecord, cell_problem, variant_name
-
-DENSE = "dense"
+from core.record import ALL_GROUPS, DENSE, UNIFORM, CellRecord, cell_problem, variant_name
 
 
 def settings_hash(*parts) -> str:
@@ -42,7 +40,7 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
 def write_cell(path: Path, cell: CellRecord) -> None:
     from core.errors import UserError
 
-    record = finite_or_null(cell.to_json())
+    record = nulls_for_nonfinite(cell.to_json())
     problem = cell_problem(json.loads(json.dumps(record, default=str)))
     if problem:  # e.g. a NaN metric: never store a cell that readers would reject
         raise UserError(f"result for {path.name} is not valid ({problem}): this is a bug or a degenerate setting; "
@@ -54,15 +52,15 @@ def write_cell(path: Path, cell: CellRecord) -> None:
                         "directory writable or pass --output <writable dir>") from None
 
 
-def finite_or_null(obj):
+def nulls_for_nonfinite(obj):
     """NaN and infinity are not JSON: an undefined value (a standard error of one item, an overflowing
     perplexity) is stored as null, which readers show as a blank."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: finite_or_null(v) for k, v in obj.items()}
+        return {k: nulls_for_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [finite_or_null(v) for v in obj]
+        return [nulls_for_nonfinite(v) for v in obj]
     return obj
 
 

@@ -34,8 +34,9 @@ def main() -> None:
 
     from bench.groups import find_input_groups
     from bench.models import LoadedModel
-    from bench.runner import load_or_calibrate
-    from bench.spec import RunSpec
+    from bench.calibrate import CalibSpec
+    from bench.statistics import load_or_calibrate
+    from core.units import parse_bytes
     from bench.stats_store import nbytes
 
     cfg = LlamaConfig(**{**json.loads(CONFIG.read_text()), "num_hidden_layers": 2, "vocab_size": 32000})
@@ -46,11 +47,12 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     lm = LoadedModel(model, None, {"source": "random", "config": "llama-3-8b, 2 blocks, 32k vocab"}, "llama3-8b-2l")
     windows = torch.randint(0, cfg.vocab_size, (args.windows, args.seq_len), generator=torch.Generator().manual_seed(0))
-    spec = RunSpec(calib_samples=args.windows, calib_seq_len=args.seq_len, batch_size=2, progress=False,
-                   stats_memory=args.stats_memory, bos="none")
+    cspec = CalibSpec(samples=args.windows, seq_len=args.seq_len, bos="none")
     groups = find_input_groups(model)
     t0 = time.perf_counter()
-    store, info = load_or_calibrate(lm, groups, spec, frozenset({"C", "F"}), windows)
+    store, info = load_or_calibrate(lm, groups, cspec, frozenset({"C", "F"}),
+                                    parse_bytes(args.stats_memory) if args.stats_memory else None, batch_size=2,
+                                    progress=False, windows=windows)
     calib_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     total = sum(nbytes(store[g.name]) for g in groups)  # every group read back, as compression reads them

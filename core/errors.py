@@ -14,3 +14,11 @@ def did_you_mean(name: str, known) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     return f"{hint} Known: {', '.join(known)}."
+
+
+class DataError(UserError):
+    """Malformed or missing data: one line naming the file, the row and what is wrong."""
+
+    def __init__(self, path, row, problem: str):
+        where = f"{path}" + (f", row {row}" if row is not None else "")
+        super().__init__(f"malformed data in {where}: {problem}")

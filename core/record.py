@@ -8,12 +8,17 @@ from dataclasses import asdict, dataclass, field, fields
 # 2: the cell identity carries its settings key; method and task versions are stored.
 # 3: the identity carries the rank allocation rule and the compressed scope (groups, blocks); a schema-2 cell is
 #    read as uniform allocation over every group, which is what it was.
-SCHEMA_VERSION = 3
-READABLE_SCHEMAS = (2, 3)
+# 4: the identity says whether a cell is a task's or an analysis's (`kind`), and accuracy records carry their own
+#    "correct" and "chance" per item; older cells are upgraded on reading (`upgrade`), so old trees stay readable.
+SCHEMA_VERSION = 4
+READABLE_SCHEMAS = (2, 3, 4)
 CELL_KEYS = {"model": str, "method": str, "task": str, "budget": str, "key": str}
-OPTIONAL_CELL_KEYS = {"allocation": str, "scope": str}
+OPTIONAL_CELL_KEYS = {"allocation": str, "scope": str, "kind": str}
 UNIFORM = "uniform"  # the allocation of every cell before schema 3: each group at the run's ratio
 ALL_GROUPS = "all"  # the scope of every cell before schema 3: every input group compressed
+DENSE = "dense"  # the method of the uncompressed model's cells
+TASK_CELL, ANALYSIS_CELL = "task", "analysis"  # CellId.kind
+CELL_KINDS = (TASK_CELL, ANALYSIS_CELL)
 
 
 def variant_name(method: str, allocation: str) -> str:
@@ -28,7 +33,7 @@ def describe_scope(scope: str) -> str:
     return "; ".join(part.replace("=", " ").replace(",", ", ") for part in scope.split(";"))
 
 
-def _finite_or_null(v) -> bool:
+def is_finite_or_null(v) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
@@ -48,13 +53,15 @@ def cell_problem(rec) -> str | None:
     for key, kind in OPTIONAL_CELL_KEYS.items():
         if key in cell and not isinstance(cell[key], kind):
             return f"cell.{key} is not a {kind.__name__}"
+    if cell.get("kind", TASK_CELL) not in CELL_KINDS:
+        return f"cell.kind {cell['kind']!r} is not one of {', '.join(CELL_KINDS)}"
     rank = cell.get("rank")
-    if not (rank is None or (_finite_or_null(rank) and 0 < rank <= 1)):
+    if not (rank is None or (is_finite_or_null(rank) and 0 < rank <= 1)):
         return f"cell.rank {rank!r} is not a ratio in (0, 1]"
     metrics = rec.get("metrics")
     if not isinstance(metrics, dict) or not metrics:
         return "no metrics"
-    bad = [k for k, v in metrics.items() if not _finite_or_null(v)]
+    bad = [k for k, v in metrics.items() if not is_finite_or_null(v)]
     if bad:
         return f"metric {bad[0]} is not a finite number"
     if not isinstance(rec.get("stderr", {}), dict):
@@ -78,6 +85,11 @@ class CellId:
     key: str = ""
     allocation: str = UNIFORM  # how k is split across groups: uniform (one ratio per group), fisher, variance
     scope: str = ALL_GROUPS  # which input groups were compressed (see bench.selection): "all" or "groups=...;blocks=..."
+    kind: str = TASK_CELL  # a task's cell or an analysis's (whose method is "<analysis>-analysis")
+
+    @property
+    def is_analysis(self) -> bool:
+        return self.kind == ANALYSIS_CELL
 
     def identity(self, model_hash: str | None = None) -> tuple:
         return (self.model, model_hash or self.model, self.method, self.allocation, self.scope, self.budget,
@@ -119,6 +131,7 @@ class CellRecord:
         problem = cell_problem(data)
         if problem:
             raise ValueError(problem)
+        data = upgrade(data)
         known = {f.name for f in fields(cls)}
         cell = CellId(**{k: v for k, v in data["cell"].items() if k in {f.name for f in fields(CellId)}})
         rec = cls(**{k: v for k, v in data.items() if k in known and k != "cell"}, cell=cell)
@@ -132,3 +145,41 @@ class CellRecord:
 
     def direction(self, metric: str) -> bool | None:
         return self.higher_is_better.get(metric)
+
+
+def _legacy_chance(task: str, rec: dict, details: dict) -> float | None:
+    """The chance level the first schemas left unstored: MMLU 1/4, LAMA 1/|candidates| of the probe (earlier, of
+    its relation)."""
+    if task == "mmlu":
+        return 0.25
+    n = rec.get("n_candidates")
+    if not (isinstance(n, int) and n > 0):
+        n = (details.get("n_candidates") or {}).get(rec.get("relation"))
+    return 1.0 / n if isinstance(n, int) and n > 0 else None
+
+
+# what the first schemas' accuracy records stored instead of "correct": MMLU the predicted and gold letters, LAMA
+# the rank of the best-ranked gold candidate
+_LEGACY_CORRECT = {"mmlu": ("pred", lambda r: float(r["pred"] == r["gold"])),
+                   "lama": ("rank", lambda r: float(r["rank"] == 0))}
+
+
+def upgrade(data: dict) -> dict:
+    """A cell of an older readable schema in today's form (a validated dict; the file is never rewritten)."""
+    if data.get("schema_version", SCHEMA_VERSION) >= 4:
+        return data
+    data = dict(data)
+    cell = dict(data["cell"])
+    cell.setdefault("kind", ANALYSIS_CELL if cell["method"].endswith("-analysis") else TASK_CELL)
+    data["cell"] = cell
+    legacy = _LEGACY_CORRECT.get(cell["task"])
+    recs = data.get("records")
+    if legacy and isinstance(recs, list) and recs and all(isinstance(r, dict) and legacy[0] in r for r in recs) \
+            and not any("correct" in r for r in recs):
+        details = data.get("details") if isinstance(data.get("details"), dict) else {}
+        out = []
+        for r in recs:
+            chance = _legacy_chance(cell["task"], r, details)
+            out.append({**r, "correct": legacy[1](r), **({"chance": chance} if chance is not None else {})})
+        data["records"] = out
+    return data

@@ -52,30 +52,6 @@ def ppl_vs_params(points: dict[str, list[tuple[float, float]]], dense_ppl: float
     return _save(fig, path)
 
 
-def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Path) -> Path:
-    """Left: rho per block for each group type; right: unit sensitivity (loss rise) under pca and fasc."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    kinds = sorted({r["kind"] for r in per_group})
-    for kind in kinds:
-        rows = sorted((r["block"], r["rho"]) for r in per_group if r["kind"] == kind)
-        a.plot([r[0] for r in rows], [r[1] for r in rows], marker="o", label=kind)
-    a.set_xlabel("block")
-    a.set_ylabel("rho (relative Frobenius violation)")
-    a.legend(fontsize=7)
-    a.grid(alpha=0.3)
-    x = [sum(u["blocks"]) / len(u["blocks"]) for u in units]
-    for method in ("pca", "fasc"):
-        key = f"loss_rise_{method}"
-        if all(key in u for u in units):
-            b.plot(x, [u[key] for u in units], marker="s", label=f"loss rise, {method}")
-    b.set_xlabel("block (centre of the compressed range)")
-    b.set_ylabel("held-out loss rise (nats/token)")
-    b.legend(fontsize=7)
-    b.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
-
-
 def k_by_block(ks: dict[str, list[dict]], title: str, path: Path) -> Path:
     """ks: {row: [{block, kind, k, d_in}]}; one panel per group kind, k / d_in by block, a line per row."""
     kinds = sorted({g["kind"] for per in ks.values() for g in per})

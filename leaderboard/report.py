@@ -17,7 +17,7 @@ from .load import load_results
 from .significance import ALPHA
 from core.stats import is_sparsity_budget
 
-from .tables import (REFERENCE, Column, allocation_k, budget_title, chance_table, compute_of, delta_key, group_cells,
+from .tables import (REFERENCE, Column, Display, allocation_k, budget_title, chance_table, compute_of, delta_key, group_cells,
                      is_number, matched_compute, metric_columns, missing_cells, rank_table, section_order)
 
 MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
@@ -105,10 +105,10 @@ def significance_note(rows: list[dict], ref: str) -> list[str]:
             "paired t-test.", ""]
 
 
-def chance_note(dense_cells: list[CellRecord]) -> list[str]:
+def chance_note(dense_cells: list[CellRecord], columns: list[Column] | None = None) -> list[str]:
     """Which tasks the dense model is above chance on: only those enter recovery %."""
     parts = []
-    for task, info in chance_table(dense_cells).items():
+    for task, info in chance_table(dense_cells, columns).items():
         if info is None:
             continue
         verdict = "above chance" if info["above"] else "AT CHANCE: left out of recovery %, read its column as noise"
@@ -116,8 +116,8 @@ def chance_note(dense_cells: list[CellRecord]) -> list[str]:
                      f"(n={info['n']}, one-sided p={info['p']:.2g}): {verdict}")
     if not parts:
         return []
-    return ["- recovery % averages the accuracy tasks where dense is significantly above chance (MMLU 0.25; LAMA "
-            "1/|candidates| per probe): " + "; ".join(parts)]
+    return ["- recovery % averages the accuracy tasks where dense is significantly above chance (each item's "
+            "chance level as its task records it): " + "; ".join(parts)]
 
 
 PARAM_RATIO_TOLERANCE = 0.01
@@ -151,7 +151,7 @@ def _header(cells: list[CellRecord]) -> list[str]:
                      f"{spec.get('pair_tokens')} (x, g) pairs/group, seed {spec.get('seed')}")
     bos = sorted({str(c.bos) for c in cells if c.bos})
     if bos:
-        lines.append(f"- BOS protocol (calibration and ppl-token windows; BOS never scored): {', '.join(bos)}"
+        lines.append(f"- BOS protocol (calibration and perplexity windows; BOS never scored): {', '.join(bos)}"
                      + (" — MIXED: these rows are not comparable" if len(bos) > 1 else ""))
     seeds = sorted({c.seed for c in cells if c.seed is not None})
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
@@ -164,39 +164,6 @@ def _header(cells: list[CellRecord]) -> list[str]:
 
 def _slug(s: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
-
-
-def _rho_section(cell: CellRecord) -> list[str]:
-    d = cell.details
-
-    def show(v):
-        if not v:
-            return ""
-        return f"{v['r']:+.2f} [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}] p={v['p']:.2g}"
-
-    corr = d["correlations"]
-    # The headline is per group (n = every input group): the block-range table has a handful of points, a lead.
-    per_group = sorted((k, c) for k, c in corr.items() if k.endswith("_per_group"))
-    per_unit = sorted((k, c) for k, c in corr.items() if not k.endswith("_per_group"))
-    head = []
-    for name, c in per_group:
-        if name.startswith("rho_vs_") and c.get("spearman"):
-            sp = c["spearman"]
-            verdict = "significant" if sp["p"] < 0.05 else "not significant"
-            head.append(f"**Per group, n = {c['n']}: Spearman({name.replace('_vs_', ', ').replace('_per_group', '')}) "
-                        f"= {show(sp)}** ({verdict} at 0.05).")
-    rows = [[name.replace("_vs_", " vs "), show(c.get("spearman")) or c.get("note", ""), show(c.get("pearson")), c["n"]]
-            for name, c in per_group + per_unit]
-    n_units = len(d.get("units") or [])
-    return head + ([""] if head else []) + [
-        f"Correlations (r [bootstrap 95% CI] p); per group (surrogate gain, and loss rise with "
-        f"`--analysis-option rho.per_group=true`) "
-        f"first, then per block range ({n_units} ranges: a lead, not a finding):", "",
-        tabulate(rows, headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
-        "", "Highest-rho groups:", "",
-        tabulate([[g["group"], g["block"], g["kind"], f"{g['rho']:.3f}"] for g in d["highest_rho_groups"]],
-                 headers=["group", "block", "type", "rho"], tablefmt="github", disable_numparse=True),
-    ]
 
 
 def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope: str,
@@ -280,7 +247,111 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
     return md
 
 
-def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
+def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir: Path, written: list,
+                  flat_rows: list) -> tuple[list[str], dict, dict]:
+    """One table per (budget, ratio, scope); returns the lines, the rows each table showed, and the low-rank rows
+    by method and ratio (for the across-ranks table)."""
+    md, section_rows, cross = [], {}, {}
+    for key in sorted(g["ranks"], key=section_order):
+        budget, rank, scope = key
+        rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns)
+        where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
+        sparse = is_sparsity_budget(budget)
+        md += [f"### {budget_title(budget, rank)}{where}", ""]
+        if scope != ALL_GROUPS:
+            md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
+                   "ratio counts the compressed groups", ""]
+        md += [markdown_table(rows, ref, columns), ""]
+        md += significance_note(rows, ref)
+        if sparse:
+            md += [LATENCY_NOTE, ""]
+        # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
+        md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
+        fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
+        if fb:
+            md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
+        # allocation_section writes nothing unless some row of the section has a non-uniform allocation
+        md += allocation_section(g["ranks"][key], model, budget, rank, scope, plot_dir, written)
+        for r in rows:
+            flat_rows.append({"model": model, "budget": budget, "rank": rank, "scope": scope, **r})
+            if r["method"] != "dense" and not sparse:  # ranks of the low-rank family
+                name = r["method"] if scope == ALL_GROUPS else f"{r['method']} [{scope}]"
+                cross.setdefault(name, {})[rank] = r
+    return md, section_rows, cross
+
+
+def across_ranks_section(g: dict, cross: dict, model: str, ref: str, columns: list[Column], plot_dir: Path,
+                         written: list) -> list[str]:
+    """Every low-rank row at every ratio in one table, with accuracy-vs-rank and loss-vs-parameters figures."""
+    if not cross:
+        return []
+    ranks = sorted({r for per in cross.values() for r in per}, reverse=True)
+    body = []
+    for m in sorted(cross):
+        line = [m]
+        for rk in ranks:
+            r = cross[m].get(rk, {})
+            line.append(" / ".join("" if not is_number(r.get(c.label)) else
+                                   _num(r[c.label], "{:.3f}" if c.higher else "ppl") for c in columns))
+        body.append(line)
+    md = [f"### Across rank ratios ({' / '.join(c.label for c in columns)})", "",
+          tabulate(body, headers=["method"] + [f"{r:g}" for r in ranks], tablefmt="github", disable_numparse=True),
+          ""]
+    dense_row = rank_table(g["dense"], {}, ref, columns)[0] if g["dense"] else {}
+    series = {}
+    for col in (c.label for c in columns if c.higher):
+        pts = {m: [(rk, r[col]) for rk, r in per.items() if is_number(r.get(col))] for m, per in cross.items()}
+        if any(pts.values()):
+            series[col] = pts
+    if series:
+        p = plots.accuracy_vs_rank(series, {c: dense_row.get(c) for c in series}, model,
+                                   plot_dir / f"{_slug(model)}_accuracy_vs_rank.png")
+        written.append(p)
+        md += [f"![accuracy vs rank ratio](plots/{p.name})", ""]
+    loss = next((c.label for c in columns if c.higher is False), None)  # the first loss-like column
+    loss_pts = {m: [(r["param ratio"], r[loss]) for r in per.values()
+                    if is_number(r.get("param ratio")) and is_number(r.get(loss))]
+                for m, per in cross.items()} if loss else {}
+    if any(loss_pts.values()):
+        p = plots.ppl_vs_params(loss_pts, dense_row.get(loss), model, plot_dir / f"{_slug(model)}_ppl_vs_params.png")
+        written.append(p)
+        md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
+    return md
+
+
+def analysis_sections(g: dict, model: str, display: Display, plot_dir: Path, written: list) -> list[str]:
+    """Each analysis cell under its heading, rendered by the analysis itself (or as a table of its metrics)."""
+    md = []
+    for name in sorted(g["analyses"]):
+        for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
+            md += [f"### {name} at {budget} ratio {rank:g}", ""]
+            render = display.sections.get(name)
+            out = render(cell, plot_dir, f"{_slug(model)}_{name}_{budget}_{rank:g}", f"{model} @ {rank:g}") \
+                if render else None
+            if out is None:
+                md += [tabulate([[k, f"{v:.4g}" if is_number(v) else ""] for k, v in cell.metrics.items()],
+                                headers=["metric", "value"], tablefmt="github", disable_numparse=True), ""]
+                continue
+            lines, figures = out
+            md += lines + [""]
+            written += figures
+    return md
+
+
+def write_tables(out_md: Path, md: list[str], flat_rows: list[dict]) -> None:
+    """The markdown, and the same rows as CSV and JSON beside it."""
+    atomic_write_text(out_md, "\n".join(md).rstrip() + "\n")
+    fields = sorted({k for r in flat_rows for k in r}, key=lambda k: (k not in ("model", "budget", "rank", "method"), k))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for r in flat_rows:
+        w.writerow({k: r.get(k) for k in fields})
+    atomic_write_text(out_md.with_suffix(".csv"), buf.getvalue())
+    atomic_write_text(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
+
+
+def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = Display()) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     rs = load_results(*results_dirs)
     if not rs.cells:
@@ -292,86 +363,16 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
     grouped = group_cells(rs.cells)
     plot_dir = out_md.parent / "plots"
     md = ["# acbench leaderboard", ""]
-    flat_rows = []
-    written_plots = []
+    flat_rows, written = [], []
     for model in sorted(grouped):
         g = grouped[model]
         model_cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
-        columns = metric_columns(model_cells)
-        md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"]) + [""]
-        cross: dict = {}
-        section_rows: dict = {}  # (budget, rank, scope) -> the rows its table shows
-        for key in sorted(g["ranks"], key=section_order):
-            budget, rank, scope = key
-            rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns)
-            where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
-            sparse = is_sparsity_budget(budget)
-            md += [f"### {budget_title(budget, rank)}{where}", ""]
-            if scope != ALL_GROUPS:
-                md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
-                       "ratio counts the compressed groups", ""]
-            md += [markdown_table(rows, ref, columns), ""]
-            md += significance_note(rows, ref)
-            if sparse:
-                md += [LATENCY_NOTE, ""]
-            # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
-            md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
-            fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
-            if fb:
-                md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]
-            # allocation_section writes nothing unless some row of the section has a non-uniform allocation
-            md += allocation_section(g["ranks"][key], model, budget, rank, scope, plot_dir, written_plots)
-            for r in rows:
-                flat_rows.append({"model": model, "budget": budget, "rank": rank, "scope": scope, **r})
-                if r["method"] != "dense" and not sparse:  # ranks of the low-rank family
-                    name = r["method"] if scope == ALL_GROUPS else f"{r['method']} [{scope}]"
-                    cross.setdefault(name, {})[rank] = r
-        if cross:
-            ranks = sorted({r for per in cross.values() for r in per}, reverse=True)
-            body = []
-            for m in sorted(cross):
-                line = [m]
-                for rk in ranks:
-                    r = cross[m].get(rk, {})
-                    line.append(" / ".join("" if not is_number(r.get(c.label)) else
-                                           _num(r[c.label], "{:.3f}" if c.higher else "ppl") for c in columns))
-                body.append(line)
-            md += [f"### Across rank ratios ({' / '.join(c.label for c in columns)})", "",
-                   tabulate(body, headers=["method"] + [f"{r:g}" for r in ranks], tablefmt="github",
-                            disable_numparse=True), ""]
-            dense_row = rank_table(g["dense"], {}, ref, columns)[0] if g["dense"] else {}
-            series = {}
-            for col in (c.label for c in columns if c.higher):
-                pts = {m: [(rk, r[col]) for rk, r in per.items() if is_number(r.get(col))] for m, per in cross.items()}
-                if any(pts.values()):
-                    series[col] = pts
-            if series:
-                p = plots.accuracy_vs_rank(series, {c: dense_row.get(c) for c in series}, model,
-                                           plot_dir / f"{_slug(model)}_accuracy_vs_rank.png")
-                written_plots.append(p)
-                md += [f"![accuracy vs rank ratio](plots/{p.name})", ""]
-            loss = next((c.label for c in columns if c.higher is False), None)  # ppl-token where it ran
-            ppl_pts = {m: [(r["param ratio"], r[loss]) for r in per.values()
-                           if is_number(r.get("param ratio")) and is_number(r.get(loss))]
-                       for m, per in cross.items()} if loss else {}
-            if any(ppl_pts.values()):
-                p = plots.ppl_vs_params(ppl_pts, dense_row.get(loss), model,
-                                        plot_dir / f"{_slug(model)}_ppl_vs_params.png")
-                written_plots.append(p)
-                md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
-        md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written_plots)
-        for name in sorted(g["analyses"]):
-            for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
-                md += [f"### {name} at {budget} ratio {rank:g}", ""]
-                if name != "rho":  # an analysis plugin: its metrics as it declares them
-                    md += [tabulate([[k, f"{v:.4g}" if is_number(v) else ""] for k, v in cell.metrics.items()],
-                                    headers=["metric", "value"], tablefmt="github", disable_numparse=True), ""]
-                    continue
-                md += _rho_section(cell) + [""]
-                p = plots.rho_by_block(cell.details["per_group"], cell.details["units"], f"{model} @ {rank:g}",
-                                       plot_dir / f"{_slug(model)}_rho_{budget}_{rank:g}.png")
-                written_plots.append(p)
-                md += [f"![rho and sensitivity by block](plots/{p.name})", ""]
+        columns = metric_columns(model_cells, display)
+        md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"], columns) + [""]
+        lines, section_rows, cross = rank_sections(g, model, ref, columns, plot_dir, written, flat_rows)
+        md += lines + across_ranks_section(g, cross, model, ref, columns, plot_dir, written)
+        md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
+        md += analysis_sections(g, model, display, plot_dir, written)
     missing = missing_cells(grouped)
     if missing:
         md += ["## Missing cells", "", *[f"- {m}" for m in missing], ""]
@@ -379,20 +380,12 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE) -> dict:
         md += ["## Cells with other settings (not shown)", "", *[f"- {p}" for p in rs.superseded], ""]
     if rs.problems:
         md += ["## Skipped files", "", *[f"- {p}" for p in rs.problems], ""]
-    atomic_write_text(out_md, "\n".join(md).rstrip() + "\n")
-    fields = sorted({k for r in flat_rows for k in r}, key=lambda k: (k not in ("model", "budget", "rank", "method"), k))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    for r in flat_rows:
-        w.writerow({k: r.get(k) for k in fields})
-    atomic_write_text(out_md.with_suffix(".csv"), buf.getvalue())
-    atomic_write_text(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
-    return {"markdown": out_md, "plots": written_plots, "problems": rs.problems, "missing": missing,
+    write_tables(out_md, md, flat_rows)
+    return {"markdown": out_md, "plots": written, "problems": rs.problems, "missing": missing,
             "duplicates": rs.duplicates}
 
 
-def write_report(results, out: str | None = None, ref: str = REFERENCE) -> Path:
+def write_report(results, out: str | None = None, ref: str = REFERENCE, display: Display = Display()) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
     from core.errors import UserError  # only for the error type users see
 
@@ -402,7 +395,7 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE) -> Path:
             raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
     try:
-        info = build(roots, out_md, ref)
+        info = build(roots, out_md, ref, display)
     except OSError as e:
         raise UserError(f"cannot write the leaderboard to {out_md} ({e.strerror or type(e).__name__}): pass "
                         "--out <path in a writable folder>") from None

@@ -19,18 +19,12 @@ ALPHA = 0.05
 
 def item_scores(cell: CellRecord) -> tuple[str, list] | None:
     """('accuracy', [0/1 per item]) or ('nll', [per window]) from a cell's per-item records, in stored order.
-    Any task gets paired tests by storing "correct" or "nll" per item; LAMA and MMLU records of the first schema
-    (rank / pred + gold) are read too."""
+    Any task gets paired tests by storing "correct" or "nll" per item (older cells are upgraded on reading)."""
     recs = cell.records
     if not isinstance(recs, list) or not recs or not all(isinstance(r, dict) for r in recs):
         return None
-    task = cell.cell.task
     if all("correct" in r for r in recs):
         return "accuracy", [float(bool(r["correct"])) for r in recs]
-    if task == "lama" and all("rank" in r for r in recs):
-        return "accuracy", [float(r["rank"] == 0) for r in recs]
-    if task == "mmlu" and all("pred" in r and "gold" in r for r in recs):
-        return "accuracy", [float(r["pred"] == r["gold"]) for r in recs]
     if all(isinstance(r.get("nll"), (int, float)) for r in recs):
         return "nll", [float(r["nll"]) for r in recs]
     return None
@@ -82,20 +76,10 @@ def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
 
 
 def chance_levels(cell: CellRecord) -> list[float] | None:
-    """Per item, the accuracy of guessing: what each record declares ("chance"), else MMLU 1/4 and LAMA
-    1/|candidates of the probe| for records that predate the declaration."""
-    task = cell.cell.task
+    """Per item, the accuracy of guessing, as each record declares it ("chance"); None when any record lacks it."""
     recs = cell.records or []
     if recs and all(isinstance(r.get("chance"), (int, float)) and 0 <= r["chance"] <= 1 for r in recs):
         return [float(r["chance"]) for r in recs]
-    if task == "mmlu":
-        return [0.25] * len(recs)
-    if task == "lama":
-        if recs and all(isinstance(r.get("n_candidates"), int) and r["n_candidates"] > 0 for r in recs):
-            return [1.0 / r["n_candidates"] for r in recs]
-        n_cand = (cell.details or {}).get("n_candidates") or {}
-        if recs and all(r.get("relation") in n_cand for r in recs):
-            return [1.0 / max(n_cand[r["relation"]], 1) for r in recs]
     return None
 
 

@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-from core.record import ALL_GROUPS, CellRecord, describe_scope, variant_name
+from core.record import ALL_GROUPS, DENSE, CellRecord, describe_scope, variant_name
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from .load import DENSE
 from .significance import above_chance, compare
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
-# Columns come from what the cells declare (task, primary metric, direction); the paper's tasks keep their labels
-# and come first in this order, any other task (a plugin, an lm-eval task) follows by name.
-PREFERRED = {"mmlu": "MMLU acc", "lama": "LAMA P@1", "ppl-token": "PPL (ppl-token)", "ppl-word": "PPL (ppl-word)"}
-ANALYSIS_SUFFIX = "-analysis"
+
+@dataclass(frozen=True)
+class Display:
+    """How the installed plugins ask to be shown; the CLI builds it from the registries, so the leaderboard names
+    no task or analysis. A task without a label is "<task> <primary metric>", placed after the labelled ones by
+    name; an analysis without a section shows its metrics as a table."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)  # task -> column label
+    order: Mapping[str, int] = field(default_factory=dict)  # task -> column position (lower first)
+    # analysis -> (cell, plot_dir, file stem, title) -> (markdown lines, figures) or None
+    sections: Mapping[str, Callable] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,21 +40,18 @@ def row_name(c: CellRecord) -> str:
     return variant_name(c.cell.method, c.cell.allocation)
 
 
-def is_analysis(c: CellRecord) -> bool:
-    return c.cell.method.endswith(ANALYSIS_SUFFIX)
-
-
-def metric_columns(cells: list[CellRecord]) -> list[Column]:
+def metric_columns(cells: list[CellRecord], display: Display = Display()) -> list[Column]:
+    """One column per task, from what its cells declare (primary metric, direction), labelled and ordered as the
+    task asks."""
     declared: dict[str, Column] = {}
     for c in cells:
-        if is_analysis(c) or c.cell.task in declared:
+        if c.cell.is_analysis or c.cell.task in declared:
             continue
         m = c.primary_metric
-        declared[c.cell.task] = Column(PREFERRED.get(c.cell.task) or f"{c.cell.task} {m}", c.cell.task, m,
+        declared[c.cell.task] = Column(display.labels.get(c.cell.task) or f"{c.cell.task} {m}", c.cell.task, m,
                                        c.direction(m))
-    order = list(PREFERRED)
-    return [declared[t] for t in sorted(declared, key=lambda t: (t not in order, order.index(t) if t in order else 0,
-                                                                 t))]
+    last = max(display.order.values(), default=0) + 1
+    return [declared[t] for t in sorted(declared, key=lambda t: (display.order.get(t, last), t))]
 
 
 def _first(cells, key):
@@ -100,7 +104,7 @@ def group_cells(cells: list[CellRecord]):
     for c in cells:
         cell = c.cell
         m = out[cell.model]
-        if is_analysis(c):
+        if cell.is_analysis:
             m["analyses"][cell.task][(cell.budget, cell.rank)] = c
         elif cell.method == DENSE:
             m["dense"].append(c)
@@ -109,10 +113,12 @@ def group_cells(cells: list[CellRecord]):
     return out
 
 
-def chance_table(dense_cells: list[CellRecord]) -> dict[str, dict]:
-    """Per higher-is-better task, whether the dense model is significantly above chance (None: cannot tell)."""
+def chance_table(dense_cells: list[CellRecord], columns: list[Column] | None = None) -> dict[str, dict]:
+    """Per higher-is-better task (in column order), whether the dense model is significantly above chance (None:
+    cannot tell)."""
     by_task = {c.cell.task: c for c in dense_cells}
-    return {col.task: above_chance(by_task[col.task]) for col in metric_columns(dense_cells) if col.higher is True}
+    return {col.task: above_chance(by_task[col.task]) for col in columns or metric_columns(dense_cells)
+            if col.higher is True and col.task in by_task}
 
 
 def delta_key(col: str, ref: str) -> str:

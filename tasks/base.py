@@ -24,10 +24,47 @@ class TaskResult:
     higher_is_better: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Shortcut:
+    """A familiar `bench run` flag for one task setting: `--lama-limit 5` means `--task-option lama.per_relation=5`
+    (an explicit --task-option wins). Several tasks may declare one flag (`--limit`: MMLU and LAMA)."""
+
+    flag: str
+    setting: str
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class RunShared:
+    """The run-wide settings a task may take over (`Task.run_settings`): its seed, batch size and BOS protocol."""
+
+    seed: int = 0
+    batch_size: int = 4
+    bos: str = "auto"
+
+
 class Task(Plugin):
     kind = "task"
     higher_is_better: ClassVar[dict[str, bool]] = {}
     primary_metric: ClassVar[str] = ""
+    # the leaderboard column: its label (default "<name> <primary metric>") and place (lower first, then by name)
+    label: ClassVar[str] = ""
+    order: ClassVar[int] = 100
+    shortcuts: ClassVar[tuple[Shortcut, ...]] = ()
+
+    @classmethod
+    def run_settings(cls, shared: RunShared) -> dict:
+        """Settings this task takes from the run unless its own options say otherwise (default: none)."""
+        return {}
+
+    @classmethod
+    def for_run(cls, options: dict | None, shared: RunShared) -> "Task":
+        return cls.from_options({**cls.run_settings(shared), **{k: v for k, v in (options or {}).items()
+                                                                 if v is not None}})
+
+    def size_note(self) -> str:
+        """How large this task is in a run, for the run's "sizes:" log line ("" = not worth a mention)."""
+        return ""
 
     def check(self, tokenizer) -> None:
         """Open and check the task's data before any model weights load (bad data = one UserError line)."""

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 
-from .base import Task, TaskResult, check_limit, mean_stderr, model_device
+from .base import RunShared, Shortcut, Task, TaskResult, check_limit, mean_stderr, model_device
 from .data.mmlu_data import LETTERS, MMLUQuestion, load_mmlu
 
 
@@ -77,11 +77,16 @@ def score_prompts(model, tokenizer, prompts: list[str], batch_size: int, progres
 
 @dataclass(frozen=True)
 class MMLUSettings:
-    shots: int = 5
-    limit: int | None = None  # questions per subject
+    # 0-shot, one question per subject: the 15-minute default run (5-shot over all questions is the standard)
+    shots: int = 0
+    limit: int | None = 1  # questions per subject (0 or None: all)
     seed: int = 0
     batch_size: int = 8
     source: str = "embedded"
+
+    def __post_init__(self):
+        if self.limit == 0:  # "0 = all", one spelling in the cell key
+            object.__setattr__(self, "limit", None)
 
     def minimums(self):
         return {"batch_size": (self.batch_size, 1)}
@@ -93,6 +98,18 @@ class MMLU(Task):
     higher_is_better = {"acc": True, "acc_macro": True}
     primary_metric = "acc"
     Settings = MMLUSettings
+    label, order = "MMLU acc", 0
+    shortcuts = (Shortcut("--mmlu-limit", "limit", "MMLU questions per subject (0 = all; default 1)"),
+                 Shortcut("--mmlu-shots", "shots", "MMLU exemplars (default 0 for the 15-minute run; 5 is standard)"),
+                 Shortcut("--mmlu-source", "source", "embedded, hub, or a folder with dev/ and test/ CSVs"),
+                 Shortcut("--limit", "limit", "MMLU questions per subject and LAMA probes per relation"))
+
+    @classmethod
+    def run_settings(cls, shared: RunShared) -> dict:
+        return {"seed": shared.seed, "batch_size": shared.batch_size}
+
+    def size_note(self) -> str:
+        return f"MMLU {self.settings.shots}-shot, {self.settings.limit or 'all'}/subject"
 
     def check(self, tokenizer) -> None:
         from collections import Counter
@@ -124,6 +141,7 @@ class MMLU(Task):
             stderr={"acc": acc_se, "acc_macro": macro_se},
             details={"acc_per_subject": subj_acc, "n_per_subject": {k: len(v) for k, v in per_subject.items()},
                      "shots_used": {k: v for k, v in shots_used.items() if v != s.shots}},
-            records=[{"subject": q.subject, "pred": LETTERS[p], "gold": LETTERS[q.answer]} for q, p in zip(qs, preds)],
+            records=[{"subject": q.subject, "pred": LETTERS[p], "gold": LETTERS[q.answer], "correct": int(p == q.answer),
+                      "chance": 0.25} for q, p in zip(qs, preds)],
             config={"n_questions": len(qs), **s.__dict__},
         )

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as Fn
 from tqdm.auto import tqdm
 
-from .base import Task, TaskResult, mean_stderr, model_device
+from .base import RunShared, Shortcut, Task, TaskResult, mean_stderr, model_device
 from .data.text_data import evaluation_windows, load_text, resolve_bos
 
 
@@ -34,7 +34,7 @@ def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool = T
 class PPLTokenSettings:
     source: str = "wiki"  # wiki (embedded eval articles) | wikitext2 | file:<path>
     seq_len: int = 256
-    max_windows: int | None = None
+    max_windows: int | None = 16  # None: every window of the text
     batch_size: int = 2
     # BOS protocol shared with calibration: window | stream | none | auto (window if the tokenizer adds BOS)
     bos: str = "auto"
@@ -49,6 +49,18 @@ class PPLToken(Task):
     higher_is_better = {"ppl": False, "nll": False}
     primary_metric = "ppl"
     Settings = PPLTokenSettings
+    label, order = "PPL (ppl-token)", 2
+    shortcuts = (Shortcut("--ppl-windows", "max_windows", "perplexity windows (default 16)"),
+                 Shortcut("--ppl-seq-len", "seq_len", "tokens per perplexity window (default 256)"),
+                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
+
+    @classmethod
+    def run_settings(cls, shared: RunShared) -> dict:
+        # at most two windows per forward, as runs always sized it (the batch size is part of the cell key)
+        return {"batch_size": min(shared.batch_size, 2), "bos": shared.bos}
+
+    def size_note(self) -> str:
+        return f"ppl-token {self.settings.max_windows or 'all'} x {self.settings.seq_len} tokens"
 
     def check(self, tokenizer) -> None:
         s = self.settings
@@ -74,7 +86,7 @@ class PPLToken(Task):
 @dataclass(frozen=True)
 class PPLWordSettings:
     source: str = "wiki"
-    max_docs: int | None = None
+    max_docs: int | None = 16
     max_length: int = 512
     batch_size: int = 1
 
@@ -85,6 +97,12 @@ class PPLWord(Task):
     higher_is_better = {"word_ppl": False, "byte_ppl": False}
     primary_metric = "word_ppl"
     Settings = PPLWordSettings
+    label, order = "PPL (ppl-word)", 3
+    shortcuts = (Shortcut("--ppl-windows", "max_docs", "perplexity windows (ppl-word: documents; default 16)"),
+                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
+
+    def size_note(self) -> str:
+        return f"ppl-word {self.settings.max_docs or 'all'} documents"
 
     def check(self, tokenizer) -> None:
         load_text(self.settings.source, "eval")

@@ -109,7 +109,7 @@ def test_selection_parsing_and_scope():
 
 def _run(tmp, out, *extra):
     from bench.cli import main
-    from bench.smoke import tiny_checkpoint
+    from bench.cli.smoke import tiny_checkpoint
 
     argv = ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.6",
             "--budget", "params", "--tasks", "ppl-token", "--calib-samples", "4", "--calib-seq-len", "64",

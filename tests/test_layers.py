@@ -1,8 +1,9 @@
 """The package layers import only downward, and no module imports itself back through others.
 
-core <- methods, tasks <- bench (the harness) <- analyses <- the CLI (bench/cli.py, bench/smoke.py,
-bench/ray_executor.py);
-leaderboard <- core only. Every import counts, including those inside functions.
+core <- methods, tasks <- bench (the harness) <- analyses <- the CLI (bench/cli/: the argument parser, the
+commands and the executors); leaderboard <- core only. Every import counts, including those inside functions.
+Beside the imports: the leaderboard names no task or analysis, the harness has no field named after a task, and
+no function is longer than 80 lines.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard")
-CLI = {"bench.cli", "bench.smoke", "bench.ray_executor"}
+CLI_PACKAGE = "bench.cli"
 # what each layer may import besides itself
 ALLOWED = {
     "core": set(),
@@ -33,7 +34,7 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> str:
-    return "cli" if module in CLI else module.split(".")[0]
+    return "cli" if module == CLI_PACKAGE or module.startswith(CLI_PACKAGE + ".") else module.split(".")[0]
 
 
 def imports_of(path: Path, module: str) -> set[str]:
@@ -113,3 +114,96 @@ def test_the_checker_sees_a_violation(tmp_path):
     f = tmp_path / "x.py"
     f.write_text("def f():\n    from ..bench import runner\n    import leaderboard.report\n")
     assert imports_of(f, "methods.x") >= {"bench", "bench.runner", "leaderboard.report"}
+
+
+def test_only_the_cli_imports_analyses():
+    bad = [f"{mod} imports {t}" for mod, targets in project_graph().items() for t in targets
+           if layer(t) == "analyses" and layer(mod) not in ("analyses", "cli")]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def _names_in(path: Path) -> list[tuple[int, str]]:
+    """Every string literal, identifier and attribute of a file, with its line."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append((node.lineno, node.value))
+        elif isinstance(node, ast.Name):
+            out.append((node.lineno, node.id))
+        elif isinstance(node, ast.Attribute):
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out.append((node.lineno, node.name))
+    return out
+
+
+def plugin_names() -> set[str]:
+    import analyses
+    import tasks
+
+    # "lm-eval" is also the library whose version the leaderboard header reports, not only the bridge task
+    return (set(tasks.known_tasks()) | set(analyses.known_analyses())) - {"lm-eval"}
+
+
+def test_leaderboard_names_no_task_or_analysis():
+    import re
+
+    names = plugin_names()
+    assert {"mmlu", "lama", "ppl-token", "rho"} <= names
+    bad = []
+    for path in sorted((ROOT / "leaderboard").rglob("*.py")):
+        for line, text in _names_in(path):
+            for name in names:
+                if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.I):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {name!r} in {text[:60]!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_harness_has_no_field_named_after_a_task():
+    """Task sizes live in each task's Settings: no attribute, argument or dataclass field of bench/ is
+    mmlu_..., lama_..., ppl_..."""
+    import re
+
+    bad = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.append(node.target.id)
+            elif isinstance(node, ast.arg):
+                names.append(node.arg)
+            elif isinstance(node, ast.Attribute):
+                names.append(node.attr)
+            elif isinstance(node, ast.keyword) and node.arg:
+                names.append(node.arg)
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if re.match(r"(mmlu|lama|ppl)_", n)]
+    assert not bad, "\n".join(bad)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path = ROOT) -> list[str]:
+    out = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > MAX_FUNCTION_LINES:
+                        out.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def test_no_function_longer_than_80_lines():
+    assert not long_functions(), "\n".join(long_functions())
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    (tmp_path / "core").mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "core" / "long.py").write_text(f"def long():\n{body}\n")
+    for pkg in PACKAGES[1:]:
+        (tmp_path / pkg).mkdir()
+    assert long_functions(tmp_path) == [f"core/long.py:1 long: {MAX_FUNCTION_LINES + 1} lines"]

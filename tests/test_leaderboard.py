@@ -10,6 +10,7 @@ import pytest
 
 from core.record import SCHEMA_VERSION
 from leaderboard.load import SUPPORTED_SCHEMA, load_results
+from bench.cli.display import report_display
 from leaderboard.report import build
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
@@ -20,7 +21,7 @@ EXPECTED = Path(__file__).parent / "fixtures" / "expected_leaderboard.md"
 def rendered(tmp_path):
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
-    info = build([root], tmp_path / "LEADERBOARD.md")
+    info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
     return info, tmp_path
 
 

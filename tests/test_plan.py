@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.plan import make_plan, parse_bytes
+from bench.costs import estimate_costs as make_plan
+from core.units import parse_bytes
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

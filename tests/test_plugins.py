@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.smoke import tiny_checkpoint
+from bench.cli.smoke import tiny_checkpoint
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
@@ -50,15 +50,24 @@ def test_readme_task_plugin_runs_end_to_end(tmp_path, monkeypatch, task_registry
     assert "next-token-acc" in task_registry_restored.names()
 
     out = tmp_path / "results"
-    assert main(run_args(out, ["next-token-acc", "ppl-token"], "--ppl-windows", "1", "--ppl-seq-len", "32")) == 0
+    # its size through --task-option, and through the shortcut flag generated from its declaration
+    assert main(run_args(out, ["next-token-acc", "ppl-token"], "--ppl-windows", "1", "--ppl-seq-len", "32",
+                         "--task-option", "next-token-acc.windows=1")) == 0
     cells = [json.loads(p.read_text()) for p in out.rglob("next-token-acc-*.json")]
     assert len(cells) == 3  # dense, pca, svd
     assert all(c["primary_metric"] == "acc" and c["versions"]["task"] == 1 and c["cell"]["key"] for c in cells)
+    assert all(c["task_config"]["windows"] == 1 and len(c["records"]) == 63 for c in cells)  # 1 window of 64
     assert main(["report", "--results", str(out)]) == 0
     md = (out / "LEADERBOARD.md").read_text()
-    assert "next-token-acc acc ↑" in md  # a column no leaderboard code names
-    assert "Δ next-token-acc acc vs pca" in md  # paired to the reference on the same tokens
+    assert "next-token acc ↑" in md  # its own label, a column no leaderboard code names
+    header = next(line for line in md.splitlines() if "next-token acc ↑" in line)
+    assert header.index("PPL (ppl-token)") < header.index("next-token acc ↑")  # its declared order
+    assert "Δ next-token acc vs pca" in md  # paired to the reference on the same tokens
     assert re.search(r"next-token-acc dense [0-9.]+ vs chance 0\.000", md)  # its declared chance level
+    shortcut = tmp_path / "shortcut"
+    assert main(run_args(shortcut, ["next-token-acc"], "--ntp-windows", "1")) == 0
+    same = {p.name for p in out.rglob("next-token-acc-*.json")}
+    assert {p.name for p in shortcut.rglob("next-token-acc-*.json")} == same  # the same settings, the same keys
 
 
 def test_readme_lm_eval_yaml_task_runs_end_to_end(tmp_path, monkeypatch):

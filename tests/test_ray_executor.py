@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.smoke import tiny_checkpoint
+from bench.cli.smoke import tiny_checkpoint
 from bench.store import cell_status
 
 CRASH_ONCE = '''

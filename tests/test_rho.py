@@ -85,18 +85,20 @@ def _tiny_context(**spec_kw):
     from bench.calibrate import CalibSpec, calibrate
     from bench.groups import find_input_groups
     from bench.models import load_model
-    from bench.runner import AnalysisContext
-    from bench.smoke import tiny_checkpoint
-    from bench.spec import RunSpec
+    from bench.cli.smoke import tiny_checkpoint
+    from bench.config import RunConfig, resolve_run
+    from bench.execute import AnalysisContext
     from tasks.data.text_data import calibration_windows, load_text
 
     lm = load_model(str(tiny_checkpoint()), progress=False)
-    spec = RunSpec(ppl_seq_len=32, lama_candidates=5, progress=False, bos="none", **spec_kw)
+    config = RunConfig(task_options={"ppl-token": {"seq_len": 32}, "lama": {"max_candidates": 5}}, progress=False,
+                       bos="none", tasks=["ppl-token"], **spec_kw)
+    run = resolve_run(config)
     windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
     groups = find_input_groups(lm.model)
     st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
                    progress=False)
-    return AnalysisContext(lm.model, lm.tokenizer, st, groups, 0, False, spec)
+    return AnalysisContext(lm.model, lm.tokenizer, st, groups, 0, False, run)
 
 
 def test_sensitivity_at_full_rank_is_zero():
@@ -115,7 +117,7 @@ def test_rho_per_group_headline_on_tiny_model():
     import analyses
     from core.record import CellId, CellRecord
     from core.stats import RankSpec
-    from leaderboard.report import _rho_section
+    from analyses.rho_report import rho_section as _rho_section
 
     ctx = _tiny_context()
     rho = analyses.build(["rho"], {"rho": {"lama_limit": 0, "loss_windows": 1, "units": 2, "per_group": True}})["rho"]

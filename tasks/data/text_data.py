@@ -15,7 +15,8 @@ import torch
 from core.io import atomic_write_json, cache_dir
 from core.errors import UserError
 
-from .errors import DataError, read_user_text
+from core.errors import DataError
+from core.io import read_user_text
 
 GENSIM_MEMBER = ("test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
 EVAL_EVERY = 4  # one article in four (by a hash of its title) is evaluation text, the rest calibration

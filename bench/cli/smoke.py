@@ -40,25 +40,29 @@ def tiny_checkpoint() -> Path:
 
 
 def smoke(output: str | None = None) -> int:
+    import analyses
+    from bench.config import RunConfig, resolve_run
+    from bench.execute import sweep
     from leaderboard.report import write_report
 
-    from analyses import run_sweep
-    from .spec import RunSpec
+    from .display import report_display
 
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
     # both families: every low-rank method at rank 0.5 and every sparsity method at 2:4
-    spec = RunSpec(model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], sparsity=["2:4"], calib_samples=4, calib_seq_len=64,
-                   pair_tokens=64, mmlu_limit=1, lama_limit=1, lama_candidates=8, ppl_windows=2, ppl_seq_len=64,
-                   analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root),
-                   progress=False)
-    spec.tasks = ["mmlu", "lama", "ppl-token", "rho"]
-    run_sweep(spec)
+    config = RunConfig(
+        model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], sparsity=["2:4"], calib_samples=4,
+        calib_seq_len=64, pair_tokens=64, tasks=["mmlu", "lama", "ppl-token", "rho"],
+        task_options={"mmlu": {"limit": 1}, "lama": {"per_relation": 1, "max_candidates": 8},
+                      "ppl-token": {"max_windows": 2, "seq_len": 64}},
+        analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False)
+    run = resolve_run(config, analyses.resolve(config))
+    sweep(run)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
     cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
     bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)
                                                 for v in c["metrics"].values())]
-    expected = 3 * (1 + len(spec.methods)) + 1
-    md = write_report(str(root))
+    expected = 3 * (1 + len(run.methods)) + 1
+    md = write_report(str(root), display=report_display())
     if bad or len(cells) != expected:
         print(f"smoke FAILED: {len(cells)} cells (expected {expected}), non-finite metrics in {bad}")
         return 1

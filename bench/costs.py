@@ -1,4 +1,5 @@
-"""`bench plan`: what a run will cost, from the model's config alone (weights never load: a meta-device model).
+"""What a run will cost, from the model's config alone (weights never load: a meta-device model);
+`bench plan` prints it.
 
 Per input-group kind and in total: shapes, k and deployed form per method, bytes of every statistic the chosen
 methods need, calibration passes under a statistics-memory budget, the statistics cache on disk, weight bytes,
@@ -8,7 +9,6 @@ and estimated peak memory for calibration and for evaluation.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,30 +17,12 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
+from core.units import human
 from core.stats import RankSpec, SparsitySpec, check_pattern_widths
 
-from .groups import InputGroup, find_input_groups
+from .groups import InputGroup, find_input_groups, meta_model
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'16GB' (decimal), '2GiB' (binary) or a plain number of bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?I?B?)\s*", str(text).upper())
-    if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
-        raise UserError(f"--stats-memory {text!r} is not a size: pass e.g. 16GB, 2GiB or 500MB")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def human(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width: int = 8) -> dict[str, int]:
     """Bytes of each statistic of one group: moments at `width` bytes per number (float64 in memory, float32 in
     the cache), the (x, g) token sample always float32."""
@@ -75,7 +57,7 @@ def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, i
     return ks, ("factorised" if factorised < dense else "merged"), min(factorised, dense)
 
 
-def load_config(model: str):
+def load_model_config(model: str):
     """The model's transformers config from a config.json (file or folder), a .gguf header, an alias, or a hub id."""
     from transformers import AutoConfig
 
@@ -116,16 +98,8 @@ def _cache_models() -> Path:
     return cache_dir() / "models"
 
 
-def meta_model(config):
-    """The model's module tree with no storage behind its tensors: shapes only, in milliseconds."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
-
-
 @dataclass
-class Plan:
+class CostEstimate:
     model: str
     config: dict
     n_blocks: int
@@ -144,11 +118,11 @@ class Plan:
     activation_bytes: int = 0
 
 
-def make_plan(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
-              dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
-              calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
-              eval_seq_len: int = 256, sparsity: list[str] | None = None) -> Plan:
-    config = load_config(model)
+def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
+                   dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
+                   calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
+                   eval_seq_len: int = 256, sparsity: list[str] | None = None) -> CostEstimate:
+    config = load_model_config(model)
     meta = meta_model(config)
     groups = find_input_groups(meta)
     comps = {m: methods.build(m) for m in method_names}
@@ -158,35 +132,35 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
     n_blocks = len({g.block for g in groups})
     text = getattr(config, "get_text_config", lambda: config)()
     hidden, inter, vocab = text.hidden_size, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size
-    plan = Plan(model=model, n_blocks=n_blocks, params=params, weight_bytes=params * width,
+    est = CostEstimate(model=model, n_blocks=n_blocks, params=params, weight_bytes=params * width,
                 config={"model_type": config.model_type, "hidden_size": hidden, "intermediate_size": inter,
                         "num_hidden_layers": n_blocks, "vocab_size": vocab})
     for kind in dict.fromkeys(g.kind for g in groups):
         g = next(x for x in groups if x.kind == kind)
         count = sum(x.kind == kind for x in groups)
         per = stat_bytes(g, needs, pair_tokens)
-        plan.kinds.append({"kind": kind, "count": count, "d_in": g.d_in, "d_outs": g.d_outs,
+        est.kinds.append({"kind": kind, "count": count, "d_in": g.d_in, "d_outs": g.d_outs,
                            "stats": {k: v * count for k, v in per.items()}})
         for k, v in per.items():
-            plan.stats_total[k] = plan.stats_total.get(k, 0) + v * count
+            est.stats_total[k] = est.stats_total.get(k, 0) + v * count
     block_groups = [x for x in groups if x.block == groups[0].block]
-    plan.stats_per_block = sum(sum(stat_bytes(x, needs, pair_tokens).values()) for x in block_groups)
-    plan.cache_bytes = sum(sum(stat_bytes(x, needs, pair_tokens, width=4).values()) for x in groups)
+    est.stats_per_block = sum(sum(stat_bytes(x, needs, pair_tokens).values()) for x in block_groups)
+    est.cache_bytes = sum(sum(stat_bytes(x, needs, pair_tokens, width=4).values()) for x in groups)
     dense_linear = sum(x.d_in * sum(x.d_outs) for x in groups)
     for name, comp in comps.items():
         if comp.family != methods.LOW_RANK_FAMILY:
-            plan.sparse[name] = {}
+            est.sparse[name] = {}
             for text in sparsity or []:
                 p = SparsitySpec.parse(text)
                 check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
                 kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
-                plan.sparse[name][p.label] = {
+                est.sparse[name][p.label] = {
                     "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0,
                     # per token, the masks of one block's group inputs (a weight mask is static: none per token)
                     "index_bits_per_token": None if comp.masks_weights else
                     sum(p.index_bits(x.d_in) for x in groups if x.block == groups[0].block)}
             continue
-        plan.methods[name] = {}
+        est.methods[name] = {}
         for r in ranks:
             rank = RankSpec(r, budget, align)
             per_kind, total = {}, 0
@@ -194,69 +168,25 @@ def make_plan(model: str, method_names: list[str], ranks: list[float], budget: s
                 ks, form, p = deployed(comp, x, rank)
                 per_kind.setdefault(x.kind, {"k": ks, "form": form})
                 total += p
-            plan.methods[name][r] = {"per_kind": per_kind, "params_deployed": total,
+            est.methods[name][r] = {"per_kind": per_kind, "params_deployed": total,
                                      "param_ratio": total / dense_linear}
     # Memory: statistics of one pass (the runner's own split of the groups into passes), plus the calibration
     # batch's activations kept for the backward pass (about 6 hidden + 4 intermediate numbers per token and block
     # in float32) and its logits and their gradient.
-    chunks = calibration_chunks(groups, needs, pair_tokens, stats_memory or sum(plan.stats_total.values())) \
+    chunks = calibration_chunks(groups, needs, pair_tokens, stats_memory or sum(est.stats_total.values())) \
         if needs else []
-    plan.passes = len(chunks)
+    est.passes = len(chunks)
     pass_stats = max((sum(sum(stat_bytes(g, needs, pair_tokens).values()) for g in c) for c in chunks), default=0)
-    plan.pass_bytes = pass_stats
+    est.pass_bytes = pass_stats
     tokens = batch_size * calib_seq_len
     grads = bool(needs & {"F", "pairs", "row_fisher"})
-    plan.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
+    est.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
         tokens * vocab * 4 * (2 if grads else 1)
     # + the largest group's worth again: its float32 per-batch products and the float32 copy written to the cache
     largest = max((sum(stat_bytes(g, needs, pair_tokens).values()) for g in groups), default=0)
-    plan.calibration_peak = plan.weight_bytes + pass_stats + largest + plan.activation_bytes if needs else 0
-    largest_ratio = max((v["param_ratio"] for per in plan.methods.values() for v in per.values()), default=0)
+    est.calibration_peak = est.weight_bytes + pass_stats + largest + est.activation_bytes if needs else 0
+    largest_ratio = max((v["param_ratio"] for per in est.methods.values() for v in per.values()), default=0)
     # in place: the dense weights stay (by reference) and the deployed factors come on top, one variant at a time
-    plan.evaluation_peak = plan.weight_bytes + int(largest_ratio * dense_linear * width) + \
+    est.evaluation_peak = est.weight_bytes + int(largest_ratio * dense_linear * width) + \
         batch_size * eval_seq_len * vocab * 4
-    return plan
-
-
-def render(plan: Plan) -> str:
-    from tabulate import tabulate
-
-    c = plan.config
-    lines = [f"model {plan.model}: {c['model_type']}, {plan.n_blocks} blocks, hidden {c['hidden_size']}, "
-             f"intermediate {c['intermediate_size']}, vocabulary {c['vocab_size']}; {plan.params / 1e9:.2f}B "
-             f"parameters, weights {human(plan.weight_bytes)}", ""]
-    stat_names = sorted(plan.stats_total)
-    rows = [[k["kind"], k["count"], k["d_in"], "+".join(map(str, k["d_outs"]))] + [human(k["stats"][s]) for s in stat_names]
-            for k in plan.kinds]
-    rows.append(["total", sum(k["count"] for k in plan.kinds), "", ""] + [human(plan.stats_total[s]) for s in stat_names])
-    lines += ["Input groups and the statistics the chosen methods need (float64 moments, float32 token pairs):", "",
-              tabulate(rows, headers=["group", "n", "d_in", "d_out"] + stat_names, tablefmt="github",
-                       disable_numparse=True), ""]
-    body = []
-    for name, per_rank in plan.methods.items():
-        for r, v in per_rank.items():
-            body.append([name, f"{r:g}"] + [f"{'/'.join(map(str, dict.fromkeys(pk['k'])))} {pk['form'][0]}"
-                                             for pk in v["per_kind"].values()] + [f"{v['param_ratio']:.3f}"])
-    kinds = [k["kind"] for k in plan.kinds]
-    if body:
-        lines += ["k per group kind (f = factorised, m = merged) and the linear layers' deployed parameter ratio:", "",
-                  tabulate(body, headers=["method", "rank"] + kinds + ["param ratio"], tablefmt="github",
-                           disable_numparse=True), ""]
-    sparse = [[name, label, f"{v['param_ratio']:.3f}", f"{v['compute_ratio']:.3f}",
-               "" if v["index_bits_per_token"] is None else v["index_bits_per_token"]]
-              for name, per in plan.sparse.items() for label, v in per.items()]
-    if sparse:
-        lines += ["sparsity methods: deployed parameter ratio, theoretical compute ratio and, for activation "
-                  "masks, the index bits per token of one block's group inputs:", "",
-                  tabulate(sparse, headers=["method", "sparsity", "param ratio", "compute ratio", "index bits/token"],
-                           tablefmt="github", disable_numparse=True), ""]
-    total_stats = sum(plan.stats_total.values())
-    lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
-              f"{plan.passes} calibration pass(es), the largest holding {human(plan.pass_bytes)}",
-              f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
-              f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's statistics "
-              f"+ the largest group's float32 products and cache copy + {human(plan.activation_bytes)} of "
-              "activations, logits and their gradients)",
-              f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
-              "factors, in place, + one batch of logits)"]
-    return "\n".join(lines)
+    return est

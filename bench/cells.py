@@ -1,0 +1,110 @@
+"""The plan of a sweep: which result cells a run still lacks, and what each needs to be computed.
+
+`plan(run, model, overwrite)` is a pure function of the run, the model's identity and the results tree on disk:
+it loads nothing, computes nothing, and its `Cell`s are what every executor schedules (the local one in this
+process, Ray over a cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import methods
+from core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
+from core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
+
+from .config import Run
+from .store import cell_path, cell_status, settings_hash
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the plan needs of a model, known before its weights load."""
+
+    name: str  # the results folder it is filed under
+    fingerprint: dict
+    n_blocks: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One result file to compute: its identity, where it goes, and how the model is compressed for it."""
+
+    id: CellId
+    path: Path
+    budget: RankSpec | SparsitySpec | None = None  # None: the dense model
+    why: str = "missing"  # "missing", or what is wrong with the file there now
+
+    @property
+    def variant(self) -> tuple:
+        """The compressed model this cell evaluates: cells of one variant share one compression."""
+        return (self.id.method, self.budget, self.id.allocation)
+
+    @property
+    def label(self) -> str:
+        if self.id.method == DENSE:
+            return DENSE
+        return f"{variant_name(self.id.method, self.id.allocation)} @ {self.budget.label}"
+
+
+def task_key(task) -> str:
+    return settings_hash(task.name, task.version, task.settings_dict())
+
+
+def analysis_key(run: Run, analysis, fingerprint) -> str:
+    used = {t: task_key(run.task(t)) for t in analysis.uses_tasks}
+    return settings_hash(analysis.name, analysis.version, analysis.settings_dict(), used,
+                         run.calibration.as_dict(), fingerprint, run.config.budget)
+
+
+def analysis_method(name: str) -> str:
+    """The `method` of an analysis cell ("rho-analysis"): its folder beside the methods' in the results tree."""
+    return f"{name}-analysis"
+
+
+def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
+    """(method, budget, allocation) of every compressed model of the run: a rank ratio and rule per low-rank method,
+    a pattern per sparsity one (which keeps one pattern in every group: only the uniform rule applies)."""
+    out = []
+    for m in run.methods:
+        if methods.family_of(m) == SPARSITY_FAMILY:
+            out += [(m, p, UNIFORM) for p in run.patterns]
+        else:
+            out += [(m, r, rule) for r in run.ranks for rule in run.allocate]
+    return out
+
+
+def plan(run: Run, model: ModelInfo, overwrite: bool | None = None) -> list[Cell]:
+    """Every cell of the run that is not stored and valid (all of them with `overwrite`), in the order a local
+    executor computes them: the dense model's, then each variant's, then the analyses'."""
+    overwrite = run.config.overwrite if overwrite is None else overwrite
+    scope = run.selection.resolve(model.n_blocks).scope
+    wanted = []
+    for name, task in run.tasks.items():
+        key = settings_hash(task_key(task), None, model.fingerprint)
+        wanted.append(Cell(CellId(model.name, DENSE, None, run.config.budget, name, key), Path()))
+    for m, budget, rule in variants(run):
+        sparse = isinstance(budget, SparsitySpec)
+        extra = run.method_key(m, rule, scope, budget)
+        for name, task in run.tasks.items():
+            key = settings_hash(task_key(task), extra, model.fingerprint)
+            cell = CellId(model.name, m, budget.ratio, budget.budget if sparse else run.config.budget, name, key,
+                          allocation=rule, scope=scope)
+            wanted.append(Cell(cell, Path(), budget))
+    if run.ranks:  # analyses run at rank ratios
+        for name, analysis in run.analyses.items():
+            key = analysis_key(run, analysis, model.fingerprint)
+            for r in run.ranks:
+                cell = CellId(model.name, analysis_method(name), r.ratio, run.config.budget, name, key,
+                              kind=ANALYSIS_CELL)
+                wanted.append(Cell(cell, Path(), r))
+    out = []
+    for c in wanted:
+        i = c.id
+        path = cell_path(run.output, i.model, i.method, i.rank, i.budget, i.task, i.key,
+                         allocation=i.allocation, scope=i.scope if i.method != DENSE else ALL_GROUPS)
+        why = "overwrite" if overwrite else cell_status(path)
+        if why is not None:
+            out.append(Cell(i, path, c.budget, why))
+    return out

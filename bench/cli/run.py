@@ -1,0 +1,288 @@
+"""`bench run`: its flags (the task shortcuts generated from the tasks' own declarations), a YAML config file,
+and the command, which resolves the config into a Run at this boundary and hands it to an executor."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core.errors import UserError
+
+from bench.config import RunConfig
+
+
+def kv_options(items: list[str] | None, what: str) -> dict:
+    """'method.key=value' items -> {method: {key: value}} (values parsed as YAML scalars)."""
+    import yaml
+
+    out: dict = {}
+    for item in items or []:
+        target, _, rest = item.partition(".")
+        key, eq, value = rest.partition("=")
+        if not target or not key or not eq:
+            raise UserError(f"--{what}-option '{item}' is not of the form {what}.setting=value")
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--{what}-option '{item}': the value '{value}' does not parse (quote strings, close "
+                            "brackets)") from None
+        out.setdefault(target, {})[key] = parsed
+    return out
+
+
+def split_list(value, kind, where: str) -> list:
+    """Comma lists and space lists mean the same ('pca,fasc', ['pca', 'fasc'], ['pca,fasc']); numbers stay numbers."""
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        parts = [p.strip() for p in item.split(",")] if isinstance(item, str) else [item]
+        for p in parts:
+            if p == "":
+                continue
+            if kind is float and isinstance(p, str):
+                try:
+                    p = float(p)
+                except ValueError:
+                    raise UserError(f"{where}: '{p}' is not a number (e.g. 0.5)") from None
+            out.append(p)
+    return out
+
+
+RUN_FLAGS = [
+    # (flag, dest, kwargs)
+    ("--model", "model", {"help": "alias (gemma-3-270m, smollm2-135m), .gguf file, checkpoint dir or hub id "
+                                  "(default: gemma-3-270m)"}),
+    ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
+    ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
+    ("--sparsity", "sparsity", {"nargs": "+", "help": "sparsity budgets: N:M patterns (2:4 8:16 16:32; keep N of "
+                                                    "every M input channels per token) and densities (0.5 = keep "
+                                                    "half of each token's channels, unstructured)"}),
+    ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
+    ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
+    ("--allocate", "allocate", {"nargs": "+", "help": "how k is split across groups: uniform (default: each group at "
+                                                    "--rank), fisher (largest K-FAC loss rise per parameter), "
+                                                    "variance (pca's eigenvalues); fisher/variance need --budget params"}),
+    ("--groups", "groups", {"nargs": "+", "help": "input-group kinds to compress: attn_in, attn_out, mlp_in, mlp_out "
+                                                "(default all)"}),
+    ("--blocks", "blocks", {"help": "blocks to compress, indices and ranges, e.g. 0-5,12 (default all)"}),
+    ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: lama ppl-token rho; see `bench ls tasks`)"}),
+    ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, file:<path>"}),
+    ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 12)"}),
+    ("--calib-seq-len", "calib_seq_len", {"type": int, "help": "tokens per calibration window (default 256)"}),
+    ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
+    ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
+                      "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "
+                              "stream (one BOS opens the text), none; auto (default) = window if the tokenizer "
+                              "adds BOS, else none"}),
+    ("--seed", "seed", {"type": int}),
+    ("--device", "device", {"help": "cpu or cuda[:i]"}),
+    ("--device-map", "device_map", {"help": "auto: spread a model larger than one GPU over the GPUs (accelerate)"}),
+    ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
+    ("--batch-size", "batch_size", {"type": int}),
+    ("--stats-memory", "stats_memory", {"help": "host memory for calibration statistics per pass, e.g. 16GB; beyond it "
+                                                "calibration runs in several passes (default: half of free memory)"}),
+    ("--output", "output", {"help": "results directory (default results/)"}),
+    ("--executor", "executor", {"choices": ["local", "ray"],
+                                "help": "local (default: this process) or ray (cells spread over Ray workers; "
+                                        "pip install -e '.[ray]')"}),
+    ("--ray-address", "ray_address", {"help": "Ray cluster to join: auto or HOST:PORT (default: start one here)"}),
+    ("--retries", "retries", {"type": int, "help": "Ray: runs of a failed task after the first (default 2)"}),
+    ("--threads", "threads", {"type": int, "help": "torch threads per process (default: its CPUs; Ray: the CPUs "
+                                                   "each task is given)"}),
+]
+
+
+
+
+# ---------------------------------------------------------------- task shortcuts (--lama-limit, --ppl-windows, ...)
+
+def task_shortcuts() -> dict[str, list[tuple[str, object]]]:
+    """{flag: [(task, Shortcut)]} over every registered task, plugins included."""
+    import tasks
+
+    out: dict[str, list] = {}
+    for name in tasks.known_tasks():
+        for sc in tasks.get_task(name).shortcuts:
+            out.setdefault(sc.flag, []).append((name, sc))
+    return out
+
+
+def _setting_type(task: str, setting: str):
+    import tasks
+
+    ann = next((f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+                for f in dataclasses.fields(tasks.get_task(task).Settings) if f.name == setting), "str")
+    return int if ann.startswith("int") else float if ann.startswith("float") else str
+
+
+def shortcut_dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def add_shortcuts(parser) -> None:
+    for flag, uses in task_shortcuts().items():
+        task, sc = uses[0]
+        targets = ", ".join(f"{t}.{s.setting}" for t, s in uses)
+        parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None,
+                            type=_setting_type(task, sc.setting), help=f"{sc.help} [= --task-option {targets}]")
+
+
+def shortcut_options(values: dict) -> dict:
+    """{task: {setting: value}} from shortcut values ({dest: value}); a flag several tasks share (--limit) first,
+    so one task's own flag (--lama-limit) overrides it."""
+    out: dict = {}
+    for flag, uses in sorted(task_shortcuts().items(), key=lambda kv: -len(kv[1])):
+        value = values.get(shortcut_dest(flag))
+        if value is not None:
+            for task, sc in uses:
+                out.setdefault(task, {})[sc.setting] = value
+    return out
+
+
+# ---------------------------------------------------------------- a YAML config file
+
+def _config_lists(data: dict, path: str) -> None:
+    """List settings in a config file as the flags take them (comma or YAML lists; quoted N:M patterns)."""
+    if "methods" in data:
+        import methods
+
+        value = data["methods"]
+        items = value if isinstance(value, list) else [value]
+        if all(isinstance(v, str) for v in items):  # anything else is left for the type check to name
+            data["methods"] = methods.split_methods(items)
+    if "sparsity" in data:  # a pattern stays a string; YAML may have read a density as a number
+        items = data["sparsity"] if isinstance(data["sparsity"], list) else [data["sparsity"]]
+        for item in items:
+            if isinstance(item, int) and not isinstance(item, bool) and item > 1:
+                raise UserError(f"'sparsity' in {path}: {item} is not a density; YAML reads an unquoted 2:4 as the "
+                                "number 124, so quote N:M patterns ('2:4')")
+        data["sparsity"] = [str(p) for p in split_list(items, str, f"'sparsity' in {path}")]
+    for key in ("ranks", "tasks", "allocate", "groups"):
+        if key in data:
+            data[key] = split_list(data[key], float if key == "ranks" else str, f"'{key}' in {path}")
+
+
+def read_config_file(path: str) -> tuple[dict, dict]:
+    """(RunConfig fields, task shortcut values) from a YAML file of flag names (dashes or underscores)."""
+    import yaml
+
+    from core.io import read_user_text
+
+    try:
+        data = yaml.safe_load(read_user_text(path, "config file")) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"config file {path} is not valid YAML{where}: fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must be a mapping of flag names to values")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if "rank" in data:
+        data["ranks"] = data.pop("rank")
+    if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
+        data["blocks"] = str(data["blocks"])
+    _config_lists(data, path)
+    shortcuts = {shortcut_dest(f) for f in task_shortcuts()}
+    known = RunConfig.field_names() | shortcuts
+    unknown = sorted(set(data) - known)
+    if unknown:
+        import difflib
+
+        hint = difflib.get_close_matches(unknown[0], known, n=1)
+        raise UserError(f"config file {path} has unknown key '{unknown[0]}'"
+                        + (f" (did you mean '{hint[0]}'?)" if hint else "") + ": see `bench run --help`")
+    return {k: v for k, v in data.items() if k not in shortcuts}, {k: v for k, v in data.items() if k in shortcuts}
+
+
+# ---------------------------------------------------------------- the command
+
+def add_run_parser(sub):
+    p = sub.add_parser("run", help="calibrate, compress, evaluate and store every (method, rank, task) cell")
+    for flag, dest, kw in RUN_FLAGS:
+        p.add_argument(flag, dest=dest, default=None, **kw)
+    add_shortcuts(p)
+    p.add_argument("--config", help="YAML file with any of these flags (underscores or dashes); flags override it")
+    p.add_argument("--method-option", action="append", help="method.setting=value, e.g. fasc.max_swaps=100")
+    p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5 (see `bench ls "
+                                                          "tasks`); wins over the shortcut flags")
+    p.add_argument("--overwrite", action="store_true", default=None, help="recompute cells that exist")
+    p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None)
+    p.add_argument("--analysis-option", action="append",
+                   help="analysis.setting=value, e.g. rho.units=4 or rho.per_group=true (see `bench ls analyses`)")
+    p.add_argument("--no-report", dest="report", action="store_false", default=None)
+    p.add_argument("--quiet", dest="progress", action="store_false", default=None, help="no progress bars")
+    return p
+
+
+def _merge_options(*blocks) -> dict:
+    """{name: {setting: value}} blocks merged left to right; a block that is not a mapping is returned as it is,
+    for the config's type check to name."""
+    out: dict = {}
+    for block in blocks:
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            return block
+        for name, opts in block.items():
+            out[name] = {**out[name], **opts} if isinstance(opts, dict) and isinstance(out.get(name), dict) else opts
+    return out
+
+
+def config_from_args(args) -> RunConfig:
+    data, shortcuts = read_config_file(args.config) if args.config else ({}, {})
+    for _, dest, _ in RUN_FLAGS:
+        if getattr(args, dest) is not None:
+            data[dest] = getattr(args, dest)
+    shortcuts.update({k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("shortcut:")
+                      and v is not None})
+    if args.methods is not None:  # `--methods pca,fasc` = `--methods pca fasc`; a variant's settings stay whole
+        import methods
+
+        data["methods"] = methods.split_methods(args.methods)
+    for dest, flag in (("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"), ("groups", "--groups"),
+                       ("sparsity", "--sparsity")):
+        if getattr(args, dest) is not None:  # spaces or commas alike
+            data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
+    for dest in ("overwrite", "measure_latency", "report", "progress"):
+        if getattr(args, dest) is not None:
+            data[dest] = getattr(args, dest)
+    if args.method_option:
+        data["method_options"] = _merge_options(data.get("method_options"), kv_options(args.method_option, "method"))
+    # the shortcuts, then the config file's task options, then --task-option: the most explicit wins
+    data["task_options"] = _merge_options(shortcut_options(shortcuts), data.get("task_options"),
+                                          kv_options(args.task_option, "task"))
+    if args.analysis_option:
+        data["analysis_options"] = _merge_options(data.get("analysis_options"),
+                                                  kv_options(args.analysis_option, "analysis"))
+    try:
+        return RunConfig(**data)
+    except TypeError as e:
+        raise UserError(f"bad run settings ({e}): check --config") from None
+
+
+def cmd_run(args) -> int:
+    import analyses
+
+    from bench.config import resolve_run
+
+    config = config_from_args(args)
+    if config.executor == "ray":
+        from .ray_executor import _import_ray
+
+        _import_ray()  # a missing Ray is said before anything is written
+    run = resolve_run(config, analyses.resolve(config))
+    failed = []
+    if config.executor == "ray":
+        from .ray_executor import run_on_ray
+
+        failed = run_on_ray(run)["failed"]
+    else:
+        from bench.execute import sweep
+
+        sweep(run)
+    if config.report:
+        from leaderboard.report import write_report
+
+        from .display import report_display
+
+        print(f"leaderboard: {write_report(config.output, display=report_display())}")
+    return 1 if failed else 0

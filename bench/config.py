@@ -1,0 +1,347 @@
+"""What the user typed (`RunConfig`: flags, a YAML file) and what the run does (`Run`: validated and resolved).
+
+`resolve_run(config, analyses)` is the one boundary: every user error is found there, before any weights load,
+and the `Run` it returns is frozen: methods expanded, budgets parsed, tasks and analyses built. The tokenizer's
+BOS default is settled later by `Run.with_bos`, which returns a new Run (the config is never rewritten).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import methods
+import tasks as task_registry
+from core.errors import UserError, did_you_mean
+from core.record import UNIFORM
+from core.settings import type_problems
+from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
+from core.units import parse_bytes
+from tasks.base import RunShared, Task
+
+from .allocate import RULES, check_rules
+from .calibrate import CalibSpec, needed_stats
+from .models import DEFAULT_MODEL
+from .selection import ALL, Selection
+
+# MMLU is one flag away (`--tasks mmlu ...`): 0-shot on a 270M model it sits at chance and costs LAMA probes
+DEFAULT_TASKS = ("lama", "ppl-token", "rho")
+BOS_PROTOCOLS = ("auto", "window", "stream", "none")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of `bench run` as given; a task's own sizes are its `task_options` (the CLI's --lama-limit
+    and friends are shortcuts into them)."""
+
+    model: str = DEFAULT_MODEL
+    methods: list[str] = field(default_factory=lambda: ["all"])
+    # the two families' budgets: rank ratios (low-rank) and N:M patterns or densities (sparsity). Unset ranks are
+    # [0.5] unless a sparsity is given (then []): `--methods all` runs the families whose budget is given.
+    ranks: list[float] | None = None
+    sparsity: list[str] | None = None
+    budget: str = "rank"
+    rank_align: int = 1
+    # how k is split across the selected groups: uniform (each group at the run's ratio), fisher, variance
+    allocate: list[str] = field(default_factory=lambda: ["uniform"])
+    groups: list[str] | None = None  # group kinds to compress (attn_in, attn_out, mlp_in, mlp_out); None: all
+    blocks: str | None = None  # block indices and ranges to compress, e.g. "0-5,12"; None: all
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    # calibration
+    calib_source: str = "wiki"
+    calib_samples: int = 12
+    calib_seq_len: int = 256
+    pair_tokens: int = 512
+    seed: int = 0
+    # BOS protocol for calibration windows and ppl-token: window | stream | none | auto (the tokenizer's default)
+    bos: str = "auto"
+    # execution
+    device: str = "cpu"
+    device_map: str | None = None  # "auto": accelerate places the blocks across the GPUs (a model larger than one)
+    dtype: str = "float32"
+    batch_size: int = 4
+    stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
+    output: str = "results"
+    # executor: local (this process) or ray (cells spread over a Ray cluster's workers)
+    executor: str = "local"
+    ray_address: str | None = None  # None: a Ray instance on this machine; "auto" or HOST:PORT: a running cluster
+    retries: int = 2  # Ray: times a task whose worker died (or that raised a runtime error) is run again
+    threads: int | None = None  # torch intra-op threads (default: the CPUs this process may use; Ray: its CPUs)
+    overwrite: bool = False
+    method_options: dict = field(default_factory=dict)  # {method: {setting: value}}
+    task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
+    analysis_options: dict = field(default_factory=dict)  # {analysis: {setting: value}}, e.g. {"rho": {"units": 4}}
+    measure_latency: bool = True
+    report: bool = True
+    progress: bool = True
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A validated run: what every later stage reads (plan, execute, the executors), never the raw config."""
+
+    config: RunConfig
+    methods: tuple[str, ...]
+    ranks: tuple[RankSpec, ...]
+    patterns: tuple[SparsitySpec, ...]
+    allocate: tuple[str, ...]
+    selection: Selection  # checked against the model by the plan
+    bos: str  # "auto" until `with_bos` settles it from the tokenizer
+    tasks: Mapping[str, Task]  # the model tasks, sized for this run
+    analyses: Mapping  # {name: Analysis}, built by the caller from the analyses registry
+    stats_memory: int | None
+
+    @property
+    def output(self) -> Path:
+        return Path(self.config.output)
+
+    @property
+    def shared(self) -> RunShared:
+        return RunShared(seed=self.config.seed, batch_size=self.config.batch_size, bos=self.bos)
+
+    def task(self, name: str, **overrides) -> Task:
+        """A task as this run sizes it, with `overrides` on top (an analysis's smaller probes)."""
+        options = {**self.config.task_options.get(name, {}), **overrides}
+        return task_registry.get_task(name).for_run(options, self.shared)
+
+    def with_bos(self, bos: str) -> "Run":
+        """The run under the tokenizer's resolved BOS protocol: one protocol for calibration and the tasks."""
+        run = replace(self, bos=bos)
+        return replace(run, tasks={name: run.task(name) for name in self.tasks})
+
+    def compressor(self, variant: str):
+        """The Compressor of a method or variant under the run's --method-option values for its base name."""
+        return methods.build(variant, self.config.method_options.get(methods.base_name(variant)))
+
+    def method_options(self, variant: str) -> dict | None:
+        return self.config.method_options.get(methods.base_name(variant))
+
+    @property
+    def calibration(self) -> CalibSpec:
+        c = self.config
+        return CalibSpec(samples=c.calib_samples, seq_len=c.calib_seq_len, seed=c.seed, pair_tokens=c.pair_tokens,
+                         source=c.calib_source, bos=self.bos)
+
+    def uses_stats(self, variant: str, allocation: str = UNIFORM) -> bool:
+        return bool(self.compressor(variant).required_stats() or RULES[allocation])
+
+    def stats_needs(self) -> frozenset[str]:
+        """The statistics the whole sweep reads (methods, allocation rules, analyses): one calibration serves
+        every cell, whichever are missing, so a rerun and every worker read the same cache folder."""
+        return needed_stats([self.compressor(m) for m in self.methods]).union(
+            *(a.needs for a in self.analyses.values()), *(RULES[rule] for rule in self.allocate))
+
+    def method_key(self, variant: str, allocation: str = UNIFORM, scope: str = ALL,
+                   budget: RankSpec | SparsitySpec | None = None) -> dict:
+        comp = self.compressor(variant)
+        key = {"settings": comp.settings_dict(), "version": comp.version,
+               "calibration": self.calibration.as_dict() if comp.required_stats() or RULES[allocation] else None}
+        if isinstance(budget, SparsitySpec):  # the pattern is the cell's budget; a rank alignment does not apply
+            return {**key, "budget": budget.budget}
+        key.update(budget=self.config.budget, align=self.config.rank_align)
+        # Only a non-default allocation or selection enters the key: older cells keep their keys.
+        if allocation != UNIFORM:
+            key["allocation"] = allocation
+        if scope != ALL:
+            key["scope"] = scope
+        return key
+
+    def describe(self) -> list[str]:
+        """The run's opening log lines: what it computes, and at which sizes."""
+        c = self.config
+        what = (f"model {c.model}, methods {', '.join(self.methods)}"
+                + (f", ranks {', '.join(r.label for r in self.ranks)} ({c.budget} budget"
+                   + ("" if self.allocate == (UNIFORM,) else f"; allocation {', '.join(self.allocate)}") + ")"
+                   if self.ranks else "")
+                + (f", sparsity {', '.join(p.label for p in self.patterns)}" if self.patterns else "")
+                + f", tasks {', '.join(c.tasks)}")
+        sizes = [f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}, "
+                 f"{c.pair_tokens} (x, g) pairs/group)"] + [n for t in self.tasks.values() if (n := t.size_note())]
+        return [what, "sizes: " + "; ".join(sizes)]
+
+
+# ---------------------------------------------------------------- the boundary: config -> Run
+
+def _is_ratio(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) and 0 < x <= 1
+
+
+def check_ranks(ranks) -> None:
+    for r in ranks:
+        if not _is_ratio(r):
+            raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5 (1.0 keeps full rank)")
+
+
+def check_task_names(names, analysis_names=frozenset()) -> None:
+    """Every name is a registered task or one of `analysis_names`; otherwise one did-you-mean over both."""
+    for name in names:
+        if name not in analysis_names and name not in task_registry.REGISTRY:
+            known = set(task_registry.known_tasks()) | set(analysis_names)
+            raise UserError(f"unknown task '{name}'.{did_you_mean(name, known)} See `bench ls tasks` and "
+                            "`bench ls analyses`.")
+
+
+def parse_sparsity(values) -> list[SparsitySpec]:
+    """--sparsity values as SparsitySpecs, or one line naming the bad one (run and plan alike)."""
+    out = []
+    for p in values:
+        try:
+            out.append(SparsitySpec.parse(p))
+        except ValueError as e:
+            raise UserError(f"--sparsity: {e}") from None
+    return out
+
+
+def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], list[SparsitySpec]]:
+    """Methods expanded by family (`all` = every method of the families whose budget flag is given), ranks and
+    sparsity patterns checked; a method named without its family's budget is refused."""
+    if config.budget not in ("rank", "params"):
+        raise UserError(f"--budget {config.budget} is unknown: use rank or params")
+    if config.rank_align < 1:
+        raise UserError("--rank-align must be a positive integer")
+    patterns = []
+    if config.sparsity is not None:
+        values = config.sparsity if isinstance(config.sparsity, list) else [config.sparsity]
+        patterns = list({p.label: p for p in parse_sparsity(values)}.values())
+        if not patterns:
+            raise UserError("--sparsity is empty: pass N:M patterns (2:4 8:16) or densities (0.5)")
+    ranks = config.ranks
+    if ranks is None:
+        ranks = [] if patterns else [0.5]
+    elif not ranks:
+        raise UserError("--rank is empty: pass rank ratios in (0, 1], e.g. --rank 0.5")
+    families = [f for f, given in ((LOW_RANK_FAMILY, ranks), (SPARSITY_FAMILY, patterns)) if given]
+    try:
+        names = methods.expand_methods(config.methods, families)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    except KeyError as e:
+        raise UserError(str(e) + " Or pass --methods all.") from None
+    for m in names:
+        family = methods.family_of(m)
+        if family not in families:
+            flag = "--sparsity 2:4 (an N:M pattern or a density)" if family == SPARSITY_FAMILY else "--rank 0.5"
+            raise UserError(f"{m} is a {family} method but no {family} budget is given: add {flag}, or leave "
+                            f"{m} out")
+    if not names:
+        raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
+    check_ranks(ranks)
+    return tuple(names), ranks, patterns
+
+
+def check_allocation(config: RunConfig, names) -> None:
+    """--allocate names rules that apply to every method of the run."""
+    if not config.allocate:
+        raise UserError("--allocate is empty: pass uniform, fisher or variance")
+    check_rules(config.allocate, config.budget, config.rank_align)
+    rules = [r for r in config.allocate if r != UNIFORM]
+    sparse = [m for m in names if methods.family_of(m) == SPARSITY_FAMILY]
+    if sparse and UNIFORM not in config.allocate:
+        raise UserError(f"--allocate {rules[0]} splits a rank budget, but {', '.join(sparse)} keep one pattern in "
+                        "every group: add uniform to --allocate (the sparsity rows run under it) or run them in "
+                        "another command")
+    if rules:
+        per_site = [m for m in names if methods.family_of(m) != SPARSITY_FAMILY and not methods.build(
+                    m, config.method_options.get(methods.base_name(m))).projection]
+        if per_site:
+            raise UserError(f"--allocate {rules[0]} sets one k per input group, but {', '.join(per_site)} "
+                            f"factorise{'s' if len(per_site) == 1 else ''} each site on its own: run them in another "
+                            "command, or name projection methods (e.g. --methods pca,whitened-svd,fasc-kfac,fasc)")
+
+
+def check_methods(config: RunConfig, names) -> None:
+    for name, opts in config.method_options.items():
+        try:
+            methods.get_method(name).from_options(opts)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"method options for '{name}': {e}") from None
+    for variant in names:
+        try:
+            methods.build(variant, config.method_options.get(methods.base_name(variant)))
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"method '{variant}': {e}") from None
+
+
+def build_tasks(config: RunConfig, analyses: Mapping) -> dict[str, Task]:
+    """The run's model tasks; every --task-option block is checked, also of a task this run does not run."""
+    shared = RunShared(seed=config.seed, batch_size=config.batch_size, bos=config.bos)
+    built = {}
+    for name in list(config.task_options) + [t for t in config.tasks if t not in analyses]:
+        if not isinstance(config.task_options.get(name, {}), dict):
+            raise UserError(f"task options for '{name}' must be a mapping of setting to value, got "
+                            f"{config.task_options[name]!r}: fix that block of the --config file")
+        try:
+            built[name] = task_registry.get_task(name).for_run(config.task_options.get(name), shared)
+        except UserError:
+            raise
+        except (ValueError, TypeError) as e:  # the message names the task and its setting
+            raise UserError(f"{e}: fix --task-option {name}.<setting> or its shortcut flag (`bench ls tasks`)") from None
+    return {name: built[name] for name in config.tasks if name not in analyses}
+
+
+_POSITIVE = {"calib_samples": 1, "calib_seq_len": 2, "pair_tokens": 1, "batch_size": 1}
+
+
+def check_execution(config: RunConfig) -> None:
+    """Sizes, devices, executors and the results folder."""
+    for attr, low in _POSITIVE.items():
+        v = getattr(config, attr)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            what = "an" if low == 2 else "a positive"
+            raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
+                            f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
+    if config.executor not in ("local", "ray"):
+        raise UserError(f"--executor {config.executor!r} is unknown: use local (default) or ray")
+    if config.threads is not None and (not isinstance(config.threads, int) or config.threads < 1):
+        raise UserError(f"--threads must be a positive integer, got {config.threads!r}")
+    if not isinstance(config.retries, int) or isinstance(config.retries, bool) or config.retries < 0:
+        raise UserError(f"--retries must be a non-negative integer, got {config.retries!r}")
+    if config.ray_address is not None and config.executor != "ray":
+        raise UserError("--ray-address is for --executor ray: add --executor ray or leave the address out")
+    if config.device_map not in (None, "auto"):
+        raise UserError(f"--device-map {config.device_map!r} is unknown: use auto (or leave it out for one device)")
+    if config.bos not in BOS_PROTOCOLS:
+        raise UserError(f"--bos {config.bos!r} is unknown: use auto, window, stream or none")
+    if config.dtype not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"--dtype {config.dtype} is unknown: use float32, bfloat16 or float16")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", config.device):
+        raise UserError(f"--device {config.device} is not supported: use cpu, cuda or cuda:<index>")
+    if config.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {config.device} asked for, but no CUDA device is available: use --device cpu")
+    from .store import check_writable
+
+    check_writable(Path(config.output))
+
+
+def resolve_run(config: RunConfig, analyses: Mapping | None = None) -> Run:
+    """Every user error is found here, before the model loads: one line, and the fix. `analyses`: the names of
+    config.tasks that the caller resolved to analyses, built ({name: Analysis})."""
+    analyses = dict(analyses or {})
+    problems = type_problems(config)
+    if problems:
+        name = problems[0].split(" ", 1)[0]
+        raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
+    names, ranks, patterns = resolve_budgets(config)
+    check_task_names(config.tasks, set(analyses))
+    check_methods(config, names)
+    selection = Selection.from_flags(config.groups, config.blocks)
+    check_allocation(config, names)
+    model_tasks = build_tasks(config, analyses)
+    check_execution(config)
+    return Run(config=config, methods=names,
+               ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
+               allocate=tuple(config.allocate), selection=selection, bos=config.bos, tasks=model_tasks,
+               analyses=analyses, stats_memory=parse_bytes(config.stats_memory) if config.stats_memory else None)

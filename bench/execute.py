@@ -1,0 +1,376 @@
+"""Computing planned cells: model -> calibrate -> compress -> evaluate -> store, one result file per cell.
+
+`prepare(run)` opens the model without its weights, settles the BOS protocol, checks every data source and plans
+the cells; `execute(cells, run, executor)` computes them. The local executor is a `Worker` in this process; the
+Ray executor hands each worker process its share of the same `Cell`s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from core.record import DENSE, UNIFORM, CellRecord, describe_scope
+from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths
+
+import methods
+
+from . import __version__
+from .allocate import allocate, check_budget
+from .cells import Cell, ModelInfo, plan
+from .compress import compressed, compression_summary
+from .config import Run
+from .groups import find_input_groups
+from .measure import latency, peak_memory, weight_bytes
+from .models import LoadedModel, ModelSource, load_weights, open_model
+from .selection import ALL
+from .statistics import calibration_windows, load_or_calibrate
+from .store import cell_status, claim_cell, environment, release_cell, write_cell
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or a scheduler's share, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def log(msg: str) -> None:
+    tqdm.write(msg)
+
+
+# ---------------------------------------------------------------- before any weights load
+
+@dataclass
+class Prepared:
+    """A run ready to execute: its model opened (no weights), its data checked, its missing cells planned."""
+
+    run: Run
+    source: ModelSource
+    cells: list[Cell]
+    calib_windows: torch.Tensor | None = None  # tokenized once, for the calibration
+
+
+def check_groups(run: Run, groups: list) -> list:
+    """The selected groups (of a meta-device model); budgets and patterns that cannot apply to them are refused
+    before any cell is computed."""
+    selection = run.selection.resolve(len({g.block for g in groups}))
+    selected = [g for g in groups if selection.includes(g)]
+    if selection.scope != ALL:
+        log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
+            + ("; analyses run over every group" if run.analyses else ""))
+    if any(rule != UNIFORM for rule in run.allocate):
+        for r in run.ranks:
+            check_budget(selected, r)
+    if any(methods.family_of(m) == SPARSITY_FAMILY for m in run.methods):
+        check_pattern_widths(list(run.patterns), selected)
+    return selected
+
+
+def prepare(run: Run) -> Prepared:
+    """Open the model (tokenizer and config), settle BOS, check the tasks' and the calibration's data, plan."""
+    from tasks.data.text_data import resolve_bos
+
+    c = run.config
+    for line in run.describe():
+        log(("" if line.startswith("sizes") else f"acbench {__version__}: ") + line)
+    source = open_model(c.model, c.dtype, c.progress, c.device_map)
+    run = run.with_bos(resolve_bos(source.tokenizer, run.bos))  # one protocol for calibration and ppl-token
+    log(f"BOS protocol: {run.bos}" + (" (the tokenizer's default)" if c.bos == "auto" else ""))
+    for task in run.tasks.values():
+        task.check(source.tokenizer)
+    for analysis in run.analyses.values():
+        for name in analysis.uses_tasks:
+            run.task(name)  # its run-sized tasks' settings are valid
+    if run.analyses and not run.ranks:
+        log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none (--sparsity only): skipped; add "
+            "--rank 0.5 to run them")
+    groups = source.input_groups()
+    check_groups(run, groups)
+    windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
+    cells = plan(run, ModelInfo(source.name, source.fingerprint, len({g.block for g in groups})))
+    for cell in cells:
+        if cell.why not in ("missing", "overwrite"):
+            log(f"recomputing {cell.path}: {cell.why}")
+    log(f"{len(cells)} cell(s) to compute under {run.output}/ (existing cells are kept; --overwrite recomputes)")
+    return Prepared(run, source, cells, windows)
+
+
+# ---------------------------------------------------------------- one process's work
+
+def cell_record(plugin, result, **fields) -> CellRecord:
+    """A cell from a task's or analysis's result: what the result declares (an lm-eval task's metrics, known only
+    once it ran) overrides what the plugin's class declares."""
+    return CellRecord(
+        metrics=result.metrics, stderr=result.stderr, details=result.details, task_config=result.config,
+        records=result.records, higher_is_better={**plugin.higher_is_better, **result.higher_is_better},
+        primary_metric=result.primary_metric or plugin.primary_metric or next(iter(result.metrics)), **fields)
+
+
+def summary_line(records: list[CellRecord]) -> str:
+    parts = []
+    for r in records:
+        v = r.metrics.get(r.primary_metric)
+        parts.append(f"{r.cell.task} {r.primary_metric}=" + (f"{v:.4g}" if isinstance(v, (int, float))
+                                                              and math.isfinite(v) else "undefined"))
+    c = records[0].compression if records else None
+    if c:
+        compute = f", compute {c['compute_ratio']:.3f}x" if c.get("compute_ratio") is not None else ""
+        parts.append(f"params {c['param_ratio']:.3f}x{compute}, {c['n_fallbacks']} fallbacks")
+    return ", ".join(parts)
+
+
+@dataclass
+class AnalysisContext:
+    """What an analysis may use of the harness: the dense model, its statistics and groups, the public compress
+    step, and tasks sized as the run sizes them."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    stats: Mapping[str, GroupStats]  # a StatsStore: groups read on demand
+    groups: list
+    seed: int
+    progress: bool
+    run: Run
+
+    @contextmanager
+    def compressed(self, method: str, rank: RankSpec, only_groups: set[str] | None = None):
+        """`with ctx.compressed(...) as model:` the dense model compressed in place, restored on exit."""
+        with compressed(self.model, method, rank, self.stats, self.run.method_options(method), only_groups,
+                        progress=False) as (model, _):
+            yield model
+
+    def task(self, name: str, **overrides):
+        return self.run.task(name, **overrides)
+
+
+@dataclass
+class Worker:
+    """One process's state across the cells it computes: the loaded model, its groups, the statistics, the rank
+    allocations and the cells it has claimed. `models`: a dict kept across calls (a Ray worker process keeps its
+    loaded model for its next share)."""
+
+    run: Run
+    source: ModelSource | None = None
+    calib_windows: torch.Tensor | None = None
+    models: dict | None = None
+    claim_owner: str | None = None
+    lm: LoadedModel | None = None
+    stats: Mapping = field(default_factory=dict)
+    calib_info: dict | None = None
+    allocations: dict = field(default_factory=dict)
+    claimed: set = field(default_factory=set)
+    elsewhere: list = field(default_factory=list)
+
+    def model(self) -> LoadedModel:
+        if self.lm is not None:
+            return self.lm
+        c = self.run.config
+        key = (c.model, c.dtype, c.device, c.device_map)
+        if self.models is not None and key in self.models:
+            # The dense model a previous share left in this process (a variant restores it bit for bit)
+            log("model: the one this process loaded for its previous cells")
+            self.lm = self.models[key]
+        else:
+            source = self.source or open_model(c.model, c.dtype, c.progress, c.device_map)
+            self.lm = load_weights(source, c.device)
+            if self.models is not None:
+                self.models.clear()  # one model per process
+                self.models[key] = self.lm
+        self.groups = find_input_groups(self.lm.model)
+        selection = self.run.selection.resolve(len({g.block for g in self.groups}))
+        self.selected = [g for g in self.groups if selection.includes(g)]
+        self.scope = selection.scope
+        return self.lm
+
+    def common(self) -> dict:
+        lm = self.model()
+        return {"model_fingerprint": lm.fingerprint, "seed": self.run.config.seed,
+                "env": environment(self.run.config.device), "bos": self.run.bos}
+
+    # -------------------------------------------- claims: parallel runs on one results directory split the work
+
+    def claim(self, cells: list[Cell]) -> list[Cell]:
+        """The cells this process computes: those no live process has claimed and none has finished since the
+        plan was made."""
+        mine = []
+        for cell in cells:
+            if not claim_cell(cell.path, self.claim_owner):
+                self.elsewhere.append(cell.path)
+                continue
+            self.claimed.add(cell.path)
+            if cell.why != "overwrite" and cell_status(cell.path) is None:  # finished by another run meanwhile
+                self.unclaim(cell.path)
+                continue
+            mine.append(cell)
+        return mine
+
+    def unclaim(self, path: Path) -> None:
+        release_cell(path)
+        self.claimed.discard(path)
+
+    def release_all(self) -> None:
+        for p in list(self.claimed):  # an interrupted run leaves no claim that would block its successor
+            self.unclaim(p)
+
+    # -------------------------------------------- the stages
+
+    def statistics(self, every_group: bool) -> None:
+        """The sweep's statistics (all its methods', rules' and analyses'), whichever cells are missing now, so a
+        rerun and every worker read the same cache folder. Analyses read every group; methods the selected ones."""
+        needs = self.run.stats_needs()
+        if not needs or self.calib_info is not None:
+            return
+        lm = self.model()
+        run = self.run
+        self.stats, self.calib_info = load_or_calibrate(
+            lm, self.groups if every_group else self.selected, run.calibration, needs, run.stats_memory,
+            run.config.batch_size, run.config.progress, self.calib_windows)
+
+    def evaluate(self, model, cells: list[Cell], compression: dict | None, timings: dict,
+                 common: dict) -> list[CellRecord]:
+        """Evaluate the cells of one model variant and write each as soon as it is done."""
+        run = self.run
+        eff = {"weight_bytes": weight_bytes(model)}
+        if run.config.measure_latency:
+            t0 = time.perf_counter()
+            eff["latency"] = latency(model)
+            timings["latency_s"] = time.perf_counter() - t0
+        method = cells[0].id.method
+        method_version = run.compressor(method).version if method != DENSE else None
+        written = []
+        for cell in cells:
+            task = run.tasks[cell.id.task]
+            t0 = time.perf_counter()
+            with peak_memory(torch.device(run.config.device)) as mem:
+                result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
+            record = cell_record(
+                task, result, **common, cell=cell.id, versions={"method": method_version, "task": task.version},
+                compression=compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
+                latency=eff.get("latency"), timings={**timings, "evaluate_s": time.perf_counter() - t0})
+            write_cell(cell.path, record)
+            self.unclaim(cell.path)
+            written.append(record)
+        return written
+
+    def dense(self, cells: list[Cell]) -> int:
+        cells = self.claim(cells)
+        if not cells:
+            return 0
+        recs = self.evaluate(self.model().model, cells, None, {}, self.common())
+        log(f"[dense] {summary_line(recs)}")
+        return len(recs)
+
+    def variant(self, cells: list[Cell]) -> int:
+        """The cells of one (method, budget, allocation): compressed once, in place, restored after."""
+        cells = self.claim(cells)
+        if not cells:
+            return 0
+        run, lm = self.run, self.model()
+        m, budget, rule = cells[0].variant
+        timings = {}
+        alloc = None
+        if rule != UNIFORM:
+            if (rule, budget) not in self.allocations:
+                self.allocations[(rule, budget)] = allocate(rule, self.selected, self.stats, budget,
+                                                            progress=run.config.progress)
+            alloc = self.allocations[(rule, budget)]
+            timings["allocate_s"] = sum(alloc.seconds.values())
+        uses_stats = run.uses_stats(m, rule)
+        opts = run.method_options(m)
+        t0 = time.perf_counter()
+        with compressed(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
+                        only_groups=None if self.scope == ALL else {g.name for g in self.selected},
+                        ks=alloc.ks if alloc else None) as (model, summaries):
+            timings["compress_s"] = time.perf_counter() - t0
+            if self.calib_info and uses_stats:
+                timings["calibrate_s"] = self.calib_info.get("seconds")
+            common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
+            summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope)
+            recs = self.evaluate(model, cells, summary, timings, common)
+        log(f"[{cells[0].label}] {summary_line(recs)}")
+        return len(recs)
+
+    def analyses(self, cells: list[Cell]) -> int:
+        cells = self.claim(cells)
+        if not cells:
+            return 0
+        lm, run = self.model(), self.run
+        ctx = AnalysisContext(lm.model, lm.tokenizer, self.stats, self.groups, run.config.seed, run.config.progress,
+                              run)
+        for cell in cells:
+            analysis = run.analyses[cell.id.task]
+            t0 = time.perf_counter()
+            result = analysis.run(ctx, cell.budget)
+            write_cell(cell.path, cell_record(
+                analysis, result, **self.common(), calibration=self.calib_info, cell=cell.id,
+                versions={"analysis": analysis.version}, timings={f"{cell.id.task}_s": time.perf_counter() - t0}))
+            self.unclaim(cell.path)
+            log(f"[{cell.id.task} @ {cell.budget.label}] " + analysis.summary_line(result))
+        return len(cells)
+
+    def compute(self, cells: list[Cell], calibrate: bool = False) -> int:
+        """Every given cell this process can claim: dense first, then each variant, then the analyses.
+        `calibrate`: compute the sweep's statistics even if none of these cells reads them (Ray's first task)."""
+        dense = [c for c in cells if c.id.method == DENSE]
+        analysis = [c for c in cells if c.id.is_analysis]
+        by_variant: dict = {}
+        for c in cells:
+            if c.id.method != DENSE and not c.id.is_analysis:
+                by_variant.setdefault(c.variant, []).append(c)
+        written = 0
+        try:
+            written += self.dense(dense)
+            if by_variant or analysis or calibrate:
+                self.model()
+                self.statistics(every_group=bool(analysis) or (calibrate and bool(self.run.analyses)))
+            for group in tqdm(list(by_variant.values()), desc="cells", disable=not self.run.config.progress):
+                written += self.variant(group)
+            written += self.analyses(analysis)
+        finally:
+            self.release_all()
+        return written
+
+
+def execute(cells: list[Cell], run: Run, executor=None) -> dict:
+    """Compute `cells` with `executor` (default: a Worker in this process): {"written", "seconds", "elsewhere",
+    "failed"}."""
+    return (executor or LocalExecutor())(cells, run)
+
+
+@dataclass
+class LocalExecutor:
+    """The cells in this process, in plan order; the prepared model source and calibration windows are reused."""
+
+    source: ModelSource | None = None
+    calib_windows: torch.Tensor | None = None
+
+    def __call__(self, cells: list[Cell], run: Run) -> dict:
+        torch.set_num_threads(run.config.threads or available_cpus())
+        torch.manual_seed(run.config.seed)
+        t0 = time.perf_counter()
+        worker = Worker(run, self.source, self.calib_windows)
+        written = worker.compute(cells)
+        if worker.elsewhere:
+            shown = ", ".join(str(p.relative_to(run.output)) for p in worker.elsewhere[:5])
+            log(f"{len(worker.elsewhere)} cell(s) left to another run that is computing them now: {shown}"
+                + (" ..." if len(worker.elsewhere) > 5 else ""))
+        elapsed = time.perf_counter() - t0
+        log(f"done: {written} cell(s) written in {elapsed:.0f} s")
+        return {"written": written, "seconds": elapsed, "output": str(run.output),
+                "elsewhere": [str(p) for p in worker.elsewhere], "failed": []}
+
+
+def sweep(run: Run) -> dict:
+    """`bench run` on this machine: prepare, then execute locally."""
+    prepared = prepare(run)
+    return execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
