@@ -8,7 +8,7 @@ from core.registry import Registry, UnknownName
 
 from .base import Analysis
 
-__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "resolve", "UnknownName"]
+__all__ = ["Analysis", "REGISTRY", "get_analysis", "known_analyses", "build", "from_config", "UnknownName"]
 
 REGISTRY = Registry("analysis", __name__, Analysis, "acbench.analyses", plural="analyses")
 
@@ -32,7 +32,7 @@ def build(names, options: dict | None = None) -> dict[str, Analysis]:
     return {name: make(name) for name in names if name in REGISTRY}
 
 
-def resolve(config) -> dict[str, Analysis]:
+def from_config(config) -> dict[str, Analysis]:
     """The analyses among config.tasks, built with their options; an unknown name gets one did-you-mean over tasks
     and every analysis (not only those asked for)."""
     from bench.config import check_task_names

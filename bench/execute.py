@@ -165,6 +165,9 @@ class Worker:
     models: dict | None = None
     claim_owner: str | None = None
     lm: LoadedModel | None = None
+    groups: list = field(default_factory=list)  # every input group of the loaded model (analyses read them all)
+    selected: list = field(default_factory=list)  # those the run compresses
+    scope: str = ALL
     stats: Mapping = field(default_factory=dict)
     calib_info: dict | None = None
     allocations: dict = field(default_factory=dict)

@@ -107,14 +107,14 @@ def _dir_fingerprint(path: Path) -> dict:
     return {"source": "local", "sha256": h.hexdigest()}
 
 
-def resolve(spec: str, progress: bool = True) -> tuple[Path | str, dict]:
+def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
     """Map a --model value to something from_pretrained accepts, plus its fingerprint (without the dtype)."""
-    if spec in ALIASES:
-        out = cache_dir() / "models" / spec
+    if model in ALIASES:
+        out = cache_dir() / "models" / model
         if not (out / "acbench_source.json").exists():
-            convert_gguf(_alias_gguf(spec), out, progress)
-        return out, {"alias": spec, **_dir_fingerprint(out)}
-    path = Path(spec).expanduser()
+            convert_gguf(_alias_gguf(model), out, progress)
+        return out, {"alias": model, **_dir_fingerprint(out)}
+    path = Path(model).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise UserError(f"model file {path} does not exist: pass an existing .gguf, a checkpoint directory, "
@@ -144,11 +144,11 @@ def resolve(spec: str, progress: bool = True) -> tuple[Path | str, dict]:
             raise UserError(f"model directory {path} holds no weights (*.safetensors or *.bin): pass a complete "
                             "checkpoint (save_pretrained writes both config and weights)")
         return path, _dir_fingerprint(path)
-    if spec.startswith((".", "/", "~")) or path.parent != Path("."):
-        if spec.count("/") != 1 or spec.startswith((".", "/", "~")):
-            raise UserError(f"model path {spec} does not exist: pass an existing checkpoint directory or .gguf file, "
+    if model.startswith((".", "/", "~")) or path.parent != Path("."):
+        if model.count("/") != 1 or model.startswith((".", "/", "~")):
+            raise UserError(f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, "
                             f"or an alias ({', '.join(ALIASES)})")
-    return spec, {"source": "hub", "id": spec}
+    return model, {"source": "hub", "id": model}
 
 
 def _short(e: Exception) -> str:
@@ -161,7 +161,7 @@ class ModelSource:
     """A model opened without its weights: where they are, its fingerprint, tokenizer and config (so a run is
     planned, and its data checked, before the slow part)."""
 
-    spec: str
+    given: str  # the --model value: an alias, a path or a hub id
     target: Path | str
     fingerprint: dict
     name: str
@@ -177,14 +177,14 @@ class ModelSource:
         return find_input_groups(meta_model(self.config))
 
 
-def _load_error(spec: str, fp: dict, e: Exception) -> UserError:
+def _load_error(model: str, fp: dict, e: Exception) -> UserError:
     if isinstance(e, OSError):
         if fp.get("source") == "hub":
             return UserError(
-                f"model '{spec}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
+                f"model '{model}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
                 f"from the Hugging Face hub ({_short(e)}): pass a local checkpoint or .gguf")
-        return UserError(f"model '{spec}' could not be loaded ({_short(e)}): pass a complete checkpoint")
-    return UserError(f"model '{spec}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
+        return UserError(f"model '{model}' could not be loaded ({_short(e)}): pass a complete checkpoint")
+    return UserError(f"model '{model}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
                      "and weights (re-save with save_pretrained)")
 
 
@@ -192,7 +192,7 @@ _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def open_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", progress: bool = True,
+def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: bool = True,
                device_map: str | None = None) -> ModelSource:
     """The model's files, tokenizer and config; its weights stay on disk (`load_weights`)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -201,18 +201,18 @@ def open_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", progress: bool
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    target, fp = resolve(spec, progress)
+    target, fp = locate(model, progress)
     if dtype not in TORCH_DTYPES:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
     try:
         tok = AutoTokenizer.from_pretrained(target)
         config = AutoConfig.from_pretrained(target)
     except _LOAD_ERRORS as e:
-        raise _load_error(spec, fp, e) from None
+        raise _load_error(model, fp, e) from None
     if fp.get("source") == "hub":
         fp["revision"] = getattr(config, "_commit_hash", None)
     fp = {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})}
-    return ModelSource(spec, target, fp, display_name(spec), tok, config, dtype, device_map)
+    return ModelSource(model, target, fp, display_name(model), tok, config, dtype, device_map)
 
 
 def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
@@ -226,21 +226,21 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     except UserError:
         raise
     except _LOAD_ERRORS as e:
-        raise _load_error(source.spec, source.fingerprint, e) from None
+        raise _load_error(source.given, source.fingerprint, e) from None
     if not source.device_map:
         model.to(device)
     model.eval()
     return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name)
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
+def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> LoadedModel:
-    return load_weights(open_model(spec, dtype, progress, device_map), device)
+    return load_weights(open_model(model, dtype, progress, device_map), device)
 
 
-def display_name(spec: str) -> str:
+def display_name(model: str) -> str:
     """The name results are filed under: the alias or hub id, or a local path's last component."""
-    if spec in ALIASES:
-        return spec
-    path = Path(spec).expanduser()
-    return path.stem if path.suffix == ".gguf" else (path.name if path.exists() else spec)
+    if model in ALIASES:
+        return model
+    path = Path(model).expanduser()
+    return path.stem if path.suffix == ".gguf" else (path.name if path.exists() else model)

@@ -42,8 +42,12 @@ def cmd_ls(args) -> int:
             cls = registry.get(name)
             print(f"{name:10s} v{cls.version} {cls.description}")
             if args.what == "tasks":
+                from tasks.base import RunShared
+
                 settings = ", ".join(f"{k}={v!r}" for k, v in cls().settings_dict().items())
-                print(f"{'':10s} settings: {settings or '(none)'}")
+                inherited = ", ".join(cls.run_settings(RunShared()))
+                print(f"{'':10s} settings: {settings or '(none)'}"
+                      + (f"; from the run: {inherited}" if inherited else ""))
     else:
         from bench.models import ALIASES
 

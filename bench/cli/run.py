@@ -8,6 +8,7 @@ import dataclasses
 from core.errors import UserError
 
 from bench.config import RunConfig
+from bench.models import ALIASES, DEFAULT_MODEL
 
 
 def kv_options(items: list[str] | None, what: str) -> dict:
@@ -49,8 +50,8 @@ def split_list(value, kind, where: str) -> list:
 
 RUN_FLAGS = [
     # (flag, dest, kwargs)
-    ("--model", "model", {"help": "alias (gemma-3-270m, smollm2-135m), .gguf file, checkpoint dir or hub id "
-                                  "(default: gemma-3-270m)"}),
+    ("--model", "model", {"help": f"alias ({', '.join(ALIASES)}), .gguf file, checkpoint dir or hub id "
+                                  f"(default: {DEFAULT_MODEL})"}),
     ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
     ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
     ("--sparsity", "sparsity", {"nargs": "+", "help": "sparsity budgets: N:M patterns (2:4 8:16 16:32; keep N of "
@@ -122,8 +123,9 @@ def add_shortcuts(parser) -> None:
     for flag, uses in task_shortcuts().items():
         task, sc = uses[0]
         targets = ", ".join(f"{t}.{s.setting}" for t, s in uses)
-        parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None,
-                            type=_setting_type(task, sc.setting), help=f"{sc.help} [= --task-option {targets}]")
+        kind = _setting_type(task, sc.setting)
+        parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None, type=kind,
+                            metavar="N" if kind is int else "VALUE", help=f"{sc.help} [= --task-option {targets}]")
 
 
 def shortcut_options(values: dict) -> dict:
@@ -269,7 +271,7 @@ def cmd_run(args) -> int:
         from .ray_executor import _import_ray
 
         _import_ray()  # a missing Ray is said before anything is written
-    run = resolve_run(config, analyses.resolve(config))
+    run = resolve_run(config, analyses.from_config(config))
     failed = []
     if config.executor == "ray":
         from .ray_executor import run_on_ray

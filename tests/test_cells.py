@@ -1,0 +1,77 @@
+"""The plan is a pure function of the run, the model's identity and the results on disk; a Run is frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import analyses
+from bench.cells import ModelInfo, plan
+from bench.config import RunConfig, resolve_run
+from bench.store import write_cell
+from core.record import DENSE, CellRecord
+
+MODEL = ModelInfo("tiny", {"sha256": "abc", "dtype": "float32"}, n_blocks=2)
+
+
+def make_run(tmp_path, **kw):
+    config = RunConfig(output=str(tmp_path), methods=["pca", "svd", "act-sparse"], ranks=[0.5, 0.25],
+                       sparsity=["2:4"], tasks=["ppl-token", "lama", "rho"], **kw)
+    return resolve_run(config, analyses.from_config(config))
+
+
+def test_plan_lists_every_missing_cell_and_loads_nothing(tmp_path, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the plan loaded a model"))
+    cells = plan(make_run(tmp_path), MODEL)
+    tasks = [c for c in cells if not c.id.is_analysis]
+    # dense + (pca, svd) x 2 ratios + act-sparse x 1 pattern, two tasks each; rho once per ratio
+    assert len(tasks) == 2 * (1 + 2 * 2 + 1)
+    assert [c.id.rank for c in cells if c.id.is_analysis] == [0.5, 0.25]
+    assert cells[0].id.method == DENSE and all(c.why == "missing" for c in cells)
+    assert len({c.path for c in cells}) == len(cells)
+    assert len({c.variant for c in tasks}) == 1 + 2 * 2 + 1  # the cells of one variant share one compression
+    sparse = [c for c in cells if c.id.method == "act-sparse"]
+    assert {c.id.budget for c in sparse} == {"2:4"} and "2of4-0.5" in str(sparse[0].path)
+    assert plan(make_run(tmp_path), MODEL) == cells  # the same inputs, the same plan
+
+
+def test_a_stored_cell_is_not_planned_again_unless_overwritten(tmp_path):
+    run = make_run(tmp_path)
+    cells = plan(run, MODEL)
+    first = cells[0]
+    write_cell(first.path, CellRecord(cell=first.id, metrics={"ppl": 10.0}, primary_metric="ppl"))
+    again = plan(run, MODEL)
+    assert first.path not in {c.path for c in again} and len(again) == len(cells) - 1
+    assert len(plan(run, MODEL, overwrite=True)) == len(cells)
+    first.path.write_text("{truncated")
+    broken = [c for c in plan(run, MODEL) if c.path == first.path]
+    assert broken and broken[0].why.startswith("unreadable")
+
+
+def test_the_run_is_frozen_and_bos_settles_into_a_new_run(tmp_path):
+    run = make_run(tmp_path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.bos = "window"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.config.model = "other"
+    settled = run.with_bos("window")
+    assert run.bos == "auto" and run.tasks["ppl-token"].settings.bos == "auto"
+    assert settled.tasks["ppl-token"].settings.bos == "window" and settled.calibration.bos == "window"
+    # the keys move with the protocol: a cell made under another BOS is never reused
+    assert {c.id.key for c in plan(run, MODEL)} != {c.id.key for c in plan(settled, MODEL)}
+
+
+def test_task_sizes_are_task_options_and_shortcuts_map_onto_them(tmp_path):
+    from bench.cli import run_config_from_argv
+
+    a = run_config_from_argv(["--lama-limit", "5", "--ppl-windows", "3", "--limit", "2"])
+    assert a.task_options == {"lama": {"per_relation": 5}, "mmlu": {"limit": 2},
+                              "ppl-token": {"max_windows": 3}, "ppl-word": {"max_docs": 3}}
+    b = run_config_from_argv(["--lama-limit", "5", "--task-option", "lama.per_relation=7"])
+    assert b.task_options["lama"] == {"per_relation": 7}  # the explicit option wins
+    run = resolve_run(run_config_from_argv(["--tasks", "lama", "--lama-limit", "0", "--output", str(tmp_path)]))
+    assert run.tasks["lama"].settings.per_relation is None  # 0 = all, one spelling in the key
