@@ -42,10 +42,9 @@ def rho_section(cell) -> list[str]:
 
 def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Path) -> Path:
     """Left: rho per block for each group type; right: unit sensitivity (loss rise) under pca and fasc."""
-    import matplotlib
+    from core.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     kinds = sorted({r["kind"] for r in per_group})
@@ -66,11 +65,7 @@ def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Pat
     b.legend(fontsize=7)
     b.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def report_section(cell, plot_dir: Path, stem: str, title: str) -> tuple[list[str], list[Path]]:

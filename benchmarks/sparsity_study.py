@@ -17,7 +17,7 @@ import sys
 from tabulate import tabulate
 
 from leaderboard.load import load_results
-from leaderboard.significance import compare
+from core.significance import compare
 
 
 def cells_by_row(root):

@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from core.figures import pyplot, save_figure as _save
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+plt = pyplot()
 
 
 def accuracy_vs_rank(series: dict[str, dict[str, list[tuple[float, float]]]], dense: dict[str, float], title: str,

@@ -14,7 +14,7 @@ from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
 from .load import load_results
-from .significance import ALPHA
+from core.significance import ALPHA
 from core.stats import is_sparsity_budget
 
 from .tables import (REFERENCE, Column, Display, allocation_k, budget_title, chance_table, compute_of, delta_key, group_cells,

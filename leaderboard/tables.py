@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from core.record import ALL_GROUPS, DENSE, CellRecord, describe_scope, variant_name
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from .significance import above_chance, compare
+from core.significance import above_chance, compare
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 

@@ -14,6 +14,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+from core.errors import UserError
 from tqdm.auto import tqdm
 
 from .base import RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr, model_device
@@ -71,6 +73,40 @@ def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chun
     return scores
 
 
+def _prompts_forward(model, tokenizer, prompts: list[str], use_cache: bool = True):
+    """One left-padded forward over the prompts (position ids counted from each prompt's first real token):
+    the decoder's output and the attention mask."""
+    device = model_device(model)
+    enc = [tokenizer.encode(p) for p in prompts]
+    n = max(len(e) for e in enc)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(enc), n), pad, dtype=torch.long)
+    mask = torch.zeros(len(enc), n, dtype=torch.long)
+    for r, e in enumerate(enc):
+        ids[r, n - len(e):] = torch.tensor(e)
+        mask[r, n - len(e):] = 1
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    out = base_model(model)(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                            use_cache=use_cache)
+    return out, mask
+
+
+@torch.no_grad()
+def next_token_logprobs(model, tokenizer, prompts: list[str]) -> torch.Tensor:
+    """log P(next token | prompt) over the whole vocabulary, one row per prompt: LAMA's vocabulary protocol."""
+    out, _ = _prompts_forward(model, tokenizer, prompts, use_cache=False)
+    return torch.log_softmax(logits_from_hidden(model, out.last_hidden_state[:, -1]), -1).cpu()
+
+
+def vocab_rank(logp: torch.Tensor, gold: int, others: list[int]) -> int:
+    """The 0-based rank of `gold` in one row of next-token scores, the subject's other true objects filtered out
+    (Petroni et al.); tokens that tie with the gold do not rank above it."""
+    scores = logp.clone()
+    if others:
+        scores[others] = float("-inf")
+    return int((scores > scores[gold]).sum())
+
+
 @torch.no_grad()
 def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[list[int]]],
                          pair_chunk: int = 256) -> list[torch.Tensor]:
@@ -81,16 +117,7 @@ def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[
     device = model_device(model)
     body = base_model(model)
     cache_kw = _cache_kwarg(body)
-    enc = [tokenizer.encode(p) for p in prompts]
-    n = max(len(e) for e in enc)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(enc), n), pad, dtype=torch.long)
-    mask = torch.zeros(len(enc), n, dtype=torch.long)
-    for r, e in enumerate(enc):
-        ids[r, n - len(e):] = torch.tensor(e)
-        mask[r, n - len(e):] = 1
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
-    out = body(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), use_cache=True)
+    out, mask = _prompts_forward(model, tokenizer, prompts)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     first = torch.log_softmax(logits_from_hidden(model, out.last_hidden_state[:, -1]), -1).cpu()
     scores = [torch.tensor([float(first[r, c[0]]) for c in cs]) for r, cs in enumerate(cands)]
@@ -163,6 +190,9 @@ class LamaSettings:
     max_candidates: int | None = 25
     seed: int = 0
     batch_size: int = 64  # probes whose prompts share one forward (16: 178 ms/probe, 64: 113-137 on 2 cores)
+    # candidates: each probe ranked against its candidate set (multi-token objects scored in full); vocab: LAMA as
+    # Petroni et al. scored it, the whole vocabulary ranked at [Y], probes with a one-token object only
+    protocol: str = "candidates"
 
     def __post_init__(self):
         for name in ("per_relation", "max_candidates"):  # "0 = all", one spelling in the cell key
@@ -170,7 +200,12 @@ class LamaSettings:
                 object.__setattr__(self, name, None)
 
     def minimums(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"task 'lama': protocol '{self.protocol}' is unknown: use {' or '.join(PROTOCOLS)}")
         return {"batch_size": (self.batch_size, 1), "max_candidates": (self.max_candidates, 2)}
+
+
+PROTOCOLS = ("candidates", "vocab")
 
 
 class LAMA(Task):
@@ -192,6 +227,8 @@ class LAMA(Task):
 
     def size_note(self) -> str:
         s = self.settings
+        if s.protocol == "vocab":
+            return f"LAMA {s.per_relation or 'all'} probes/relation, whole vocabulary ranked (vocab protocol)"
         return f"LAMA {s.per_relation or 'all'} probes/relation, <= {s.max_candidates or 'all'} candidates"
 
     def check(self, tokenizer) -> None:
@@ -201,10 +238,18 @@ class LAMA(Task):
         check_limit(self.settings.per_relation, Counter(p.relation for p in ls.probes).values(), "--lama-limit",
                     "relation")
 
+    def settings_dict(self) -> dict:
+        out = super().settings_dict()
+        if out["protocol"] == "candidates":  # the protocol added later enters the key only when not the default
+            del out["protocol"]
+        return out
+
     def evaluate(self, model, tokenizer, progress=True, lama_set: LamaSet | None = None) -> TaskResult:
         s = self.settings
         ls = lama_set or load_lama(s.source)
         probes = sample_probes(ls, s.per_relation, s.seed)
+        if s.protocol == "vocab":
+            return self._evaluate_vocab(model, tokenizer, ls, probes, progress)
         token_ids: dict[str, list[int]] = {}
         records, missing_gold = [], []
         for start in tqdm(range(0, len(probes), s.batch_size), desc="lama", disable=not progress, leave=False):
@@ -227,6 +272,36 @@ class LAMA(Task):
                                 "gold": list(probe.objects), "rank": rank, "n_candidates": len(os_),
                                 "correct": int(rank == 0), "chance": 1.0 / len(os_)})
         return self._aggregate(records, missing_gold, ls, s)
+
+    def _evaluate_vocab(self, model, tokenizer, ls: LamaSet, probes: list[Probe], progress: bool) -> TaskResult:
+        """One record per (subject, relation, object) whose object is one token of the vocabulary."""
+        s = self.settings
+        one_token = {}
+        for p in probes:
+            for o in p.objects:
+                if o not in one_token:
+                    ids = candidate_ids(tokenizer, [o])[0]
+                    one_token[o] = ids[0] if len(ids) == 1 else None
+        kept = [p for p in probes if any(one_token[o] is not None for o in p.objects)]
+        if not kept:
+            raise UserError(f"LAMA vocab protocol: none of the {len(probes)} probes has an object that is one token "
+                            "of this tokenizer: use --task-option lama.protocol=candidates")
+        records = []
+        for start in tqdm(range(0, len(kept), s.batch_size), desc="lama", disable=not progress, leave=False):
+            batch = kept[start:start + s.batch_size]
+            logp = next_token_logprobs(model, tokenizer, [p.prompt for p in batch])
+            for row, probe in zip(logp, batch):
+                golds = [(o, one_token[o]) for o in probe.objects if one_token[o] is not None]
+                for o, t in golds:
+                    others = [u for _, u in golds if u != t]
+                    rank = vocab_rank(row, t, others)
+                    n = row.numel() - len(others)
+                    records.append({"subject": probe.subject, "relation": probe.relation, "gold": o,
+                                    "pred": tokenizer.decode([int(row.argmax())]), "rank": rank, "n_candidates": n,
+                                    "correct": int(rank == 0), "chance": 1.0 / n})
+        result = self._aggregate(records, [], ls, s)
+        result.details.update(protocol="vocab", n_probes_kept=len(kept), n_probes_dropped=len(probes) - len(kept))
+        return result
 
     @staticmethod
     def _aggregate(records, missing_gold, ls, s) -> TaskResult:

@@ -158,3 +158,39 @@ def test_task_registry_did_you_mean():
         analyses.get_analysis("rh0")
     with pytest.raises(ValueError, match="no setting"):
         tasks.get_task("mmlu").from_options({"shotz": 3})
+
+
+def test_lama_vocab_protocol_equals_a_full_vocabulary_ranking(small_model, tokenizer):
+    """Petroni et al.'s protocol: one-token objects only, the whole vocabulary ranked at [Y], the subject's other
+    true objects filtered; checked against one unpadded forward per probe and a full sort."""
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] .", "lang": "People in [X] speak [Y] ."},
+                 candidates={"capital": ("Paris", "Rome"), "lang": ("French", "Italian")},
+                 probes=[Probe("France", "capital", "The capital of France is", ("Paris",)),
+                         Probe("Italy", "capital", "The capital of Italy is", ("Rome",)),
+                         Probe("Belgium", "lang", "People in Belgium speak", ("French", "Dutch")),
+                         Probe("Mongolia", "capital", "The capital of Mongolia is", ("Ulaanbaatar",))])
+    assert len(candidate_ids(tokenizer, ["Ulaanbaatar"])[0]) > 1  # dropped under the vocab protocol
+    task = LAMA.from_options({"protocol": "vocab", "per_relation": 0, "batch_size": 2})
+    res = task.evaluate(small_model, tokenizer, progress=False, lama_set=ls)
+    assert res.details["n_probes_kept"] == 3 and res.details["n_probes_dropped"] == 1
+    ranks = {}
+    for probe in ls.probes[:3]:
+        ids = torch.tensor([tokenizer.encode(probe.prompt)])
+        logits = small_model(ids).logits[0, -1].float()
+        golds = [candidate_ids(tokenizer, [o])[0] for o in probe.objects]
+        golds = [g[0] for g in golds if len(g) == 1]
+        for g in golds:
+            masked = logits.clone()
+            masked[[u for u in golds if u != g]] = float("-inf")
+            order = torch.argsort(masked, descending=True, stable=True).tolist()
+            ranks[(probe.subject, g)] = order.index(g)
+    got = {(r["subject"], candidate_ids(tokenizer, [r["gold"]])[0][0]): r["rank"] for r in res.records}
+    assert got == ranks
+    p1 = {rel: sum(v == 0 for (s, _), v in ranks.items() if (s == "Belgium") == (rel == "lang")) /
+          sum(1 for s, _ in ranks if (s == "Belgium") == (rel == "lang")) for rel in ("capital", "lang")}
+    assert res.metrics["p@1"] == pytest.approx(sum(p1.values()) / 2)
+    assert all(r["chance"] == 1 / r["n_candidates"] for r in res.records)
+    assert "protocol" not in LAMA.from_options({}).settings_dict()  # the default keeps the old cell keys
+    assert LAMA.from_options({"protocol": "vocab"}).settings_dict()["protocol"] == "vocab"
+    with pytest.raises(ValueError, match="protocol 'bogus' is unknown"):
+        LAMA.from_options({"protocol": "bogus"})

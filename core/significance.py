@@ -1,4 +1,4 @@
-"""Paired comparisons between leaderboard rows (same items), and whether a task is above chance.
+"""Paired comparisons between result cells on the same items, and whether a task is above chance.
 
 Accuracy: McNemar's exact test (a binomial test on the discordant pairs) with the matching exact (Clopper-Pearson,
 conditional on the discordant count) interval of the paired difference. Perplexity: per-window mean-NLL differences, a seeded bootstrap interval of their mean and a paired
