@@ -18,6 +18,7 @@ class Analysis(Plugin):
     uses_tasks: ClassVar[tuple[str, ...]] = ()
     primary_metric: ClassVar[str] = ""
     higher_is_better: ClassVar[dict[str, bool | None]] = {}
+    runs_in_sweep: ClassVar[bool] = True  # False: a study with its own command (emerge), not a task of bench run
 
     def run(self, ctx, rank) -> TaskResult:
         """ctx: the harness's AnalysisContext (model, tokenizer, stats, groups, seed, progress, compressed(), task())."""

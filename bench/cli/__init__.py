@@ -13,6 +13,7 @@ import sys
 from bench.models import ALIASES
 from core.errors import UserError
 
+from .emerge import add_emerge_parser, cmd_emerge
 from .plan import add_plan_parser, cmd_plan
 from .run import add_run_parser, cmd_run, config_from_args, split_list
 
@@ -107,6 +108,7 @@ def _parser() -> _Parser:
     p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
     p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
     add_plan_parser(sub)
+    add_emerge_parser(sub)
     p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
-               "plan": cmd_plan}[args.cmd]
+               "plan": cmd_plan, "emerge": cmd_emerge}[args.cmd]
     try:
         return handler(args)
     except UserError as e:
