@@ -22,7 +22,7 @@ from core.significance import ALPHA, above_chance, compare
 
 from .base import Analysis
 from .dependence import correlations
-from .emergence_train import TrainConfig, checkpoint_name
+from .emergence_train import TrainConfig
 
 METHODS = ("pca", "fasc-kfac")  # the variance baseline and the Fisher-aligned projection, paired per probe
 
@@ -53,9 +53,9 @@ class EmergeConfig:
 
 # ---------------------------------------------------------------- the series, read from the harness's cells
 
-def _cells_of(results: Path, model: str) -> list[CellRecord]:
+def _cells_of(paths: list[Path]) -> list[CellRecord]:
     out = []
-    for path in sorted((Path(results) / model).rglob("*.json")):
+    for path in paths:
         try:
             out.append(CellRecord.from_json(json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, ValueError, TypeError):
@@ -63,10 +63,11 @@ def _cells_of(results: Path, model: str) -> list[CellRecord]:
     return out
 
 
-def checkpoint_point(results: Path, model: str, step: int, rank: float) -> dict | None:
-    """One checkpoint's numbers from its cells: dense P@1 (and whether it is above chance), held-out perplexity,
-    rho per group and per block, and pca / fasc-kfac P@1 with their paired difference."""
-    cells = _cells_of(results, model)
+def checkpoint_point(cell_paths: list[Path], step: int, rank: float) -> dict | None:
+    """One checkpoint's numbers from the cells of its sweep (exactly those: a cell of another protocol or setting
+    in the same folder is not read): dense P@1 (and whether it is above chance), held-out perplexity, rho per
+    group and per block, and pca / fasc-kfac P@1 with their paired difference."""
+    cells = _cells_of(cell_paths)
     find = lambda method, task: next((c for c in cells if c.cell.method == method and c.cell.task == task
                                       and (method == DENSE or c.cell.rank == rank)), None)
     dense, ppl, rho = find(DENSE, "lama"), find(DENSE, "ppl-token"), find("rho-analysis", "rho")
@@ -88,8 +89,9 @@ def checkpoint_point(results: Path, model: str, step: int, rank: float) -> dict 
     return point
 
 
-def read_series(results: Path, tag: str, steps: list[int], rank: float) -> list[dict]:
-    return [p for s in steps if (p := checkpoint_point(results, checkpoint_name(tag, s), s, rank)) is not None]
+def read_series(cell_paths: list[list[Path]], steps: list[int], rank: float) -> list[dict]:
+    """The series of one seed from each checkpoint's cell paths (`sweep_checkpoints`), in step order."""
+    return [p for paths, s in zip(cell_paths, steps) if (p := checkpoint_point(paths, s, rank)) is not None]
 
 
 # ---------------------------------------------------------------- onsets, correlations, the verdict
@@ -266,15 +268,24 @@ def checkpoint_config(path: Path, sources: Sources, cfg: EmergeConfig, output: P
 
 
 def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, output: Path, seed: int,
-                      seq_len: int, n_blocks: int, progress: bool) -> None:
+                      seq_len: int, n_blocks: int, progress: bool) -> list[list[Path]]:
+    """The harness's sweep on every checkpoint; returns each checkpoint's cell paths (computed now or before)."""
+    from bench.cells import ModelInfo, plan
     from bench.config import resolve_run
-    from bench.execute import sweep
+    from bench.execute import LocalExecutor, execute, prepare
 
     from . import from_config
 
+    out = []
     for path in paths:
         config = checkpoint_config(path, sources, cfg, output, seed, seq_len, n_blocks, progress)
-        sweep(resolve_run(config, from_config(config)))
+        prepared = prepare(resolve_run(config, from_config(config)))
+        execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
+        src = prepared.source
+        every = plan(prepared.run, ModelInfo(src.name, src.fingerprint, len({g.block for g in src.input_groups()})),
+                     overwrite=True)
+        out.append([c.path for c in every])
+    return out
 
 
 def train_seed(cfg: EmergeConfig, seed: int, work: Path, progress: bool) -> tuple[list[Path], Sources, float | None]:
@@ -309,8 +320,9 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
     for seed in cfg.seeds:
         t0 = time.perf_counter()
         paths, sources, train_s = train_seed(cfg, seed, work, progress)
-        sweep_checkpoints(paths, sources, cfg, output, seed, cfg.train.seq_len, cfg.train.layers, progress)
-        series[seed] = read_series(output, cfg.tag(seed), checkpoint_steps(cfg.train.steps, cfg.spacing), cfg.rank)
+        cell_paths = sweep_checkpoints(paths, sources, cfg, output, seed, cfg.train.seq_len, cfg.train.layers,
+                                       progress)
+        series[seed] = read_series(cell_paths, checkpoint_steps(cfg.train.steps, cfg.spacing), cfg.rank)
         seconds[seed] = {"train_s": train_s, "this_invocation_s": time.perf_counter() - t0}
     summary = summarize(series)
     cell = summary_cell(cfg, summary, seconds)
@@ -323,15 +335,13 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
 def run_on_checkpoints(paths: list[Path], steps: list[int], cfg: EmergeConfig, sources: Sources, output: Path,
                        progress: bool = True) -> tuple[dict, Path]:
     """The same analysis over a user's checkpoint series (Pythia or OLMo revisions saved locally)."""
-    from bench.models import display_name
     from bench.store import cell_path, write_cell
 
     from bench.costs import load_model_config
 
     n_blocks = int(getattr(load_model_config(str(paths[0])), "num_hidden_layers", 4))
-    sweep_checkpoints(paths, sources, cfg, output, cfg.seeds[0], 256, n_blocks, progress)
-    points = [checkpoint_point(output, display_name(str(p)), s, cfg.rank) for p, s in zip(paths, steps)]
-    summary = summarize({cfg.seeds[0]: [p for p in points if p is not None]})
+    cell_paths = sweep_checkpoints(paths, sources, cfg, output, cfg.seeds[0], 256, n_blocks, progress)
+    summary = summarize({cfg.seeds[0]: read_series(cell_paths, steps, cfg.rank)})
     cell = summary_cell(cfg, summary, {}, [str(p) for p in paths])
     c = cell.cell
     path = cell_path(output, c.model, c.method, c.rank, c.budget, c.task, c.key)
