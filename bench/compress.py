@@ -16,6 +16,7 @@ from core.errors import UserError
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
 from core.stats import GroupStats, RankSpec, SparsitySpec
+from methods.base import GroupCompression
 
 from .apply import apply_compression, restore
 from .groups import find_input_groups
@@ -24,12 +25,13 @@ from .groups import find_input_groups
 @contextmanager
 def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
                method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
-               ks: Mapping[str, int] | None = None):
+               ks: Mapping[str, int] | None = None, merge: bool = False):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
     model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
-    (bench.allocate), for a projection method; without it every group's k comes from `rank`. `method` is a name or
+    (bench.allocate), for a projection method; without it every group's k comes from `rank`. `merge`: factors are
+    deployed as dense-shaped weights W_i' = A_i B_i even where the factorised form is smaller. `method` is a name or
     a variant (`act-sparse:score=fisher`); `rank` is a RankSpec (low-rank family) or a SparsitySpec (sparsity)."""
     comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
@@ -40,6 +42,8 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
                 res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name])
             except NumericError as e:
                 raise UserError(str(e)) from None
+            if merge and isinstance(res, GroupCompression):
+                res.form = "merged"
             undo.append(apply_compression(model, g, res))
             summaries.append(res.summary())
             del res

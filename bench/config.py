@@ -16,7 +16,7 @@ from pathlib import Path
 import methods
 import tasks as task_registry
 from core.errors import UserError, did_you_mean
-from core.record import UNIFORM
+from core.record import DENSE, UNIFORM
 from core.settings import type_problems
 from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
@@ -159,12 +159,12 @@ class Run:
     def describe(self) -> list[str]:
         """The run's opening log lines: what it computes, and at which sizes."""
         c = self.config
-        what = (f"model {c.model}, methods {', '.join(self.methods)}"
+        what = (f"model {c.model}, methods {', '.join(self.methods) or 'none (dense only)'}"
                 + (f", ranks {', '.join(r.label for r in self.ranks)} ({c.budget} budget"
                    + ("" if self.allocate == (UNIFORM,) else f"; allocation {', '.join(self.allocate)}") + ")"
                    if self.ranks else "")
                 + (f", sparsity {', '.join(p.label for p in self.patterns)}" if self.patterns else "")
-                + f", tasks {', '.join(c.tasks)}")
+                + (f", tasks {', '.join(c.tasks)}" if c.tasks else ""))
         sizes = [f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}, "
                  f"{c.pair_tokens} (x, g) pairs/group)"] + [n for t in self.tasks.values() if (n := t.size_note())]
         return [what, "sizes: " + "; ".join(sizes)]
@@ -209,6 +209,13 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
         raise UserError(f"--budget {config.budget} is unknown: use rank or params")
     if config.rank_align < 1:
         raise UserError("--rank-align must be a positive integer")
+    given = methods.split_methods(config.methods)
+    if DENSE in given:
+        if given != [DENSE]:
+            raise UserError("dense is always evaluated: leave it out of --methods, or pass --methods dense alone")
+        if config.ranks or config.sparsity:
+            raise UserError("--methods dense evaluates the model as it is: leave out --rank and --sparsity")
+        return (), [], []
     patterns = []
     if config.sparsity is not None:
         values = config.sparsity if isinstance(config.sparsity, list) else [config.sparsity]

@@ -12,12 +12,13 @@ import os
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from core.errors import UserError
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
 from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths
 
@@ -58,6 +59,7 @@ class Prepared:
     source: ModelSource
     cells: list[Cell]
     calib_windows: torch.Tensor | None = None  # tokenized once, for the calibration
+    n_blocks: int = 0
 
 
 def check_groups(run: Run, groups: list) -> list:
@@ -76,14 +78,21 @@ def check_groups(run: Run, groups: list) -> list:
     return selected
 
 
-def prepare(run: Run) -> Prepared:
-    """Open the model (tokenizer and config), settle BOS, check the tasks' and the calibration's data, plan."""
+def open_checked(run: Run) -> Prepared:
+    """Open the model (tokenizer and config), settle BOS, check the tasks', the groups' and the calibration's data;
+    nothing is planned yet (`bench compress` stops here)."""
     from tasks.data.text_data import resolve_bos
+
+    from .checkpoint import runtime_forms
 
     c = run.config
     for line in run.describe():
         log(("" if line.startswith("sizes") else f"acbench {__version__}: ") + line)
     source = open_model(c.model, c.dtype, c.progress, c.device_map)
+    forms = runtime_forms(source.config)
+    if forms and run.methods:
+        raise UserError(f"model {c.model} is a compressed checkpoint ({', '.join(forms)} sites): evaluate it as it is "
+                        "with --methods dense, or compress the original model")
     run = run.with_bos(resolve_bos(source.tokenizer, run.bos))  # one protocol for calibration and ppl-token
     log(f"BOS protocol: {run.bos}" + (" (the tokenizer's default)" if c.bos == "auto" else ""))
     for task in run.tasks.values():
@@ -92,17 +101,24 @@ def prepare(run: Run) -> Prepared:
         for name in analysis.uses_tasks:
             run.task(name)  # its run-sized tasks' settings are valid
     if run.analyses and not run.ranks:
-        log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none (--sparsity only): skipped; add "
-            "--rank 0.5 to run them")
+        log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none: skipped; add --rank 0.5 (and "
+            "a method) to run them")
     groups = source.input_groups()
     check_groups(run, groups)
     windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
-    cells = plan(run, ModelInfo(source.name, source.fingerprint, len({g.block for g in groups})))
+    return Prepared(run, source, [], windows, len({g.block for g in groups}))
+
+
+def prepare(run: Run) -> Prepared:
+    """`open_checked`, then plan the cells that are missing."""
+    prepared = open_checked(run)
+    run, source = prepared.run, prepared.source
+    cells = plan(run, ModelInfo(source.name, source.fingerprint, prepared.n_blocks))
     for cell in cells:
         if cell.why not in ("missing", "overwrite"):
             log(f"recomputing {cell.path}: {cell.why}")
     log(f"{len(cells)} cell(s) to compute under {run.output}/ (existing cells are kept; --overwrite recomputes)")
-    return Prepared(run, source, cells, windows)
+    return replace(prepared, cells=cells)
 
 
 # ---------------------------------------------------------------- one process's work
@@ -189,6 +205,8 @@ class Worker:
             if self.models is not None:
                 self.models.clear()  # one model per process
                 self.models[key] = self.lm
+        if not self.run.methods:  # the model as it is (--methods dense): a compressed checkpoint has no dense groups
+            return self.lm
         self.groups = find_input_groups(self.lm.model)
         selection = self.run.selection.resolve(len({g.block for g in self.groups}))
         self.selected = [g for g in self.groups if selection.includes(g)]
@@ -273,6 +291,15 @@ class Worker:
         log(f"[dense] {summary_line(recs)}")
         return len(recs)
 
+    def allocation(self, rule: str, budget):
+        """The rank allocation of `rule` at `budget` over the selected groups (None: uniform), computed once."""
+        if rule == UNIFORM:
+            return None
+        if (rule, budget) not in self.allocations:
+            self.allocations[(rule, budget)] = allocate(rule, self.selected, self.stats, budget,
+                                                        progress=self.run.config.progress)
+        return self.allocations[(rule, budget)]
+
     def variant(self, cells: list[Cell]) -> int:
         """The cells of one (method, budget, allocation): compressed once, in place, restored after."""
         cells = self.claim(cells)
@@ -281,12 +308,8 @@ class Worker:
         run, lm = self.run, self.model()
         m, budget, rule = cells[0].variant
         timings = {}
-        alloc = None
-        if rule != UNIFORM:
-            if (rule, budget) not in self.allocations:
-                self.allocations[(rule, budget)] = allocate(rule, self.selected, self.stats, budget,
-                                                            progress=run.config.progress)
-            alloc = self.allocations[(rule, budget)]
+        alloc = self.allocation(rule, budget)
+        if alloc:
             timings["allocate_s"] = sum(alloc.seconds.values())
         uses_stats = run.uses_stats(m, rule)
         opts = run.method_options(m)

@@ -143,7 +143,11 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
             raise UserError(f"model directory {path} holds no weights (*.safetensors or *.bin): pass a complete "
                             "checkpoint (save_pretrained writes both config and weights)")
-        return path, _dir_fingerprint(path)
+        fp = _dir_fingerprint(path)
+        from .checkpoint import describe_provenance, read_provenance
+
+        prov = read_provenance(path, check_weights=False)  # the digests are checked when the weights load
+        return path, fp if prov is None else {**fp, "compressed": describe_provenance(prov)}
     if model.startswith((".", "/", "~")) or path.parent != Path("."):
         if model.count("/") != 1 or model.startswith((".", "/", "~")):
             raise UserError(f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, "
@@ -220,9 +224,14 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     larger than one device; `device` is then ignored."""
     from transformers import AutoModelForCausalLM
 
+    from .checkpoint import PROVENANCE_FILE, load_checkpoint
+
     try:
         kwargs = {"device_map": source.device_map} if source.device_map else {}
-        model = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
+        if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked, modules built
+            model = load_checkpoint(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
     except UserError:
         raise
     except _LOAD_ERRORS as e:

@@ -120,15 +120,11 @@ def environment(device: str) -> dict:
 
 def check_writable(root: Path) -> None:
     from core.errors import UserError
+    from core.io import unwritable
 
-    root = Path(root)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"output directory {root} is not writable ({e.strerror}): pass --output <writable dir>") from None
+    why = unwritable(Path(root))
+    if why:
+        raise UserError(f"output directory {root} is not writable ({why}): pass --output <writable dir>")
 
 
 # ---------------------------------------------------------------- cell claims (parallel runs split the work)

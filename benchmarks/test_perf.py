@@ -151,7 +151,8 @@ def test_rho(benchmark, d):
 def _qkv_group(sparse: bool):
     """One attention input group at TinyLlama-1.1B shapes (d = 2048 -> q 2048, k 256, v 256) and 256 tokens,
     dense or reading one 8:16-sparse x through the deployed modules."""
-    from bench.apply import InputSparsifier, SparseInputLinear
+    from bench.apply import sparsifier_for
+    from core.compressed_layers import SparseInputLinear
     from core.stats import SparsitySpec
     from methods.base import SparseActivation
 
@@ -159,7 +160,7 @@ def _qkv_group(sparse: bool):
     sites = [torch.nn.Linear(2048, d, bias=False) for d in (2048, 256, 256)]
     x = torch.randn(1, 256, 2048)
     if sparse:
-        sp = InputSparsifier(SparseActivation(pattern=SparsitySpec.parse("8:16"), d_in=2048, d_outs=(2048, 256, 256)),
+        sp = sparsifier_for(SparseActivation(pattern=SparsitySpec.parse("8:16"), d_in=2048, d_outs=(2048, 256, 256)),
                              torch.float32, "cpu")
         sp.n_readers = 3
         sites = [SparseInputLinear(s, sp, owner=i == 0) for i, s in enumerate(sites)]

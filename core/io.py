@@ -71,3 +71,15 @@ def read_user_text(path, what: str) -> str:
         raise DataError(path, None, f"not UTF-8 text (byte {e.start}): pass a UTF-8 text file") from None
     except OSError as e:
         raise UserError(f"{what} {path} cannot be read ({e.strerror}): check its permissions") from None
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be written in `folder` (created if absent), or None if they can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None

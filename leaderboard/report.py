@@ -144,7 +144,10 @@ def _header(cells: list[CellRecord]) -> list[str]:
     cal = next((c.calibration for c in cells if c.calibration), None)
     env = next((c.env for c in cells if c.env), {}) or {}
     dates = sorted((c.env or {}).get("date", "") for c in cells)
-    lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items()))]
+    lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items())
+                                                 if k != "compressed")]
+    if fp.get("compressed"):  # a checkpoint bench compress wrote: where it came from
+        lines.append(f"- compressed checkpoint: {fp['compressed']}")
     if cal:
         spec = cal.get("spec", {})
         lines.append(f"- calibration: {spec.get('samples')} x {spec.get('seq_len')} tokens from {spec.get('source')}, "

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import methods
-from bench.apply import apply_compression, load_compressed
+from bench.apply import apply_compression
+from bench.checkpoint import load_checkpoint, write_checkpoint
 from bench.calibrate import CalibSpec, calibrate, next_token_loss_sum
 from core.errors import did_you_mean
 from bench.groups import find_input_groups
@@ -327,8 +328,8 @@ def test_save_pretrained_roundtrip(tmp_path, windows):
     assert {r.form for r in results} == {"merged", "factorised"}
     before = model(windows).logits
     gen = model.generate(windows[:1, :5], max_new_tokens=4, do_sample=False)
-    model.save_pretrained(tmp_path)
-    again = load_compressed(tmp_path)
+    write_checkpoint(model, None, tmp_path / "ck", {"method": "fasc-kfac"})
+    again = load_checkpoint(tmp_path / "ck")
     assert (again(windows).logits - before).abs().max() < 1e-5
     assert torch.equal(again.generate(windows[:1, :5], max_new_tokens=4, do_sample=False), gen)
 

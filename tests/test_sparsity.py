@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import methods
-from bench.apply import InputSparsifier, SparseInputLinear, apply_compression, restore
+from bench.apply import apply_compression, restore, sparsifier_for
+from core.compressed_layers import InputSparsifier, SparseInputLinear
 from bench.calibrate import CalibSpec, calibrate
 from bench.compress import compressed, compression_summary
 from bench.groups import find_input_groups
@@ -189,13 +190,13 @@ def test_deployed_shift_bias_equals_shifting_the_input():
     lin = torch.nn.Linear(16, 5)
     mu = torch.randn(16, generator=gen)
     res = SparseActivation(pattern=SparsitySpec.parse("2:4"), d_in=16, d_outs=(5,), mitigation="shift", mu=mu)
-    sp = InputSparsifier(res, torch.float32, "cpu")
+    sp = sparsifier_for(res, torch.float32, "cpu")
     x = torch.randn(3, 16, generator=gen)
     with torch.no_grad():
         y = SparseInputLinear(lin, sp, owner=True)(x)
         xs, _ = sparsify(x, 2, 4, mitigation="shift", mu=mu)
         assert torch.allclose(y, lin(xs + mu), atol=1e-5)
-        med = SparseInputLinear(lin, InputSparsifier(SparseActivation(pattern=SparsitySpec.parse("2:4"), d_in=16,
+        med = SparseInputLinear(lin, sparsifier_for(SparseActivation(pattern=SparsitySpec.parse("2:4"), d_in=16,
                                                                       d_outs=(5,), mitigation="median"),
                                                      torch.float32, "cpu"), owner=True)(x)
         xs, eta = sparsify(x, 2, 4, mitigation="median")

@@ -1,4 +1,4 @@
-"""`bench`: run a sweep, plan one, list what is registered, build the leaderboard, or run the smoke check.
+"""`bench`: run a sweep, plan one, save one compressed model, list what is registered, build the leaderboard, or run the smoke check.
 
 The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `bench.config.Run`
 at this boundary, builds the analyses and the leaderboard's display from their registries, and picks the executor.
@@ -13,6 +13,7 @@ import sys
 from bench.models import ALIASES
 from core.errors import UserError
 
+from .compress import add_compress_parser, cmd_compress
 from .emerge import add_emerge_parser, cmd_emerge
 from .plan import add_plan_parser, cmd_plan
 from .run import add_run_parser, cmd_run, config_from_args, split_list
@@ -100,6 +101,7 @@ def _parser() -> _Parser:
     parser = _Parser(prog="bench", description="acbench: benchmark post-training activation compression of LLMs")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     add_run_parser(sub)
+    add_compress_parser(sub)
     p = sub.add_parser("ls", help="list registered methods, tasks, analyses or model aliases")
     p.add_argument("what", choices=["methods", "tasks", "analyses", "models"])
     p = sub.add_parser("report", help="build the markdown leaderboard and plots from stored results")
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
-               "plan": cmd_plan, "emerge": cmd_emerge}[args.cmd]
+               "plan": cmd_plan, "emerge": cmd_emerge,
+               "compress": cmd_compress}[args.cmd]
     try:
         return handler(args)
     except UserError as e:

@@ -1,0 +1,182 @@
+"""The modules a compressed model runs, and how to build them from the layout its config records.
+
+This file imports torch and `.sparsity` only: a checkpoint written by `bench compress` carries a copy of both as
+its custom code (transformers loads them through the config's `auto_map`), so the code a sweep evaluates is the
+code a saved model runs, with or without acbench installed.
+
+A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by form:
+- factorised: {k, d_in, d_out, bias, owner}: y = A (B x) + bias; sites naming one owner share its B;
+- sparse-activation: {keep, block, mitigation, scale, mu, d_in, d_out, owner}: the group input sparsified once
+  (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site;
+- merged and masked-weights: dense-shaped weights, nothing to build.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as Fn
+from torch import nn
+
+from .sparsity import sparsify
+
+LAYOUT_KEY = "acbench_compression"
+RUNTIME_FORMS = ("factorised", "sparse-activation")  # the forms whose modules a loader must build
+
+
+class ReadOnce:
+    """What the sites of one group share: a function of their input x computed once per input tensor and handed to
+    each of the `n_readers` sites. The cache holds x itself, so its identity cannot be reused by another tensor
+    while cached; once every reader has the value it is freed."""
+
+    def __init__(self):
+        self._cache: tuple | None = None
+        self.n_readers = 1  # sites reading the shared value (set on the owner)
+        self._hits = 0
+        self.n_computed = 0  # values actually computed (not served from the cache)
+
+    def shared(self, x: torch.Tensor, compute):
+        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
+            out = self._cache[2]
+            self._hits += 1
+        else:
+            out = compute(x)
+            self.n_computed += 1
+            self._cache, self._hits = (x, x._version, out), 1
+        if self._hits >= self.n_readers:
+            self._cache = None
+        return out
+
+
+class LowRankLinear(ReadOnce, nn.Module):
+    """y = A (B x) + bias. Sites of one group share the owner's B, and z = B x is computed once per input."""
+
+    def __init__(self, in_features: int, out_features: int, k: int, bias: bool, owner: "LowRankLinear | None" = None,
+                 dtype=None, device=None):
+        nn.Module.__init__(self)
+        ReadOnce.__init__(self)
+        self.in_features, self.out_features, self.k = in_features, out_features, k
+        self.A = nn.Linear(k, out_features, bias=bias, dtype=dtype, device=device)
+        if owner is None:
+            self.B = nn.Linear(in_features, k, bias=False, dtype=dtype, device=device)
+            owner = self
+        # A plain attribute, not a submodule: the shared B is stored once, under the owner.
+        object.__setattr__(self, "_owner", owner)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(x, self.B)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.A(self._owner.project(x))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
+
+
+class InputSparsifier(ReadOnce, nn.Module):
+    """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
+    accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean."""
+
+    def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
+                 dtype=None, device=None):
+        nn.Module.__init__(self)
+        ReadOnce.__init__(self)
+        self.n, self.m, self.mitigation = n, m, mitigation
+        as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
+        self.register_buffer("scale", as_buffer(scale))
+        self.register_buffer("mu", as_buffer(mu))
+
+    def _sparsify(self, x: torch.Tensor):
+        return sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu)
+
+    def forward(self, x: torch.Tensor):
+        return self.shared(x, self._sparsify)
+
+    def extra_repr(self) -> str:
+        return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
+
+
+class SparseInputLinear(nn.Module):
+    """y = W s(x) + b' : the dense site (kept by reference, its weight unchanged) reading the group's sparse x.
+    b' = b + W mu for the shift mitigation; a per-token median eta comes back as eta * (W 1)."""
+
+    def __init__(self, dense: nn.Linear, sparsifier: InputSparsifier, owner: bool):
+        super().__init__()
+        self.dense = dense
+        object.__setattr__(self, "_sparsifier", sparsifier)  # read by every site of the group
+        if owner:
+            self.sparsifier = sparsifier  # and stored (its buffers) once, under the group's first site
+        W = dense.weight.detach()
+        with torch.no_grad():
+            bias = dense.bias.detach().clone() if dense.bias is not None else None
+            if sparsifier.mitigation == "shift":
+                shift = (W.double() @ sparsifier.mu.double()).to(W.dtype)
+                bias = shift if bias is None else bias + shift
+            self.register_buffer("bias", bias)
+            self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
+
+    @property
+    def in_features(self):
+        return self.dense.in_features
+
+    @property
+    def out_features(self):
+        return self.dense.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs, eta = self._sparsifier(x)
+        y = Fn.linear(xs, self.dense.weight, self.bias)
+        return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
+
+
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, module)
+
+
+def _owners_first(layout: dict, form: str) -> list[tuple[str, dict]]:
+    # a saved config may list sites in any order
+    return sorted(((s, spec) for s, spec in layout.items() if spec.get("form") == form),
+                  key=lambda item: item[1]["owner"] != item[0])
+
+
+def build_factorised(model: nn.Module, layout: dict) -> dict[str, LowRankLinear]:
+    """Empty low-rank modules in place of the layout's factorised sites, on each site's device and dtype."""
+    built: dict[str, LowRankLinear] = {}
+    for site, spec in _owners_first(layout, "factorised"):
+        owner = built[spec["owner"]] if spec["owner"] != site else None
+        ref = model.get_submodule(site).weight  # the site's own device (several with a device map) and dtype
+        built[site] = LowRankLinear(spec["d_in"], spec["d_out"], spec["k"], spec["bias"], owner=owner,
+                                    dtype=ref.dtype, device=ref.device)
+    for mod in built.values():
+        if mod._owner is not mod:
+            mod._owner.n_readers += 1
+    for site, mod in built.items():
+        set_module(model, site, mod)
+    return built
+
+
+def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]:
+    """The layout's sparse-activation sites wrapped around the model's own dense modules, with buffers of the
+    recorded shapes (their values come from the checkpoint)."""
+    sparsifiers: dict[str, InputSparsifier] = {}
+    built: dict[str, SparseInputLinear] = {}
+    for site, spec in _owners_first(layout, "sparse-activation"):
+        dense = model.get_submodule(site)
+        ref = dense.weight
+        if spec["owner"] == site:
+            empty = lambda wanted: torch.zeros(spec["d_in"], dtype=ref.dtype, device=ref.device) if wanted else None
+            sparsifiers[site] = InputSparsifier(spec["keep"], spec["block"], spec["mitigation"], empty(spec["scale"]),
+                                                empty(spec["mu"]), ref.dtype, ref.device)
+            sparsifiers[site].n_readers = 0
+        sparsifier = sparsifiers[spec["owner"]]
+        sparsifier.n_readers += 1
+        built[site] = SparseInputLinear(dense, sparsifier, owner=spec["owner"] == site)
+    for site, mod in built.items():
+        set_module(model, site, mod)
+    return built
+
+
+def deploy_layout(model: nn.Module, layout: dict | None) -> dict[str, nn.Module]:
+    """Build the modules a layout names, in place; their tensors are filled by loading the checkpoint."""
+    layout = layout or {}
+    return {**build_factorised(model, layout), **build_sparse(model, layout)}

@@ -1,0 +1,232 @@
+"""bench compress: checkpoints that reload, with acbench or with transformers alone, to the in-sweep logits."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import methods
+from bench.calibrate import CalibSpec, calibrate
+from bench.checkpoint import MODELING_FILE, PROVENANCE_FILE, load_checkpoint, write_checkpoint
+from bench.cli import main
+from bench.cli.smoke import tiny_checkpoint
+from bench.compress import compressed
+from bench.groups import find_input_groups
+from conftest import tiny_model
+from core.stats import ACTIVATION_STATS, GRADIENT_STATS, SPARSITY_FAMILY, RankSpec, SparsitySpec
+
+ROOT = Path(__file__).resolve().parent.parent
+# every built-in method; the low-rank ones in both forms, act-sparse with each mitigation that adds a buffer
+CASES = ([(m, "0.5", merge) for m in methods.known_methods("low-rank") for merge in (False, True)]
+         + [(m, "2:4", False) for m in methods.known_methods(SPARSITY_FAMILY)]
+         + [("act-sparse:mitigation=shift,score=fisher", "8:16", False), ("act-sparse:mitigation=median", "0.5", False),
+            ("act-sparse:mitigation=variance", "4:8", False)])
+
+
+def _budget(method, value):
+    return SparsitySpec.parse(value) if methods.family_of(method) == SPARSITY_FAMILY else RankSpec(float(value))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, windows_module):
+    """Each case compressed in place, its logits taken, saved, and the model restored: {case: (folder, logits)}."""
+    model = tiny_model("llama", hidden=32, inter=96)
+    stats = calibrate(model, find_input_groups(model), windows_module, ACTIVATION_STATS | GRADIENT_STATS, CalibSpec(),
+                      progress=False)
+    root = tmp_path_factory.mktemp("checkpoints")
+    out = {}
+    for i, (method, value, merge) in enumerate(CASES):
+        with compressed(model, method, _budget(method, value), stats, progress=False, merge=merge) as (m, _):
+            with torch.no_grad():
+                logits = m(windows_module).logits
+            folder = root / f"case{i}"
+            write_checkpoint(m, None, folder, {"method": method, "budget": value})
+        out[(method, value, merge)] = (folder, logits)
+    return out
+
+
+@pytest.fixture(scope="module")
+def windows_module():
+    return torch.randint(0, 101, (3, 20), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}@{c[1]}{'-merged' if c[2] else ''}")
+def test_reloaded_logits_equal_the_in_sweep_model(saved, windows_module, case):
+    folder, logits = saved[case]
+    again = load_checkpoint(folder)
+    with torch.no_grad():
+        assert (again(windows_module).logits - logits).abs().max() <= 1e-5
+    layout = json.loads((folder / "config.json").read_text())["acbench_compression"]
+    forms = {spec["form"] for spec in layout.values()}
+    # custom code exactly where a module beyond the base architecture is needed
+    assert (folder / MODELING_FILE).exists() == bool(forms & {"factorised", "sparse-activation"})
+    if case[2]:
+        assert forms == {"merged"}
+
+
+def test_transformers_alone_loads_every_checkpoint_through_auto_map(saved, windows_module, tmp_path):
+    """A subprocess that cannot import acbench (its root off sys.path, its packages blocked) loads each folder with
+    from_pretrained(trust_remote_code=True) and reproduces the in-sweep logits."""
+    folders = [str(f) for f, _ in saved.values()]
+    torch.save(windows_module, tmp_path / "x.pt")
+    code = f"""
+import os, sys
+sys.path = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != {str(ROOT)!r}]
+for name in ("bench", "core", "methods", "tasks", "analyses", "leaderboard"):
+    sys.modules[name] = None  # an import of acbench fails
+import torch
+from transformers import AutoModelForCausalLM
+x = torch.load({str(tmp_path / 'x.pt')!r})
+out = []
+for folder in {folders!r}:
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out.append(model(x).logits)
+torch.save(out, {str(tmp_path / 'y.pt')!r})
+"""
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (folder, logits), got in zip(saved.values(), torch.load(tmp_path / "y.pt")):
+        assert (got - logits).abs().max() <= 1e-5, folder
+
+
+def test_carried_code_is_the_package_code(saved):
+    folder, _ = saved[("fasc-kfac", "0.5", False)]
+    for name in ("compressed_layers.py", "sparsity.py"):
+        assert (folder / name).read_bytes() == (ROOT / "core" / name).read_bytes()
+    assert "Compressed" in json.loads((folder / "config.json").read_text())["architectures"][0]
+
+
+# ---------------------------------------------------------------- the command
+
+CALIB = ["--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--quiet"]
+PPL = ["--tasks", "ppl-token", "--ppl-windows", "2", "--ppl-seq-len", "32", "--no-latency", "--no-report", "--quiet"]
+
+
+def _ppl(results: Path, method: str) -> float:
+    cells = [json.loads(p.read_text()) for p in results.rglob("*.json") if "ppl-token" in p.name]
+    return next(c["metrics"]["ppl"] for c in cells if c["cell"]["method"] == method)
+
+
+@pytest.mark.parametrize("extra", [["--rank", "0.5"], ["--budget", "params", "--rank", "0.7", "--allocate", "fisher"]],
+                         ids=["rank", "params-fisher"])
+def test_bench_compress_then_bench_run_gives_the_sweep_cell(tmp_path, capsys, extra):
+    tiny = tiny_checkpoint()
+    out = tmp_path / "ck"
+    assert main(["compress", "--model", str(tiny), "--method", "fasc-kfac", *extra, "--save", str(out), *CALIB]) == 0
+    said = capsys.readouterr().out
+    assert "weights on disk" in said and "trust_remote_code=True" in said
+    prov = json.loads((out / PROVENANCE_FILE).read_text())
+    assert prov["method"] == "fasc-kfac" and prov["source_model"]["name"] == tiny.name
+    assert prov["compression"]["groups"] and all("k" in g and "form" in g for g in prov["compression"]["groups"])
+    assert prov["calibration"]["spec"]["samples"] == 2
+    assert sorted(prov["weights"]) == ["model.safetensors"]
+    # the saved model, evaluated as a model of its own, scores the sweep's cell of the same variant
+    assert main(["run", "--model", str(out), "--methods", "dense", *PPL, "--output", str(tmp_path / "saved")]) == 0
+    assert main(["run", "--model", str(tiny), "--methods", "fasc-kfac", *extra, *PPL, *CALIB,
+                 "--output", str(tmp_path / "sweep")]) == 0
+    assert _ppl(tmp_path / "saved", "dense") == pytest.approx(_ppl(tmp_path / "sweep", "fasc-kfac"), rel=1e-5)
+    assert main(["report", "--results", str(tmp_path / "saved")]) == 0
+    header = (tmp_path / "saved" / "LEADERBOARD.md").read_text()
+    assert "compressed checkpoint: fasc-kfac at" in header and tiny.name in header
+
+
+def test_merged_checkpoint_is_a_standard_architecture(tmp_path):
+    tiny = tiny_checkpoint()
+    out = tmp_path / "merged"
+    assert main(["compress", "--model", str(tiny), "--method", "pca", "--rank", "0.5", "--merged",
+                 "--save", str(out), *CALIB]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert "auto_map" not in cfg and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert not (out / MODELING_FILE).exists()
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(out)  # no custom code, no acbench
+    ours = load_checkpoint(out)
+    x = torch.randint(0, 1000, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(plain(x).logits, ours(x).logits)
+
+
+# ---------------------------------------------------------------- refused, each in one line
+
+@pytest.fixture(scope="module")
+def saved_cli(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "ck"
+    assert main(["compress", "--model", str(tiny_checkpoint()), "--method", "pca", "--rank", "0.5",
+                 "--save", str(out), *CALIB]) == 0
+    return out
+
+
+def _one_line(capsys, argv, needle, rc=2):
+    got = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and "it/s]" not in line]
+    assert got == rc and len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _compress(save, *extra):
+    return ["compress", "--model", str(tiny_checkpoint()), "--save", str(save), *CALIB, *extra]
+
+
+def test_save_targets_are_refused(tmp_path, capsys, saved_cli):
+    (tmp_path / "file").write_text("x")
+    _one_line(capsys, _compress(tmp_path / "file", "--method", "pca", "--rank", "0.5"), "is a file")
+    _one_line(capsys, _compress(saved_cli, "--method", "pca", "--rank", "0.5"), "--overwrite")
+    _one_line(capsys, _compress(tmp_path / "file" / "sub", "--method", "pca", "--rank", "0.5"), "cannot write")
+
+
+def test_methods_and_budgets_are_refused_as_bench_run_refuses_them(tmp_path, capsys):
+    for method, budget in (("pcaa", ["--rank", "0.5"]), ("pca", ["--rank", "1.5"]), ("wanda", ["--rank", "0.5"])):
+        line = _one_line(capsys, _compress(tmp_path / "c", "--method", method, *budget), "")
+        run_line = _one_line(capsys, ["run", "--model", str(tiny_checkpoint()), "--methods", method, *budget,
+                                      "--output", str(tmp_path / "r")], "")
+        assert line.split("error: ", 1)[1] == run_line.split("error: ", 1)[1]
+    _one_line(capsys, _compress(tmp_path / "c", "--method", "pca", "--rank", "0.5", "0.3"), "give one value")
+    _one_line(capsys, _compress(tmp_path / "c", "--method", "all", "--rank", "0.5"), "name one")
+    _one_line(capsys, _compress(tmp_path / "c", "--method", "act-sparse", "--sparsity", "2:4", "--merged"), "--merged")
+    assert not (tmp_path / "c").exists()
+
+
+def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
+    import shutil
+
+    run = lambda folder: ["run", "--model", str(folder), "--methods", "dense", *PPL, "--output", str(tmp_path / "r")]
+    _one_line(capsys, ["run", "--model", str(saved_cli), "--methods", "pca", "--rank", "0.5", *PPL,
+                       "--output", str(tmp_path / "r")], "compressed checkpoint")
+
+    def copy(name):
+        dst = tmp_path / name
+        shutil.copytree(saved_cli, dst)
+        return dst
+
+    f = copy("prov")
+    prov = json.loads((f / PROVENANCE_FILE).read_text())
+    (f / PROVENANCE_FILE).write_text(json.dumps({**prov, "layout_sha256": "0" * 64}))
+    _one_line(capsys, run(f), "does not match compression.json")
+    f = copy("json")
+    (f / PROVENANCE_FILE).write_text("{not json")
+    _one_line(capsys, run(f), "not readable JSON")
+    f = copy("layout")
+    cfg = json.loads((f / "config.json").read_text())
+    site = next(iter(cfg["acbench_compression"]))
+    cfg["acbench_compression"][site]["k"] += 1
+    (f / "config.json").write_text(json.dumps(cfg))
+    _one_line(capsys, run(f), "does not match compression.json")
+    f = copy("missing")
+    (f / "model.safetensors").unlink()
+    _one_line(capsys, run(f), "holds no weights")
+    (f / "extra.safetensors").write_bytes(b"")  # another weight file, but not the one compression.json lists
+    _one_line(capsys, run(f), "is missing")
+    f = copy("weights")
+    data = bytearray((f / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (f / "model.safetensors").write_bytes(bytes(data))
+    _one_line(capsys, run(f), "differs from the file bench compress wrote")
