@@ -230,3 +230,30 @@ def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
     data[-1] ^= 1
     (f / "model.safetensors").write_bytes(bytes(data))
     _one_line(capsys, run(f), "differs from the file bench compress wrote")
+
+
+@pytest.mark.slow
+def test_lm_eval_cli_runs_a_local_task_on_a_saved_checkpoint(tmp_path, saved_cli):
+    """`lm_eval --model hf --model_args pretrained=<checkpoint>,trust_remote_code=True` on a local task YAML."""
+    rows = [("France", "Paris"), ("Japan", "Tokyo"), ("Peru", "Lima"), ("Kenya", "Nairobi")]
+    with open(tmp_path / "capitals.jsonl", "w") as f:
+        for country, capital in rows:
+            choices = [c for _, c in rows]
+            f.write(json.dumps({"question": f"What is the capital of {country}?", "choices": choices,
+                                "answer": choices.index(capital)}) + "\n")
+    (tmp_path / "capitals.yaml").write_text(
+        f"task: capitals\ndataset_path: json\ndataset_kwargs:\n  data_files: {{test: {tmp_path / 'capitals.jsonl'}}}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
+        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: answer\nmetric_list:\n  - metric: acc\n"
+        "    aggregation: mean\n    higher_is_better: true\n")
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+         f"pretrained={saved_cli},trust_remote_code=True,dtype=float32", "--tasks", "capitals", "--include_path",
+         str(tmp_path), "--device", "cpu", "--batch_size", "2", "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    assert 0.0 <= results["results"]["capitals"]["acc,none"] <= 1.0
+    assert results["config"]["model_args"]["pretrained"] == str(saved_cli)
