@@ -16,7 +16,7 @@ from .groups import InputGroup
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
-STATS_VERSION = 4  # 4: each group draws its (x, g) sample from its own seeded generator
+STATS_VERSION = 5  # 4: each group draws its (x, g) sample from its own seeded generator; 5: files checked by content
 
 
 @dataclass(frozen=True)

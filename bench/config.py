@@ -68,6 +68,7 @@ class RunConfig:
     # executor: local (this process) or ray (cells spread over a Ray cluster's workers)
     executor: str = "local"
     ray_address: str | None = None  # None: a Ray instance on this machine; "auto" or HOST:PORT: a running cluster
+    ray_timeout: float = 30.0  # seconds to reach --ray-address before giving up with one line
     retries: int = 2  # Ray: times a task whose worker died (or that raised a runtime error) is run again
     threads: int | None = None  # torch intra-op threads (default: the CPUs this process may use; Ray: its CPUs)
     overwrite: bool = False
@@ -299,7 +300,17 @@ def build_tasks(config: RunConfig, analyses: Mapping) -> dict[str, Task]:
 _POSITIVE = {"calib_samples": 1, "calib_seq_len": 2, "pair_tokens": 1, "batch_size": 1}
 
 
-def check_execution(config: RunConfig) -> None:
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """--ray-address as (host, port); None for `auto` (Ray finds the cluster itself)."""
+    if address == "auto":
+        return None
+    host, _, port = str(address).split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--ray-address {address} is not HOST:PORT with a port in 1-65535 (or auto)")
+    return host, int(port)
+
+
+def check_execution(config: RunConfig, writes: bool = True) -> None:
     """Sizes, devices, executors and the results folder."""
     for attr, low in _POSITIVE.items():
         v = getattr(config, attr)
@@ -313,8 +324,13 @@ def check_execution(config: RunConfig) -> None:
         raise UserError(f"--threads must be a positive integer, got {config.threads!r}")
     if not isinstance(config.retries, int) or isinstance(config.retries, bool) or config.retries < 0:
         raise UserError(f"--retries must be a non-negative integer, got {config.retries!r}")
+    if isinstance(config.ray_timeout, bool) or not isinstance(config.ray_timeout, (int, float)) or \
+            not 0 < config.ray_timeout <= 3600:
+        raise UserError(f"--ray-timeout must be a number of seconds in (0, 3600], got {config.ray_timeout!r}")
     if config.ray_address is not None and config.executor != "ray":
         raise UserError("--ray-address is for --executor ray: add --executor ray or leave the address out")
+    if config.ray_address is not None:
+        ray_host_port(config.ray_address)
     if config.device_map not in (None, "auto"):
         raise UserError(f"--device-map {config.device_map!r} is unknown: use auto (or leave it out for one device)")
     if config.bos not in BOS_PROTOCOLS:
@@ -328,14 +344,18 @@ def check_execution(config: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise UserError(f"--device {config.device} asked for, but no CUDA device is available: use --device cpu")
-    from .store import check_writable
+    if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:
+        raise UserError(f"--seed must be an integer in [0, 2^32), got {config.seed!r}")
+    if writes:
+        from .store import check_writable
 
-    check_writable(Path(config.output))
+        check_writable(Path(config.output))
 
 
-def resolve_run(config: RunConfig, analyses: Mapping | None = None) -> Run:
+def resolve_run(config: RunConfig, analyses: Mapping | None = None, writes: bool = True) -> Run:
     """Every user error is found here, before the model loads: one line, and the fix. `analyses`: the names of
-    config.tasks that the caller resolved to analyses, built ({name: Analysis})."""
+    config.tasks that the caller resolved to analyses, built ({name: Analysis}). `writes`: the run writes results
+    (False for `bench plan`, which only reads the model's config)."""
     analyses = dict(analyses or {})
     problems = type_problems(config)
     if problems:
@@ -347,7 +367,7 @@ def resolve_run(config: RunConfig, analyses: Mapping | None = None) -> Run:
     selection = Selection.from_flags(config.groups, config.blocks)
     check_allocation(config, names)
     model_tasks = build_tasks(config, analyses)
-    check_execution(config)
+    check_execution(config, writes)
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
                allocate=tuple(config.allocate), selection=selection, bos=config.bos, tasks=model_tasks,

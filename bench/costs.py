@@ -122,7 +122,10 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
                    dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
                    eval_seq_len: int = 256, sparsity: list[str] | None = None) -> CostEstimate:
+    from .models import check_model_config
+
     config = load_model_config(model)
+    check_model_config(config, f"model {model}")
     meta = meta_model(config)
     groups = find_input_groups(meta)
     comps = {m: methods.build(m) for m in method_names}

@@ -28,6 +28,7 @@ from . import __version__
 from .allocate import allocate, check_budget
 from .cells import Cell, ModelInfo, plan
 from .compress import compressed, compression_summary
+from .costs import calibration_chunks
 from .config import Run
 from .groups import find_input_groups
 from .measure import latency, peak_memory, weight_bytes
@@ -104,7 +105,10 @@ def open_checked(run: Run) -> Prepared:
         log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none: skipped; add --rank 0.5 (and "
             "a method) to run them")
     groups = source.input_groups()
-    check_groups(run, groups)
+    selected = check_groups(run, groups)
+    if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
+        calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
+                           run.stats_memory)
     windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
     return Prepared(run, source, [], windows, len({g.block for g in groups}))
 

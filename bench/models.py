@@ -143,6 +143,8 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
             raise UserError(f"model directory {path} holds no weights (*.safetensors or *.bin): pass a complete "
                             "checkpoint (save_pretrained writes both config and weights)")
+        for f in sorted(path.glob("*.safetensors")):
+            check_safetensors(f)
         fp = _dir_fingerprint(path)
         from .checkpoint import describe_provenance, read_provenance
 
@@ -153,6 +155,50 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
             raise UserError(f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, "
                             f"or an alias ({', '.join(ALIASES)})")
     return model, {"source": "hub", "id": model}
+
+
+# sizes a model config must give as positive integers (those it has); a block count of at least one
+_CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings")
+
+
+def check_model_config(config, where: str) -> None:
+    """The sizes of a transformers config, checked before anything is built from them (one line naming the key)."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    for key in _CONFIG_SIZES:
+        value = getattr(text, key, None)
+        if value is None and key in ("head_dim", "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+            continue  # optional: derived by the architecture
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"{where}: config.json's {key} is {value!r}, not a positive integer: fix the config "
+                            "(or re-save the checkpoint with save_pretrained)")
+
+
+def check_safetensors(path: Path) -> None:
+    """A safetensors file whose header parses and whose tensors all lie within the file (a truncated or foreign
+    file is named here, before transformers trips over it)."""
+    import struct
+
+    size = path.stat().st_size
+    problem = None
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0] if size >= 8 else None
+            header = json.loads(f.read(n)) if n is not None and 8 + n <= size else None
+        if not isinstance(header, dict):
+            problem = "its header is missing or cut short"
+        else:
+            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+                    and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+            if len(ends) != len([k for k in header if k != "__metadata__"]):
+                problem = "its header lists a tensor without data offsets"
+            elif 8 + n + max(ends, default=0) > size:
+                problem = f"it is truncated ({size} bytes, its tensors need {8 + n + max(ends)})"
+    except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
+        problem = f"it cannot be read ({type(e).__name__})"
+    if problem:
+        raise UserError(f"weight file {path} is not a complete safetensors file: {problem}: re-save or re-download "
+                        "the checkpoint")
 
 
 def _short(e: Exception) -> str:
@@ -213,6 +259,7 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
         config = AutoConfig.from_pretrained(target)
     except _LOAD_ERRORS as e:
         raise _load_error(model, fp, e) from None
+    check_model_config(config, f"model {model}")
     if fp.get("source") == "hub":
         fp["revision"] = getattr(config, "_commit_hash", None)
     fp = {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})}

@@ -17,9 +17,12 @@ from core.stats import GroupStats
 from . import __version__
 from .calibrate import STATS_VERSION, CalibSpec, calibrate
 from .costs import calibration_chunks
-from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, readable, to_stored,
+from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
                           write_group)
-from .store import settings_hash
+from .store import claim_cell, release_cell, settings_hash
+
+CLAIM = "calibration"  # the claim file (.calibration.lock) in a statistics folder
+CLAIM_POLL_S = 2.0
 
 
 def stats_folder(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
@@ -34,16 +37,37 @@ def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:
 
 
 def _pending(folder: Path, groups) -> list:
-    """The groups whose cache file is absent or unreadable (a corrupt or foreign file is recomputed, never
-    trusted)."""
+    """The groups whose cache file is absent or fails its checks; a failing file is moved aside (into
+    rejected/, for a look), never re-read, and its group recomputed with one line saying why."""
     pending = []
     for g in groups:
-        if not readable(folder, g.name):
-            if group_file(folder, g.name).exists():
-                tqdm.write(f"recomputing calibration statistics of {g.name}: its cache file is unreadable")
-                group_file(folder, g.name).unlink()
-            pending.append(g)
+        problem = group_problem(folder, g.name, g.d_in)
+        if problem is None:
+            continue
+        if problem != "missing":
+            path = group_file(folder, g.name)
+            aside = folder / "rejected" / f"{path.stem}.{int(time.time() * 1000)}.safetensors"
+            aside.parent.mkdir(exist_ok=True)
+            path.replace(aside)
+            tqdm.write(f"recomputing calibration statistics of {g.name}: cache file {path} {problem} (moved to "
+                       f"{aside.relative_to(folder)})")
+        pending.append(g)
     return pending
+
+
+def _saved_info(folder: Path) -> dict:
+    """The cached calibration's info.json (how it was computed); an unreadable one is said and left out."""
+    saved = folder / "info.json"
+    if not saved.exists():
+        return {}
+    try:
+        info = json.loads(saved.read_text(encoding="utf-8"))
+        if isinstance(info, dict):
+            return info
+    except (OSError, ValueError):
+        pass
+    tqdm.write(f"calibration info {saved} is unreadable: the statistics are used, their timing is not recorded")
+    return {}
 
 
 def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stats_memory: int | None = None,
@@ -53,12 +77,39 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
     folder = stats_folder(lm.fingerprint, cspec, needed)
     budget = stats_memory or default_stats_memory()
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": folder.name}
-    pending = _pending(folder, groups)
+    pending = _claimed_pending(folder, groups)
     if not pending:
         tqdm.write(f"calibration statistics from cache ({folder.name})")
-        saved = folder / "info.json"
-        return StatsStore(folder, [g.name for g in groups], budget), {
-            **info, **(json.loads(saved.read_text()) if saved.exists() else {}), "cached": True}
+        return StatsStore(folder, [g.name for g in groups], budget), {**info, **_saved_info(folder), "cached": True}
+    try:
+        return _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch_size, progress, windows,
+                                  info)
+    finally:
+        release_cell(folder / CLAIM)
+
+
+def _claimed_pending(folder: Path, groups) -> list:
+    """The groups to calibrate, claimed (as cells are) so that runs started together on one cache compute them
+    once: a run that finds the claim held waits for it, then takes what is still missing. Nothing pending: no
+    claim is held."""
+    waited = False
+    while True:
+        pending = _pending(folder, groups)
+        if not pending:
+            return []
+        if claim_cell(folder / CLAIM):
+            pending = _pending(folder, groups)  # another run may have finished them meanwhile
+            if not pending:
+                release_cell(folder / CLAIM)
+            return pending
+        if not waited:
+            tqdm.write(f"waiting for another run calibrating the same statistics ({folder.name})")
+            waited = True
+        time.sleep(CLAIM_POLL_S)
+
+
+def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch_size, progress, windows,
+                       info) -> tuple[StatsStore, dict]:
     if windows is None:
         windows = calibration_windows(lm.tokenizer, cspec)
     chunks = calibration_chunks(pending, needed, cspec.pair_tokens, budget)
@@ -68,8 +119,9 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
         stats = calibrate(lm.model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
                           progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
         check_finite(stats)
+        width = {g.name: g.d_in for g in chunk}
         for name in list(stats):
-            write_group(folder, name, stats[name])
+            write_group(folder, name, stats[name], width[name])
             st = stats.pop(name)
             if len(chunks) == 1:  # it all fits: keep the (cache-rounded) values, as a later run would read them
                 held[name] = from_stored(to_stored(st))

@@ -9,6 +9,7 @@ safetensors holds tensors and a JSON header only: loading a cache file can run n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -51,7 +52,25 @@ def from_stored(fields: dict) -> GroupStats:
     return GroupStats(**{f: for_solver(f, v) for f, v in fields.items()})
 
 
-def write_group(folder: Path, group: str, stats: GroupStats) -> None:
+# Every file says what it holds, and a reader believes none of it until the bytes agree: the tensor list, each
+# tensor's dtype and shape, the group and its width, and a digest of the bytes are all checked (`group_problem`).
+FORMAT = "acbench-stats-2"
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
+_STORED_DTYPES = {"xs": "F32", "gs": "F32"}  # the token sample; every moment is stored as float32 too
+_SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
+SCALAR_FIELDS = ("n_tokens",)
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        t = tensors[key].contiguous()
+        h.update(f"{key}|{_SAFETENSORS_DTYPES.get(t.dtype, str(t.dtype))}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_group(folder: Path, group: str, stats: GroupStats, d_in: int) -> None:
     """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file."""
     from safetensors.torch import save_file
 
@@ -64,41 +83,113 @@ def write_group(folder: Path, group: str, stats: GroupStats) -> None:
                 tensors[f"{f}{_SEP}{site}"] = t.contiguous()
         else:
             scalars[f] = v
-    atomic_write_via(group_file(folder, group), lambda tmp: save_file(
-        tensors, str(tmp), metadata={"scalars": json.dumps(scalars), "group": group}))
+    manifest = {k: [_SAFETENSORS_DTYPES[t.dtype], list(t.shape)] for k, t in tensors.items()}
+    metadata = {"format": FORMAT, "group": group, "d_in": str(d_in), "scalars": json.dumps(scalars),
+                "tensors": json.dumps(manifest, sort_keys=True), "digest": _digest(tensors)}
+    atomic_write_via(group_file(folder, group), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-def read_group(folder: Path, group: str) -> GroupStats:
-    from safetensors import safe_open
-
-    fields: dict = {}
-    with safe_open(str(group_file(folder, group)), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("group") != group:
-            raise ValueError(f"file holds group {meta.get('group')!r}, not {group!r}")
-        for key in f.keys():
-            name, _, site = key.partition(_SEP)
-            t = for_solver(name, f.get_tensor(key))  # one at a time, so float32 copies never pile up
-            if site:
-                fields.setdefault(name, {})[site] = t
-            else:
-                fields[name] = t
-        fields.update(json.loads(meta["scalars"]))
-    return GroupStats(**fields)
+def _shape_problem(key: str, shape: list[int], d_in: int) -> str | None:
+    name, _, site = key.partition(_SEP)
+    if name == "row_fisher":
+        ok = bool(site) and len(shape) == 1 and shape[0] >= 1
+    elif site:
+        ok = False
+    elif name in _SQUARE:
+        ok = shape == [d_in, d_in]
+    elif name in _VECTOR:
+        ok = shape == [d_in]
+    elif name in _SAMPLE:
+        ok = len(shape) == 2 and shape[0] >= 1 and shape[1] == d_in
+    else:
+        return f"it holds an unknown tensor {key!r}"
+    return None if ok else f"tensor {key} has shape {shape}, not one of a group of width {d_in}"
 
 
-def readable(folder: Path, group: str) -> bool:
-    """A finished group's file: its header parses and names the group (a foreign or truncated file does not)."""
+def _header_problem(meta: dict, group: str, d_in: int, keys: set) -> str | None:
+    if meta.get("format") != FORMAT:
+        return f"its format is {meta.get('format')!r}, not {FORMAT}"
+    if meta.get("group") != group:
+        return f"it holds group {meta.get('group')!r}"
+    if meta.get("d_in") != str(d_in):
+        return f"it is for width {meta.get('d_in')}, the model's group has {d_in}"
+    try:
+        manifest, scalars = json.loads(meta["tensors"]), json.loads(meta["scalars"])
+    except (KeyError, TypeError, ValueError):
+        return "its header's tensor list or scalars do not parse"
+    if not isinstance(manifest, dict) or set(manifest) != keys:
+        return "its tensors are not the ones its header lists"
+    if not isinstance(scalars, dict) or set(scalars) - set(SCALAR_FIELDS) or \
+            any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in scalars.values()):
+        return "its scalars are not the statistics' token count"
+    return None
+
+
+def group_problem(folder: Path, group: str, d_in: int) -> str | None:
+    """Why a group's cache file cannot be used ("missing" when there is none), or None: every header field is
+    checked against the tensors themselves and the model's group, the bytes against their digest, the values for
+    finiteness."""
     from safetensors import safe_open
 
     path = group_file(folder, group)
     if not path.is_file():
-        return False
+        return "missing"
     try:
         with safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("group") == group
-    except Exception:
-        return False
+            meta, keys = f.metadata() or {}, set(f.keys())
+            problem = _header_problem(meta, group, d_in, keys)
+            if problem:
+                return problem
+            manifest = json.loads(meta["tensors"])
+            tensors = {}
+            for key in sorted(keys):
+                sl = f.get_slice(key)
+                dtype, shape = sl.get_dtype(), list(sl.get_shape())
+                if [dtype, shape] != manifest[key]:
+                    return f"tensor {key} is {dtype} {shape} in the file, its header says {manifest[key]}"
+                if dtype != _STORED_DTYPES.get(key.partition(_SEP)[0], "F32"):
+                    return f"tensor {key} is {dtype}; the cache stores F32"
+                problem = _shape_problem(key, shape, d_in)
+                if problem:
+                    return problem
+                tensors[key] = f.get_tensor(key)
+                if not torch.isfinite(tensors[key]).all():
+                    return f"tensor {key} holds non-finite values"
+            if _digest(tensors) != meta.get("digest"):
+                return "its bytes do not match the digest written with them"
+    except Exception as e:  # a truncated or foreign file: any reader error is a reason to recompute it
+        return f"it cannot be read ({type(e).__name__})"
+    return None
+
+
+def read_group(folder: Path, group: str) -> GroupStats:
+    """A group's statistics (checked by `group_problem` when the run began; the digest is checked again here, so
+    a file changed since is an error naming it, never a silently different number)."""
+    from safetensors import safe_open
+
+    from core.errors import DataError
+
+    path = group_file(folder, group)
+    fields: dict = {}
+    raw: dict = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("group") != group:
+            raise DataError(f"statistics cache file {path} holds group {meta.get('group')!r}, not {group!r}: "
+                            "delete it and rerun")
+        for key in f.keys():
+            name, _, site = key.partition(_SEP)
+            raw[key] = f.get_tensor(key)
+            t = for_solver(name, raw[key])
+            if site:
+                fields.setdefault(name, {})[site] = t
+            else:
+                fields[name] = t
+        if _digest(raw) != meta.get("digest"):
+            raise DataError(f"statistics cache file {path} changed while this run used it (its bytes no longer match "
+                            "their digest): rerun, and it is recomputed")
+        fields.update(json.loads(meta["scalars"]))
+    return GroupStats(**fields)
 
 
 def nbytes(obj) -> int:

@@ -37,6 +37,67 @@ def is_finite_or_null(v) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
+_SCALAR = (str, int, float, bool, type(None))
+# the type of every field the leaderboard (or a rerun) reads; None where a missing value is allowed
+FIELD_TYPES = {
+    "stderr": dict, "primary_metric": (str, type(None)), "higher_is_better": dict, "details": dict,
+    "task_config": dict, "records": list, "versions": dict, "compression": (dict, type(None)),
+    "calibration": (dict, type(None)), "memory": (dict, type(None)), "latency": (dict, type(None)), "timings": dict,
+    "model_fingerprint": (dict, type(None)), "seed": (int, type(None)), "bos": (str, type(None)), "env": dict,
+}
+# nested fields the tables read: finite numbers (or null), and containers
+NESTED_NUMBERS = {
+    "compression": ("param_ratio", "compute_ratio", "activation_ratio", "n_fallbacks", "rank_ratio", "params_dense",
+                    "params_deployed"),
+    "memory": ("weight_bytes",), "latency": ("prefill_ms_per_token", "decode_ms_per_token"),
+}
+NESTED_TYPES = {
+    "compression": {"groups": list, "fallbacks": list, "allocation": dict, "method_settings": dict, "scope": str},
+    "memory": {"peak": dict}, "calibration": {"spec": dict},
+}
+
+
+def _type_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def field_problem(rec: dict) -> str | None:
+    """What is wrong with the types of a cell's fields (beyond its identity and metrics), or None."""
+    for key, kind in FIELD_TYPES.items():
+        if key in rec and (not isinstance(rec[key], kind) or isinstance(rec[key], bool)):  # no field is a bool
+            return f"{key} is not a {_type_name(kind)}"
+    for key in ("stderr",):
+        bad = [k for k, v in rec.get(key, {}).items() if not is_finite_or_null(v)]
+        if bad:
+            return f"{key}.{bad[0]} is not a finite number"
+    if any(not isinstance(v, (bool, type(None))) for v in rec.get("higher_is_better", {}).values()):
+        return "higher_is_better holds a value that is not true, false or null"
+    if any(not isinstance(r, dict) for r in rec.get("records", [])):
+        return "records holds an entry that is not a mapping"
+    for key in ("env", "model_fingerprint"):
+        if any(not isinstance(v, _SCALAR) for v in (rec.get(key) or {}).values()):
+            return f"{key} holds a value that is not a string, number or null"
+    for key, names in NESTED_NUMBERS.items():
+        block = rec.get(key) or {}
+        bad = [n for n in names if n in block and not is_finite_or_null(block[n])]
+        if bad:
+            return f"{key}.{bad[0]} is not a finite number"
+    for key, types in NESTED_TYPES.items():
+        block = rec.get(key) or {}
+        bad = [n for n, kind in types.items() if n in block and not isinstance(block[n], kind)]
+        if bad:
+            return f"{key}.{bad[0]} is not a {_type_name(types[bad[0]])}"
+    groups = (rec.get("compression") or {}).get("groups") or []
+    if any(not isinstance(g, dict) for g in groups):
+        return "compression.groups holds an entry that is not a mapping"
+    peak = (rec.get("memory") or {}).get("peak") or {}
+    bad = [k for k in ("bytes", "working_bytes") if k in peak and not is_finite_or_null(peak[k])]
+    if bad:
+        return f"memory.peak.{bad[0]} is not a finite number"
+    return None
+
+
 def cell_problem(rec) -> str | None:
     """None for a valid cell; otherwise what is wrong with it, in a few words."""
     if not isinstance(rec, dict):
@@ -64,8 +125,9 @@ def cell_problem(rec) -> str | None:
     bad = [k for k, v in metrics.items() if not is_finite_or_null(v)]
     if bad:
         return f"metric {bad[0]} is not a finite number"
-    if not isinstance(rec.get("stderr", {}), dict):
-        return "stderr is not a mapping"
+    typed = field_problem(rec)
+    if typed:
+        return typed
     pm = rec.get("primary_metric")
     if pm is not None and pm not in metrics:
         return f"primary metric {pm!r} is not among its metrics"

@@ -329,8 +329,14 @@ def analysis_sections(g: dict, model: str, display: Display, plot_dir: Path, wri
         for (budget, rank), cell in sorted(g["analyses"][name].items(), key=lambda kv: (kv[0][0], -(kv[0][1] or 0))):
             md += [f"### {name} at {budget} ratio {rank:g}", ""]
             render = display.sections.get(name)
-            out = render(cell, plot_dir, f"{_slug(model)}_{name}_{budget}_{rank:g}", f"{model} @ {rank:g}") \
-                if render else None
+            try:
+                out = render(cell, plot_dir, f"{_slug(model)}_{name}_{budget}_{rank:g}", f"{model} @ {rank:g}") \
+                    if render else None
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                # a cell whose details its analysis cannot read: named, and shown as its metrics
+                md += [f"*{getattr(cell, 'source', name)}: its details could not be rendered ({type(e).__name__}); "
+                       "its metrics:*", ""]
+                out = None
             if out is None:
                 md += [tabulate([[k, f"{v:.4g}" if is_number(v) else ""] for k, v in cell.metrics.items()],
                                 headers=["metric", "value"], tablefmt="github", disable_numparse=True), ""]
@@ -356,13 +362,17 @@ def write_tables(out_md: Path, md: list[str], flat_rows: list[dict]) -> None:
 
 def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = Display()) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
+    from core.errors import UserError
+
     rs = load_results(*results_dirs)
     if not rs.cells:
-        from core.errors import UserError
-
         skipped = f" ({len(rs.problems)} unreadable or invalid file(s) skipped: {rs.problems[0]})" if rs.problems else ""
         raise UserError(f"no result cells under {', '.join(map(str, results_dirs))}{skipped}: run `bench run` first "
                         "or pass --results <dir with results>")
+    methods = {c.cell.method for c in rs.cells}
+    if ref != REFERENCE and ref not in methods:
+        raise UserError(f"--vs {ref}: no cells of that method under {', '.join(map(str, results_dirs))}; the methods "
+                        f"there: {', '.join(sorted(methods))}")
     grouped = group_cells(rs.cells)
     plot_dir = out_md.parent / "plots"
     md = ["# acbench leaderboard", ""]
@@ -397,6 +407,8 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
         if not root.is_dir():
             raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
+    if out_md.is_dir():
+        raise UserError(f"--out {out_md} is a folder: pass the markdown file to write, e.g. {out_md / 'LEADERBOARD.md'}")
     try:
         info = build(roots, out_md, ref, display)
     except OSError as e:

@@ -114,8 +114,12 @@ class MMLU(Task):
     def check(self, tokenizer) -> None:
         from collections import Counter
 
-        test, _ = load_mmlu(self.settings.source)
+        test, dev = load_mmlu(self.settings.source)
         check_limit(self.settings.limit, Counter(q.subject for q in test).values(), "--mmlu-limit", "subject")
+        most = max((len(v) for v in dev.values()), default=0)
+        if self.settings.shots > most:
+            raise UserError(f"--mmlu-shots {self.settings.shots}: the dev set holds at most {most} exemplars per "
+                            f"subject: pass 0 to {most} (setting mmlu.shots)")
         letter_token_ids(tokenizer)
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:

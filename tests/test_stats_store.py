@@ -36,8 +36,9 @@ def test_store_round_trip_and_budget(tmp_path, windows):
     model = tiny_model("llama", hidden=32, inter=96)
     groups = find_input_groups(model)
     stats = calibrate(model, groups, windows, NEEDS, CalibSpec(pair_tokens=64), progress=False)
+    width = {g.name: g.d_in for g in groups}
     for name, st in stats.items():
-        write_group(tmp_path, name, st)
+        write_group(tmp_path, name, st, width[name])
     back = read_group(tmp_path, groups[0].name)
     _close(back, stats[groups[0].name])
     assert back.C.dtype == torch.float64 and back.xs.dtype == torch.float32

@@ -3,43 +3,40 @@
 from __future__ import annotations
 
 from bench.costs import CostEstimate, estimate_costs
-from bench.models import DEFAULT_MODEL
-from core.units import human, parse_bytes
+from core.units import human
+
+
+PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "dtype", "stats_memory",
+              "calib_samples", "calib_seq_len", "batch_size", "pair_tokens", "allocate", "groups", "blocks")
 
 
 def add_plan_parser(sub):
+    from .run import RUN_FLAGS
+
     p = sub.add_parser("plan", help="what a run costs (statistics, passes, memory), from the model's config alone")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, .gguf, checkpoint folder or config.json, hub id")
-    p.add_argument("--methods", nargs="+", default=["all"])
-    p.add_argument("--rank", nargs="+", default=["0.5"])
-    p.add_argument("--budget", choices=["rank", "params"], default="rank")
-    p.add_argument("--sparsity", nargs="+", default=None, help="N:M patterns or densities for sparsity methods")
-    p.add_argument("--rank-align", type=int, default=1)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--stats-memory", default=None, help="statistics memory per calibration pass, e.g. 16GB")
-    p.add_argument("--calib-samples", type=int, default=12)
-    p.add_argument("--calib-seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=2, help="calibration windows per forward")
-    p.add_argument("--pair-tokens", type=int, default=512)
+    for flag, dest, kw in RUN_FLAGS:
+        if dest in PLAN_FLAGS:
+            p.add_argument(flag, dest=dest, default=None, **kw)
+    p.set_defaults(**{dest: None for _, dest, _ in RUN_FLAGS if dest not in PLAN_FLAGS},
+                   config=None, method_option=None, task_option=None, analysis_option=None, overwrite=None,
+                   measure_latency=None, report=None, progress=None)
 
 
 def cmd_plan(args) -> int:
-    import methods
+    """The run these flags describe, validated as `bench run` validates it (one validator), then costed; the model
+    may be a bare config.json, which only the plan reads."""
+    import dataclasses
 
-    from bench.config import check_ranks, parse_sparsity
+    from bench.config import resolve_run
 
-    from .run import split_list
+    from .run import config_from_args
 
-    sparsity = split_list(args.sparsity, str, "--sparsity") if args.sparsity else []
-    parse_sparsity(sparsity)
-    # `all` means what `bench run` means by it: the families whose budget is given (--rank by default)
-    families = [methods.LOW_RANK_FAMILY] + ([methods.SPARSITY_FAMILY] if sparsity else [])
-    names = methods.expand_methods(args.methods, families)
-    ranks = split_list(args.rank, float, "--rank")
-    check_ranks(ranks)
-    est = estimate_costs(args.model, names, ranks, args.budget, args.rank_align, args.dtype,
-                         parse_bytes(args.stats_memory) if args.stats_memory else None, args.calib_samples,
-                         args.calib_seq_len, args.batch_size, args.pair_tokens, sparsity=sparsity)
+    config = dataclasses.replace(config_from_args(args), tasks=[])
+    run = resolve_run(config, writes=False)
+    c = run.config
+    est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
+                         run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
+                         c.pair_tokens, sparsity=[p.label if p.structured else f"{p.density:g}" for p in run.patterns])
     print(render(est))
     return 0
 

@@ -79,9 +79,27 @@ def shares(cells: list) -> tuple[list, list[tuple[str, list]]]:
                    for key, (label, cs) in later.items()]
 
 
+def probe_ray_address(address: str | None, timeout: float) -> None:
+    """A HOST:PORT that nothing listens on is said within `timeout` seconds (ray.init itself retries for minutes)."""
+    import socket
+
+    from bench.config import ray_host_port
+
+    target = ray_host_port(address) if address else None
+    if target is None:
+        return  # a local instance, or the address Ray finds itself (it fails fast when there is none)
+    try:
+        socket.create_connection(target, timeout=timeout).close()
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise UserError(f"cannot reach the Ray cluster at {address} ({why} after at most {timeout:g} s): start it "
+                        "with `ray start --head`, fix --ray-address, or raise --ray-timeout") from None
+
+
 def _start_ray(ray, config) -> None:
     if ray.is_initialized():
         return
+    probe_ray_address(config.ray_address, config.ray_timeout)
     # A local instance keeps a small object store: statistics travel through the cache folder, not Ray.
     kw = {} if config.ray_address else {"object_store_memory": 256 * 2**20}
     try:

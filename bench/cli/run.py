@@ -86,6 +86,7 @@ RUN_FLAGS = [
                                 "help": "local (default: this process) or ray (cells spread over Ray workers; "
                                         "pip install -e '.[ray]')"}),
     ("--ray-address", "ray_address", {"help": "Ray cluster to join: auto or HOST:PORT (default: start one here)"}),
+    ("--ray-timeout", "ray_timeout", {"type": float, "help": "seconds to reach --ray-address (default 30)"}),
     ("--retries", "retries", {"type": int, "help": "Ray: runs of a failed task after the first (default 2)"}),
     ("--threads", "threads", {"type": int, "help": "torch threads per process (default: its CPUs; Ray: the CPUs "
                                                    "each task is given)"}),
@@ -267,6 +268,8 @@ def cmd_run(args) -> int:
     from bench.config import resolve_run
 
     config = config_from_args(args)
+    if not config.tasks:
+        raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
     if config.executor == "ray":
         from .ray_executor import _import_ray
 
@@ -274,7 +277,9 @@ def cmd_run(args) -> int:
     run = resolve_run(config, analyses.from_config(config))
     failed = []
     if config.executor == "ray":
-        from .ray_executor import run_on_ray
+        from .ray_executor import probe_ray_address, run_on_ray
+
+        probe_ray_address(config.ray_address, config.ray_timeout)  # before the model is opened
 
         failed = run_on_ray(run)["failed"]
     else:
