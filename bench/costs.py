@@ -61,7 +61,9 @@ def load_model_config(model: str):
     """The model's transformers config from a config.json (file or folder), a .gguf header, an alias, or a hub id."""
     from transformers import AutoConfig
 
-    from .models import ALIASES, _alias_gguf
+    from huggingface_hub.errors import StrictDataclassError
+
+    from .models import ALIASES, _alias_gguf, check_model_config
 
     path = Path(model).expanduser()
     try:
@@ -82,11 +84,12 @@ def load_model_config(model: str):
             data = json.loads(cfg_file.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or "model_type" not in data:
                 raise UserError(f"{cfg_file} has no model_type: pass a transformers config.json")
+            check_model_config(data, str(cfg_file))
             return AutoConfig.for_model(**data)
         return AutoConfig.from_pretrained(model)
     except UserError:
         raise
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, StrictDataclassError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         raise UserError(f"no config for model '{model}' ({first}): pass a local config.json, checkpoint folder or "
                         ".gguf") from None

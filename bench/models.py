@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError  # a config field of the wrong type
 
 from core.io import atomic_write_json, cache_dir, sha256_file
 from core.errors import UserError
@@ -140,6 +141,7 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         if not isinstance(cfg, dict) or "model_type" not in cfg:
             raise UserError(f"model directory {path}: config.json has no model_type: re-save the checkpoint "
                             "with save_pretrained")
+        check_model_config(cfg, f"model directory {path}")
         if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
             raise UserError(f"model directory {path} holds no weights (*.safetensors or *.bin): pass a complete "
                             "checkpoint (save_pretrained writes both config and weights)")
@@ -163,10 +165,12 @@ _CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
 
 
 def check_model_config(config, where: str) -> None:
-    """The sizes of a transformers config, checked before anything is built from them (one line naming the key)."""
-    text = getattr(config, "get_text_config", lambda: config)()
+    """The sizes of a model config (a config.json's mapping or a transformers config), checked before anything is
+    built from them: one line naming the key."""
+    data = config if isinstance(config, dict) else config.to_dict()
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     for key in _CONFIG_SIZES:
-        value = getattr(text, key, None)
+        value = text.get(key)
         if value is None and key in ("head_dim", "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
             continue  # optional: derived by the architecture
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -238,7 +242,7 @@ def _load_error(model: str, fp: dict, e: Exception) -> UserError:
                      "and weights (re-save with save_pretrained)")
 
 
-_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, StrictDataclassError)
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

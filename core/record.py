@@ -216,7 +216,8 @@ def _legacy_chance(task: str, rec: dict, details: dict) -> float | None:
         return 0.25
     n = rec.get("n_candidates")
     if not (isinstance(n, int) and n > 0):
-        n = (details.get("n_candidates") or {}).get(rec.get("relation"))
+        per_relation = details.get("n_candidates")
+        n = per_relation.get(rec.get("relation")) if isinstance(per_relation, dict) else None
     return 1.0 / n if isinstance(n, int) and n > 0 else None
 
 

@@ -132,3 +132,34 @@ def test_device_map_auto_runs_where_there_is_one_device(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "--model", str(tiny_checkpoint()), "--device-map", "everywhere", "--output", str(out)]) == 2
     assert "--device-map 'everywhere' is unknown" in capsys.readouterr().err
+
+
+def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, monkeypatch):
+    """A run that finds another holding the calibration claim waits, then reads what the other wrote."""
+    import threading
+
+    import bench.statistics as statistics
+    from bench.calibrate import CalibSpec
+    from bench.cli.smoke import tiny_checkpoint
+    from bench.models import load_model
+    from bench.store import claim_cell, release_cell
+
+    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(statistics, "CLAIM_POLL_S", 0.05)
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    groups = find_input_groups(lm.model)
+    needs, cspec = frozenset({"C"}), CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
+    windows = statistics.calibration_windows(lm.tokenizer, cspec)
+    folder = statistics.stats_folder(lm.fingerprint, cspec, needs)
+    assert claim_cell(folder / statistics.CLAIM)  # another run is calibrating
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(info=statistics.load_or_calibrate(
+        lm, groups, cspec, needs, progress=False, windows=windows)[1]))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()  # waiting for the claim, not calibrating
+    statistics._calibrate_pending(lm, groups, groups, folder, cspec, needs, 2**40, 4, False, windows, {})
+    release_cell(folder / statistics.CLAIM)
+    waiter.join(30)
+    assert got["info"]["cached"]  # it read the other run's statistics instead of computing them again
+    assert not (folder / ".calibration.lock").exists()

@@ -21,7 +21,7 @@ from .run import add_run_parser, cmd_run, config_from_args, split_list
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2, instead of usage + error
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
         sys.exit(2)
 
 
@@ -118,6 +118,12 @@ def _parser() -> _Parser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """A message as one printable line: a control character from the user's input (a newline in a YAML key, a
+    terminal escape) is shown escaped, never acted on."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = _parser()
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
     try:
         return handler(args)
     except UserError as e:
-        sys.stderr.write(f"bench {args.cmd}: error: {e}\n")
+        sys.stderr.write(f"bench {args.cmd}: error: {one_line(str(e))}\n")
         return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("bench: interrupted; finished cells are kept, rerun to compute the rest\n")

@@ -1,0 +1,340 @@
+"""Generated hostile input (hypothesis): CLI arguments, YAML configs, model configs, result cells and statistics
+cache files. Properties: exit 0, or exit 2 with one stderr line and no traceback; a report never crashes on a cell;
+a tampered statistics cache never changes a number, and a change that matters is said.
+
+Profiles: `fast` (default, bounded examples, in `make test`) and `ci` (HYPOTHESIS_PROFILE=ci, in .ci/run).
+"""
+
+import contextlib
+import copy
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.cli import main
+from bench.cli.smoke import tiny_checkpoint
+
+settings.register_profile("fast", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=150, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_checkpoint()
+
+
+@pytest.fixture
+def checked_only(monkeypatch):
+    """bench run / compress stop once everything is validated and planned (no weights, no cells): the fuzz
+    explores the checks, not the compute."""
+    import bench.execute
+    import bench.save
+    from bench.cli import ray_executor
+
+    monkeypatch.setattr(bench.execute, "sweep", lambda run: bench.execute.prepare(run) and None)
+    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (bench.execute.prepare(run), {"failed": []})[1])
+    def checked_save(run, out, merge=False, overwrite=False):
+        bench.execute.open_checked(run)
+        return {"weight_bytes": 1, "dense_bytes": 1, "seconds": 0.0, "custom_code": False,
+                "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
+
+    monkeypatch.setattr(bench.save, "save_compressed", checked_save)
+
+
+def outcome(argv) -> tuple[int, list[str]]:
+    """(exit status, stderr lines) of `bench <argv>`, whatever it raises."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+    lines = [line for line in err.getvalue().splitlines() if line.strip() and "it/s]" not in line
+             and "Warning" not in line and not line.startswith(("  warnings.warn", "W ", "["))]
+    return rc, lines
+
+
+def assert_clean(argv):
+    rc, lines = outcome(argv)
+    if rc == 0:
+        return rc
+    assert rc == 2, (argv, rc, lines)
+    assert len(lines) == 1 and "Traceback" not in lines[0], (argv, lines)
+    assert lines[0].startswith("bench"), (argv, lines)
+    return rc
+
+
+# ---------------------------------------------------------------- CLI arguments
+
+WEIRD = st.sampled_from(["", "abc", "-1", "0", "nan", "inf", "1e309", "99999999999999999999", "é", " ", "0.5,",
+                         ",", "1.5", "-0"])
+VALUES = {
+    "--methods": ["pca", "fasc-kfac", "all", "dense", "pcaa", "pca,act-sparse", "act-sparse:score=bogus", "wanda"],
+    "--rank": ["0.5", "0.25,0.5", "1", "0", "1.5", "-0.5"],
+    "--sparsity": ["2:4", "8:16", "0.5", "5:4", "0:4", "2:3", "3"],
+    "--budget": ["rank", "params", "flops"],
+    "--rank-align": ["1", "8", "0", "-3"],
+    "--allocate": ["uniform", "fisher", "variance", "fishr"],
+    "--groups": ["mlp_in", "attn_in,attn_out", "bogus"],
+    "--blocks": ["0", "0-1", "999", "-1", "1-0", "a-b", "0,0"],
+    "--tasks": ["ppl-token", "lama", "mmlu", "rho", "bogus", "ppl-token,lama"],
+    "--calib-samples": ["1", "2", "0", "-5"],
+    "--calib-seq-len": ["1", "2", "32"],
+    "--pair-tokens": ["1", "32", "0"],
+    "--bos": ["auto", "window", "stream", "none", "always"],
+    "--seed": ["0", "3", "-1", "4294967296"],
+    "--device": ["cpu", "cuda", "cuda:7", "tpu"],
+    "--dtype": ["float32", "bfloat16", "int8"],
+    "--batch-size": ["1", "4", "0"],
+    "--stats-memory": ["1GB", "1KB", "0", "-5GB", "12XB", "1e3MB"],
+    "--executor": ["local", "ray", "spark"],
+    "--ray-address": ["127.0.0.1:1", "bogus:99999", "auto"],
+    "--ray-timeout": ["1", "0", "-2"],
+    "--threads": ["1", "0", "-1"],
+    "--limit": ["1", "0", "-1", "1000000"],
+    "--ppl-windows": ["1", "0", "-2"],
+    "--ppl-seq-len": ["1", "32", "0"],
+    "--lama-candidates": ["1", "2", "8", "0"],
+    "--mmlu-shots": ["0", "5", "1000", "-1"],
+    "--text-source": ["wiki", "file:/nonexistent", "file:/etc/hostname", "file:/", "hub:nothing"],
+    "--method-option": ["fasc.max_swaps=-5", "pca.bogus=1", "fasc.folds=abc", "bogus", "fasc.folds=[1", "a.b=c"],
+    "--task-option": ["lama.per_relation=0", "mmlu.shots=x", "bogus.a=1", "ppl-token.max_windows=[]"],
+    "--analysis-option": ["rho.units=0", "rho.per_group=maybe", "rho.units=2"],
+}
+flag_value = st.sampled_from(sorted(VALUES)).flatmap(
+    lambda flag: st.tuples(st.just(flag), st.one_of(st.sampled_from(VALUES[flag]), WEIRD)))
+
+
+@given(pairs=st.lists(flag_value, max_size=5))
+def test_generated_run_arguments_end_in_one_line_or_run(tmp_path, tiny, checked_only, pairs):
+    argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet",
+            "--calib-samples", "2", "--calib-seq-len", "32"]
+    for flag, value in pairs:
+        argv += [flag, value] if not value.startswith("-") else [f"{flag}={value}"]
+    assert_clean(argv)
+
+
+PLAN_FLAGS = ["--methods", "--rank", "--sparsity", "--budget", "--rank-align", "--dtype", "--stats-memory",
+              "--calib-samples", "--calib-seq-len", "--batch-size", "--pair-tokens", "--allocate", "--groups", "--blocks"]
+
+
+@given(pairs=st.lists(st.sampled_from(PLAN_FLAGS).flatmap(
+    lambda f: st.tuples(st.just(f), st.one_of(st.sampled_from(VALUES[f]), WEIRD))), max_size=5),
+    compress=st.booleans())
+def test_generated_plan_and_compress_arguments(tmp_path, tiny, checked_only, pairs, compress):
+    argv = (["compress", "--method", "pca", "--save", str(tmp_path / "ck")] if compress else ["plan"]) + \
+        ["--model", str(tiny)]
+    for flag, value in pairs:
+        if compress and flag == "--methods":
+            flag = "--method"
+        argv += [flag, value] if not value.startswith("-") else [f"{flag}={value}"]
+    assert_clean(argv)
+
+
+# ---------------------------------------------------------------- YAML configs
+
+KEYS = ["model", "methods", "rank", "ranks", "sparsity", "tasks", "blocks", "groups", "seed", "batch_size",
+        "calib_samples", "method_options", "task_options", "analysis_options", "stats_memory", "allocate", "bos",
+        "lama-limit", "ppl_windows", "overwrite", "progress", "bogus_key", "executor"]
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
+                      st.text(max_size=8), st.sampled_from(["pca", "2:4", "0.5", "ppl-token", "fasc", "0-1"]))
+json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),
+                                                            st.dictionaries(st.text(max_size=6) | st.sampled_from(
+                                                                ["fasc", "lama", "rho", "units"]), kids,
+                                                                max_size=3)), max_leaves=6)
+
+
+@given(data=st.dictionaries(st.sampled_from(KEYS) | st.integers(0, 3), json_value, max_size=5) | json_value)
+def test_generated_yaml_configs(tmp_path, tiny, checked_only, data):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(data) if not isinstance(data, float) else repr(data))
+    assert_clean(["run", "--config", str(cfg), "--model", str(tiny), "--output", str(tmp_path / "out"),
+                  "--no-report", "--quiet"])
+
+
+@given(text=st.text(max_size=60))
+def test_raw_config_text(tmp_path, tiny, checked_only, text):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(text.encode("utf-8", "surrogatepass"))
+    assert_clean(["run", "--config", str(cfg), "--model", str(tiny), "--output", str(tmp_path / "out"),
+                  "--no-report", "--quiet"])
+
+
+# ---------------------------------------------------------------- model config.json
+
+CONFIG_KEYS = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "vocab_size", "model_type", "head_dim", "tie_word_embeddings",
+               "max_position_embeddings", "rms_norm_eps", "architectures"]
+
+
+@given(changes=st.dictionaries(st.sampled_from(CONFIG_KEYS), json_value, min_size=1, max_size=3),
+       drop=st.lists(st.sampled_from(CONFIG_KEYS), max_size=2), run=st.booleans())
+def test_generated_model_configs(tmp_path, tiny, checked_only, changes, drop, run):
+    folder = tmp_path / "model"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(tiny, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    for key in drop:
+        cfg.pop(key, None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    argv = (["run", "--model", str(folder), "--methods", "pca", "--tasks", "ppl-token", "--output",
+             str(tmp_path / "out"), "--no-report", "--quiet"] if run else ["plan", "--model", str(folder)])
+    assert_clean(argv)
+
+
+# ---------------------------------------------------------------- result cells
+
+@pytest.fixture(scope="module")
+def valid_cell():
+    path = next((FIXTURES / "results").rglob("lama-fixture.json"))
+    return json.loads(path.read_text())
+
+
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:2]):
+            yield from _paths(v, prefix + (i,))
+
+
+@given(data=st.data())
+def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
+    from leaderboard.report import write_report
+
+    paths = [p for p in _paths(valid_cell) if p]
+    cell = copy.deepcopy(valid_cell)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(paths))
+        parent = cell
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            parent[path[-1]] = data.draw(json_value)
+        except (KeyError, IndexError, TypeError):
+            continue  # the path went away with an earlier change
+    root = tmp_path / "results"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(FIXTURES / "results" / "model-a" / "dense", root / "m" / "dense")
+    (root / "m" / "dense" / "lama-fixture.json").write_text(json.dumps(cell))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        md = write_report(str(root))
+    assert md.exists()
+
+
+# ---------------------------------------------------------------- the statistics cache
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """The tiny model's statistics in a cache of their own, and the values a clean read gives."""
+    import os
+
+    from bench.calibrate import CalibSpec
+    from bench.groups import find_input_groups
+    from bench.models import load_model
+    from bench.statistics import calibration_windows, load_or_calibrate, stats_folder
+
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("ACBENCH_CACHE")
+    os.environ["ACBENCH_CACHE"] = str(cache)
+    try:
+        lm = load_model(str(tiny_checkpoint()), progress=False)
+        groups = find_input_groups(lm.model)
+        cspec, needs = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none"), frozenset({"C", "F", "pairs"})
+        windows = calibration_windows(lm.tokenizer, cspec)  # tokenized once: recomputing a group is then quick
+        store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
+        reference = {g.name: store[g.name] for g in groups}
+        yield lm, groups, cspec, needs, stats_folder(lm.fingerprint, cspec, needs), reference, cache, windows
+    finally:
+        if old is None:
+            os.environ.pop("ACBENCH_CACHE", None)
+        else:
+            os.environ["ACBENCH_CACHE"] = old
+
+
+def _header(path: Path) -> tuple[int, dict]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return n, json.loads(raw[8:8 + n])
+
+
+def _with_header(path: Path, header: dict, n_old: int) -> None:
+    raw = path.read_bytes()
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n_old:])
+
+
+TAMPERS = ["flip", "dtype", "shape", "drop_meta", "scalars", "add_meta", "truncate", "garbage_info", "swap_files"]
+
+
+@given(tamper=st.sampled_from(TAMPERS), which=st.integers(0, 7), where=st.floats(0, 1))
+def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, where, monkeypatch):
+    from bench.statistics import load_or_calibrate
+    from bench.stats_store import group_file, group_problem
+
+    lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
+    monkeypatch.setenv("ACBENCH_CACHE", str(cache))
+    g = groups[which % len(groups)]
+    path = group_file(folder, g.name)
+    before = path.read_bytes()
+    n, header = _header(path)
+    tensors = [k for k in header if k != "__metadata__"]
+    key = tensors[int(where * (len(tensors) - 1))]
+    if tamper == "flip":
+        data = bytearray(before)
+        data[8 + n + int(where * (len(data) - 9 - n))] ^= 0x10
+        path.write_bytes(bytes(data))
+    elif tamper == "dtype":  # same byte count, another meaning (the issue's F32 -> I32)
+        header[key]["dtype"] = "I32"
+        _with_header(path, header, n)
+    elif tamper == "shape":
+        shape = header[key]["shape"]
+        header[key]["shape"] = [shape[-1], shape[0]] if len(shape) == 2 and shape[0] != shape[-1] else [1] + shape
+        _with_header(path, header, n)
+    elif tamper == "drop_meta":
+        header["__metadata__"].pop(["scalars", "group", "digest", "tensors"][which % 4])
+        _with_header(path, header, n)
+    elif tamper == "scalars":
+        header["__metadata__"]["scalars"] = json.dumps({"n_tokens": "many", "extra": 1})
+        _with_header(path, header, n)
+    elif tamper == "add_meta":
+        header["__metadata__"]["group"] = groups[(which + 1) % len(groups)].name
+        _with_header(path, header, n)
+    elif tamper == "truncate":
+        path.write_bytes(before[: int(where * (len(before) - 1))])
+    elif tamper == "garbage_info":
+        (folder / "info.json").write_text("{garbage")
+    elif tamper == "swap_files":
+        other = group_file(folder, groups[(which + 1) % len(groups)].name)
+        path.write_bytes(other.read_bytes())
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
+        got = {name: store[name] for name in reference}
+    for name, ref in reference.items():  # recomputed or untouched: the same numbers either way
+        for f in ("C", "F", "xs", "gs"):
+            assert torch.equal(getattr(got[name], f), getattr(ref, f)), (tamper, name, f)
+    said = log.getvalue()
+    if tamper == "garbage_info":
+        assert "info.json" in said and "unreadable" in said
+        (folder / "info.json").write_text("{}")
+    else:  # every change to a group file is seen, said, and the file replaced
+        assert f"recomputing calibration statistics of {g.name}" in said and str(path) in said, said
+        assert group_problem(folder, g.name, g.d_in) is None
