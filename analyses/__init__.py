@@ -35,7 +35,9 @@ def build(names, options: dict | None = None) -> dict[str, Analysis]:
 def from_config(config) -> dict[str, Analysis]:
     """The analyses among config.tasks, built with their options; an unknown name gets one did-you-mean over tasks
     and every analysis (not only those asked for)."""
-    from bench.config import check_task_names
+    from bench.config import check_option_blocks, check_task_names
+
+    check_option_blocks(config)
 
     names = [n for n in config.tasks if isinstance(n, str)] if isinstance(config.tasks, (list, tuple)) else []
     check_task_names(names, set(known_analyses()))

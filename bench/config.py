@@ -310,6 +310,28 @@ def ray_host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+OPTION_BLOCKS = {"method_options": "--method-option", "task_options": "--task-option",
+                 "analysis_options": "--analysis-option"}
+
+
+def check_option_blocks(config: RunConfig) -> None:
+    """Each options block is {name: {setting: value}}: a block or a name's settings that are not mappings (a YAML
+    `method_options: {fasc: 5}`) are refused naming the block, before anything reads them."""
+    for attr, flag in OPTION_BLOCKS.items():
+        block = getattr(config, attr)
+        if not isinstance(block, dict):
+            raise UserError(f"{attr} must be a mapping of names to settings, got {block!r}: fix {flag} or that key "
+                            "in the --config file")
+        for name, settings in block.items():
+            if not isinstance(name, str) or not isinstance(settings, dict):
+                raise UserError(f"{attr}: {name!r} must map to a mapping of setting: value, got {settings!r}: fix "
+                                f"{flag} {name}.<setting>=<value> or that block of the --config file")
+            bad = [k for k in settings if not isinstance(k, str)]
+            if bad:
+                raise UserError(f"{attr}: {name}'s setting name {bad[0]!r} is not a string: fix that block of the "
+                                "--config file")
+
+
 def check_execution(config: RunConfig, writes: bool = True) -> None:
     """Sizes, devices, executors and the results folder."""
     for attr, low in _POSITIVE.items():
@@ -361,6 +383,7 @@ def resolve_run(config: RunConfig, analyses: Mapping | None = None, writes: bool
     if problems:
         name = problems[0].split(" ", 1)[0]
         raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
+    check_option_blocks(config)
     names, ranks, patterns = resolve_budgets(config)
     check_task_names(config.tasks, set(analyses))
     check_methods(config, names)

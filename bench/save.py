@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
 from core.stats import RankSpec
 
 from .checkpoint import MODELING_FILE, check_target, write_checkpoint
 from .compress import compressed, compression_summary
-from .execute import Worker, log, open_checked
+from .execute import Worker, available_cpus, log, open_checked
 from .measure import weight_bytes
 from .selection import ALL
 
@@ -19,6 +21,8 @@ def save_compressed(run, out: Path, merge: bool = False, overwrite: bool = False
     """`bench compress`: open and check the model, calibrate (or read the statistics cache), compress with the
     run's one method at its one budget, and write the checkpoint. Returns what was written and measured."""
     check_target(out, overwrite)  # before anything loads
+    torch.set_num_threads(run.config.threads or available_cpus())  # as a sweep's process sets them
+    torch.manual_seed(run.config.seed)
     prepared = open_checked(run)
     run = prepared.run
     worker = Worker(run, prepared.source, prepared.calib_windows)

@@ -164,6 +164,22 @@ def test_generated_yaml_configs(tmp_path, tiny, checked_only, data):
                   "--no-report", "--quiet"])
 
 
+OPTION_NAMES = {"method_options": ["fasc", "pca", "act-sparse", "bogus"], "task_options": ["lama", "mmlu", "ppl-token"],
+                "analysis_options": ["rho", "bogus"]}
+option_block = st.sampled_from(sorted(OPTION_NAMES)).flatmap(lambda block: st.tuples(st.just(block), st.dictionaries(
+    st.sampled_from(OPTION_NAMES[block]) | st.integers(0, 2), st.sampled_from([5, "x", [1], True]) | st.dictionaries(
+        st.sampled_from(["max_swaps", "folds", "units", "per_relation", "shots", "limit"]) | st.integers(0, 2),
+        json_value, max_size=2), max_size=2)))
+
+
+@given(blocks=st.lists(option_block, min_size=1, max_size=3))
+def test_generated_option_blocks(tmp_path, tiny, checked_only, blocks):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(dict(blocks)))
+    assert_clean(["run", "--config", str(cfg), "--model", str(tiny), "--output", str(tmp_path / "out"),
+                  "--tasks", "lama", "rho", "--no-report", "--quiet"])
+
+
 @given(text=st.text(max_size=60))
 def test_raw_config_text(tmp_path, tiny, checked_only, text):
     cfg = tmp_path / "run.yaml"
