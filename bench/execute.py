@@ -193,6 +193,10 @@ class Worker:
     allocations: dict = field(default_factory=dict)
     claimed: set = field(default_factory=set)
     elsewhere: list = field(default_factory=list)
+    stages: dict = field(default_factory=dict)  # wall seconds per stage, in the order they first ran
+
+    def spent(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + seconds
 
     def model(self) -> LoadedModel:
         if self.lm is not None:
@@ -204,8 +208,10 @@ class Worker:
             log("model: the one this process loaded for its previous cells")
             self.lm = self.models[key]
         else:
+            t0 = time.perf_counter()
             source = self.source or open_model(c.model, c.dtype, c.progress, c.device_map)
             self.lm = load_weights(source, c.device)
+            self.spent("model load", time.perf_counter() - t0)
             if self.models is not None:
                 self.models.clear()  # one model per process
                 self.models[key] = self.lm
@@ -257,9 +263,13 @@ class Worker:
             return
         lm = self.model()
         run = self.run
+        t0 = time.perf_counter()
         self.stats, self.calib_info = load_or_calibrate(
             lm, self.groups if every_group else self.selected, run.calibration, needs, run.stats_memory,
             run.config.batch_size, run.config.progress, self.calib_windows)
+        passes = self.calib_info.get("passes", 1) if not self.calib_info.get("cached") else 0
+        self.spent("calibration" + (f" ({passes} passes)" if passes > 1 else "" if passes else " (from the cache)"),
+                   time.perf_counter() - t0)
 
     def evaluate(self, model, cells: list[Cell], compression: dict | None, timings: dict,
                  common: dict) -> list[CellRecord]:
@@ -270,6 +280,7 @@ class Worker:
             t0 = time.perf_counter()
             eff["latency"] = latency(model)
             timings["latency_s"] = time.perf_counter() - t0
+            self.spent("latency", timings["latency_s"])
         method = cells[0].id.method
         method_version = run.compressor(method).version if method != DENSE else None
         written = []
@@ -282,6 +293,7 @@ class Worker:
                 task, result, **common, cell=cell.id, versions={"method": method_version, "task": task.version},
                 compression=compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
                 latency=eff.get("latency"), timings={**timings, "evaluate_s": time.perf_counter() - t0})
+            self.spent(f"evaluate {cell.id.task}", record.timings["evaluate_s"])
             write_cell(cell.path, record)
             self.unclaim(cell.path)
             written.append(record)
@@ -322,6 +334,7 @@ class Worker:
                         only_groups=None if self.scope == ALL else {g.name for g in self.selected},
                         ks=alloc.ks if alloc else None) as (model, summaries):
             timings["compress_s"] = time.perf_counter() - t0
+            self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
             if self.calib_info and uses_stats:
                 timings["calibrate_s"] = self.calib_info.get("seconds")
             common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
@@ -341,6 +354,7 @@ class Worker:
             analysis = run.analyses[cell.id.task]
             t0 = time.perf_counter()
             result = analysis.run(ctx, cell.budget)
+            self.spent(f"analysis {cell.id.task}", time.perf_counter() - t0)
             write_cell(cell.path, cell_record(
                 analysis, result, **self.common(), calibration=self.calib_info, cell=cell.id,
                 versions={"analysis": analysis.version}, timings={f"{cell.id.task}_s": time.perf_counter() - t0}))
@@ -377,6 +391,18 @@ def execute(cells: list[Cell], run: Run, executor=None) -> dict:
     return (executor or LocalExecutor())(cells, run)
 
 
+def stage_table(stages: dict[str, float], total: float) -> str:
+    """Where a run's wall time went: each stage's seconds and share, and what no stage accounts for."""
+    from tabulate import tabulate
+
+    rows = [[name, f"{sec:.1f}", f"{sec / total:.0%}" if total else ""] for name, sec in stages.items()]
+    rest = total - sum(stages.values())
+    rows += [["other (planning, cell files, reports)", f"{max(rest, 0.0):.1f}", f"{max(rest, 0.0) / total:.0%}"
+              if total else ""], ["total", f"{total:.1f}", "100%"]]
+    return "where the time went:\n" + tabulate(rows, headers=["stage", "seconds", "share"], tablefmt="github",
+                                                disable_numparse=True)
+
+
 @dataclass
 class LocalExecutor:
     """The cells in this process, in plan order; the prepared model source and calibration windows are reused."""
@@ -395,6 +421,8 @@ class LocalExecutor:
             log(f"{len(worker.elsewhere)} cell(s) left to another run that is computing them now: {shown}"
                 + (" ..." if len(worker.elsewhere) > 5 else ""))
         elapsed = time.perf_counter() - t0
+        if written:
+            log(stage_table(worker.stages, elapsed))
         log(f"done: {written} cell(s) written in {elapsed:.0f} s")
         return {"written": written, "seconds": elapsed, "output": str(run.output),
                 "elsewhere": [str(p) for p in worker.elsewhere], "failed": []}

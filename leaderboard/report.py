@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import json
 from pathlib import Path
 
@@ -139,7 +140,35 @@ def param_ratio_warning(rows: list[dict], key: str = "param ratio") -> list[str]
             "(`--budget params` sets the same parameter ratio for every method).", ""]
 
 
-def _header(cells: list[CellRecord]) -> list[str]:
+def _seconds(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def stage_totals(cells: list[CellRecord]) -> dict[str, float]:
+    """The wall time the stored cells record, per stage, each piece counted once: a calibration once per
+    statistics cache, a variant's compression and latency once per variant, every evaluation and analysis."""
+    calib, per_variant, totals = {}, {}, {"evaluation": 0.0, "analyses": 0.0}
+    for c in cells:
+        t = c.timings or {}
+        variant = (c.cell.method, c.cell.budget, c.cell.rank, c.cell.allocation, c.cell.scope)
+        cache = (c.calibration or {}).get("cache")
+        if cache is not None and _seconds(t.get("calibrate_s")) is not None:
+            calib[str(cache)] = _seconds(t["calibrate_s"])
+        for key, stage in (("compress_s", "compress"), ("allocate_s", "compress"), ("latency_s", "latency")):
+            if _seconds(t.get(key)) is not None:
+                per_variant[(variant, key, stage)] = _seconds(t[key])
+        if _seconds(t.get("evaluate_s")) is not None:
+            totals["evaluation"] += _seconds(t["evaluate_s"])
+        if c.cell.is_analysis:
+            totals["analyses"] += sum(v for k, v in t.items() if k.endswith("_s") and _seconds(v) is not None)
+    out = {"calibration": sum(calib.values())}
+    for (_, _, stage), sec in per_variant.items():
+        out[stage] = out.get(stage, 0.0) + sec
+    out.update(totals)
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> list[str]:
     fp = next((c.model_fingerprint for c in cells if c.model_fingerprint), {}) or {}
     cal = next((c.calibration for c in cells if c.calibration), None)
     env = next((c.env for c in cells if c.env), {}) or {}
@@ -156,6 +185,11 @@ def _header(cells: list[CellRecord]) -> list[str]:
     if bos:
         lines.append(f"- BOS protocol (calibration and perplexity windows; BOS never scored): {', '.join(bos)}"
                      + (" — MIXED: these rows are not comparable" if len(bos) > 1 else ""))
+    spent = stage_totals(list(cells) + list(analysis_cells))
+    if spent:
+        sec = lambda v: f"{v:.1f} s" if v < 10 else f"{v:.0f} s"
+        lines.append("- wall time the cells record: " + ", ".join(f"{k} {sec(v)}" for k, v in spent.items())
+                     + f" (total {sec(sum(spent.values()))})")
     seeds = sorted({c.seed for c in cells if c.seed is not None})
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
     lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
@@ -381,7 +415,8 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         g = grouped[model]
         model_cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
         columns = metric_columns(model_cells, display)
-        md += [f"## {model}", ""] + _header(model_cells) + chance_note(g["dense"], columns) + [""]
+        analysis_cells = [c for per in g["analyses"].values() for c in per.values()]
+        md += [f"## {model}", ""] + _header(model_cells, analysis_cells) + chance_note(g["dense"], columns) + [""]
         lines, section_rows, cross = rank_sections(g, model, ref, columns, plot_dir, written, flat_rows)
         md += lines + across_ranks_section(g, cross, model, ref, columns, plot_dir, written)
         md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)

@@ -197,3 +197,21 @@ def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
     assert any("BOS protocol" in l and l.endswith(": window") for l in _header(cells))
     mixed = _header(cells + [cell("none")])
     assert any("none, window" in l and "MIXED" in l for l in mixed)
+
+
+def test_stage_totals_count_each_piece_once():
+    """A variant's compression and latency are in each of its cells, a calibration in every variant's: counted
+    once each; evaluations and analyses add up."""
+    from core.record import CellId, CellRecord
+    from leaderboard.report import stage_totals
+
+    def cell(method, task, timings, kind="task", cache="c1"):
+        return CellRecord(cell=CellId("m", method, 0.5, "rank", task, kind=kind), metrics={"x": 1.0},
+                          primary_metric="x", timings=timings, calibration={"cache": cache})
+
+    cells = [cell("pca", "lama", {"compress_s": 4.0, "latency_s": 2.0, "calibrate_s": 10.0, "evaluate_s": 3.0}),
+             cell("pca", "ppl", {"compress_s": 4.0, "latency_s": 2.0, "calibrate_s": 10.0, "evaluate_s": 5.0}),
+             cell("fasc", "lama", {"compress_s": 6.0, "allocate_s": 1.0, "calibrate_s": 10.0, "evaluate_s": 3.0}),
+             cell("rho-analysis", "rho", {"rho_s": 20.0}, kind="analysis")]
+    assert stage_totals(cells) == {"calibration": 10.0, "compress": 11.0, "latency": 2.0, "evaluation": 11.0,
+                                   "analyses": 20.0}

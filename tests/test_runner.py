@@ -95,6 +95,9 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
     env = {**os.environ, "ACBENCH_CACHE": str(tmp_path / "fresh-cache")}
     r = run_bench(tiny_args(tmp_path / "clean"), env=env)
     assert r.returncode == 0, r.stderr
+    table = (r.stderr + r.stdout).split("where the time went:")[1]  # the run's stages, each with its share
+    for stage in ("model load", "calibration", "compress pca", "evaluate ppl-token", "total"):
+        assert f"| {stage}" in table, table
     clean = cells(tmp_path / "clean")
     assert set(clean) == set(final)
     for name in final:
