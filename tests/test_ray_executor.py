@@ -61,7 +61,8 @@ def test_ray_address_without_ray_executor_is_refused(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
-    ray = pytest.importorskip("ray")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (the ray extra: pip install -e '.[ray]'; "
+                                             ".ci/run installs it)")
     import os
 
     plugin = tmp_path_factory.mktemp("plugin")
