@@ -137,7 +137,9 @@ def read_provenance(folder: Path, check_weights: bool = True) -> dict | None:
         raise UserError(f"checkpoint {folder}: the compression layout in config.json does not match {path.name} "
                         f"(one of them was edited): {fix}")
     for name, digest in prov["weights"].items():
-        f = folder / str(name)
+        if Path(name).name != name or not name.endswith(".safetensors"):  # a file of this folder, nothing else
+            raise UserError(f"checkpoint {folder}: {path.name} lists {name!r} as a weight file: {fix}")
+        f = folder / name
         if not f.is_file():
             raise UserError(f"checkpoint {folder}: the weight file {name} that {path.name} lists is missing: "
                             "copy the whole folder, or " + fix)
@@ -180,7 +182,8 @@ def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
 
 def describe_provenance(prov: dict) -> str:
     """One line: what a checkpoint is compressed from, as the leaderboard header shows it."""
-    src = prov.get("source_model") or {}
-    sha = str((src.get("fingerprint") or {}).get("sha256", ""))[:12]
+    src = prov.get("source_model") if isinstance(prov.get("source_model"), dict) else {}
+    fp = src.get("fingerprint") if isinstance(src.get("fingerprint"), dict) else {}
+    sha = str(fp.get("sha256", ""))[:12]
     return (f"{prov.get('method')} at {prov.get('budget')} ({prov.get('form')}) of {src.get('name')}"
             + (f" [{sha}]" if sha else "") + f", acbench {prov.get('acbench')}")
