@@ -79,7 +79,7 @@ def test_bad_models(tmp_path, tiny, capsys, case):
     (b"tasks: 5\n", "tasks must be list[str]"),
     (b"seed: abc\n", "seed must be int"),
     (b"device: 5\n", "device must be str"),
-    (b"method_options: 5\n", "method_options must be dict"),
+    (b"method_options: 5\n", "method_options must be a mapping"),
     (b"output: 5\n", "output must be str"),
 ])
 def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
