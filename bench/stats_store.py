@@ -61,12 +61,17 @@ _SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
 SCALAR_FIELDS = ("n_tokens",)
 
 
+def _hash_tensor(h, key: str, t: torch.Tensor) -> None:
+    """One tensor into a group's digest: its name, dtype, shape and bytes (tensors go in by sorted name)."""
+    t = t.contiguous()
+    h.update(f"{key}|{_SAFETENSORS_DTYPES.get(t.dtype, str(t.dtype))}|{list(t.shape)}|".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for key in sorted(tensors):
-        t = tensors[key].contiguous()
-        h.update(f"{key}|{_SAFETENSORS_DTYPES.get(t.dtype, str(t.dtype))}|{list(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        _hash_tensor(h, key, tensors[key])
     return h.hexdigest()
 
 
@@ -141,8 +146,8 @@ def group_problem(folder: Path, group: str, d_in: int) -> str | None:
             if problem:
                 return problem
             manifest = json.loads(meta["tensors"])
-            tensors = {}
-            for key in sorted(keys):
+            h = hashlib.sha256()
+            for key in sorted(keys):  # one tensor in memory at a time
                 sl = f.get_slice(key)
                 dtype, shape = sl.get_dtype(), list(sl.get_shape())
                 if [dtype, shape] != manifest[key]:
@@ -152,10 +157,12 @@ def group_problem(folder: Path, group: str, d_in: int) -> str | None:
                 problem = _shape_problem(key, shape, d_in)
                 if problem:
                     return problem
-                tensors[key] = f.get_tensor(key)
-                if not torch.isfinite(tensors[key]).all():
+                t = f.get_tensor(key)
+                if not torch.isfinite(t).all():
                     return f"tensor {key} holds non-finite values"
-            if _digest(tensors) != meta.get("digest"):
+                _hash_tensor(h, key, t)
+                del t
+            if h.hexdigest() != meta.get("digest"):
                 return "its bytes do not match the digest written with them"
     except Exception as e:  # a truncated or foreign file: any reader error is a reason to recompute it
         return f"it cannot be read ({type(e).__name__})"
@@ -171,21 +178,23 @@ def read_group(folder: Path, group: str) -> GroupStats:
 
     path = group_file(folder, group)
     fields: dict = {}
-    raw: dict = {}
+    h = hashlib.sha256()
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         if meta.get("group") != group:
             raise DataError(f"statistics cache file {path} holds group {meta.get('group')!r}, not {group!r}: "
                             "delete it and rerun")
-        for key in f.keys():
+        for key in sorted(f.keys()):
             name, _, site = key.partition(_SEP)
-            raw[key] = f.get_tensor(key)
-            t = for_solver(name, raw[key])
+            stored = f.get_tensor(key)
+            _hash_tensor(h, key, stored)
+            t = for_solver(name, stored)  # one at a time, so float32 copies never pile up
+            del stored
             if site:
                 fields.setdefault(name, {})[site] = t
             else:
                 fields[name] = t
-        if _digest(raw) != meta.get("digest"):
+        if h.hexdigest() != meta.get("digest"):
             raise DataError(f"statistics cache file {path} changed while this run used it (its bytes no longer match "
                             "their digest): rerun, and it is recomputed")
         fields.update(json.loads(meta["scalars"]))
