@@ -38,10 +38,9 @@ def from_config(config) -> dict[str, Analysis]:
     from bench.config import check_option_blocks, check_task_names
 
     check_option_blocks(config)
-
     names = [n for n in config.tasks if isinstance(n, str)] if isinstance(config.tasks, (list, tuple)) else []
     check_task_names(names, set(known_analyses()))
     for name in names:
         if name in REGISTRY and not get_analysis(name).runs_in_sweep:
             raise UserError(f"{name} is not a task of bench run: it has its own command, `bench {name}`")
-    return build(names, config.analysis_options if isinstance(config.analysis_options, dict) else {})
+    return build(names, config.analysis_options)

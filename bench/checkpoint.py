@@ -1,7 +1,7 @@
 """Compressed checkpoints: written with save_pretrained (safetensors), loadable by transformers alone.
 
 A factorised or sparse-activation model carries its modules' code (core/compressed_layers.py and
-core/sparsity.py, copied verbatim, plus a three-line subclass of the base architecture) and names it in the
+core/sparsity.py, copied verbatim, plus a modeling file declaring the base architecture's compressed subclass) and names it in the
 config's `auto_map`, transformers' convention for custom models: `from_pretrained(path, trust_remote_code=True)`
 then needs no acbench. acbench itself never runs a checkpoint's code: `load_checkpoint` builds the same modules
 from the installed package. `compression.json` records where the model came from and the digests that make a
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import core
-from core.compressed_layers import LAYOUT_KEY, RUNTIME_FORMS, deploy_layout
+from core.compressed_layers import LAYOUT_KEY, RUNTIME_FORMS, compressed_subclass
 from core.errors import UserError
 from core.io import atomic_write_json, sha256_file, unwritable
 
@@ -36,13 +36,10 @@ Written by acbench {version} (`bench compress`); needs torch and transformers on
 
 from transformers import {base}
 
-from .compressed_layers import deploy_layout
+from .compressed_layers import compressed_subclass
 
-
-class {name}({base}):
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        deploy_layout(self, getattr(config, "{key}", None))
+{name} = compressed_subclass({base})
+{name}.__module__ = __name__
 '''
 
 
@@ -148,18 +145,6 @@ def read_provenance(folder: Path, check_weights: bool = True) -> dict | None:
     return prov
 
 
-def compressed_class(base: type) -> type:
-    """`base` with the layout's modules built after its own (acbench's code, not the checkpoint's copy)."""
-
-    class Compressed(base):
-        def __init__(self, config, *args, **kwargs):
-            super().__init__(config, *args, **kwargs)
-            deploy_layout(self, getattr(config, LAYOUT_KEY, None))
-
-    Compressed.__name__ = Compressed.__qualname__ = f"Compressed{base.__name__}"
-    return Compressed
-
-
 def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     """A compressed checkpoint as a model, built from the installed acbench (its custom code is never run); a
     weight the layout expects and the files lack (or the reverse) is one line."""
@@ -170,7 +155,7 @@ def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     read_provenance(folder)
     config = AutoConfig.from_pretrained(folder)
     base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    model, info = compressed_class(base).from_pretrained(folder, config=config, dtype=dtype,
+    model, info = compressed_subclass(base).from_pretrained(folder, config=config, dtype=dtype,
                                                          output_loading_info=True, **kwargs)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     if bad:

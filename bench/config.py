@@ -281,13 +281,11 @@ def check_methods(config: RunConfig, names) -> None:
 
 
 def build_tasks(config: RunConfig, analyses: Mapping) -> dict[str, Task]:
-    """The run's model tasks; every --task-option block is checked, also of a task this run does not run."""
+    """The run's model tasks; every --task-option block is checked, also of a task this run does not run (that each
+    is a mapping, `check_option_blocks` made sure)."""
     shared = RunShared(seed=config.seed, batch_size=config.batch_size, bos=config.bos)
     built = {}
     for name in list(config.task_options) + [t for t in config.tasks if t not in analyses]:
-        if not isinstance(config.task_options.get(name, {}), dict):
-            raise UserError(f"task options for '{name}' must be a mapping of setting to value, got "
-                            f"{config.task_options[name]!r}: fix that block of the --config file")
         try:
             built[name] = task_registry.get_task(name).for_run(config.task_options.get(name), shared)
         except UserError:

@@ -124,7 +124,7 @@ class CostEstimate:
 def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
                    dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
-                   eval_seq_len: int = 256, sparsity: list[str] | None = None) -> CostEstimate:
+                   eval_seq_len: int = 256, sparsity: list[SparsitySpec] | None = None) -> CostEstimate:
     from .models import check_model_config
 
     config = load_model_config(model)
@@ -156,8 +156,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     for name, comp in comps.items():
         if comp.family != methods.LOW_RANK_FAMILY:
             est.sparse[name] = {}
-            for text in sparsity or []:
-                p = SparsitySpec.parse(text)
+            for p in sparsity or []:
                 check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
                 kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
                 est.sparse[name][p.label] = {

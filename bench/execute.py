@@ -267,9 +267,12 @@ class Worker:
         self.stats, self.calib_info = load_or_calibrate(
             lm, self.groups if every_group else self.selected, run.calibration, needs, run.stats_memory,
             run.config.batch_size, run.config.progress, self.calib_windows)
-        passes = self.calib_info.get("passes", 1) if not self.calib_info.get("cached") else 0
-        self.spent("calibration" + (f" ({passes} passes)" if passes > 1 else "" if passes else " (from the cache)"),
-                   time.perf_counter() - t0)
+        if self.calib_info.get("cached"):
+            stage = "calibration (from the cache)"
+        else:
+            passes = self.calib_info.get("passes", 1)
+            stage = "calibration" + (f" ({passes} passes)" if passes > 1 else "")
+        self.spent(stage, time.perf_counter() - t0)
 
     def evaluate(self, model, cells: list[Cell], compression: dict | None, timings: dict,
                  common: dict) -> list[CellRecord]:
@@ -354,10 +357,11 @@ class Worker:
             analysis = run.analyses[cell.id.task]
             t0 = time.perf_counter()
             result = analysis.run(ctx, cell.budget)
-            self.spent(f"analysis {cell.id.task}", time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.spent(f"analysis {cell.id.task}", seconds)
             write_cell(cell.path, cell_record(
                 analysis, result, **self.common(), calibration=self.calib_info, cell=cell.id,
-                versions={"analysis": analysis.version}, timings={f"{cell.id.task}_s": time.perf_counter() - t0}))
+                versions={"analysis": analysis.version}, timings={f"{cell.id.task}_s": seconds}))
             self.unclaim(cell.path)
             log(f"[{cell.id.task} @ {cell.budget.label}] " + analysis.summary_line(result))
         return len(cells)

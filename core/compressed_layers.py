@@ -180,3 +180,16 @@ def deploy_layout(model: nn.Module, layout: dict | None) -> dict[str, nn.Module]
     """Build the modules a layout names, in place; their tensors are filled by loading the checkpoint."""
     layout = layout or {}
     return {**build_factorised(model, layout), **build_sparse(model, layout)}
+
+
+def compressed_subclass(base: type) -> type:
+    """`base` (a transformers model class) building the modules its config's layout names after its own: the
+    class a saved checkpoint's modeling file declares, and the one acbench loads checkpoints with."""
+
+    class Compressed(base):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            deploy_layout(self, getattr(config, LAYOUT_KEY, None))
+
+    Compressed.__name__ = Compressed.__qualname__ = f"Compressed{base.__name__}"
+    return Compressed

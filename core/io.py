@@ -18,12 +18,21 @@ def cache_dir() -> Path:
     return root
 
 
+_HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> digest: a file hashed once per process
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    """The file's sha256. A model's weight files are hashed for its fingerprint and again to check a checkpoint's
+    digests: the second read of an unchanged file (same inode, size and modification time) is skipped."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from bench.cli import main
 from bench.costs import estimate_costs as make_plan
+from core.stats import SparsitySpec
 from core.units import parse_bytes
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -49,7 +50,8 @@ def test_plan_cli_is_one_screen_and_refuses_bad_input(capsys):
 
 
 def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
-    plan = make_plan(str(CONFIGS / "llama-3-8b"), ["act-sparse", "wanda"], [0.5], sparsity=["2:4", "0.25"])
+    plan = make_plan(str(CONFIGS / "llama-3-8b"), ["act-sparse", "wanda"], [0.5],
+                     sparsity=[SparsitySpec.parse("2:4"), SparsitySpec.parse("0.25")])
     assert plan.sparse["act-sparse"]["2:4"]["compute_ratio"] == 0.5
     assert plan.sparse["act-sparse"]["2:4"]["param_ratio"] == 1.0 and plan.sparse["wanda"]["2:4"]["param_ratio"] == 0.5
     # 2:4 index bits per token of one block: ceil(log2 C(4, 2)) = 3 bits per 4 channels of 4096 + 4096 + 4096 + 14336

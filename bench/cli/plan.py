@@ -36,7 +36,7 @@ def cmd_plan(args) -> int:
     c = run.config
     est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
                          run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
-                         c.pair_tokens, sparsity=[p.label if p.structured else f"{p.density:g}" for p in run.patterns])
+                         c.pair_tokens, sparsity=list(run.patterns))
     print(render(est))
     return 0
 
