@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from core.linalg import direction_scores, group_whitening, pca_basis, weighted_subspace
+from core.linalg import direction_scores, fisher_basis, pca_basis
 from core.stats import RankSpec
 from tasks.base import TaskResult
 
@@ -30,7 +30,7 @@ def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
         t0 = time.perf_counter()
         r = rho_scores(st.xs, st.gs, discard=pca["U"][:, k:])
         seconds = time.perf_counter() - t0
-        fisher = st.cached("fisher_basis", lambda st=st: weighted_subspace(st.C, F=st.F, whitening=group_whitening(st)))
+        fisher = fisher_basis(st)  # the variants' (fasc, fasc-kfac) memoised basis where the store kept it
 
         def surrogate(sol):
             z = direction_scores(sol, st.xs, st.gs)[:, k:]  # the discarded directions' shares

@@ -66,3 +66,69 @@ def test_fasc_settings_are_validated():
         FASC.from_options({"max_swaps": "abc"})
     with pytest.raises(ValueError, match="folds must be >= 1"):
         FASC.from_options({"folds": 0})
+
+
+def reference_swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tuple[int, int]]:
+    """The plain form of the greedy search (D x K gathered again at every swap), against which the incremental
+    one in methods/fasc.py is pinned."""
+    d = Q.shape[0]
+    in_D = torch.zeros(d, dtype=torch.bool)
+    in_D[discard] = True
+    r = Q[:, in_D].sum(1)
+    diag = Q.diagonal()
+    scale = diag.abs().sum().clamp_min(1e-300)
+    path = []
+    while len(path) < max_swaps:
+        D, K = in_D.nonzero().squeeze(1), (~in_D).nonzero().squeeze(1)
+        delta = (-2 * r[D] + diag[D])[:, None] + (2 * r[K] + diag[K])[None, :] - 2 * Q[D][:, K]
+        best = int(delta.argmin())
+        if delta.view(-1)[best] >= -1e-12 * scale:
+            break
+        i, j = int(D[best // K.numel()]), int(K[best % K.numel()])
+        in_D[i], in_D[j] = False, True
+        r += Q[:, j] - Q[:, i]
+        path.append((i, j))
+    return path
+
+
+@pytest.mark.parametrize("d,k,seed", [(64, 32, 0), (200, 60, 1), (640, 320, 2)])
+def test_swap_path_equals_the_plain_search(d, k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # directions in random order of size, some coupled across the cut: the K-FAC discard set is far from the
+    # greedy optimum, so the paths are long
+    z = torch.randn(512, d, generator=gen, dtype=torch.float64) * (torch.rand(d, generator=gen, dtype=torch.float64) + 0.1)
+    z[:, :8] += 0.7 * z[:, k:k + 8]
+    Q = z.T @ z / len(z)
+    discard = torch.arange(k, d)
+    got, want = swap_path(Q, discard, 300), reference_swap_path(Q, discard, 300)
+    assert len(want) > 5 and got == want
+
+
+def test_swap_path_breaks_ties_as_the_plain_search():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):  # small integers: many exactly equal deltas
+        Q = torch.randint(-3, 4, (30, 30), generator=gen).double()
+        Q = Q + Q.T
+        discard = torch.arange(12, 30)
+        assert swap_path(Q, discard, 40) == reference_swap_path(Q, discard, 40)
+
+
+def test_fasc_selection_is_memoised_per_group_and_rank():
+    from core.stats import GroupStats
+    from methods.fasc import FASC
+
+    d, n = 48, 256
+    dist = Distribution("B", d, 0)
+    x, g = dist.sample(n)
+    st = GroupStats(n_tokens=n, C=x.T @ x / n, F=g.T @ g / n, xs=x.float(), gs=g.float())
+    W = {"w": torch.randn(32, d, dtype=torch.float64)}
+    fasc = FASC.from_options({})
+    first = fasc.solve(W, st, 24)
+    keys = [key for key in st.memo if key.startswith("fasc_discard:")]
+    assert keys == ["fasc_discard:24:512:4"]
+    st.memo[keys[0]] = (st.memo[keys[0]][0], {**st.memo[keys[0]][1], "marker": 1})
+    again = fasc.solve(W, st, 24)  # read from the memo, not searched again
+    assert again[3]["marker"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(first[0]["w"], again[0]["w"]))
+    fasc.solve(W, st, 12)
+    assert len([key for key in st.memo if key.startswith("fasc_discard:")]) == 2
