@@ -76,23 +76,29 @@ def weighted_subspace(
     F_factor: torch.Tensor | None = None,
     eps: float = BASE_EPS,
     whitening: tuple | None = None,
+    keep: int | None = None,
 ) -> dict:
     """Solve min_P tr((I-P)^T F (I-P) C) over rank-k projections, for every k at once.
 
     With S S^T = C: the eigenvectors v_j of S^T F S (descending lambda_j) give u_j = S v_j and
     w_j^T = v_j^T S^{-1}; keeping the first k gives P = U_k W_k^T, the exact optimum. F = I when
-    neither F nor F_factor (F = R^T R, solved by SVD of R S for accuracy) is given.
+    neither F nor F_factor (F = R^T R, solved by SVD of R S for accuracy) is given. `keep`: only the first `keep`
+    columns of U and rows of W^T are formed (a method that deploys one k; the d x d products are most of its cost).
     """
     S, Sinv, fallbacks = whitening if whitening is not None else whitening_factor(C, eps)
     fallbacks = list(fallbacks)
     if F_factor is not None:
-        _, sig, Vh = torch.linalg.svd(F_factor.double() @ S, full_matrices=True)
+        R = F_factor.double() @ S
+        # V must be square: from the thin SVD when R has at least d rows, completed by the full one otherwise
+        _, sig, Vh = torch.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
         lam = torch.zeros(S.shape[0], dtype=torch.float64)
         lam[: sig.numel()] = sig**2
         V = Vh.T
     else:
         Fm = torch.eye(S.shape[0], dtype=torch.float64) if F is None else F.double()
         lam, V = sorted_eigh(S.T @ Fm @ S)
+    if keep is not None:
+        V = V[:, :keep]
     U = S @ V  # columns u_j
     Wt = V.T @ Sinv  # rows w_j^T
     return {"lam": lam, "U": U, "Wt": Wt, "fallbacks": fallbacks}

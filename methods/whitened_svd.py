@@ -28,11 +28,11 @@ class WhitenedSVD(Compressor):
     def solve(self, weights, stats, k):
         if not self.settings.per_site:
             W = torch.cat(list(weights.values()), dim=0)
-            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
+            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats), keep=k)
             return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}
         factors, fallbacks = {}, []
         for n, W in weights.items():
-            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats))
+            sol = weighted_subspace(stats.C, F_factor=W, whitening=group_whitening(stats), keep=k[n])
             factors[n] = (W @ sol["U"][:, :k[n]], sol["Wt"][:k[n]])
             fallbacks = sol["fallbacks"]
         return factors, False, fallbacks, {}
