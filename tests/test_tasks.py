@@ -135,6 +135,48 @@ def test_ppl_token_by_hand(small_model, tokenizer):
     assert math.exp(per_window.mean().item()) == pytest.approx(by_hand, rel=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [7, 64, 100_000])
+def test_next_token_nll_equals_a_float64_log_softmax(small_model, tokenizer, chunk):
+    """The vocabulary-sliced log-sum-exp (slices of 7 words: many, the last one partial) against the full logits'
+    log-softmax in float64; with Gemma's final soft-capping switched on; and through a head that is not a Linear."""
+    from tasks.base import base_model, logits_from_hidden, next_token_nll
+
+    ids = torch.randint(0, len(tokenizer), (3, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = base_model(small_model)(input_ids=ids).last_hidden_state[:, :-1]
+
+        def reference():
+            logp = torch.log_softmax(logits_from_hidden(small_model, hidden).double(), -1)
+            return -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+        got = next_token_nll(small_model, hidden, ids[:, 1:], vocab_chunk=chunk)
+        assert got.dtype == torch.float64 and got.shape == (3, 23)
+        assert torch.allclose(got, reference(), rtol=1e-6, atol=1e-6)
+        cap = getattr(small_model.config, "final_logit_softcapping", None)
+        small_model.config.final_logit_softcapping = 0.5  # strong capping: every logit changed
+        try:
+            assert torch.allclose(next_token_nll(small_model, hidden, ids[:, 1:], vocab_chunk=chunk), reference(),
+                                  rtol=1e-6, atol=1e-6)
+        finally:
+            small_model.config.final_logit_softcapping = cap
+
+        class Wrapped(torch.nn.Module):  # a head transformers would not hand back as a Linear
+            def __init__(self, linear):
+                super().__init__()
+                self.linear = linear
+
+            def forward(self, h):
+                return self.linear(h)
+
+        head = small_model.get_output_embeddings()
+        small_model.set_output_embeddings(Wrapped(head))
+        try:
+            assert torch.allclose(next_token_nll(small_model, hidden, ids[:, 1:], vocab_chunk=chunk), reference(),
+                                  rtol=1e-6, atol=1e-6)
+        finally:
+            small_model.set_output_embeddings(head)
+
+
 def test_ppl_task_reports_protocol(small_model, tokenizer, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text(" ".join(f"token{i}" for i in range(400)))
