@@ -27,9 +27,33 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for num, den, what, target in RATIOS:
         if num in med and den in med:
             terminalreporter.write_line(f"{what}: {med[num] / med[den]:.2f}x (target {target})")
+    _efficiency(terminalreporter, session)
     for name in sorted(med):
         if name.startswith("test_solve["):
             terminalreporter.write_line(f"{name}: {med[name] * 1e3:.1f} ms per group")
+
+
+EFFICIENCY = [("test_efficiency_ppl_token", "ppl-token"), ("test_efficiency_lama", "LAMA"),
+              ("test_efficiency_calibration", "calibration")]
+EFFICIENCY_TARGET = 1.6
+
+
+def _efficiency(terminalreporter, session) -> None:
+    """Each stage's median time / (its counted matmul FLOPs at this session's float32 matmul throughput)."""
+    by_name = {b.name: b for b in session.benchmarks if b.stats is not None}
+    ref = by_name.get("test_matmul_float32")
+    if ref is None:
+        return
+    throughput = ref.extra_info["flops"] / ref.stats.median
+    terminalreporter.write_line(f"float32 matmul throughput this session: {throughput / 1e9:.1f} GFLOP/s")
+    for name, stage in EFFICIENCY:
+        b = by_name.get(name)
+        if b is None:
+            continue
+        floor = b.extra_info["flops"] / throughput
+        terminalreporter.write_line(
+            f"{stage}: {b.stats.median:.2f} s for {b.extra_info['flops'] / 1e9:.0f} GFLOP of matmuls = "
+            f"{b.stats.median / floor:.2f}x its floor of {floor:.2f} s (target <= {EFFICIENCY_TARGET})")
 
 
 @pytest.fixture(scope="session")

@@ -175,3 +175,62 @@ def _qkv_group(sparse: bool):
 @pytest.mark.parametrize("form", ["dense", "8:16 masked"])
 def test_group_forward(benchmark, form):
     benchmark.pedantic(_qkv_group(form != "dense"), rounds=20, warmup_rounds=3)
+
+
+# ---------------------------------------------------------------- efficiency: a stage's time against its matmul floor
+# Each stage's matrix-multiply FLOPs are counted by torch's FlopCounterMode on one untimed run (every mm, bmm,
+# addmm and attention product it dispatches); its floor is those FLOPs at the float32 matmul throughput measured
+# in the same session (test_matmul_float32). conftest.py prints measured / floor per stage.
+
+def _count_flops(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def test_matmul_float32(benchmark):
+    """The throughput the floors use: a float32 product at the LM head's shape (512 tokens x 640 -> 65,536 words)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(512, 640, generator=g), torch.randn(640, 65536, generator=g)
+    benchmark.extra_info["flops"] = 2 * 512 * 640 * 65536
+    benchmark.pedantic(lambda: a @ b, rounds=5, warmup_rounds=2)
+
+
+def _efficiency_case(benchmark, fn, rounds=2):
+    benchmark.extra_info["flops"] = _count_flops(fn)
+    benchmark.pedantic(fn, rounds=rounds, warmup_rounds=0)
+
+
+def test_efficiency_ppl_token(benchmark, default_model):
+    """ppl-token as a run sizes it (256-token windows, two per forward), on 4 windows instead of 16."""
+    from tasks.perplexity import PPLToken
+
+    task = PPLToken.from_options({"max_windows": 4, "batch_size": 2})
+    _efficiency_case(benchmark, lambda: task.evaluate(default_model.model, default_model.tokenizer, progress=False))
+
+
+def test_efficiency_lama(benchmark, default_model):
+    """LAMA as a run sizes it (25 candidates per probe), on 3 probes per relation instead of 15."""
+    from tasks.lama import LAMA
+
+    task = LAMA.from_options({"per_relation": 3})
+    _efficiency_case(benchmark, lambda: task.evaluate(default_model.model, default_model.tokenizer, progress=False))
+
+
+def test_efficiency_calibration(benchmark, default_model):
+    """The default run's calibration (every statistic `--methods all` and rho need: forward, backward, hooks), on 4
+    of its 12 windows."""
+    import analyses
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.config import RunConfig, resolve_run
+    from bench.statistics import calibration_windows
+
+    config = RunConfig(progress=False)
+    needs = resolve_run(config, analyses.from_config(config), writes=False).stats_needs()
+    spec = CalibSpec(samples=4)
+    windows = calibration_windows(default_model.tokenizer, spec)
+    groups = find_input_groups(default_model.model)
+    _efficiency_case(benchmark, lambda: calibrate(default_model.model, groups, windows, needs, spec, batch_size=2,
+                                                  progress=False), rounds=1)
