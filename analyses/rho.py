@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from core.linalg import direction_scores, fisher_basis, pca_basis
+from core.linalg import direction_scores, fisher_scores, pca_basis
 from core.stats import RankSpec
 from tasks.base import TaskResult
 
@@ -30,13 +30,11 @@ def group_rho(stats, groups, rank: RankSpec) -> list[dict]:
         t0 = time.perf_counter()
         r = rho_scores(st.xs, st.gs, discard=pca["U"][:, k:])
         seconds = time.perf_counter() - t0
-        fisher = fisher_basis(st)  # the variants' (fasc, fasc-kfac) memoised basis where the store kept it
+        def surrogate(z):
+            return float((z[:, k:].sum(1) ** 2).mean())  # z[:, k:]: the discarded directions' shares
 
-        def surrogate(sol):
-            z = direction_scores(sol, st.xs, st.gs)[:, k:]  # the discarded directions' shares
-            return float((z.sum(1) ** 2).mean())
-
-        s_pca, s_fasc = surrogate(pca), surrogate(fisher)
+        # fasc-kfac's scores as fasc memoised them (with the basis) where the store kept the group
+        s_pca, s_fasc = surrogate(direction_scores(pca, st.xs, st.gs)), surrogate(fisher_scores(st))
         rows.append({"group": g.name, "block": g.block, "kind": g.kind, "d": g.d_in, "k": k, **r,
                      "surrogate_pca": s_pca, "surrogate_fasc_kfac": s_fasc,
                      "surrogate_gain": (s_pca - s_fasc) / s_pca if s_pca > 0 else 0.0, "seconds": seconds})

@@ -135,3 +135,9 @@ def pca_basis(stats) -> dict:
 def direction_scores(sol: dict, xs: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
     """z[n, j] = (g_n^T u_j)(w_j^T x_n): the share of direction j in token n's loss change."""
     return (gs.double() @ sol["U"]) * (xs.double() @ sol["Wt"].T)
+
+
+def fisher_scores(stats) -> torch.Tensor:
+    """direction_scores on fasc-kfac's basis for the group's token sample, memoised (N x d): fasc's swap search and
+    the rho analysis's surrogate read the same scores."""
+    return stats.cached("fisher_scores", lambda: direction_scores(fisher_basis(stats), stats.xs, stats.gs))

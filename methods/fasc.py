@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite, direction_scores, fisher_basis
+from core.linalg import check_finite, fisher_basis, fisher_scores
 
 from .base import Compressor, projection_factors
 
@@ -162,8 +162,7 @@ class FASC(FASCKFAC):
 
         def select():
             check_finite("fasc", xs=stats.xs, gs=stats.gs)
-            z = direction_scores(sol, stats.xs, stats.gs)
-            return select_discard(z, torch.arange(k, d), s.max_swaps, s.folds)
+            return select_discard(fisher_scores(stats), torch.arange(k, d), s.max_swaps, s.folds)
 
         # memoised per group, k and settings: the rho analysis compresses block ranges with fasc at the run's rank
         in_D, extras = stats.cached(f"fasc_discard:{k}:{s.max_swaps}:{s.folds}", select)

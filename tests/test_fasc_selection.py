@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from core.linalg import weighted_subspace
-from methods.fasc import _apply, direction_scores, select_discard, swap_path
+from core.linalg import direction_scores, weighted_subspace
+from methods.fasc import _apply, select_discard, swap_path
 
 from coupling_synthetic import Distribution
 
@@ -132,3 +132,25 @@ def test_fasc_selection_is_memoised_per_group_and_rank():
     assert all(torch.equal(a, b) for a, b in zip(first[0]["w"], again[0]["w"]))
     fasc.solve(W, st, 12)
     assert len([key for key in st.memo if key.startswith("fasc_discard:")]) == 2
+
+
+def test_rho_reads_the_scores_fasc_memoised_with_the_same_numbers():
+    from types import SimpleNamespace
+
+    from analyses.rho import group_rho
+    from core.stats import GroupStats, RankSpec
+    from methods.fasc import FASC
+
+    d, n = 48, 256
+    x, g = Distribution("B", d, 1).sample(n)
+
+    def fresh():
+        return GroupStats(n_tokens=n, C=x.T @ x / n, F=g.T @ g / n, xs=x.float(), gs=g.float())
+
+    group = SimpleNamespace(name="g", block=0, kind="mlp_in", d_in=d, d_outs=(32,))
+    cold = group_rho({"g": fresh()}, [group], RankSpec(0.5))[0]
+    warm_stats = fresh()
+    FASC.from_options({}).solve({"w": torch.randn(32, d, dtype=torch.float64)}, warm_stats, 24)
+    assert "fisher_scores" in warm_stats.memo
+    warm = group_rho({"g": warm_stats}, [group], RankSpec(0.5))[0]
+    assert {k: v for k, v in cold.items() if k != "seconds"} == {k: v for k, v in warm.items() if k != "seconds"}
