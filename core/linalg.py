@@ -25,8 +25,8 @@ def damp(C: torch.Tensor, eps: float) -> torch.Tensor:
     d = C.shape[0]
     scale = torch.trace(C) / d
     if scale <= 0:
-        scale = torch.ones((), dtype=C.dtype)
-    return C + eps * scale * torch.eye(d, dtype=C.dtype)
+        scale = torch.ones((), dtype=C.dtype, device=C.device)
+    return C + eps * scale * torch.eye(d, dtype=C.dtype, device=C.device)
 
 
 def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS,
@@ -53,7 +53,8 @@ def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS,
         if int(info) == 0:
             if e != eps:
                 fallbacks.append({"op": "cholesky", "kind": "damping-escalated", "eps": e})
-            Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[0], dtype=L.dtype), upper=False)
+            Linv = torch.linalg.solve_triangular(L, torch.eye(L.shape[0], dtype=L.dtype, device=L.device),
+                                                  upper=False)
             return L, Linv, fallbacks
         e *= 10
     # Cholesky failed at every damping: symmetric square root from eigh, eigenvalues clamped.
@@ -91,11 +92,11 @@ def weighted_subspace(
         R = F_factor.double() @ S
         # V must be square: from the thin SVD when R has at least d rows, completed by the full one otherwise
         _, sig, Vh = torch.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
-        lam = torch.zeros(S.shape[0], dtype=torch.float64)
+        lam = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
         lam[: sig.numel()] = sig**2
         V = Vh.T
     else:
-        Fm = torch.eye(S.shape[0], dtype=torch.float64) if F is None else F.double()
+        Fm = torch.eye(S.shape[0], dtype=torch.float64, device=S.device) if F is None else F.double()
         lam, V = sorted_eigh(S.T @ Fm @ S)
     if keep is not None:
         V = V[:, :keep]

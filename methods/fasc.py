@@ -22,7 +22,7 @@ def swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tu
     gathering the block again per swap (that gather was most of fasc's compress time at d = 2048). Ties go to the
     smallest i, then the smallest j: the pair a scan of D and K in index order finds first."""
     d = Q.shape[0]
-    in_D = torch.zeros(d, dtype=torch.bool)
+    in_D = torch.zeros(d, dtype=torch.bool, device=Q.device)
     in_D[discard] = True
     if in_D.all() or not in_D.any():
         return []
@@ -66,7 +66,7 @@ def _first_minimum(delta, row_low, low, D, K, d) -> tuple[int, int]:
 
 def path_values(Q: torch.Tensor, discard: torch.Tensor, path: list[tuple[int, int]]) -> torch.Tensor:
     """1_D^T Q 1_D after 0, 1, ..., len(path) swaps of a path (Q may be another sample's than the path's)."""
-    in_D = torch.zeros(Q.shape[0], dtype=torch.bool)
+    in_D = torch.zeros(Q.shape[0], dtype=torch.bool, device=Q.device)
     in_D[discard] = True
     ones = in_D.double()
     r = Q @ ones
@@ -76,7 +76,7 @@ def path_values(Q: torch.Tensor, discard: torch.Tensor, path: list[tuple[int, in
         f += float(-2 * r[i] + Q[i, i] + 2 * r[j] + Q[j, j] - 2 * Q[i, j])
         r += Q[:, j] - Q[:, i]
         out.append(f)
-    return torch.tensor(out, dtype=torch.float64)
+    return torch.tensor(out, dtype=torch.float64, device=Q.device)
 
 
 def coupled_selection(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> tuple[torch.Tensor, int]:
@@ -86,7 +86,7 @@ def coupled_selection(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) ->
 
 
 def _apply(d: int, discard: torch.Tensor, path: list[tuple[int, int]]) -> torch.Tensor:
-    in_D = torch.zeros(d, dtype=torch.bool)
+    in_D = torch.zeros(d, dtype=torch.bool, device=discard.device)
     in_D[discard] = True
     for i, j in path:
         in_D[i], in_D[j] = False, True
@@ -106,9 +106,11 @@ def cross_validated_swaps(z: torch.Tensor, discard: torch.Tensor, max_swaps: int
     let one lucky fold carry the choice: +1.6 % held-out vs fasc-kfac on synthetic data where K-FAC is right.)
     """
     n = z.shape[0]
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    fold_of = torch.empty(n, dtype=torch.long)
-    fold_of[perm] = torch.arange(n) % folds
+    # folds drawn on the CPU, then moved: the same folds whatever device solves
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed), device="cpu")
+    fold_of = torch.empty(n, dtype=torch.long, device="cpu")
+    fold_of[perm] = torch.arange(n, device="cpu") % folds
+    fold_of = fold_of.to(z.device)
     gram = z.T @ z if gram is None else gram
     curves = []
     for f in range(folds):
@@ -162,7 +164,8 @@ class FASC(FASCKFAC):
 
         def select():
             check_finite("fasc", xs=stats.xs, gs=stats.gs)
-            return select_discard(fisher_scores(stats), torch.arange(k, d), s.max_swaps, s.folds)
+            return select_discard(fisher_scores(stats), torch.arange(k, d, device=sol["U"].device), s.max_swaps,
+                                  s.folds)
 
         # memoised per group, k and settings: the rho analysis compresses block ranges with fasc at the run's rank
         in_D, extras = stats.cached(f"fasc_discard:{k}:{s.max_swaps}:{s.folds}", select)

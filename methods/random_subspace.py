@@ -18,7 +18,9 @@ class RandomSubspace(Compressor):
     Settings = RandomSettings
 
     def solve(self, weights, stats, k):
-        d = next(iter(weights.values())).shape[1]
+        W = next(iter(weights.values()))
+        # drawn on the CPU, then moved: the same subspace whatever device solves
         gen = torch.Generator().manual_seed(self.settings.seed)
-        Q, _ = torch.linalg.qr(torch.randn(d, k, generator=gen, dtype=torch.float64))
+        draw = torch.randn(W.shape[1], k, generator=gen, dtype=torch.float64, device="cpu").to(W.device)
+        Q, _ = torch.linalg.qr(draw)
         return projection_factors(weights, Q, Q.T), True, [], {}
