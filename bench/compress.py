@@ -25,13 +25,14 @@ from .groups import find_input_groups
 @contextmanager
 def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
                method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
-               ks: Mapping[str, int] | None = None, merge: bool = False):
+               ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
     model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
     (bench.allocate), for a projection method; without it every group's k comes from `rank`. `merge`: factors are
-    deployed as dense-shaped weights W_i' = A_i B_i even where the factorised form is smaller. `method` is a name or
+    deployed as dense-shaped weights W_i' = A_i B_i even where the factorised form is smaller. `solve_device`: where
+    each group's statistics are moved and solved (default the host). `method` is a name or
     a variant (`act-sparse:score=fisher`); `rank` is a RankSpec (low-rank family) or a SparsitySpec (sparsity)."""
     comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
@@ -39,7 +40,8 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
-                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name])
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name],
+                                    device=solve_device)
             except NumericError as e:
                 raise UserError(str(e)) from None
             if merge and isinstance(res, GroupCompression):
@@ -54,7 +56,8 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
 
 
 def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, method: str,
-                        method_options: dict | None, allocation: dict | None = None, scope: str = ALL_GROUPS) -> dict:
+                        method_options: dict | None, allocation: dict | None = None, scope: str = ALL_GROUPS,
+                        solve_device: str = "cpu") -> dict:
     dense = sum(s["params_dense"] for s in summaries)
     deployed = sum(s["params_deployed"] for s in summaries)
     fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
@@ -73,5 +76,5 @@ def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, me
         "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
         "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,
-        "allocation": allocation or {"rule": UNIFORM},
+        "allocation": allocation or {"rule": UNIFORM}, "solve_device": solve_device,
     }

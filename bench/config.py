@@ -61,6 +61,7 @@ class RunConfig:
     # execution
     device: str = "cpu"
     device_map: str | None = None  # "auto": accelerate places the blocks across the GPUs (a model larger than one)
+    solve_device: str = "auto"  # where the solves run: auto (the device of the model's first parameter), cpu, cuda[:i]
     dtype: str = "float32"
     batch_size: int = 4
     stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
@@ -330,6 +331,31 @@ def check_option_blocks(config: RunConfig) -> None:
                                 "--config file")
 
 
+def check_solve_device(device) -> None:
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise UserError(f"--solve-device {device!r} is not supported: use auto (the model's device), cpu or "
+                        "cuda[:<index>]")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"--solve-device {device}: this machine has no CUDA device (torch.cuda.is_available() is "
+                            "False): use --solve-device cpu or auto")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"--solve-device {device}: this machine has {torch.cuda.device_count()} CUDA device(s): "
+                            f"use an index below {torch.cuda.device_count()}")
+
+
+def solve_device_for(config: RunConfig, model) -> str:
+    """The device the solves run on: --solve-device, with auto meaning the device of the model's first parameter
+    (the host for a model on the CPU or spread by device_map over several devices from the host)."""
+    if config.solve_device != "auto":
+        return config.solve_device
+    first = next(model.parameters(), None)
+    return str(first.device) if first is not None and first.device.type != "meta" else "cpu"
+
+
 def check_execution(config: RunConfig, writes: bool = True) -> None:
     """Sizes, devices, executors and the results folder."""
     for attr, low in _POSITIVE.items():
@@ -364,6 +390,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
 
         if not torch.cuda.is_available():
             raise UserError(f"--device {config.device} asked for, but no CUDA device is available: use --device cpu")
+    check_solve_device(config.solve_device)
     if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:
         raise UserError(f"--seed must be an integer in [0, 2^32), got {config.seed!r}")
     if writes:

@@ -8,6 +8,7 @@ and estimated peak memory for calibration and for evaluation.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,3 +196,118 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     est.evaluation_peak = est.weight_bytes + int(largest_ratio * dense_linear * width) + \
         batch_size * eval_seq_len * vocab * 4
     return est
+
+
+# ------------------------------------------------------------------------------------- time, from a micro-benchmark
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """What a few small measured operations say about a device: the plan scales them by the known costs."""
+
+    device: str
+    matmul32: float  # float32 matmul, FLOP/s (calibration and evaluation run in the model's dtype)
+    matmul64: float  # float64 matmul, FLOP/s (the solves)
+    eigh_n: int
+    eigh_s: float  # seconds of a float64 eigh at eigh_n
+    svd_shape: tuple[int, int]
+    svd_s: float  # seconds of a float64 thin SVD at svd_shape
+    bandwidth: float  # bytes/s of a float64 elementwise pass
+
+
+@functools.lru_cache(maxsize=None)  # once per device and process (a few seconds each)
+def measure_speed(device: str = "cpu", n: int = 1024) -> DeviceSpeed:
+    """Median of 3 timed runs (after one warm-up) of each operation at about size n, on `device` (a few seconds on
+    2 CPU cores; small sizes would run below the throughput the solves reach at d = 2048 and beyond)."""
+    import statistics
+    import time
+
+    dev = torch.device(device)
+
+    def timed(fn):
+        fn()
+        out = []
+        for _ in range(3):
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    g = torch.Generator().manual_seed(0)
+    a32 = torch.randn(n, n, generator=g).to(dev)
+    a64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
+    sym = a64 @ a64.T
+    tall = torch.randn(n, n // 2, generator=g, dtype=torch.float64).to(dev)
+    big = torch.randn(2 * n, 2 * n, generator=g, dtype=torch.float64).to(dev)
+    return DeviceSpeed(
+        device=str(dev), matmul32=2 * n ** 3 / timed(lambda: a32 @ a32),
+        matmul64=2 * n ** 3 / timed(lambda: a64 @ a64), eigh_n=n, eigh_s=timed(lambda: torch.linalg.eigh(sym)),
+        svd_shape=(n, n // 2), svd_s=timed(lambda: torch.linalg.svd(tall, full_matrices=False)),
+        bandwidth=3 * big.numel() * 8 / timed(lambda: big + big))
+
+
+def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
+    """One declared solve operation's time: eigh and SVD scaled from the measured size by n^3 (m n^2)."""
+    kind, sizes = op[1], op[2:]
+    if kind == "eigh":
+        return speed.eigh_s * (sizes[0] / speed.eigh_n) ** 3
+    if kind == "svd":
+        m, n = max(sizes), min(sizes)
+        m0, n0 = speed.svd_shape
+        return speed.svd_s * (m * n * n) / (m0 * n0 * n0)
+    if kind == "flops":
+        return sizes[0] / speed.matmul64
+    if kind == "bytes":
+        return sizes[0] / speed.bandwidth
+    raise ValueError(f"unknown solve operation {kind!r}")
+
+
+def estimate_times(model: str, method_names: list[str], ranks: list[float], speed: DeviceSpeed, budget: str = "rank",
+                   align: int = 1, calib_tokens: int = 12 * 256, pair_tokens: int = 512,
+                   calib_speed: DeviceSpeed | None = None) -> dict:
+    """Seconds of calibration (at `calib_speed`, the model's device; default `speed`) and of each method's solves
+    (at `speed`, the solve device), in run order: methods sharing a memoised solve of a group, as fasc and
+    fasc-kfac share the K-FAC basis, pay for it once, the first in the run's order."""
+    calib_speed = calib_speed or speed
+    config = load_model_config(model)
+    groups = find_input_groups(meta_model(config))
+    comps = {m: methods.build(m) for m in method_names}
+    needs = frozenset().union(*(c.required_stats() for c in comps.values()))
+    text = getattr(config, "get_text_config", lambda: config)()
+    linear = sum(g.d_in * sum(g.d_outs) for g in groups)
+    grads = bool(needs & {"F", "pairs", "row_fisher"})
+    # forward (2 per weight) and, with gradients, backward (4 more) through the blocks and the LM head, plus the
+    # hooks' float32 products x^T x (and g^T g) per group
+    head = text.vocab_size * text.hidden_size
+    per_token = (2 + (4 if grads else 0)) * (linear + head) + sum(
+        2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
+    out = {"calibration": calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
+           "undeclared": []}
+    done: set = set()
+    for name in sorted(comps):  # the run's order
+        comp = comps[name]
+        if comp.family != methods.LOW_RANK_FAMILY:
+            out["methods"][name] = 0.0
+            continue
+        seconds = 0.0
+        for r in ranks:
+            rank = RankSpec(r, budget, align)
+            for g in groups:
+                ops = comp.solve_ops(g.d_in, g.d_outs, comp.rank_for(g, rank), pair_tokens)
+                if ops is None:
+                    out["undeclared"].append(name)
+                    ops = []
+                for op in ops:
+                    key = (g.name, op[0]) if op[0] else None
+                    if key in done:
+                        continue
+                    if key:
+                        done.add(key)
+                    seconds += op_seconds(op, speed)
+        out["methods"][name] = None if name in out["undeclared"] else seconds
+    out["total"] = out["calibration"] + sum(v for v in out["methods"].values() if v is not None)
+    out["undeclared"] = sorted(set(out["undeclared"]))
+    return out

@@ -29,7 +29,7 @@ from .allocate import allocate, check_budget
 from .cells import Cell, ModelInfo, plan
 from .compress import compressed, compression_summary
 from .costs import calibration_chunks
-from .config import Run
+from .config import Run, solve_device_for
 from .groups import find_input_groups
 from .measure import latency, peak_memory, weight_bytes
 from .models import LoadedModel, ModelSource, load_weights, open_model
@@ -161,12 +161,13 @@ class AnalysisContext:
     seed: int
     progress: bool
     run: Run
+    solve_device: str = "cpu"
 
     @contextmanager
     def compressed(self, method: str, rank: RankSpec, only_groups: set[str] | None = None):
         """`with ctx.compressed(...) as model:` the dense model compressed in place, restored on exit."""
         with compressed(self.model, method, rank, self.stats, self.run.method_options(method), only_groups,
-                        progress=False) as (model, _):
+                        progress=False, solve_device=self.solve_device) as (model, _):
             yield model
 
     def task(self, name: str, **overrides):
@@ -222,6 +223,10 @@ class Worker:
         self.selected = [g for g in self.groups if selection.includes(g)]
         self.scope = selection.scope
         return self.lm
+
+    @property
+    def solve_device(self) -> str:
+        return solve_device_for(self.run.config, self.model().model)
 
     def common(self) -> dict:
         lm = self.model()
@@ -335,13 +340,14 @@ class Worker:
         t0 = time.perf_counter()
         with compressed(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
                         only_groups=None if self.scope == ALL else {g.name for g in self.selected},
-                        ks=alloc.ks if alloc else None) as (model, summaries):
+                        ks=alloc.ks if alloc else None, solve_device=self.solve_device) as (model, summaries):
             timings["compress_s"] = time.perf_counter() - t0
             self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
             if self.calib_info and uses_stats:
                 timings["calibrate_s"] = self.calib_info.get("seconds")
             common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
-            summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope)
+            summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope,
+                                          self.solve_device)
             recs = self.evaluate(model, cells, summary, timings, common)
         log(f"[{cells[0].label}] {summary_line(recs)}")
         return len(recs)
@@ -352,7 +358,7 @@ class Worker:
             return 0
         lm, run = self.model(), self.run
         ctx = AnalysisContext(lm.model, lm.tokenizer, self.stats, self.groups, run.config.seed, run.config.progress,
-                              run)
+                              run, self.solve_device)
         for cell in cells:
             analysis = run.analyses[cell.id.task]
             t0 = time.perf_counter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -169,6 +169,26 @@ class GroupStats:
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g
     row_fisher: dict[str, torch.Tensor] | None = None  # per site: sum over batches of (dL/dW)^2 row sums
     memo: dict = field(default_factory=dict, repr=False)  # solves shared by methods (whitening, Fisher basis)
+
+    def on(self, device) -> "GroupStats":
+        """These statistics on `device`: self where every tensor is there already, else a copy whose tensors are
+        moved, with a memo of that device's own kept inside this one (solves memoised there serve every method
+        solving there, and no solve mixes a host basis with device tensors)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        moved, changed = {}, False
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor) and v.device != device:
+                moved[f.name], changed = v.to(device), True
+            elif f.name == "row_fisher" and v and any(t.device != device for t in v.values()):
+                moved[f.name], changed = {n: t.to(device) for n, t in v.items()}, True
+        if not changed:
+            return self
+        out = replace(self, **moved)
+        out.memo = self.memo.setdefault(f"on {device}", {})
+        return out
 
     def cached(self, key: str, compute):
         """Methods that share a factorisation of the same statistics compute it once per group."""

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from core.linalg import check_finite
 
-from .base import Compressor
+from .base import Compressor, site_svd_ops
 from .svd import truncated_factors
 
 
@@ -19,6 +19,9 @@ class ASVD(Compressor):
     needs = frozenset({"abs_mean"})
     per_site = True
     Settings = ASVDSettings
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return site_svd_ops(d_in, d_outs)
 
     def solve(self, weights, stats, k):
         s = stats.abs_mean.double()

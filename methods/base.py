@@ -200,23 +200,31 @@ class Compressor(Plugin):
         """One subspace per input group (its k can be set per group by a rank allocation)."""
         return not self.site_wise
 
-    def compress(self, group, stats: GroupStats, rank: RankSpec, k: int | None = None) -> GroupCompression:
-        """`k`: the group's k from a rank allocation (projection methods only); else from `rank`."""
+    def compress(self, group, stats: GroupStats, rank: RankSpec, k: int | None = None,
+                 device=None) -> GroupCompression:
+        """`k`: the group's k from a rank allocation (projection methods only); else from `rank`. `device`: where
+        the solve runs (default the host); the statistics and weights are moved there and the factors stay."""
         if not isinstance(rank, RankSpec):
             raise TypeError(f"{self.name} is a low-rank method: it takes a rank ratio (--rank), not {rank!r}")
         if k is not None and not self.projection:
             raise ValueError(f"{self.name} factorises each site on its own: a per-group k does not apply")
         k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
         k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
-        # Solved on the host in float64, beside the statistics, whatever device and dtype the model has; the
-        # factors are copied to each site's device when deployed.
-        weights = {n: s.weight.detach().double().cpu() for n, s in zip(group.site_names, group.sites)}
+        # Solved in float64 on `device` whatever dtype the model has; the factors are copied to each site's device
+        # when deployed.
+        weights, stats = _on_solve_device(group, stats, device)
         factors, shared, fallbacks, extras = self.solve(weights, stats, k_arg)
         factors = {n: (A.float(), B.float()) for n, (A, B) in factors.items()}
         return GroupCompression(
             group=group.name, method=self.name, k=k, factors=factors, shared_projection=shared,
             d_in=group.d_in, d_outs=group.d_outs, fallbacks=fallbacks, extras=extras,
         )
+
+    def solve_ops(self, d_in: int, d_outs: tuple[int, ...], k, pair_tokens: int) -> list[tuple] | None:
+        """What one group's solve costs, for `bench plan`'s time estimate: (memo key, op, *sizes) with op eigh (n),
+        svd (m, n), flops (float64 multiply-add count x 2) or bytes (memory passes); an op with a memo key is counted
+        once per group however many methods share it. None: not declared (the plan says so)."""
+        return None
 
     def solve(self, weights: dict[str, torch.Tensor], stats: GroupStats, k):
         """Return (factors {site: (A, B)}, shared_projection, fallbacks, extras).
@@ -241,20 +249,49 @@ class SparsityMethod(Compressor):
     def projection(self) -> bool:
         return False
 
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return []  # scores and masks: elementwise work, negligible beside the evaluation
+
     def rank_for(self, group, rank):
         raise TypeError(f"{self.name} is a sparsity method: it has no rank")
 
-    def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None) -> SparseResult:
+    def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None,
+                 device=None) -> SparseResult:
         if not isinstance(pattern, SparsitySpec):
             raise TypeError(f"{self.name} is a sparsity method: it takes an N:M pattern or density (--sparsity), "
                             f"not {pattern!r}")
         if k is not None:
             raise ValueError(f"{self.name} keeps a pattern per token: a per-group k does not apply")
         check_pattern_widths([pattern], [group])
-        weights = {n: s.weight.detach().double().cpu() for n, s in zip(group.site_names, group.sites)}
+        weights, stats = _on_solve_device(group, stats, device)
         res = self.solve(weights, stats, pattern)
         res.group, res.method, res.d_in, res.d_outs = group.name, self.name, group.d_in, group.d_outs
         return res
+
+
+def projection_ops(d_in: int, d_outs: tuple[int, ...], k: int) -> list[tuple]:
+    """A_i = W_i U_k for every site (the deployment of a shared projection)."""
+    return [("", "flops", 2 * sum(d_outs) * d_in * k)]
+
+
+def site_svd_ops(d_in: int, d_outs: tuple[int, ...]) -> list[tuple]:
+    """One thin SVD per site weight (the per-site factorisations)."""
+    return [("", "svd", d, d_in) for d in d_outs]
+
+
+def basis_ops(d: int) -> dict[str, tuple]:
+    """The memoised per-group solves of core.linalg: C's eigenvectors, the whitening factor (Cholesky and its
+    triangular inverse), and the K-FAC basis (S^T F S, its eigenvectors, U = S V and W^T = V^T S^-1)."""
+    return {"pca_basis": ("pca_basis", "eigh", d), "whitening": ("whitening", "flops", 2 * d ** 3 // 3),
+            "fisher_basis_products": ("fisher_basis", "flops", 8 * d ** 3), "fisher_basis": ("fisher_basis eigh", "eigh", d)}
+
+
+def _on_solve_device(group, stats: GroupStats, device) -> tuple[dict[str, torch.Tensor], GroupStats]:
+    """The group's weights in float64 and its statistics, on the solve device (default: the host)."""
+    device = torch.device(device or "cpu")
+    weights = {n: s.weight.detach().to(device=device, dtype=torch.float64)
+               for n, s in zip(group.site_names, group.sites)}
+    return weights, stats.on(device)
 
 
 def stacked_column_norms(weights: dict[str, torch.Tensor]) -> torch.Tensor:

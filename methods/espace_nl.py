@@ -2,13 +2,16 @@
 
 from core.linalg import check_finite, sorted_eigh
 
-from .base import Compressor, projection_factors
+from .base import Compressor, projection_factors, projection_ops
 
 
 class EspaceNL(Compressor):
     name = "espace-nl"
     description = "top-k eigenvectors of C F + F C (ESPACE NL-MSE)"
     needs = frozenset({"C", "F"})
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return [("", "flops", 4 * d_in ** 3), ("", "eigh", d_in), *projection_ops(d_in, d_outs, k)]
 
     def solve(self, weights, stats, k):
         C, F = stats.C.double(), stats.F.double()

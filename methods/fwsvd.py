@@ -4,7 +4,7 @@ import torch
 
 from core.linalg import check_finite
 
-from .base import Compressor
+from .base import Compressor, site_svd_ops
 from .svd import truncated_factors
 
 
@@ -13,6 +13,9 @@ class FWSVD(Compressor):
     description = "SVD of diag(r) W, r = row sums of the diagonal weight Fisher, then diag(r)^-1"
     needs = frozenset({"row_fisher"})
     per_site = True
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return site_svd_ops(d_in, d_outs)
 
     def solve(self, weights, stats, k):
         factors, fallbacks = {}, []

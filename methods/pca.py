@@ -2,13 +2,16 @@
 
 from core.linalg import pca_basis
 
-from .base import Compressor, projection_factors
+from .base import Compressor, basis_ops, projection_factors, projection_ops
 
 
 class PCA(Compressor):
     name = "pca"
     description = "top-k eigenvectors of C = E[x x^T] (min E||x - Px||^2)"
     needs = frozenset({"C"})
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return [basis_ops(d_in)["pca_basis"], *projection_ops(d_in, d_outs, k)]
 
     def solve(self, weights, stats, k):
         sol = pca_basis(stats)

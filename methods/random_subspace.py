@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Compressor, projection_factors
+from .base import Compressor, projection_factors, projection_ops
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,9 @@ class RandomSubspace(Compressor):
     name = "random"
     description = "orthogonal projection on a random k-dim subspace (seeded)"
     Settings = RandomSettings
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return [("", "flops", 4 * d_in * k * k), *projection_ops(d_in, d_outs, k)]
 
     def solve(self, weights, stats, k):
         W = next(iter(weights.values()))

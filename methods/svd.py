@@ -2,7 +2,7 @@
 
 import torch
 
-from .base import Compressor
+from .base import Compressor, site_svd_ops
 
 
 def truncated_factors(M: torch.Tensor, k: int):
@@ -16,6 +16,9 @@ class SVD(Compressor):
     name = "svd"
     description = "truncated SVD of each weight W_i (data-free)"
     per_site = True
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        return site_svd_ops(d_in, d_outs)
 
     def solve(self, weights, stats, k):
         return {n: truncated_factors(W, k[n]) for n, W in weights.items()}, False, [], {}

@@ -6,7 +6,7 @@ import torch
 
 from core.linalg import group_whitening, weighted_subspace
 
-from .base import Compressor, projection_factors
+from .base import Compressor, basis_ops, projection_factors, projection_ops
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,14 @@ class WhitenedSVD(Compressor):
     @property
     def site_wise(self) -> bool:
         return self.settings.per_site
+
+    def solve_ops(self, d_in, d_outs, k, pair_tokens):
+        b, k = basis_ops(d_in), max(k.values()) if isinstance(k, dict) else k
+        m = sum(d_outs)
+        svds = [("", "svd", d, d_in) for d in d_outs] if self.settings.per_site else [("", "svd", m, d_in)]
+        # W S, then U = S V and W^T = V^T S^-1 for the k kept directions, then the projection
+        return [b["pca_basis"], b["whitening"], ("", "flops", 2 * m * d_in * d_in), *svds,
+                ("", "flops", 4 * d_in * d_in * k), *projection_ops(d_in, d_outs, k)]
 
     def solve(self, weights, stats, k):
         if not self.settings.per_site:

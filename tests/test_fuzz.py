@@ -96,6 +96,7 @@ VALUES = {
     "--bos": ["auto", "window", "stream", "none", "always"],
     "--seed": ["0", "3", "-1", "4294967296"],
     "--device": ["cpu", "cuda", "cuda:7", "tpu"],
+    "--solve-device": ["auto", "cpu", "cuda", "cuda:3", "gpu"],
     "--dtype": ["float32", "bfloat16", "int8"],
     "--batch-size": ["1", "4", "0"],
     "--stats-memory": ["1GB", "1KB", "0", "-5GB", "12XB", "1e3MB"],

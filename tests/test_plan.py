@@ -61,3 +61,58 @@ def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
     assert "cannot split group" in capsys.readouterr().err
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "act-sparse", "--sparsity", "16:32"]) == 0
     assert "sparsity methods" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- time in the plan (issue 24, item 3)
+
+def _speed(**kw):
+    from bench.costs import DeviceSpeed
+
+    base = dict(device="cpu", matmul32=1e11, matmul64=4e10, eigh_n=1024, eigh_s=0.2, svd_shape=(1024, 512),
+                svd_s=0.1, bandwidth=1e10)
+    return DeviceSpeed(**{**base, **kw})
+
+
+def test_plan_times_scale_by_the_declared_operations():
+    from bench.costs import estimate_times
+
+    llama = str(CONFIGS / "llama-3-8b")
+    pca = estimate_times(llama, ["pca"], [0.5], _speed())
+    # one eigh of C per group, scaled by n^3 from the measured size, plus the projection A_i = W_i U_k
+    eighs = 32 * 0.2 * (3 * (4096 / 1024) ** 3 + (14336 / 1024) ** 3)
+    assert eighs < pca["methods"]["pca"] < 1.2 * eighs
+    assert estimate_times(llama, ["pca"], [0.5], _speed(eigh_s=0.4))["methods"]["pca"] == pytest.approx(
+        2 * pca["methods"]["pca"], rel=0.2)
+    # in the run's (alphabetical) order fasc computes the K-FAC basis and fasc-kfac, after it, pays only for its
+    # projection: the basis is memoised per group
+    both = estimate_times(llama, ["fasc", "fasc-kfac"], [0.5], _speed())["methods"]
+    fasc_alone = estimate_times(llama, ["fasc"], [0.5], _speed())["methods"]["fasc"]
+    kfac_alone = estimate_times(llama, ["fasc-kfac"], [0.5], _speed())["methods"]["fasc-kfac"]
+    assert both["fasc"] == fasc_alone > kfac_alone > 2 * eighs  # two eigen-solves per group and the products
+    assert both["fasc-kfac"] < 0.1 * kfac_alone
+    # calibration: forward + backward (6 FLOPs per weight and token, LM head included) and the hooks' products
+    # x^T x and g^T g (2 d^2 each per token and group), at the model device's float32 matmul speed
+    calib = estimate_times(llama, ["fasc-kfac"], [0.5], _speed(), calib_tokens=1000)["calibration"]
+    linear = 32 * 4096 * (4096 + 1024 + 1024 + 4096 + 2 * 14336) + 32 * 14336 * 4096
+    hooks = 32 * 2 * 2 * (3 * 4096 ** 2 + 14336 ** 2)
+    assert calib == pytest.approx(1000 * (6 * (linear + 128256 * 4096) + hooks) / 1e11)
+    assert estimate_times(llama, ["svd"], [0.5], _speed())["calibration"] == 0.0  # data-free
+
+
+def test_plan_prints_time_under_the_run_stage_names(capsys, monkeypatch):
+    import bench.costs
+
+    monkeypatch.setattr(bench.costs, "measure_speed", lambda device="cpu", n=1024: _speed(device=device))
+    assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "fasc-kfac",
+                 "--stats-memory", "64GB"]) == 0
+    out = capsys.readouterr().out
+    assert "estimated time" in out and "an estimate" in out and "micro-benchmark" in out
+    for stage in ("| calibration", "| compress fasc-kfac", "| compress pca", "| total"):
+        assert stage in out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA device")
+def test_plan_with_a_missing_solve_device_is_one_line(capsys):
+    assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "--solve-device", "cuda"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "no CUDA device" in err[0]

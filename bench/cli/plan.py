@@ -7,7 +7,8 @@ from core.units import human
 
 
 PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "dtype", "stats_memory",
-              "calib_samples", "calib_seq_len", "batch_size", "pair_tokens", "allocate", "groups", "blocks")
+              "calib_samples", "calib_seq_len", "batch_size", "pair_tokens", "allocate", "groups", "blocks", "device",
+              "solve_device")
 
 
 def add_plan_parser(sub):
@@ -38,7 +39,38 @@ def cmd_plan(args) -> int:
                          run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
                          c.pair_tokens, sparsity=list(run.patterns))
     print(render(est))
+    print(render_times(*plan_times(run)))
     return 0
+
+
+def plan_times(run):
+    """Calibration and solve time, from a micro-benchmark of the model's device and of the solve device."""
+    from bench.costs import estimate_times, measure_speed
+
+    c = run.config
+    solve_device = c.device if c.solve_device == "auto" else c.solve_device
+    model_speed = measure_speed(c.device)
+    speed = model_speed if solve_device == c.device else measure_speed(solve_device)
+    times = estimate_times(c.model, list(run.methods), [r.ratio for r in run.ranks], speed, c.budget, c.rank_align,
+                           c.calib_samples * c.calib_seq_len, c.pair_tokens, calib_speed=model_speed)
+    return times, speed, model_speed
+
+
+def render_times(times: dict, speed, model_speed) -> str:
+    """The estimate under the run's own stage names ("calibration", "compress <method>")."""
+    from tabulate import tabulate
+
+    rows = [["calibration", f"{times['calibration']:.0f}"]] + \
+        [[f"compress {m}", f"{s:.0f}"] for m, s in times["methods"].items() if m not in times["undeclared"]]
+    rows.append(["total (evaluation not included)", f"{times['total']:.0f}"])
+    bench = (f"float32 matmul {model_speed.matmul32 / 1e9:.0f} GFLOP/s on {model_speed.device}; on {speed.device} "
+             f"float64 matmul {speed.matmul64 / 1e9:.0f} GFLOP/s, eigh at n = {speed.eigh_n} in {speed.eigh_s:.2f} s")
+    lines = ["", f"estimated time, seconds (an estimate: a micro-benchmark of this machine, {bench}, scaled by each "
+             "stage's operation counts, n^3 for the eigen-solves):", "",
+             tabulate(rows, headers=["stage", "seconds"], tablefmt="github", disable_numparse=True)]
+    if times["undeclared"]:
+        lines.append(f"not estimated (their solves declare no cost): {', '.join(times['undeclared'])}")
+    return "\n".join(lines)
 
 
 def render(plan: CostEstimate) -> str:

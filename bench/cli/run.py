@@ -76,6 +76,8 @@ RUN_FLAGS = [
                               "adds BOS, else none"}),
     ("--seed", "seed", {"type": int}),
     ("--device", "device", {"help": "cpu or cuda[:i]"}),
+    ("--solve-device", "solve_device", {"help": "where the solves run: auto (the model's device; default), cpu, "
+                                                 "cuda[:i]"}),
     ("--device-map", "device_map", {"help": "auto: spread a model larger than one GPU over the GPUs (accelerate)"}),
     ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
     ("--batch-size", "batch_size", {"type": int}),
