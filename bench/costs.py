@@ -120,6 +120,13 @@ class CostEstimate:
     calibration_peak: int = 0
     evaluation_peak: int = 0
     activation_bytes: int = 0
+    # what the time estimate reads (bench.costs.estimate_times), so the config is read and the groups found once
+    groups: list = field(default_factory=list, repr=False)
+    needs: frozenset = frozenset()
+    method_names: list[str] = field(default_factory=list)
+    ranks: list[RankSpec] = field(default_factory=list)
+    calib_tokens: int = 0
+    pair_tokens: int = 0
 
 
 def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
@@ -141,7 +148,10 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     hidden, inter, vocab = text.hidden_size, getattr(text, "intermediate_size", 4 * text.hidden_size), text.vocab_size
     est = CostEstimate(model=model, n_blocks=n_blocks, params=params, weight_bytes=params * width,
                 config={"model_type": config.model_type, "hidden_size": hidden, "intermediate_size": inter,
-                        "num_hidden_layers": n_blocks, "vocab_size": vocab})
+                        "num_hidden_layers": n_blocks, "vocab_size": vocab},
+                groups=groups, needs=needs, method_names=list(method_names),
+                ranks=[RankSpec(r, budget, align) for r in ranks], calib_tokens=calib_samples * calib_seq_len,
+                pair_tokens=pair_tokens)
     for kind in dict.fromkeys(g.kind for g in groups):
         g = next(x for x in groups if x.kind == kind)
         count = sum(x.kind == kind for x in groups)
@@ -265,38 +275,32 @@ def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
     raise ValueError(f"unknown solve operation {kind!r}")
 
 
-def estimate_times(model: str, method_names: list[str], ranks: list[float], speed: DeviceSpeed, budget: str = "rank",
-                   align: int = 1, calib_tokens: int = 12 * 256, pair_tokens: int = 512,
-                   calib_speed: DeviceSpeed | None = None) -> dict:
+def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpeed | None = None) -> dict:
     """Seconds of calibration (at `calib_speed`, the model's device; default `speed`) and of each method's solves
-    (at `speed`, the solve device), in run order: methods sharing a memoised solve of a group, as fasc and
-    fasc-kfac share the K-FAC basis, pay for it once, the first in the run's order."""
+    (at `speed`, the solve device) for the run `est` was made for, in run order: methods sharing a memoised solve of
+    a group, as fasc and fasc-kfac share the K-FAC basis, pay for it once, the first in the run's order."""
     calib_speed = calib_speed or speed
-    config = load_model_config(model)
-    groups = find_input_groups(meta_model(config))
-    comps = {m: methods.build(m) for m in method_names}
-    needs = frozenset().union(*(c.required_stats() for c in comps.values()))
-    text = getattr(config, "get_text_config", lambda: config)()
+    groups, needs = est.groups, est.needs
+    comps = {m: methods.build(m) for m in est.method_names}
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
     grads = bool(needs & {"F", "pairs", "row_fisher"})
     # forward (2 per weight) and, with gradients, backward (4 more) through the blocks and the LM head, plus the
     # hooks' float32 products x^T x (and g^T g) per group
-    head = text.vocab_size * text.hidden_size
+    head = est.config["vocab_size"] * est.config["hidden_size"]
     per_token = (2 + (4 if grads else 0)) * (linear + head) + sum(
         2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
-    out = {"calibration": calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
+    out = {"calibration": est.calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
            "undeclared": []}
     done: set = set()
     for name in sorted(comps):  # the run's order
         comp = comps[name]
-        if comp.family != methods.LOW_RANK_FAMILY:
+        if comp.family != methods.LOW_RANK_FAMILY:  # scores and masks: elementwise, negligible beside evaluation
             out["methods"][name] = 0.0
             continue
         seconds = 0.0
-        for r in ranks:
-            rank = RankSpec(r, budget, align)
+        for rank in est.ranks:
             for g in groups:
-                ops = comp.solve_ops(g.d_in, g.d_outs, comp.rank_for(g, rank), pair_tokens)
+                ops = comp.solve_ops(g.d_in, g.d_outs, comp.rank_for(g, rank), est.pair_tokens)
                 if ops is None:
                     out["undeclared"].append(name)
                     ops = []

@@ -249,9 +249,6 @@ class SparsityMethod(Compressor):
     def projection(self) -> bool:
         return False
 
-    def solve_ops(self, d_in, d_outs, k, pair_tokens):
-        return []  # scores and masks: elementwise work, negligible beside the evaluation
-
     def rank_for(self, group, rank):
         raise TypeError(f"{self.name} is a sparsity method: it has no rank")
 
@@ -282,8 +279,9 @@ def site_svd_ops(d_in: int, d_outs: tuple[int, ...]) -> list[tuple]:
 def basis_ops(d: int) -> dict[str, tuple]:
     """The memoised per-group solves of core.linalg: C's eigenvectors, the whitening factor (Cholesky and its
     triangular inverse), and the K-FAC basis (S^T F S, its eigenvectors, U = S V and W^T = V^T S^-1)."""
-    return {"pca_basis": ("pca_basis", "eigh", d), "whitening": ("whitening", "flops", 2 * d ** 3 // 3),
-            "fisher_basis_products": ("fisher_basis", "flops", 8 * d ** 3), "fisher_basis": ("fisher_basis eigh", "eigh", d)}
+    ops = [("pca_basis", "eigh", d), ("whitening", "flops", 2 * d ** 3 // 3),
+           ("fisher_basis products", "flops", 8 * d ** 3), ("fisher_basis eigh", "eigh", d)]
+    return {op[0]: op for op in ops}  # keyed by memo key
 
 
 def _on_solve_device(group, stats: GroupStats, device) -> tuple[dict[str, torch.Tensor], GroupStats]:

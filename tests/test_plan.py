@@ -74,9 +74,12 @@ def _speed(**kw):
 
 
 def test_plan_times_scale_by_the_declared_operations():
-    from bench.costs import estimate_times
+    from bench.costs import estimate_times as times_of
 
     llama = str(CONFIGS / "llama-3-8b")
+
+    def estimate_times(model, names, ranks, speed, calib_tokens=12 * 256):
+        return times_of(make_plan(model, names, ranks, calib_samples=calib_tokens, calib_seq_len=1), speed)
     pca = estimate_times(llama, ["pca"], [0.5], _speed())
     # one eigh of C per group, scaled by n^3 from the measured size, plus the projection A_i = W_i U_k
     eighs = 32 * 0.2 * (3 * (4096 / 1024) ** 3 + (14336 / 1024) ** 3)

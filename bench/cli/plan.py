@@ -39,21 +39,19 @@ def cmd_plan(args) -> int:
                          run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
                          c.pair_tokens, sparsity=list(run.patterns))
     print(render(est))
-    print(render_times(*plan_times(run)))
+    print(render_times(*plan_times(run, est)))
     return 0
 
 
-def plan_times(run):
-    """Calibration and solve time, from a micro-benchmark of the model's device and of the solve device."""
+def plan_times(run, est: CostEstimate):
+    """Calibration and solve time, from a micro-benchmark of the model's device and of the solve device (measured
+    once per device and process)."""
     from bench.costs import estimate_times, measure_speed
 
     c = run.config
-    solve_device = c.device if c.solve_device == "auto" else c.solve_device
     model_speed = measure_speed(c.device)
-    speed = model_speed if solve_device == c.device else measure_speed(solve_device)
-    times = estimate_times(c.model, list(run.methods), [r.ratio for r in run.ranks], speed, c.budget, c.rank_align,
-                           c.calib_samples * c.calib_seq_len, c.pair_tokens, calib_speed=model_speed)
-    return times, speed, model_speed
+    speed = measure_speed(c.device if c.solve_device == "auto" else c.solve_device)
+    return estimate_times(est, speed, calib_speed=model_speed), speed, model_speed
 
 
 def render_times(times: dict, speed, model_speed) -> str:
