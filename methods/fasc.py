@@ -179,7 +179,6 @@ class FASC(FASCKFAC):
 
         # memoised per group, k and settings: the rho analysis compresses block ranges with fasc at the run's rank
         in_D, extras = stats.cached(f"fasc_discard:{k}:{s.max_swaps}:{s.folds}", select)
-        extras = dict(extras)
         keep = (~in_D).nonzero().squeeze(1)
         extras = {"surrogate_kfac": float(sol["lam"][in_D].sum()), **extras}
         return projection_factors(weights, sol["U"][:, keep], sol["Wt"][keep]), True, sol["fallbacks"], extras
