@@ -14,7 +14,7 @@ import methods
 from core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
 from core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
 
-from .config import Run
+from .config import DEFAULT_SOLVE_DTYPE, Run
 from .store import cell_path, cell_status, settings_hash
 
 
@@ -54,8 +54,10 @@ def task_key(task) -> str:
 
 def analysis_key(run: Run, analysis, fingerprint) -> str:
     used = {t: task_key(run.task(t)) for t in analysis.uses_tasks}
+    # a float32 solve precision enters the key (the analysis compresses); the default leaves older keys as they were
+    precision = [] if run.config.solve_dtype == DEFAULT_SOLVE_DTYPE else [{"solve_dtype": run.config.solve_dtype}]
     return settings_hash(analysis.name, analysis.version, analysis.settings_dict(), used,
-                         run.calibration.as_dict(), fingerprint, run.config.budget)
+                         run.calibration.as_dict(), fingerprint, run.config.budget, *precision)
 
 
 def analysis_method(name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import contextmanager
 
+import torch
 from tqdm.auto import tqdm
 
 import methods
@@ -25,14 +26,16 @@ from .groups import find_input_groups
 @contextmanager
 def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
                method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
-               ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None):
+               ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None,
+               solve_dtype: str = "float64"):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
     model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
     (bench.allocate), for a projection method; without it every group's k comes from `rank`. `merge`: factors are
     deployed as dense-shaped weights W_i' = A_i B_i even where the factorised form is smaller. `solve_device`: where
-    each group's statistics are moved and solved (default the host). `method` is a name or
+    each group's statistics are moved and solved (default the host); `solve_dtype`: the low-rank solves' precision,
+    float64 (default) or float32 (the sparsity family's scores stay float64). `method` is a name or
     a variant (`act-sparse:score=fisher`); `rank` is a RankSpec (low-rank family) or a SparsitySpec (sparsity)."""
     comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
@@ -41,7 +44,7 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
                 res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name],
-                                    device=solve_device)
+                                    device=solve_device, dtype=getattr(torch, solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None
             if merge and isinstance(res, GroupCompression):
@@ -57,7 +60,7 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
 
 def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, method: str,
                         method_options: dict | None, allocation: dict | None = None, scope: str = ALL_GROUPS,
-                        solve_device: str = "cpu") -> dict:
+                        solve_device: str = "cpu", solve_dtype: str = "float64") -> dict:
     dense = sum(s["params_dense"] for s in summaries)
     deployed = sum(s["params_deployed"] for s in summaries)
     fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
@@ -77,4 +80,5 @@ def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, me
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
         "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,
         "allocation": allocation or {"rule": UNIFORM}, "solve_device": solve_device,
+        "solve_dtype": solve_dtype if comp.family == methods.LOW_RANK_FAMILY else "float64",
     }

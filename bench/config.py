@@ -30,6 +30,8 @@ from .selection import ALL, Selection
 # MMLU is one flag away (`--tasks mmlu ...`): 0-shot on a 270M model it sits at chance and costs LAMA probes
 DEFAULT_TASKS = ("lama", "ppl-token", "rho")
 BOS_PROTOCOLS = ("auto", "window", "stream", "none")
+SOLVE_DTYPES = ("float64", "float32")
+DEFAULT_SOLVE_DTYPE = "float64"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class RunConfig:
     device: str = "cpu"
     device_map: str | None = None  # "auto": accelerate places the blocks across the GPUs (a model larger than one)
     solve_device: str = "auto"  # where the solves run: auto (the device of the model's first parameter), cpu, cuda[:i]
+    solve_dtype: str = "float64"  # the low-rank solves' precision: float64, or float32 (README: its measured agreement)
     dtype: str = "float32"
     batch_size: int = 4
     stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
@@ -151,11 +154,13 @@ class Run:
         if isinstance(budget, SparsitySpec):  # the pattern is the cell's budget; a rank alignment does not apply
             return {**key, "budget": budget.budget}
         key.update(budget=self.config.budget, align=self.config.rank_align)
-        # Only a non-default allocation or selection enters the key: older cells keep their keys.
+        # Only a non-default allocation, selection or solve precision enters the key: older cells keep their keys.
         if allocation != UNIFORM:
             key["allocation"] = allocation
         if scope != ALL:
             key["scope"] = scope
+        if self.config.solve_dtype != DEFAULT_SOLVE_DTYPE:
+            key["solve_dtype"] = self.config.solve_dtype
         return key
 
     def describe(self) -> list[str]:
@@ -169,7 +174,11 @@ class Run:
                 + (f", tasks {', '.join(c.tasks)}" if c.tasks else ""))
         sizes = [f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}, "
                  f"{c.pair_tokens} (x, g) pairs/group)"] + [n for t in self.tasks.values() if (n := t.size_note())]
-        return [what, "sizes: " + "; ".join(sizes)]
+        lines = [what, "sizes: " + "; ".join(sizes)]
+        if c.solve_dtype != DEFAULT_SOLVE_DTYPE and self.ranks:
+            lines.append(f"solves in {c.solve_dtype}: the eigen-solves of the statistics (pca, fasc-kfac, fasc, "
+                         "espace-nl) lose accuracy there; README, Solve precision, gives the measured agreement")
+        return lines
 
 
 # ---------------------------------------------------------------- the boundary: config -> Run
@@ -347,6 +356,11 @@ def check_solve_device(device) -> None:
                             f"use an index below {torch.cuda.device_count()}")
 
 
+def check_solve_dtype(dtype) -> None:
+    if dtype not in SOLVE_DTYPES:
+        raise UserError(f"--solve-dtype {dtype!r} is not supported: use float64 (default) or float32")
+
+
 def solve_device_for(config: RunConfig, model) -> str:
     """The device the solves run on: --solve-device, with auto meaning the device of the model's first parameter
     (the host for a model on the CPU or spread by device_map over several devices from the host)."""
@@ -391,6 +405,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
         if not torch.cuda.is_available():
             raise UserError(f"--device {config.device} asked for, but no CUDA device is available: use --device cpu")
     check_solve_device(config.solve_device)
+    check_solve_dtype(config.solve_dtype)
     if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:
         raise UserError(f"--seed must be an integer in [0, 2^32), got {config.seed!r}")
     if writes:

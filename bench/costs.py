@@ -216,18 +216,20 @@ class DeviceSpeed:
 
     device: str
     matmul32: float  # float32 matmul, FLOP/s (calibration and evaluation run in the model's dtype)
-    matmul64: float  # float64 matmul, FLOP/s (the solves)
+    solve_matmul: float  # matmul in the solve precision (float64 unless --solve-dtype float32), FLOP/s
     eigh_n: int
-    eigh_s: float  # seconds of a float64 eigh at eigh_n
+    eigh_s: float  # seconds of an eigh at eigh_n, in the solve precision
     svd_shape: tuple[int, int]
-    svd_s: float  # seconds of a float64 thin SVD at svd_shape
+    svd_s: float  # seconds of a thin SVD at svd_shape, in the solve precision
     bandwidth: float  # bytes/s of a float64 elementwise pass
+    solve_dtype: str = "float64"
 
 
 @functools.lru_cache(maxsize=None)  # once per device and process (a few seconds each)
-def measure_speed(device: str = "cpu", n: int = 1024) -> DeviceSpeed:
-    """Median of 3 timed runs (after one warm-up) of each operation at about size n, on `device` (a few seconds on
-    2 CPU cores; small sizes would run below the throughput the solves reach at d = 2048 and beyond)."""
+def measure_speed(device: str = "cpu", n: int = 1024, solve_dtype: str = "float64") -> DeviceSpeed:
+    """Median of 3 timed runs (after one warm-up) of each operation at about size n, on `device`, the solves' in
+    `solve_dtype` (a few seconds on 2 CPU cores; small sizes would run below the throughput the solves reach at
+    d = 2048 and beyond)."""
     import statistics
     import time
 
@@ -248,15 +250,16 @@ def measure_speed(device: str = "cpu", n: int = 1024) -> DeviceSpeed:
 
     g = torch.Generator().manual_seed(0)
     a32 = torch.randn(n, n, generator=g).to(dev)
-    a64 = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev)
-    sym = a64 @ a64.T
-    tall = torch.randn(n, n // 2, generator=g, dtype=torch.float64).to(dev)
+    dtype = getattr(torch, solve_dtype)
+    square = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev, dtype)
+    sym = square @ square.T
+    tall = torch.randn(n, n // 2, generator=g, dtype=torch.float64).to(dev, dtype)
     big = torch.randn(2 * n, 2 * n, generator=g, dtype=torch.float64).to(dev)
     return DeviceSpeed(
         device=str(dev), matmul32=2 * n ** 3 / timed(lambda: a32 @ a32),
-        matmul64=2 * n ** 3 / timed(lambda: a64 @ a64), eigh_n=n, eigh_s=timed(lambda: torch.linalg.eigh(sym)),
+        solve_matmul=2 * n ** 3 / timed(lambda: square @ square), eigh_n=n, eigh_s=timed(lambda: torch.linalg.eigh(sym)),
         svd_shape=(n, n // 2), svd_s=timed(lambda: torch.linalg.svd(tall, full_matrices=False)),
-        bandwidth=3 * big.numel() * 8 / timed(lambda: big + big))
+        bandwidth=3 * big.numel() * 8 / timed(lambda: big + big), solve_dtype=solve_dtype)
 
 
 def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
@@ -269,9 +272,9 @@ def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
         m0, n0 = speed.svd_shape
         return speed.svd_s * (m * n * n) / (m0 * n0 * n0)
     if kind == "flops":
-        return sizes[0] / speed.matmul64
-    if kind == "bytes":
-        return sizes[0] / speed.bandwidth
+        return sizes[0] / speed.solve_matmul
+    if kind == "bytes":  # declared for float64 numbers; float32 moves half the bytes
+        return sizes[0] * (0.5 if speed.solve_dtype == "float32" else 1.0) / speed.bandwidth
     raise ValueError(f"unknown solve operation {kind!r}")
 
 

@@ -163,11 +163,15 @@ class AnalysisContext:
     run: Run
     solve_device: str = "cpu"
 
+    @property
+    def solve_dtype(self) -> str:
+        return self.run.config.solve_dtype
+
     @contextmanager
     def compressed(self, method: str, rank: RankSpec, only_groups: set[str] | None = None):
         """`with ctx.compressed(...) as model:` the dense model compressed in place, restored on exit."""
         with compressed(self.model, method, rank, self.stats, self.run.method_options(method), only_groups,
-                        progress=False, solve_device=self.solve_device) as (model, _):
+                        progress=False, solve_device=self.solve_device, solve_dtype=self.solve_dtype) as (model, _):
             yield model
 
     def task(self, name: str, **overrides):
@@ -340,14 +344,15 @@ class Worker:
         t0 = time.perf_counter()
         with compressed(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
                         only_groups=None if self.scope == ALL else {g.name for g in self.selected},
-                        ks=alloc.ks if alloc else None, solve_device=self.solve_device) as (model, summaries):
+                        ks=alloc.ks if alloc else None, solve_device=self.solve_device,
+                        solve_dtype=run.config.solve_dtype) as (model, summaries):
             timings["compress_s"] = time.perf_counter() - t0
             self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
             if self.calib_info and uses_stats:
                 timings["calibrate_s"] = self.calib_info.get("seconds")
             common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
             summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope,
-                                          self.solve_device)
+                                          self.solve_device, run.config.solve_dtype)
             recs = self.evaluate(model, cells, summary, timings, common)
         log(f"[{cells[0].label}] {summary_line(recs)}")
         return len(recs)

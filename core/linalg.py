@@ -29,19 +29,31 @@ def damp(C: torch.Tensor, eps: float) -> torch.Tensor:
     return C + eps * scale * torch.eye(d, dtype=C.dtype, device=C.device)
 
 
-def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS,
-                     evals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
-    """S with S S^T = C + damping, and S^{-1}. Cholesky first; escalate damping; eigh as the last resort.
+def tiny(dtype: torch.dtype) -> float:
+    """The floor a divisor is clamped to: 1e-300 in float64 (as always), the smallest normal number in float32."""
+    return 1e-300 if dtype == torch.float64 else torch.finfo(dtype).tiny
+
+
+def rank_tolerance(dtype: torch.dtype, d: int) -> float:
+    """Eigenvalues below this fraction of the largest count as zero: 1e-10 in float64; in float32 a computed
+    eigenvalue carries round-off near eps * d of the largest, so the threshold rises to that (the same rank is
+    reported in both precisions wherever the gap in the spectrum is wider than float32's round-off)."""
+    return max(1e-10, torch.finfo(dtype).eps * d)
+
+
+def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS, evals: torch.Tensor | None = None,
+                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """S with S S^T = C + damping, and S^{-1}, in `dtype`. Cholesky first; escalate damping; eigh as the last resort.
 
     `evals`, C's eigenvalues when already known, spare the decomposition the rank check needs.
     """
-    C = C.double()
+    C = C.to(dtype)
     C = 0.5 * (C + C.T)
     fallbacks: list[dict] = []
     if evals is None:
         evals = torch.linalg.eigvalsh(C)
-    top = evals.max().clamp_min(1e-300)
-    rank = int((evals > top * 1e-10).sum())
+    top = evals.max().clamp_min(tiny(dtype))
+    rank = int((evals > top * rank_tolerance(dtype, C.shape[0])).sum())
     if rank < C.shape[0]:
         fallbacks.append(
             {"op": "whiten", "kind": "rank-deficient", "rank": rank, "d": C.shape[0],
@@ -59,7 +71,7 @@ def whitening_factor(C: torch.Tensor, eps: float = BASE_EPS,
         e *= 10
     # Cholesky failed at every damping: symmetric square root from eigh, eigenvalues clamped.
     w, U = torch.linalg.eigh(damp(C, eps))
-    floor = eps * (torch.trace(C) / C.shape[0]).clamp_min(1e-300)
+    floor = eps * (torch.trace(C) / C.shape[0]).clamp_min(tiny(dtype))
     w = w.clamp_min(floor)
     fallbacks.append({"op": "cholesky", "kind": "eigh-fallback", "eps": eps})
     return U * w.sqrt(), (U / w.sqrt()).T, fallbacks
@@ -85,18 +97,20 @@ def weighted_subspace(
     w_j^T = v_j^T S^{-1}; keeping the first k gives P = U_k W_k^T, the exact optimum. F = I when
     neither F nor F_factor (F = R^T R, solved by SVD of R S for accuracy) is given. `keep`: only the first `keep`
     columns of U and rows of W^T are formed (a method that deploys one k; the d x d products are most of its cost).
+    Solved in the whitening factor's dtype (float64 unless a float32 one is passed).
     """
     S, Sinv, fallbacks = whitening if whitening is not None else whitening_factor(C, eps)
     fallbacks = list(fallbacks)
+    dtype = S.dtype
     if F_factor is not None:
-        R = F_factor.double() @ S
+        R = F_factor.to(dtype) @ S
         # V must be square: from the thin SVD when R has at least d rows, completed by the full one otherwise
         _, sig, Vh = torch.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
-        lam = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
+        lam = torch.zeros(S.shape[0], dtype=dtype, device=S.device)
         lam[: sig.numel()] = sig**2
         V = Vh.T
     else:
-        Fm = torch.eye(S.shape[0], dtype=torch.float64, device=S.device) if F is None else F.double()
+        Fm = torch.eye(S.shape[0], dtype=dtype, device=S.device) if F is None else F.to(dtype)
         lam, V = sorted_eigh(S.T @ Fm @ S)
     if keep is not None:
         V = V[:, :keep]
@@ -108,7 +122,8 @@ def weighted_subspace(
 def group_whitening(stats) -> tuple:
     """The group's whitening factor, computed once and shared by every method that needs it. Its rank check
     reuses the eigenvalues of C from pca_basis (one decomposition of C per group, not two, in a sweep)."""
-    return stats.cached("whitening", lambda: whitening_factor(stats.C, evals=pca_basis(stats)["lam"]))
+    return stats.cached("whitening", lambda: whitening_factor(stats.C, evals=pca_basis(stats)["lam"],
+                                                              dtype=stats.solve_dtype))
 
 
 def fisher_basis(stats) -> dict:
@@ -127,7 +142,7 @@ def pca_basis(stats) -> dict:
 
     def solve():
         check_finite("the group", C=stats.C)
-        lam, V = sorted_eigh(stats.C.double())
+        lam, V = sorted_eigh(stats.C.to(stats.solve_dtype))
         return {"lam": lam, "U": V, "Wt": V.T, "fallbacks": []}
 
     return stats.cached("pca_basis", solve)
@@ -135,7 +150,8 @@ def pca_basis(stats) -> dict:
 
 def direction_scores(sol: dict, xs: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
     """z[n, j] = (g_n^T u_j)(w_j^T x_n): the share of direction j in token n's loss change."""
-    return (gs.double() @ sol["U"]) * (xs.double() @ sol["Wt"].T)
+    dtype = sol["U"].dtype
+    return (gs.to(dtype) @ sol["U"]) * (xs.to(dtype) @ sol["Wt"].T)
 
 
 def fisher_scores(stats) -> torch.Tensor:

@@ -169,25 +169,41 @@ class GroupStats:
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g
     row_fisher: dict[str, torch.Tensor] | None = None  # per site: sum over batches of (dL/dW)^2 row sums
     memo: dict = field(default_factory=dict, repr=False)  # solves shared by methods (whitening, Fisher basis)
+    # the precision the solves on these statistics run in: float64, or float32 where `on` was asked for it
+    solve_dtype: torch.dtype = field(default=torch.float64, repr=False)
 
-    def on(self, device) -> "GroupStats":
-        """These statistics on `device`: self where every tensor is there already, else a copy whose tensors are
-        moved, with a memo of that device's own kept inside this one (solves memoised there serve every method
-        solving there, and no solve mixes a host basis with device tensors)."""
+    def on(self, device, dtype: torch.dtype = torch.float64) -> "GroupStats":
+        """These statistics on `device`, solved in `dtype`: self where every tensor is there already and the
+        precision is the default float64, else a copy whose tensors are moved (the moments cast to `dtype`; the
+        float32 token sample stays float32), with a memo of that device's and precision's own kept inside this one
+        (solves memoised there serve every method solving there, and no solve mixes a host basis with device
+        tensors or float64 factors with float32 ones)."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        moved, changed = {}, False
+        if dtype not in (torch.float64, torch.float32):
+            raise ValueError(f"solves run in float64 or float32, not {dtype}")
+
+        # float64 is what every solve casts to anyway: only a float32 solve recasts the moments
+        recast = dtype != torch.float64
+
+        def off(name, t):
+            return t.device != device or (recast and t.dtype != dtype and name not in ("xs", "gs"))
+
+        def cast(name, t):
+            return t.to(device=device, dtype=dtype if recast and name not in ("xs", "gs") else t.dtype)
+
+        moved, changed = {}, dtype != self.solve_dtype
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor) and v.device != device:
-                moved[f.name], changed = v.to(device), True
-            elif f.name == "row_fisher" and v and any(t.device != device for t in v.values()):
-                moved[f.name], changed = {n: t.to(device) for n, t in v.items()}, True
+            if isinstance(v, torch.Tensor) and off(f.name, v):
+                moved[f.name], changed = cast(f.name, v), True
+            elif f.name == "row_fisher" and v and any(off(f.name, t) for t in v.values()):
+                moved[f.name], changed = {n: cast(f.name, t) for n, t in v.items()}, True
         if not changed:
             return self
-        out = replace(self, **moved)
-        out.memo = self.memo.setdefault(f"on {device}", {})
+        out = replace(self, **moved, solve_dtype=dtype)
+        out.memo = self.memo.setdefault(f"on {device}" + ("" if dtype == torch.float64 else f" {dtype}"), {})
         return out
 
     def cached(self, key: str, compute):

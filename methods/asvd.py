@@ -24,7 +24,7 @@ class ASVD(Compressor):
         return site_svd_ops(d_in, d_outs)
 
     def solve(self, weights, stats, k):
-        s = stats.abs_mean.double()
+        s = stats.abs_mean.to(stats.solve_dtype)
         check_finite("asvd", abs_mean=s)
         scale = s.clamp_min(0) ** self.settings.alpha + 1e-6
         factors = {}

@@ -201,18 +201,19 @@ class Compressor(Plugin):
         return not self.site_wise
 
     def compress(self, group, stats: GroupStats, rank: RankSpec, k: int | None = None,
-                 device=None) -> GroupCompression:
+                 device=None, dtype: torch.dtype = torch.float64) -> GroupCompression:
         """`k`: the group's k from a rank allocation (projection methods only); else from `rank`. `device`: where
-        the solve runs (default the host); the statistics and weights are moved there and the factors stay."""
+        the solve runs (default the host); the statistics and weights are moved there and the factors stay.
+        `dtype`: the solve's precision, float64 (default) or float32 (the README gives its measured agreement)."""
         if not isinstance(rank, RankSpec):
             raise TypeError(f"{self.name} is a low-rank method: it takes a rank ratio (--rank), not {rank!r}")
         if k is not None and not self.projection:
             raise ValueError(f"{self.name} factorises each site on its own: a per-group k does not apply")
         k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
         k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
-        # Solved in float64 on `device` whatever dtype the model has; the factors are copied to each site's device
+        # Solved in `dtype` on `device` whatever dtype the model has; the factors are copied to each site's device
         # when deployed.
-        weights, stats = _on_solve_device(group, stats, device)
+        weights, stats = _on_solve_device(group, stats, device, dtype)
         factors, shared, fallbacks, extras = self.solve(weights, stats, k_arg)
         factors = {n: (A.float(), B.float()) for n, (A, B) in factors.items()}
         return GroupCompression(
@@ -253,7 +254,8 @@ class SparsityMethod(Compressor):
         raise TypeError(f"{self.name} is a sparsity method: it has no rank")
 
     def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None,
-                 device=None) -> SparseResult:
+                 device=None, dtype: torch.dtype = torch.float64) -> SparseResult:
+        """`dtype` is accepted for the common signature: the family's scores are elementwise and always float64."""
         if not isinstance(pattern, SparsitySpec):
             raise TypeError(f"{self.name} is a sparsity method: it takes an N:M pattern or density (--sparsity), "
                             f"not {pattern!r}")
@@ -284,12 +286,12 @@ def basis_ops(d: int) -> dict[str, tuple]:
     return {op[0]: op for op in ops}  # keyed by memo key
 
 
-def _on_solve_device(group, stats: GroupStats, device) -> tuple[dict[str, torch.Tensor], GroupStats]:
-    """The group's weights in float64 and its statistics, on the solve device (default: the host)."""
+def _on_solve_device(group, stats: GroupStats, device,
+                     dtype: torch.dtype = torch.float64) -> tuple[dict[str, torch.Tensor], GroupStats]:
+    """The group's weights and its statistics in the solve precision, on the solve device (default: the host)."""
     device = torch.device(device or "cpu")
-    weights = {n: s.weight.detach().to(device=device, dtype=torch.float64)
-               for n, s in zip(group.site_names, group.sites)}
-    return weights, stats.on(device)
+    weights = {n: s.weight.detach().to(device=device, dtype=dtype) for n, s in zip(group.site_names, group.sites)}
+    return weights, stats.on(device, dtype)
 
 
 def stacked_column_norms(weights: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """ESPACE NL-MSE: orthogonal projection on the top eigenvectors of C F + F C (a bound on the loss error)."""
 
-from core.linalg import check_finite, sorted_eigh
+from core.linalg import check_finite, sorted_eigh, tiny
 
 from .base import Compressor, projection_factors, projection_ops
 
@@ -14,10 +14,11 @@ class EspaceNL(Compressor):
         return [("", "flops", 4 * d_in ** 3), ("", "eigh", d_in), *projection_ops(d_in, d_outs, k)]
 
     def solve(self, weights, stats, k):
-        C, F = stats.C.double(), stats.F.double()
+        C, F = stats.C.to(stats.solve_dtype), stats.F.to(stats.solve_dtype)
         check_finite("espace-nl", C=C, F=F)
         # Normalise both factors so neither scale dominates the symmetrised product.
-        C, F = C / C.trace().clamp_min(1e-300), F / F.trace().clamp_min(1e-300)
+        floor = tiny(C.dtype)
+        C, F = C / C.trace().clamp_min(floor), F / F.trace().clamp_min(floor)
         _, V = sorted_eigh(C @ F + F @ C)
         Vk = V[:, :k]
         return projection_factors(weights, Vk, Vk.T), True, [], {}

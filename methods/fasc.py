@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite, fisher_basis, fisher_scores
+from core.linalg import check_finite, fisher_basis, fisher_scores, tiny
 
 from .base import Compressor, basis_ops, projection_factors, projection_ops
 
@@ -28,7 +28,7 @@ def swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tu
         return []
     r = Q[:, in_D].sum(1)  # r_a = sum_{b in D} Q_ab
     diag = Q.diagonal()
-    scale = diag.abs().sum().clamp_min(1e-300)
+    scale = diag.abs().sum().clamp_min(tiny(Q.dtype))
     D, K = in_D.nonzero().squeeze(1), (~in_D).nonzero().squeeze(1)
     # -2 Q is exact (a power of two): the sum below equals the unfused -2 r_i + ... - 2 Q_ij bit for bit
     block = -2 * Q[D][:, K]
@@ -40,7 +40,7 @@ def swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tu
         delta += block
         row_low = delta.amin(1)  # a row-wise reduction, several times faster here than a flat argmin
         low = row_low.min()
-        if low >= -1e-12 * scale:
+        if low >= -_improvement(Q.dtype) * scale:
             break
         p, q = _first_minimum(delta, row_low, low, D, K, d)
         i, j = int(D[p]), int(K[q])
@@ -50,6 +50,12 @@ def swap_path(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> list[tu
         r += Q[:, j] - Q[:, i]
         path.append((i, j))
     return path
+
+
+def _improvement(dtype: torch.dtype) -> float:
+    """The least swap gain, relative to tr Q, the search takes: 1e-12 in float64; in float32, some multiple of its
+    round-off, so that no swap is taken on rounding noise alone."""
+    return max(1e-12, 64 * torch.finfo(dtype).eps)
 
 
 def _first_minimum(delta, row_low, low, D, K, d) -> tuple[int, int]:
@@ -68,7 +74,7 @@ def path_values(Q: torch.Tensor, discard: torch.Tensor, path: list[tuple[int, in
     """1_D^T Q 1_D after 0, 1, ..., len(path) swaps of a path (Q may be another sample's than the path's)."""
     in_D = torch.zeros(Q.shape[0], dtype=torch.bool, device=Q.device)
     in_D[discard] = True
-    ones = in_D.double()
+    ones = in_D.to(Q.dtype)
     r = Q @ ones
     f = float(ones @ r)
     out = [f]
@@ -76,7 +82,7 @@ def path_values(Q: torch.Tensor, discard: torch.Tensor, path: list[tuple[int, in
         f += float(-2 * r[i] + Q[i, i] + 2 * r[j] + Q[j, j] - 2 * Q[i, j])
         r += Q[:, j] - Q[:, i]
         out.append(f)
-    return torch.tensor(out, dtype=torch.float64, device=Q.device)
+    return torch.tensor(out, dtype=Q.dtype, device=Q.device)
 
 
 def coupled_selection(Q: torch.Tensor, discard: torch.Tensor, max_swaps: int) -> tuple[torch.Tensor, int]:
@@ -119,7 +125,7 @@ def cross_validated_swaps(z: torch.Tensor, discard: torch.Tensor, max_swaps: int
         held = val.T @ val
         path = swap_path((gram - held) / (n - len(val)), discard, max_swaps)
         v = path_values(held / len(val), discard, path)
-        v = v / v[0].clamp_min(1e-300)
+        v = v / v[0].clamp_min(tiny(v.dtype))
         curves.append(torch.cat([v, v[-1].repeat(max_swaps + 1 - len(v))]))
     curves = torch.stack(curves)
     mean = curves.mean(0)
@@ -201,7 +207,7 @@ def select_discard(z: torch.Tensor, kfac_discard: torch.Tensor, max_swaps: int, 
         extras["surrogate_heldout_ratio"] = cv["heldout_ratio"]  # held-out surrogate / K-FAC's, at the chosen swaps
         extras["surrogate_heldout_ratio_all_swaps"] = float(cv["curve"][len(path)])
     in_D = _apply(d, kfac_discard, path[:n_swaps])
-    ones, ones_kfac = in_D.double(), _apply(d, kfac_discard, []).double()
+    ones, ones_kfac = in_D.to(Q.dtype), _apply(d, kfac_discard, []).to(Q.dtype)
     extras.update(swaps=n_swaps, surrogate_tokens=float(ones @ Q @ ones),
                   surrogate_tokens_kfac_choice=float(ones_kfac @ Q @ ones_kfac))
     return in_D, extras

@@ -2,7 +2,7 @@
 
 import torch
 
-from core.linalg import check_finite
+from core.linalg import check_finite, tiny
 
 from .base import Compressor, site_svd_ops
 from .svd import truncated_factors
@@ -20,10 +20,10 @@ class FWSVD(Compressor):
     def solve(self, weights, stats, k):
         factors, fallbacks = {}, []
         for n, W in weights.items():
-            I_row = stats.row_fisher[n].double()
+            I_row = stats.row_fisher[n].to(W.dtype)
             check_finite("fwsvd", row_fisher=I_row)
             r = I_row.clamp_min(0).sqrt()
-            floor = 1e-6 * r.mean().clamp_min(1e-300)
+            floor = 1e-6 * r.mean().clamp_min(tiny(W.dtype))
             if (r < floor).any():
                 fallbacks.append({"op": "fwsvd", "kind": "row-weight-floor", "rows": int((r < floor).sum())})
             r = r.clamp_min(floor)

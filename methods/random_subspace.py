@@ -22,8 +22,8 @@ class RandomSubspace(Compressor):
 
     def solve(self, weights, stats, k):
         W = next(iter(weights.values()))
-        # drawn on the CPU, then moved: the same subspace whatever device solves
+        # drawn on the CPU in float64, then moved and cast: the same subspace whatever device and precision solve
         gen = torch.Generator().manual_seed(self.settings.seed)
-        draw = torch.randn(W.shape[1], k, generator=gen, dtype=torch.float64, device="cpu").to(W.device)
+        draw = torch.randn(W.shape[1], k, generator=gen, dtype=torch.float64, device="cpu").to(W.device, W.dtype)
         Q, _ = torch.linalg.qr(draw)
         return projection_factors(weights, Q, Q.T), True, [], {}

@@ -68,7 +68,7 @@ def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
 def _speed(**kw):
     from bench.costs import DeviceSpeed
 
-    base = dict(device="cpu", matmul32=1e11, matmul64=4e10, eigh_n=1024, eigh_s=0.2, svd_shape=(1024, 512),
+    base = dict(device="cpu", matmul32=1e11, solve_matmul=4e10, eigh_n=1024, eigh_s=0.2, svd_shape=(1024, 512),
                 svd_s=0.1, bandwidth=1e10)
     return DeviceSpeed(**{**base, **kw})
 
@@ -105,7 +105,8 @@ def test_plan_times_scale_by_the_declared_operations():
 def test_plan_prints_time_under_the_run_stage_names(capsys, monkeypatch):
     import bench.costs
 
-    monkeypatch.setattr(bench.costs, "measure_speed", lambda device="cpu", n=1024: _speed(device=device))
+    monkeypatch.setattr(bench.costs, "measure_speed",
+                        lambda device="cpu", n=1024, solve_dtype="float64": _speed(device=device, solve_dtype=solve_dtype))
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "fasc-kfac",
                  "--stats-memory", "64GB"]) == 0
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ from core.units import human
 
 PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "dtype", "stats_memory",
               "calib_samples", "calib_seq_len", "batch_size", "pair_tokens", "allocate", "groups", "blocks", "device",
-              "solve_device")
+              "solve_device", "solve_dtype")
 
 
 def add_plan_parser(sub):
@@ -50,7 +50,7 @@ def plan_times(run, est: CostEstimate):
 
     c = run.config
     model_speed = measure_speed(c.device)
-    speed = measure_speed(c.device if c.solve_device == "auto" else c.solve_device)
+    speed = measure_speed(c.device if c.solve_device == "auto" else c.solve_device, solve_dtype=c.solve_dtype)
     return estimate_times(est, speed, calib_speed=model_speed), speed, model_speed
 
 
@@ -62,7 +62,8 @@ def render_times(times: dict, speed, model_speed) -> str:
         [[f"compress {m}", f"{s:.0f}"] for m, s in times["methods"].items() if m not in times["undeclared"]]
     rows.append(["total (evaluation not included)", f"{times['total']:.0f}"])
     bench = (f"float32 matmul {model_speed.matmul32 / 1e9:.0f} GFLOP/s on {model_speed.device}; on {speed.device} "
-             f"float64 matmul {speed.matmul64 / 1e9:.0f} GFLOP/s, eigh at n = {speed.eigh_n} in {speed.eigh_s:.2f} s")
+             f"{speed.solve_dtype} matmul {speed.solve_matmul / 1e9:.0f} GFLOP/s, eigh at n = {speed.eigh_n} in "
+             f"{speed.eigh_s:.2f} s")
     lines = ["", f"estimated time, seconds (an estimate: a micro-benchmark of this machine, {bench}, scaled by each "
              "stage's operation counts, n^3 for the eigen-solves):", "",
              tabulate(rows, headers=["stage", "seconds"], tablefmt="github", disable_numparse=True)]
