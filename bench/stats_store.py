@@ -36,7 +36,8 @@ def to_stored(stats: GroupStats) -> dict:
             return v.float() if v.dtype == torch.float64 else v
         return {k: to32(x) for k, x in v.items()} if isinstance(v, dict) else v
 
-    return {f: to32(v) for f, v in vars(stats).items() if f != "memo" and v is not None}
+    # the memo and the solve precision belong to the solves, not to the statistics
+    return {f: to32(v) for f, v in vars(stats).items() if f not in ("memo", "solve_dtype") and v is not None}
 
 
 def for_solver(field: str, value):
