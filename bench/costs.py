@@ -287,15 +287,16 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
     comps = {m: methods.build(m) for m in est.method_names}
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
     grads = bool(needs & {"F", "pairs", "row_fisher"})
-    # forward (2 per weight) and, with gradients, backward (4 more) through the blocks and the LM head, plus the
-    # hooks' float32 products x^T x (and g^T g) per group
+    # forward (2 per weight) and, with gradients, backward (4 more) through the blocks and the LM head once per
+    # calibration pass (each pass hooks only its groups, but runs the whole model), plus the hooks' float32
+    # products x^T x (and g^T g), once per group
     head = est.config["vocab_size"] * est.config["hidden_size"]
-    per_token = (2 + (4 if grads else 0)) * (linear + head) + sum(
+    per_token = est.passes * (2 + (4 if grads else 0)) * (linear + head) + sum(
         2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
     out = {"calibration": est.calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
            "undeclared": []}
     done: set = set()
-    for name in sorted(comps):  # the run's order
+    for name in comps:  # the run's order: the methods as given (`--methods all`: the registry's order)
         comp = comps[name]
         if comp.family != methods.LOW_RANK_FAMILY:  # scores and masks: elementwise, negligible beside evaluation
             out["methods"][name] = 0.0

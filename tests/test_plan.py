@@ -86,19 +86,27 @@ def test_plan_times_scale_by_the_declared_operations():
     assert eighs < pca["methods"]["pca"] < 1.2 * eighs
     assert estimate_times(llama, ["pca"], [0.5], _speed(eigh_s=0.4))["methods"]["pca"] == pytest.approx(
         2 * pca["methods"]["pca"], rel=0.2)
-    # in the run's (alphabetical) order fasc computes the K-FAC basis and fasc-kfac, after it, pays only for its
-    # projection: the basis is memoised per group
+    # in the run's order fasc computes the K-FAC basis and fasc-kfac, after it, pays only for its projection: the
+    # basis is memoised per group; given the other way round, fasc-kfac pays for it
     both = estimate_times(llama, ["fasc", "fasc-kfac"], [0.5], _speed())["methods"]
+    swapped = estimate_times(llama, ["fasc-kfac", "fasc"], [0.5], _speed())["methods"]
+    assert list(swapped) == ["fasc-kfac", "fasc"] and swapped["fasc-kfac"] > both["fasc-kfac"]
+    assert swapped["fasc-kfac"] + swapped["fasc"] == pytest.approx(both["fasc-kfac"] + both["fasc"])
     fasc_alone = estimate_times(llama, ["fasc"], [0.5], _speed())["methods"]["fasc"]
     kfac_alone = estimate_times(llama, ["fasc-kfac"], [0.5], _speed())["methods"]["fasc-kfac"]
     assert both["fasc"] == fasc_alone > kfac_alone > 2 * eighs  # two eigen-solves per group and the products
     assert both["fasc-kfac"] < 0.1 * kfac_alone
     # calibration: forward + backward (6 FLOPs per weight and token, LM head included) and the hooks' products
     # x^T x and g^T g (2 d^2 each per token and group), at the model device's float32 matmul speed
-    calib = estimate_times(llama, ["fasc-kfac"], [0.5], _speed(), calib_tokens=1000)["calibration"]
+    # once per calibration pass (the model runs whole in each; the hooks' products are each group's once)
     linear = 32 * 4096 * (4096 + 1024 + 1024 + 4096 + 2 * 14336) + 32 * 14336 * 4096
     hooks = 32 * 2 * 2 * (3 * 4096 ** 2 + 14336 ** 2)
-    assert calib == pytest.approx(1000 * (6 * (linear + 128256 * 4096) + hooks) / 1e11)
+    for memory, passes in (("200GB", 1), ("64GB", 3)):  # 131 GB of C and F, 4.1 GB per block
+        est = make_plan(llama, ["fasc-kfac"], [0.5], calib_samples=1000, calib_seq_len=1,
+                        stats_memory=parse_bytes(memory))
+        assert est.passes == passes
+        calib = times_of(est, _speed())["calibration"]
+        assert calib == pytest.approx(1000 * (passes * 6 * (linear + 128256 * 4096) + hooks) / 1e11)
     assert estimate_times(llama, ["svd"], [0.5], _speed())["calibration"] == 0.0  # data-free
 
 
