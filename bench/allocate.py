@@ -52,7 +52,8 @@ def direction_values(rule: str, stats: GroupStats) -> torch.Tensor:
         sol = fisher_basis(stats) if rule == "fisher" else pca_basis(stats)
     except NumericError as e:
         raise UserError(str(e)) from None
-    return sol["lam"].double().clamp_min(0)  # eigenvalues of a PSD matrix: round-off negatives are zero
+    # eigenvalues of a PSD matrix: round-off negatives are zero; the greedy split runs on the host
+    return sol["lam"].double().clamp_min(0).cpu()
 
 
 @dataclass
@@ -137,8 +138,11 @@ def _greedy(shapes: dict[str, tuple[int, int]], values: dict[str, torch.Tensor],
     return ks, spent
 
 
-def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec, progress: bool = False) -> Allocation:
-    """k per group for `groups` (InputGroups) under `rank` (a parameter ratio for fisher and variance)."""
+def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec, progress: bool = False,
+             device=None, dtype: torch.dtype = torch.float64) -> Allocation:
+    """k per group for `groups` (InputGroups) under `rank` (a parameter ratio for fisher and variance). The
+    eigen-solves run on `device` in `dtype` (the run's solve device and precision), memoised there, so the
+    compression that follows on that device reuses them."""
     shapes = _shapes(groups)
     dense = sum(d * D for d, D in shapes.values())
     if rule == UNIFORM:
@@ -148,7 +152,7 @@ def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec,
     t0 = time.perf_counter()
     values = {}
     for g in tqdm(groups, desc=f"allocate ({rule})", disable=not progress, leave=False):
-        values[g.name] = direction_values(rule, stats[g.name])
+        values[g.name] = direction_values(rule, stats[g.name].on(device or "cpu", dtype))
     t1 = time.perf_counter()
     budget = _budget(shapes, rank)
     ks, spent = _greedy(shapes, values, budget, rank.ratio)

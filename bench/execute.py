@@ -324,8 +324,9 @@ class Worker:
         if rule == UNIFORM:
             return None
         if (rule, budget) not in self.allocations:
-            self.allocations[(rule, budget)] = allocate(rule, self.selected, self.stats, budget,
-                                                        progress=self.run.config.progress)
+            self.allocations[(rule, budget)] = allocate(
+                rule, self.selected, self.stats, budget, progress=self.run.config.progress, device=self.solve_device,
+                dtype=getattr(torch, self.run.config.solve_dtype))
         return self.allocations[(rule, budget)]
 
     def variant(self, cells: list[Cell]) -> int:

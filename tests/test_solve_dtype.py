@@ -140,3 +140,23 @@ def test_solve_dtype_refusals_are_one_line(tmp_path, capsys, dtype):
                "--output", str(tmp_path / "out"), "--solve-dtype", dtype, "--quiet"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1 and "--solve-dtype" in err[0] and "float32" in err[0], err
+
+
+def test_rank_allocation_solves_in_the_run_precision_and_memoises_there(model_and_stats):
+    """The allocation's eigen-solves run on the solve device in the solve precision (memoised there, so the
+    compression after it reuses them); on well-conditioned statistics the split is float64's, up to directions
+    whose values tie within float32's round-off (the groups here share one spectrum)."""
+    from bench.allocate import allocate
+
+    model, stats = model_and_stats
+    groups = find_input_groups(model)
+    well = {g.name: _well_conditioned(stats[g.name]) for g in groups}
+    a64 = allocate("fisher", groups, well, RankSpec(0.5, budget="params"))
+    a32 = allocate("fisher", groups, well, RankSpec(0.5, budget="params"), dtype=torch.float32)
+    assert a32.ks.keys() == a64.ks.keys()
+    assert max(abs(a32.ks[g] - a64.ks[g]) for g in a64.ks) <= 2
+    assert abs(a32.allocated_params - a64.allocated_params) <= 2 * max(d + D for d, D in
+                                                                       ((g.d_in, sum(g.d_outs)) for g in groups))
+    for g in groups:
+        assert well[g.name].memo["on cpu torch.float32"]["fisher_basis"]["lam"].dtype == torch.float32
+        assert well[g.name].memo["fisher_basis"]["lam"].dtype == torch.float64
