@@ -1,21 +1,39 @@
 #!/usr/bin/env bash
-# The GPU check of the large-model issue, for a session that is lent a GPU (the `device` tool): the smoke sweep and
-# the default Gemma-3-270m run on cuda, each timed, results under $OUT (or ./gpu-check). Needs `make setup` done
-# with a CUDA build of torch (TORCH_SPEC="torch==2.13.0" from the CUDA index) and the model cache carried over.
-set -euo pipefail
+# The GPU checks of issue 24, for a session that is lent a GPU (the `device` tool), in the order to run them: the
+# smoke sweep on cuda (solves there too: --solve-device auto follows the model), one Llama-3-8B-shaped group
+# (d = 14,336) solved on cuda in float64 and float32 against the host, and the default Gemma-3-270m run on cuda,
+# each timed; results under $OUT (or ./gpu-check). Needs `make setup` done with a CUDA build of torch
+# (TORCH_SPEC="torch==2.13.0" from the CUDA index) and the model cache carried over. Sized to finish in under 10
+# minutes on one H100/H200-class GPU with 16 host cores; each step has its own time limit so one slow step cannot
+# take the others' time (SMOKE_S, GROUP_S, DEFAULT_S seconds).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-check}"
 mkdir -p "$OUT"
 BENCH=.venv/bin/bench
+PY=.venv/bin/python
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
-.venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA build of torch'; print(torch.__version__)"
-start=$(date +%s)
-$BENCH run --model "$(.venv/bin/python -c 'from bench.smoke import tiny_checkpoint; print(tiny_checkpoint())')" \
-    --methods all --rank 0.5 --tasks ppl-token lama rho --lama-limit 1 --lama-candidates 8 --ppl-windows 2 \
-    --ppl-seq-len 64 --calib-samples 4 --calib-seq-len 64 --device cuda --dtype bfloat16 --quiet \
-    --output "$OUT/smoke" 2>&1 | tee "$OUT/smoke.log"
-echo "smoke on cuda: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
-start=$(date +%s)
-$BENCH run --methods all --rank 0.5 --device cuda --output "$OUT/default" --quiet 2>&1 | tee "$OUT/default.log"
-echo "default run on cuda (float32): $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
-cp "$OUT/default/LEADERBOARD.md" "$OUT/LEADERBOARD-cuda.md"
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA build of torch'; print(torch.__version__)" || exit 1
+
+step() {  # step NAME LIMIT_S COMMAND...: run it under its limit, log it, record its time and exit status
+    local name=$1 limit=$2
+    shift 2
+    local start
+    start=$(date +%s)
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name: $(( $(date +%s) - start )) s, exit $rc$([ $rc = 124 ] && echo " (over its ${limit} s limit)")" \
+        | tee -a "$OUT/times.txt"
+    tail -n 5 "$OUT/$name.log"
+}
+
+TINY=$($PY -c 'from bench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())')
+step smoke-cuda "${SMOKE_S:-90}" $BENCH run --model "$TINY" --methods all --rank 0.5 --sparsity 2:4 \
+    --tasks ppl-token lama rho --lama-limit 1 --lama-candidates 8 --ppl-windows 2 --ppl-seq-len 64 \
+    --calib-samples 4 --calib-seq-len 64 --device cuda --dtype bfloat16 --quiet --output "$OUT/smoke"
+# float64 and float32 solves of pca, fasc-kfac and whitened-svd on cuda; pca's also on the host (one eigh there)
+step group-8b "${GROUP_S:-240}" $PY benchmarks/solve_8b_group.py --device cuda --out "$OUT/solve_8b_group.json"
+step default-cuda "${DEFAULT_S:-240}" $BENCH run --methods all --rank 0.5 --device cuda --output "$OUT/default" \
+    --quiet
+[ -f "$OUT/default/LEADERBOARD.md" ] && cp "$OUT/default/LEADERBOARD.md" "$OUT/LEADERBOARD-cuda.md"
+cat "$OUT/times.txt"
