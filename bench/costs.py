@@ -287,12 +287,14 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
     comps = {m: methods.build(m) for m in est.method_names}
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
     grads = bool(needs & {"F", "pairs", "row_fisher"})
-    # forward (2 per weight) and, with gradients, backward (4 more) through the blocks and the LM head once per
-    # calibration pass (each pass hooks only its groups, but runs the whole model), plus the hooks' float32
-    # products x^T x (and g^T g), once per group
+    # forward (2 per weight) and, with gradients, the backward to the inputs (2 more: the weights are frozen)
+    # through the blocks and the LM head once per calibration pass (each pass hooks only its groups, but runs the
+    # whole model); the weight gradients of the row Fisher (2 per site weight) and the hooks' float32 products
+    # x^T x (and g^T g) once per group. (The TinyLlama-shaped run: 4 per weight measured 155 s a pass, this says 166.)
     head = est.config["vocab_size"] * est.config["hidden_size"]
-    per_token = est.passes * (2 + (4 if grads else 0)) * (linear + head) + sum(
-        2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
+    per_token = est.passes * (2 + (2 if grads else 0)) * (linear + head) + \
+        (2 * linear if "row_fisher" in needs else 0) + \
+        sum(2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
     out = {"calibration": est.calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
            "undeclared": []}
     done: set = set()
