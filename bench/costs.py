@@ -127,6 +127,7 @@ class CostEstimate:
     ranks: list[RankSpec] = field(default_factory=list)
     calib_tokens: int = 0
     pair_tokens: int = 0
+    stats_budget: int | None = None  # --stats-memory (None: every group's statistics held at once)
 
 
 def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
@@ -151,7 +152,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
                         "num_hidden_layers": n_blocks, "vocab_size": vocab},
                 groups=groups, needs=needs, method_names=list(method_names),
                 ranks=[RankSpec(r, budget, align) for r in ranks], calib_tokens=calib_samples * calib_seq_len,
-                pair_tokens=pair_tokens)
+                pair_tokens=pair_tokens, stats_budget=stats_memory)
     for kind in dict.fromkeys(g.kind for g in groups):
         g = next(x for x in groups if x.kind == kind)
         count = sum(x.kind == kind for x in groups)
@@ -278,6 +279,27 @@ def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
     raise ValueError(f"unknown solve operation {kind!r}")
 
 
+def _declared_ops(comp, group, rank, pair_tokens):
+    return comp.solve_ops(group.d_in, group.d_outs, comp.rank_for(group, rank), pair_tokens)
+
+
+def memo_fits(est: CostEstimate, comps: dict, solve_dtype: str = "float64") -> bool:
+    """Whether the statistics store can hold every group's statistics and the d x d solves they memoise (two
+    matrices each: a basis and its inverse, a whitening factor and its inverse) within --stats-memory. Only then
+    does a memoised solve serve the later cells of a sweep; otherwise each cell finds its groups re-read from
+    disk and solves them afresh (the TinyLlama-shaped run under 6 GB: pca, whitened-svd and fasc-kfac each
+    paid C's eigen-solves)."""
+    if est.stats_budget is None:
+        return True
+    width = 4 if solve_dtype == "float32" else 8
+    memo = 0
+    for g in est.groups:
+        keys = {op[0].split()[0] for comp in comps.values() if comp.family == methods.LOW_RANK_FAMILY
+                for rank in est.ranks for op in _declared_ops(comp, g, rank, est.pair_tokens) or [] if op[0]}
+        memo += len(keys) * 2 * g.d_in ** 2 * width
+    return sum(est.stats_total.values()) + memo <= est.stats_budget
+
+
 def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpeed | None = None) -> dict:
     """Seconds of calibration (at `calib_speed`, the model's device; default `speed`) and of each method's solves
     (at `speed`, the solve device) for the run `est` was made for, in run order: methods sharing a memoised solve of
@@ -297,6 +319,8 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
         sum(2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
     out = {"calibration": est.calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
            "undeclared": []}
+    shared = memo_fits(est, comps, speed.solve_dtype)
+    out["memo_shared"] = shared
     done: set = set()
     for name in comps:  # the run's order: the methods as given (`--methods all`: the registry's order)
         comp = comps[name]
@@ -305,8 +329,10 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
             continue
         seconds = 0.0
         for rank in est.ranks:
+            if not shared:  # the statistics store drops each group (and its memo) before the next cell reaches it
+                done = set()
             for g in groups:
-                ops = comp.solve_ops(g.d_in, g.d_outs, comp.rank_for(g, rank), est.pair_tokens)
+                ops = _declared_ops(comp, g, rank, est.pair_tokens)
                 if ops is None:
                     out["undeclared"].append(name)
                     ops = []

@@ -111,6 +111,26 @@ def test_plan_times_scale_by_the_declared_operations():
     assert estimate_times(llama, ["svd"], [0.5], _speed())["calibration"] == 0.0  # data-free
 
 
+def test_plan_shares_memoised_solves_only_when_the_store_holds_them():
+    from bench.costs import estimate_times
+
+    llama = str(CONFIGS / "llama-3-8b")
+
+    def times(memory):
+        est = make_plan(llama, ["fasc", "fasc-kfac"], [0.5], stats_memory=parse_bytes(memory) if memory else None)
+        return estimate_times(est, _speed())
+
+    unlimited, roomy, tight = times(None), times("1TB"), times("64GB")
+    assert unlimited["memo_shared"] and roomy["memo_shared"] and not tight["memo_shared"]
+    assert roomy["methods"] == unlimited["methods"]
+    # 131 GB of C and F do not stay in 64 GB: fasc-kfac, after fasc, finds its groups re-read and pays the K-FAC
+    # basis again, exactly what it pays alone
+    alone = estimate_times(make_plan(llama, ["fasc-kfac"], [0.5]), _speed())["methods"]["fasc-kfac"]
+    assert tight["methods"]["fasc-kfac"] == pytest.approx(alone)
+    assert tight["methods"]["fasc"] == pytest.approx(unlimited["methods"]["fasc"])
+    assert roomy["methods"]["fasc-kfac"] < 0.1 * alone
+
+
 def test_plan_prints_time_under_the_run_stage_names(capsys, monkeypatch):
     import bench.costs
 

@@ -67,6 +67,9 @@ def render_times(times: dict, speed, model_speed) -> str:
     lines = ["", f"estimated time, seconds (an estimate: a micro-benchmark of this machine, {bench}, scaled by each "
              "stage's operation counts, n^3 for the eigen-solves):", "",
              tabulate(rows, headers=["stage", "seconds"], tablefmt="github", disable_numparse=True)]
+    if not times.get("memo_shared", True):
+        lines.append("the statistics and their memoised solves exceed --stats-memory: each method re-reads every "
+                     "group and solves its bases afresh (raise --stats-memory to share them across methods)")
     if times["undeclared"]:
         lines.append(f"not estimated (their solves declare no cost): {', '.join(times['undeclared'])}")
     return "\n".join(lines)
