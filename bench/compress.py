@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import contextmanager
 
-import torch
 from tqdm.auto import tqdm
 
 import methods
 from core.errors import UserError
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
-from core.stats import GroupStats, RankSpec, SparsitySpec
+from core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
 from methods.base import GroupCompression
 
 from .apply import apply_compression, restore
@@ -44,7 +43,7 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
                 res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name],
-                                    device=solve_device, dtype=getattr(torch, solve_dtype))
+                                    device=solve_device, dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None
             if merge and isinstance(res, GroupCompression):

@@ -19,7 +19,7 @@ import methods
 from methods.base import factorised_params
 from core.errors import UserError
 from core.units import human
-from core.stats import RankSpec, SparsitySpec, check_pattern_widths
+from core.stats import RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
 from .groups import InputGroup, find_input_groups, meta_model
 
@@ -251,7 +251,7 @@ def measure_speed(device: str = "cpu", n: int = 1024, solve_dtype: str = "float6
 
     g = torch.Generator().manual_seed(0)
     a32 = torch.randn(n, n, generator=g).to(dev)
-    dtype = getattr(torch, solve_dtype)
+    dtype = solve_torch_dtype(solve_dtype)
     square = torch.randn(n, n, generator=g, dtype=torch.float64).to(dev, dtype)
     sym = square @ square.T
     tall = torch.randn(n, n // 2, generator=g, dtype=torch.float64).to(dev, dtype)

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
-from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths
+from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
 import methods
 
@@ -326,7 +326,7 @@ class Worker:
         if (rule, budget) not in self.allocations:
             self.allocations[(rule, budget)] = allocate(
                 rule, self.selected, self.stats, budget, progress=self.run.config.progress, device=self.solve_device,
-                dtype=getattr(torch, self.run.config.solve_dtype))
+                dtype=solve_torch_dtype(self.run.config.solve_dtype))
         return self.allocations[(rule, budget)]
 
     def variant(self, cells: list[Cell]) -> int:

@@ -156,6 +156,15 @@ def _divisor_hint(d_in: int, n: int, m: int) -> str:
     return "0.5"
 
 
+TOKEN_SAMPLE = ("xs", "gs")  # GroupStats' float32 (x, g) pairs
+SOLVE_TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def solve_torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a --solve-dtype name (float64 or float32; the CLI refuses any other before this)."""
+    return SOLVE_TORCH_DTYPES[name]
+
+
 @dataclass
 class GroupStats:
     """Calibration statistics of one input group (all float64 except the token sample)."""
@@ -181,17 +190,21 @@ class GroupStats:
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if dtype not in (torch.float64, torch.float32):
+        if dtype not in SOLVE_TORCH_DTYPES.values():
             raise ValueError(f"solves run in float64 or float32, not {dtype}")
 
-        # float64 is what every solve casts to anyway: only a float32 solve recasts the moments
+        # float64 is what every solve casts to anyway: only a float32 solve recasts the moments (the (x, g) token
+        # sample is float32 already and stays so)
         recast = dtype != torch.float64
 
+        def target(name, t):
+            return dtype if recast and name not in TOKEN_SAMPLE else t.dtype
+
         def off(name, t):
-            return t.device != device or (recast and t.dtype != dtype and name not in ("xs", "gs"))
+            return t.device != device or t.dtype != target(name, t)
 
         def cast(name, t):
-            return t.to(device=device, dtype=dtype if recast and name not in ("xs", "gs") else t.dtype)
+            return t.to(device=device, dtype=target(name, t))
 
         moved, changed = {}, dtype != self.solve_dtype
         for f in fields(self):

@@ -22,6 +22,21 @@ def tiny_model(arch: str = "llama", seed: int = 0, **kw):
     return model.eval()
 
 
+EVERY_STAT = frozenset({"C", "F", "pairs", "abs_mean", "mean", "row_fisher"})
+
+
+def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 48, inter: int = 64):
+    """A tiny random Llama and every statistic of every group, from `windows` random token windows (seed 0)."""
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.groups import find_input_groups
+
+    model = tiny_model("llama", hidden=hidden, inter=inter)
+    ids = torch.randint(0, 101, (windows, seq_len), generator=torch.Generator().manual_seed(0))
+    stats = calibrate(model, find_input_groups(model), ids, EVERY_STAT, CalibSpec(pair_tokens=pair_tokens),
+                      progress=False)
+    return model, stats
+
+
 @pytest.fixture(params=["llama", "gemma3"])
 def arch(request):
     return request.param

@@ -6,21 +6,16 @@ import torch
 
 import methods
 from bench.allocate import allocate
-from bench.calibrate import CalibSpec, calibrate
 from bench.groups import find_input_groups
 from core.stats import RankSpec, SparsitySpec
 
-from conftest import tiny_model
+from conftest import calibrated_tiny
 
-ALL_STATS = frozenset({"C", "F", "pairs", "abs_mean", "mean", "row_fisher"})
 
 
 @pytest.fixture(scope="module")
 def model_and_stats():
-    model = tiny_model("llama", hidden=48, inter=64)
-    windows = torch.randint(0, 101, (4, 24), generator=torch.Generator().manual_seed(0))
-    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
-    return model, stats
+    return calibrated_tiny(windows=4, seq_len=24, pair_tokens=64)
 
 
 @pytest.fixture

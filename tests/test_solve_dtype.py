@@ -8,14 +8,12 @@ import pytest
 import torch
 
 import methods
-from bench.calibrate import CalibSpec, calibrate
 from bench.groups import find_input_groups
 from core.linalg import whitening_factor
 from core.stats import GroupStats, RankSpec
 
-from conftest import tiny_model
+from conftest import calibrated_tiny
 
-ALL_STATS = frozenset({"C", "F", "pairs", "abs_mean", "mean", "row_fisher"})
 LOW_RANK = [m for m in methods.known_methods() if methods.get_method(m).family == "low-rank"]
 
 
@@ -27,10 +25,7 @@ def _max_angle(B1: torch.Tensor, B2: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def model_and_stats():
-    model = tiny_model("llama", hidden=48, inter=64)
-    windows = torch.randint(0, 101, (6, 32), generator=torch.Generator().manual_seed(0))
-    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=128), progress=False)
-    return model, stats
+    return calibrated_tiny(windows=6, seq_len=32, pair_tokens=128)
 
 
 def _well_conditioned(st: GroupStats) -> GroupStats:
