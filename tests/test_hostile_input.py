@@ -297,3 +297,11 @@ def test_unquoted_pattern_in_yaml_is_named(tmp_path, tiny, capsys):
     out = tmp_path / "out"
     expect_one_line(capsys, base(tiny, out, **{"--methods": None, "--rank": None}) + ["--config", str(cfg)], "quote")
     assert no_cells(out)
+
+
+def test_prepare_reports_a_bad_model_from_its_conversion_process(tmp_path, tiny, capsys):
+    # the first model converts in a second process: its error still reaches the user as one line, exit 2
+    model, needle = _bad_models(tmp_path, tiny)["garbage.gguf"]
+    assert main(["prepare", "--models", model, str(tiny)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
