@@ -285,7 +285,7 @@ def _declared_ops(comp, group, rank, pair_tokens):
 
 def memo_fits(est: CostEstimate, comps: dict, solve_dtype: str = "float64") -> bool:
     """Whether the statistics store can hold every group's statistics and the d x d solves they memoise (two
-    matrices each: a basis and its inverse, a whitening factor and its inverse) within --stats-memory. Only then
+    matrices each: a basis and its inverse, a whitening factor and its inverse; fasc's scores) within --stats-memory. Only then
     does a memoised solve serve the later cells of a sweep; otherwise each cell finds its groups re-read from
     disk and solves them afresh (the TinyLlama-shaped run under 6 GB: pca, whitened-svd and fasc-kfac each
     paid C's eigen-solves)."""
@@ -296,7 +296,8 @@ def memo_fits(est: CostEstimate, comps: dict, solve_dtype: str = "float64") -> b
     for g in est.groups:
         keys = {op[0].split()[0] for comp in comps.values() if comp.family == methods.LOW_RANK_FAMILY
                 for rank in est.ranks for op in _declared_ops(comp, g, rank, est.pair_tokens) or [] if op[0]}
-        memo += len(keys) * 2 * g.d_in ** 2 * width
+        # fasc's direction scores are one N x d matrix; the bases and whitening factors two d x d each
+        memo += sum(est.pair_tokens * g.d_in if key == "fisher_scores" else 2 * g.d_in ** 2 for key in keys) * width
     return sum(est.stats_total.values()) + memo <= est.stats_budget
 
 
