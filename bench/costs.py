@@ -284,14 +284,14 @@ def _declared_ops(comp, group, rank, pair_tokens):
 
 
 def memo_fits(est: CostEstimate, comps: dict, solve_dtype: str = "float64") -> bool:
-    """Whether the statistics store can hold every group's statistics and the d x d solves they memoise (two
-    matrices each: a basis and its inverse, a whitening factor and its inverse; fasc's scores) within --stats-memory. Only then
-    does a memoised solve serve the later cells of a sweep; otherwise each cell finds its groups re-read from
-    disk and solves them afresh (the TinyLlama-shaped run under 6 GB: pca, whitened-svd and fasc-kfac each
-    paid C's eigen-solves)."""
+    """Whether the statistics store can hold every group's statistics and the solves they memoise (two d x d
+    matrices each: a basis and its inverse, a whitening factor and its inverse; fasc's N x d scores) within
+    --stats-memory. Only then does a memoised solve serve the later cells of a sweep; otherwise each cell finds its
+    groups re-read from disk and solves them afresh (the TinyLlama-shaped run under 6 GB: pca, whitened-svd and
+    fasc-kfac each paid C's eigen-solves)."""
     if est.stats_budget is None:
         return True
-    width = 4 if solve_dtype == "float32" else 8
+    width = solve_torch_dtype(solve_dtype).itemsize
     memo = 0
     for g in est.groups:
         keys = {op[0].split()[0] for comp in comps.values() if comp.family == methods.LOW_RANK_FAMILY

@@ -12,7 +12,6 @@ from core.stats import RankSpec, SparsitySpec
 from conftest import calibrated_tiny
 
 
-
 @pytest.fixture(scope="module")
 def model_and_stats():
     return calibrated_tiny(windows=4, seq_len=24, pair_tokens=64)
