@@ -272,6 +272,11 @@ def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
         m, n = max(sizes), min(sizes)
         m0, n0 = speed.svd_shape
         return speed.svd_s * (m * n * n) / (m0 * n0 * n0)
+    if kind == "truncated_svd":  # the top singular pairs of an m x n matrix: the smaller Gram's eigh in float64
+        m, n = max(sizes), min(sizes)  # (methods.svd.truncated_factors, whitened-svd's m >= d), the SVD in float32
+        if speed.solve_dtype == "float32":
+            return op_seconds(("", "svd", m, n), speed)
+        return 2 * m * n * n / speed.solve_matmul + op_seconds(("", "eigh", n), speed)
     if kind == "flops":
         return sizes[0] / speed.solve_matmul
     if kind == "bytes":  # declared for float64 numbers; float32 moves half the bytes

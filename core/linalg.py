@@ -104,11 +104,20 @@ def weighted_subspace(
     dtype = S.dtype
     if F_factor is not None:
         R = F_factor.to(dtype) @ S
-        # V must be square: from the thin SVD when R has at least d rows, completed by the full one otherwise
-        _, sig, Vh = torch.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
-        lam = torch.zeros(S.shape[0], dtype=dtype, device=S.device)
-        lam[: sig.numel()] = sig**2
-        V = Vh.T
+        m, d = R.shape
+        lam = torch.zeros(d, dtype=dtype, device=S.device)
+        if m >= d and dtype == torch.float64:
+            # the eigenvectors of R^T R, 3x faster than R's SVD at these shapes; on Gemma-3-270m's groups
+            # (cond(R) up to 2e5) the deployed projection agrees with the SVD's to 2.4e-11 relative. float32
+            # cannot carry the squared condition number: it takes the SVD.
+            w, V = sorted_eigh(R.T @ R)
+            lam[:] = w.clamp_min(0)
+        else:
+            # V must be square unless only directions inside R's row space are kept: the thin SVD's, completed
+            # by the full SVD otherwise
+            _, sig, Vh = torch.linalg.svd(R, full_matrices=m < d and (keep is None or keep > m))
+            lam[: sig.numel()] = sig**2
+            V = Vh.T
     else:
         Fm = torch.eye(S.shape[0], dtype=dtype, device=S.device) if F is None else F.to(dtype)
         lam, V = sorted_eigh(S.T @ Fm @ S)

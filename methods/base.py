@@ -274,8 +274,16 @@ def projection_ops(d_in: int, d_outs: tuple[int, ...], k: int) -> list[tuple]:
 
 
 def site_svd_ops(d_in: int, d_outs: tuple[int, ...]) -> list[tuple]:
-    """One thin SVD per site weight (the per-site factorisations)."""
-    return [("", "svd", d, d_in) for d in d_outs]
+    """One truncated SVD per site weight (the per-site factorisations)."""
+    return [("", "truncated_svd", d, d_in) for d in d_outs]
+
+
+def factor_svd_op(m: int, d: int, keep: int) -> tuple:
+    """What core.linalg.weighted_subspace runs on an m x d factor R of F keeping `keep` directions: R^T R's eigh
+    (m >= d; the SVD in float32), the thin SVD (keep inside R's row space) or the full one (V square)."""
+    if m >= d:
+        return ("", "truncated_svd", m, d)
+    return ("", "svd", m, d) if keep <= m else ("", "svd", d, d)
 
 
 def basis_ops(d: int) -> dict[str, tuple]:

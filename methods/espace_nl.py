@@ -19,6 +19,7 @@ class EspaceNL(Compressor):
         # Normalise both factors so neither scale dominates the symmetrised product.
         floor = tiny(C.dtype)
         C, F = C / C.trace().clamp_min(floor), F / F.trace().clamp_min(floor)
-        _, V = sorted_eigh(C @ F + F @ C)
+        CF = C @ F
+        _, V = sorted_eigh(CF + CF.T)  # F C = (C F)^T for symmetric C and F: one product, not two
         Vk = V[:, :k]
         return projection_factors(weights, Vk, Vk.T), True, [], {}

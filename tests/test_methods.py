@@ -385,3 +385,41 @@ def test_in_place_compression_restores_on_error(windows):
             raise RuntimeError("evaluation failed")
     with torch.no_grad():
         assert torch.equal(model(windows).logits, dense)
+
+
+@pytest.mark.parametrize("shape,k", [((40, 12), 5), ((12, 40), 5), ((16, 16), 16), ((30, 10), 10)])
+def test_truncated_factors_from_the_gram_equal_the_svd(shape, k):
+    """float64 takes the top singular pairs from the smaller Gram's eigenvectors: the same rank-k product as the
+    SVD's, balanced the same way; a weight of rank below k (zeroed rows) keeps its product finite and exact."""
+    from methods.svd import truncated_factors
+
+    gen = torch.Generator().manual_seed(11)
+    M = torch.randn(*shape, generator=gen, dtype=torch.float64) * torch.logspace(0, -3, shape[1], dtype=torch.float64)
+    for W in (M, torch.cat([M[: shape[0] // 2], torch.zeros(shape[0] - shape[0] // 2, shape[1], dtype=M.dtype)])):
+        U, sig, Vh = torch.linalg.svd(W, full_matrices=False)
+        ref = U[:, :k] * sig[:k] @ Vh[:k]
+        A, B = truncated_factors(W, k)
+        assert A.shape == (shape[0], k) and B.shape == (k, shape[1]) and torch.isfinite(A).all()
+        assert (A @ B - ref).norm() <= 1e-10 * ref.norm()
+        # balanced: both factors carry sigma^1/2, as the SVD's (U_k S^1/2, S^1/2 V_k^T)
+        n = min(k, int((sig > 1e-12 * sig[0]).sum()))
+        assert torch.allclose(A[:, :n].norm(dim=0), sig[:n].sqrt(), rtol=1e-8)
+        A32, B32 = truncated_factors(W.float(), k)  # float32: the SVD itself
+        assert (A32.double() @ B32.double() - ref).norm() <= 1e-5 * ref.norm()
+
+
+@pytest.mark.parametrize("m,d,keep", [(20, 8, 3), (6, 10, 4), (6, 10, 8), (6, 10, None)])
+def test_weighted_subspace_factor_paths_agree(m, d, keep):
+    """F = R^T R given as its factor R: R^T R's eigenvectors (m >= d, float64), the thin SVD (keep inside R's row
+    space) and the full SVD (else) give the projections the eigenvectors of S^T R^T R S give."""
+    from core.linalg import weighted_subspace
+
+    st = random_stats(d, seed=4)
+    R = torch.randn(m, d, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    got = weighted_subspace(st.C, F_factor=R, keep=keep)
+    ref = weighted_subspace(st.C, F=R.T @ R)
+    k = min(keep or d, m)  # beyond R's rank the directions carry lam = 0 and are any completion
+    assert got["U"].shape == (d, keep or d) and got["Wt"].shape == (keep or d, d)
+    assert torch.allclose(got["lam"], ref["lam"].clamp_min(0), atol=1e-9 * float(ref["lam"][0]))
+    P, P_ref = got["U"][:, :k] @ got["Wt"][:k], ref["U"][:, :k] @ ref["Wt"][:k]
+    assert (P - P_ref).norm() <= 1e-8 * P_ref.norm()
