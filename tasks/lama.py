@@ -18,7 +18,8 @@ import torch
 from core.errors import UserError
 from tqdm.auto import tqdm
 
-from .base import RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr, model_device
+from .base import (RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr,
+                   model_device, target_logprobs)
 from .data.lama_data import LamaSet, Probe, load_lama, sample_probes
 
 
@@ -40,13 +41,12 @@ def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chun
     cache_kw = _cache_kwarg(body)
     out = body(input_ids=p_ids, use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    h_last = out.last_hidden_state[0, -1]
-    first = torch.log_softmax(logits_from_hidden(model, h_last), -1)
-    scores = torch.empty(len(cands))
+    first = target_logprobs(model, out.last_hidden_state[0, -1:], torch.tensor([[c[0] for c in cands]]))[0].cpu()
+    scores = torch.empty(len(cands), dtype=torch.float64)
     n_prompt = p_ids.shape[1]
     for start in range(0, len(cands), chunk):
         block = cands[start:start + chunk]
-        s = torch.tensor([first[c[0]].item() for c in block])
+        s = first[start:start + len(block)].clone()
         longest = max(len(c) for c in block)
         if longest > 1:
             # Feed t_1..t_{m-1} after the cached prompt; position i predicts t_{i+2}.
@@ -66,8 +66,7 @@ def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chun
             for r, c in enumerate(block):
                 for i in range(len(c) - 1):
                     rows.append(r), cols.append(i), targets.append(c[i + 1])
-            logp = torch.log_softmax(logits_from_hidden(model, hid[rows, cols]), -1)
-            picked = logp[torch.arange(len(targets)), torch.tensor(targets, device=logp.device)].cpu()
+            picked = target_logprobs(model, hid[rows, cols], torch.tensor(targets)[:, None])[:, 0].cpu()
             s.index_add_(0, torch.tensor(rows), picked)
         scores[start:start + len(block)] = s
     return scores
@@ -119,8 +118,11 @@ def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[
     cache_kw = _cache_kwarg(body)
     out, mask = _prompts_forward(model, tokenizer, prompts)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    first = torch.log_softmax(logits_from_hidden(model, out.last_hidden_state[:, -1]), -1).cpu()
-    scores = [torch.tensor([float(first[r, c[0]]) for c in cs]) for r, cs in enumerate(cands)]
+    firsts = torch.zeros(len(cands), max(1, max(len(cs) for cs in cands)), dtype=torch.long)
+    for r, cs in enumerate(cands):
+        firsts[r, :len(cs)] = torch.tensor([c[0] for c in cs], dtype=torch.long)
+    first = target_logprobs(model, out.last_hidden_state[:, -1], firsts).cpu()  # padded columns are never read
+    scores = [first[r, :len(cs)].clone() for r, cs in enumerate(cands)]
     # Longest first, so each chunk's continuation is padded to nearly its own width.
     pairs = sorted(((r, j) for r, cs in enumerate(cands) for j, c in enumerate(cs) if len(c) > 1),
                    key=lambda rj: -len(cands[rj[0]][rj[1]]))
@@ -145,8 +147,7 @@ def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[
             c = cands[r][j]
             for i in range(len(c) - 1):  # position i of the continuation predicts token i + 1 of the candidate
                 at_b.append(b), at_i.append(i), targets.append(c[i + 1])
-        logp = torch.log_softmax(logits_from_hidden(model, hid[at_b, at_i]), -1)
-        picked = logp[torch.arange(len(targets)), torch.tensor(targets, device=logp.device)].cpu()
+        picked = target_logprobs(model, hid[at_b, at_i], torch.tensor(targets)[:, None])[:, 0].cpu()
         for (b, t), v in zip(zip(at_b, targets), picked.tolist()):
             r, j = block[b]
             scores[r][j] += v
@@ -161,7 +162,7 @@ def score_candidates_reference(model, tokenizer, prompt: str, cands: list[list[i
     out = []
     for c in cands:
         ids = torch.tensor([p + c], device=device)
-        logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), -1)
+        logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].double(), -1)  # float64 reference
         out.append(sum(logp[len(p) - 1 + i, t].item() for i, t in enumerate(c)))
     return torch.tensor(out)
 
@@ -214,6 +215,9 @@ class LAMA(Task):
     higher_is_better = {"p@1": True, "p@10": True, "mrr": True, "p@1_micro": True}
     primary_metric = "p@1"
     Settings = LamaSettings
+    # 2: candidates scored from a running log-sum-exp over vocabulary slices in float64 (tasks.base.target_logprobs),
+    # as ppl-token since its version 2; version 1's float32 log-softmax over 262k words was 2e-4 nats per token low
+    version = 2
     label, order = "LAMA P@1", 1
     shortcuts = (Shortcut("--lama-limit", "per_relation", "LAMA probes per relation (0 = all; default 15)"),
                  Shortcut("--lama-candidates", "max_candidates",

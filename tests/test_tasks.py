@@ -177,6 +177,24 @@ def test_next_token_nll_equals_a_float64_log_softmax(small_model, tokenizer, chu
             small_model.set_output_embeddings(head)
 
 
+@pytest.mark.parametrize("chunk", [7, 100_000])
+def test_target_logprobs_reads_several_targets_per_row(small_model, tokenizer, chunk):
+    """LAMA's scorer: K target words per hidden state (one row's targets falling in different vocabulary slices, a
+    repeated target), against the float64 log-softmax of the full logits."""
+    from tasks.base import base_model, logits_from_hidden, target_logprobs
+
+    ids = torch.randint(0, len(tokenizer), (2, 9), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, len(tokenizer), (18, 5), generator=torch.Generator().manual_seed(2))
+    targets[:, 4] = targets[:, 0]
+    with torch.no_grad():
+        hidden = base_model(small_model)(input_ids=ids).last_hidden_state.reshape(18, -1)
+        ref = torch.log_softmax(logits_from_hidden(small_model, hidden).double(), -1).gather(1, targets)
+        got = target_logprobs(small_model, hidden, targets, vocab_chunk=chunk)
+    assert got.dtype == torch.float64 and got.shape == (18, 5)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[:, 4], got[:, 0])
+
+
 def test_ppl_task_reports_protocol(small_model, tokenizer, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text(" ".join(f"token{i}" for i in range(400)))
