@@ -6,7 +6,7 @@ import torch
 
 from core.linalg import group_whitening, weighted_subspace
 
-from .base import Compressor, basis_ops, factor_svd_op, projection_factors, projection_ops
+from .base import Compressor, basis_ops, factor_svd_ops, projection_factors, projection_ops
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class WhitenedSVD(Compressor):
     def solve_ops(self, d_in, d_outs, k, pair_tokens):
         b, ks = basis_ops(d_in), list(k.values()) if isinstance(k, dict) else [k]
         m, k = sum(d_outs), max(ks)
-        svds = ([factor_svd_op(d, d_in, ki) for d, ki in zip(d_outs, ks)] if self.settings.per_site
-                else [factor_svd_op(m, d_in, k)])
+        svds = ([op for d, ki in zip(d_outs, ks) for op in factor_svd_ops(d, d_in, ki)] if self.settings.per_site
+                else factor_svd_ops(m, d_in, k))
         # W S, then U = S V and W^T = V^T S^-1 for the k kept directions, then the projection
         return [b["pca_basis"], b["whitening"], ("", "flops", 2 * m * d_in * d_in), *svds,
                 ("", "flops", 4 * d_in * d_in * k), *projection_ops(d_in, d_outs, k)]

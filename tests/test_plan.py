@@ -155,13 +155,14 @@ def test_truncated_svd_priced_as_the_path_each_precision_takes():
     """float64 takes the smaller Gram's eigh (Gram product + eigh at the small side), float32 the SVD itself; the
     per-site methods and whitened-svd (m >= d) declare that operation, whitened-svd at m < d an SVD."""
     from bench.costs import op_seconds
-    from methods.base import factor_svd_op, site_svd_ops
+    from methods.base import factor_svd_ops, site_svd_ops
 
     op = ("", "truncated_svd", 4096, 1024)
     f64, f32 = _speed(), _speed(solve_dtype="float32")
     assert op_seconds(op, f64) == pytest.approx(2 * 4096 * 1024 ** 2 / 4e10 + 0.2)
     assert op_seconds(op, f32) == pytest.approx(0.1 * 4096 * 1024 ** 2 / (1024 * 512 ** 2))
     assert site_svd_ops(640, (2048, 256)) == [("", "truncated_svd", 2048, 640), ("", "truncated_svd", 256, 640)]
-    assert factor_svd_op(1536, 640, 320) == ("", "truncated_svd", 1536, 640)
-    assert factor_svd_op(640, 1024, 512) == ("", "svd", 640, 1024)  # k inside R's row space: the thin SVD
-    assert factor_svd_op(640, 2048, 1024) == ("", "svd", 2048, 2048)  # k beyond it: V square, the full SVD
+    assert factor_svd_ops(1536, 640, 320) == [("", "truncated_svd", 1536, 640)]
+    assert factor_svd_ops(640, 1024, 512) == [("", "svd", 640, 1024)]  # k inside R's row space: the thin SVD
+    # k beyond it: V square, the thin SVD and V formed from its reflectors
+    assert factor_svd_ops(640, 2048, 1024) == [("", "svd", 640, 2048), ("", "flops", 4 * 2048 * 2048 * 640)]
