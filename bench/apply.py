@@ -35,6 +35,16 @@ def restore(model: nn.Module, undo: Undo) -> None:
         delattr(model.config, LAYOUT_KEY)
 
 
+def swap(model: nn.Module, undo: Undo) -> Undo:
+    """restore(model, undo), returning the Undo that puts back what it replaced: a deployed model and its dense
+    original trade places by reference, as often as wanted, with nothing rebuilt or copied."""
+    redo = Undo(modules={n: model.get_submodule(n) for n in undo.modules},
+                weights=[(site, site.weight) for site, _ in undo.weights],
+                layouts=getattr(model.config, LAYOUT_KEY, None), had_layouts=hasattr(model.config, LAYOUT_KEY))
+    restore(model, undo)
+    return redo
+
+
 def _new_undo(model) -> Undo:
     return Undo(layouts=getattr(model.config, LAYOUT_KEY, None), had_layouts=hasattr(model.config, LAYOUT_KEY))
 

@@ -18,7 +18,7 @@ from core.record import ALL_GROUPS, UNIFORM
 from core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
 from methods.base import GroupCompression
 
-from .apply import apply_compression, restore
+from .apply import apply_compression, restore, swap
 from .groups import find_input_groups
 
 
@@ -51,10 +51,34 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
             undo.append(apply_compression(model, g, res))
             summaries.append(res.summary())
             del res
+        _deployed[id(model)] = undo
         yield model.eval(), summaries
     finally:
+        _deployed.pop(id(model), None)
         for u in reversed(undo):
             restore(model, u)
+
+
+_deployed: dict[int, list] = {}  # id(model) -> the undo list of the `compressed` block it is inside
+
+
+def dense_switch(model):
+    """`use_dense(flag)` for a model inside `with compressed(...)`: True puts the dense modules back in place, False
+    the deployed ones (both kept by reference), so latency can alternate between them in one process."""
+    undo = _deployed[id(model)]
+    state = {"dense": False, "redo": []}
+
+    def use_dense(flag: bool) -> None:
+        if flag == state["dense"]:
+            return
+        if flag:
+            state["redo"] = [swap(model, u) for u in reversed(undo)]
+        else:
+            for r in reversed(state["redo"]):
+                swap(model, r)
+            state["redo"] = []
+        state["dense"] = flag
+    return use_dense
 
 
 def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, method: str,

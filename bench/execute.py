@@ -27,11 +27,11 @@ import methods
 from . import __version__
 from .allocate import allocate, check_budget
 from .cells import Cell, ModelInfo, plan
-from .compress import compressed, compression_summary
+from .compress import compressed, compression_summary, dense_switch
 from .costs import calibration_chunks
 from .config import Run, solve_device_for
 from .groups import find_input_groups
-from .measure import latency, peak_memory, weight_bytes
+from .measure import LatencySpec, compare_latency, latency, peak_memory, weight_bytes
 from .models import LoadedModel, ModelSource, load_weights, open_model
 from .selection import ALL
 from .statistics import calibration_windows, load_or_calibrate
@@ -290,7 +290,10 @@ class Worker:
         eff = {"weight_bytes": weight_bytes(model)}
         if run.config.measure_latency:
             t0 = time.perf_counter()
-            eff["latency"] = latency(model)
+            spec = LatencySpec(batch=run.config.batch_size)
+            # a variant is timed against dense in the same process, alternating; dense alone for its own row
+            eff["latency"] = latency(model, spec) if compression is None else \
+                compare_latency(model, dense_switch(model), spec)
             timings["latency_s"] = time.perf_counter() - t0
             self.spent("latency", timings["latency_s"])
         method = cells[0].id.method

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
+import math
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+from scipy.stats import t as scipy_t
+
+LATENCY_VERSION = 2  # 2: interleaved with dense, body apart from the head, speedups with intervals
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -71,29 +78,162 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def latency(model, prompt_len: int = 32, new_tokens: int = 8, repeats: int = 2, vocab_hi: int | None = None) -> dict:
-    """Prefill and greedy-decode time per token (medians over repeats, after one warm-up)."""
-    device = next(model.parameters()).device
-    vocab_hi = vocab_hi or min(model.config.vocab_size, 1000)
-    ids = torch.randint(3, vocab_hi, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(device)
-    prefill, decode = [], []
-    for i in range(repeats + 1):
-        _sync(device)
+@dataclass(frozen=True)
+class LatencySpec:
+    """How latency is measured. Decode: batch 1 with the KV cache of a `prompt_len`-token prompt, `new_tokens`
+    steps per round, fed fixed token ids (a step's cost does not depend on which token comes next, so the 262k-word
+    head need not run to choose it). Prefill: `prefill_len`-token prompts at the evaluation batch, no cache.
+    Dense and the variant alternate within each round (the order flips every round, so a drift of the machine
+    loads both alike); rounds go on until the body decode speedup's 95 % interval is within +-`halfwidth` or
+    `seconds` per variant are spent (at least `min_rounds`)."""
+
+    prompt_len: int = 128
+    new_tokens: int = 16
+    prefill_len: int = 32
+    batch: int = 4
+    halfwidth: float = 0.03
+    min_rounds: int = 4
+    seconds: float = 8.0
+
+    def conditions(self) -> dict:
+        return {"prompt_len": self.prompt_len, "new_tokens": self.new_tokens, "prefill_len": self.prefill_len,
+                "prefill_batch": self.batch, "target_halfwidth": self.halfwidth, "min_rounds": self.min_rounds,
+                "cap_seconds": self.seconds, "threads": torch.get_num_threads(), "fed_tokens": "fixed ids"}
+
+
+class _Probe:
+    """One model's decode and prefill timed in parts: the decoder body (the layers, what compression changes)
+    apart from the embedding and the head (what it leaves alone)."""
+
+    def __init__(self, model, spec: LatencySpec):
+        self.model, self.spec = model, spec
+        self.device = next(model.parameters()).device
+        self.body, self.embed, self.head = model.get_decoder(), model.get_input_embeddings(), model.get_output_embeddings()
+        vocab_hi = min(model.config.vocab_size, 1000)
+        gen = torch.Generator().manual_seed(0)
+        draw = lambda *shape: torch.randint(3, vocab_hi, shape, generator=gen).to(self.device)
+        self.prompt, self.steps, self.batch = draw(1, spec.prompt_len), draw(spec.new_tokens, 1, 1), draw(
+            spec.batch, spec.prefill_len)
+        self.cache = None
+        # transformers 5 names the KV cache argument `cache`, 4.x `past_key_values`
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
+
+    def prefill_cache(self):
+        """The prompt's KV cache, made once (by whichever model runs first) and copied for every round: its values
+        do not change the cost of a step."""
+        out = self.body(inputs_embeds=self.embed(self.prompt), use_cache=True)
+        self.cache = getattr(out, self.cache_arg)
+
+    @torch.no_grad()
+    def decode(self) -> dict:
+        if self.cache is None:
+            self.prefill_cache()
+        cache = copy.deepcopy(self.cache)
+        body = 0.0
+        for ids in self.steps:
+            e = self.embed(ids)
+            _sync(self.device)
+            t0 = time.perf_counter()
+            h = self.body(inputs_embeds=e, use_cache=True, **{self.cache_arg: cache}).last_hidden_state
+            _sync(self.device)
+            body += time.perf_counter() - t0
+        # the embedding and the head once per round: the same modules in dense and every variant
+        _sync(self.device)
         t0 = time.perf_counter()
-        model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        _sync(device)
-        t1 = time.perf_counter()
-        # the warm-up round (i = 0, its times dropped) decodes 2 tokens: enough to run the prefill and the cached
-        # decode step once each, without paying the full decode (0.1 s per token at Gemma's 262k-word head)
-        n = new_tokens if i else min(2, new_tokens)
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0)
-        _sync(device)
-        t2 = time.perf_counter()
-        if i:  # the first round warms up
-            prefill.append((t1 - t0) / prompt_len)
-            decode.append(((t2 - t1) - (t1 - t0)) / new_tokens)
-    return {"prefill_ms_per_token": 1e3 * statistics.median(prefill),
-            "decode_ms_per_token": 1e3 * statistics.median(decode),
-            "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats}
+        self.embed(self.steps[0])
+        self.head(h[:, -1:])
+        _sync(self.device)
+        outside = time.perf_counter() - t0
+        n = len(self.steps)
+        return {"decode_body_ms_per_token": 1e3 * body / n, "decode_outside_ms_per_token": 1e3 * outside,
+                "decode_ms_per_token": 1e3 * (body / n + outside)}
+
+    @torch.no_grad()
+    def prefill(self) -> dict:
+        _sync(self.device)
+        t0 = time.perf_counter()
+        self.body(input_ids=self.batch, use_cache=False)
+        _sync(self.device)
+        return {"prefill_body_tokens_per_s": self.batch.numel() / (time.perf_counter() - t0)}
+
+    def round(self) -> dict:
+        return {**self.decode(), **self.prefill()}
+
+
+# speedup name -> (the per-round time it divides, True where the value is a rate: speedup = variant / dense)
+SPEEDUPS = {"decode_body": ("decode_body_ms_per_token", False), "decode": ("decode_ms_per_token", False),
+            "prefill_body": ("prefill_body_tokens_per_s", True)}
+
+
+def ratio_interval(ratios: list[float]) -> dict:
+    """The geometric mean of per-round ratios and its 95 % t interval (on the logs); n < 2: no interval."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(mean), "ci95": None, "n": len(logs)}
+    half = float(scipy_t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {"ratio": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "n": len(logs)}
+
+
+def _medians(rounds: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+
+@torch.no_grad()
+def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec()) -> dict:
+    """Dense against the variant in one process, interleaved: `use_dense(True)` puts the dense modules in place,
+    `use_dense(False)` the variant's (by reference, nothing rebuilt). Per round each model decodes and prefills
+    once; the speedups are per-round ratios (dense time / variant time), summarised with their intervals."""
+    probe = _Probe(model, spec)
+    t_start = time.perf_counter()
+    for dense_first in (True, False):  # warm-up: each model once, times dropped
+        use_dense(dense_first)
+        probe.round()
+    rounds: list[tuple[dict, dict]] = []
+    converged = False
+    try:
+        while True:
+            first = len(rounds) % 2 == 0  # dense first on even rounds, the variant first on odd ones
+            got = {}
+            for is_dense in (first, not first):
+                use_dense(is_dense)
+                got[is_dense] = probe.round()
+            rounds.append((got[True], got[False]))
+            speed = ratio_interval([d["decode_body_ms_per_token"] / v["decode_body_ms_per_token"] for d, v in rounds])
+            if speed["ci95"] and len(rounds) >= spec.min_rounds:
+                converged = speed["ci95"][1] / speed["ratio"] - 1 <= spec.halfwidth and \
+                    1 - speed["ci95"][0] / speed["ratio"] <= spec.halfwidth
+                if converged or time.perf_counter() - t_start > spec.seconds:
+                    break
+    finally:
+        use_dense(False)
+    # the embedding and the head are the same modules in both: their time is pooled over both models' rounds, so
+    # the end-to-end ratio carries the body's difference and not the head's single-step noise
+    outside = statistics.median(r["decode_outside_ms_per_token"] for pair in rounds for r in pair)
+    for d, v in rounds:
+        for r in (d, v):
+            r["decode_ms_per_token"] = r["decode_body_ms_per_token"] + outside
+    speedups = {}
+    for name, (key, rate) in SPEEDUPS.items():
+        speedups[name] = ratio_interval([(v[key] / d[key]) if rate else (d[key] / v[key]) for d, v in rounds])
+    variant = _medians([v for _, v in rounds])
+    return {"protocol": "interleaved", "version": LATENCY_VERSION, "rounds": len(rounds), "converged": converged,
+            "seconds": time.perf_counter() - t_start, "conditions": spec.conditions(),
+            "dense": _medians([d for d, _ in rounds]), "variant": variant, "speedup": speedups,
+            # the older cells' two numbers, the variant's own
+            "prefill_ms_per_token": 1e3 / variant["prefill_body_tokens_per_s"],
+            "decode_ms_per_token": variant["decode_ms_per_token"]}
+
+
+@torch.no_grad()
+def latency(model, spec: LatencySpec = LatencySpec(), rounds: int | None = None) -> dict:
+    """The model alone (the dense row's own numbers): medians over `spec.min_rounds` rounds after a warm-up."""
+    probe = _Probe(model, spec)
+    t_start = time.perf_counter()
+    probe.round()
+    got = [probe.round() for _ in range(rounds or spec.min_rounds)]
+    med = _medians(got)
+    return {"protocol": "alone", "version": LATENCY_VERSION, "rounds": len(got),
+            "seconds": time.perf_counter() - t_start, "conditions": spec.conditions(), "variant": med,
+            "prefill_ms_per_token": 1e3 / med["prefill_body_tokens_per_s"],
+            "decode_ms_per_token": med["decode_ms_per_token"]}

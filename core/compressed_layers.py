@@ -7,7 +7,8 @@ code a saved model runs, with or without acbench installed.
 A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by form:
 - factorised: {k, d_in, d_out, bias, owner}: y = A (B x) + bias; sites naming one owner share its B;
 - sparse-activation: {keep, block, mitigation, scale, mu, d_in, d_out, owner}: the group input sparsified once
-  (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site;
+  (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site, whose
+  weight is stored input-major (`weight_t`, the layout the decode path's gathered product reads);
 - merged and masked-weights: dense-shaped weights, nothing to build.
 """
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
-from .sparsity import sparsify
+from .sparsity import sparse_input, sparsify
 
 LAYOUT_KEY = "acbench_compression"
 RUNTIME_FORMS = ("factorised", "sparse-activation")  # the forms whose modules a loader must build
@@ -72,21 +73,34 @@ class LowRankLinear(ReadOnce, nn.Module):
         return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
 
 
+# At most this many input rows (tokens) take the gathered product: each row reads its own kept weight rows, so
+# at density 0.5 two rows already read as many weight bytes as one dense product, which wins from there on.
+GATHER_MAX_ROWS = 1
+
+
 class InputSparsifier(ReadOnce, nn.Module):
     """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
-    accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean."""
+    accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean.
+
+    Its value is ("gathered", indices, values, eta) for an input of at most GATHER_MAX_ROWS tokens (decode) and
+    ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
                  dtype=None, device=None):
         nn.Module.__init__(self)
         ReadOnce.__init__(self)
         self.n, self.m, self.mitigation = n, m, mitigation
+        self.gather = True  # False: every input takes the masked dense product (the reference form)
         as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
         self.register_buffer("scale", as_buffer(scale))
         self.register_buffer("mu", as_buffer(mu))
 
     def _sparsify(self, x: torch.Tensor):
-        return sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu)
+        if self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]:
+            idx, vals, eta = sparse_input(x.reshape(-1, x.shape[-1]), self.n, self.m, self.scale, self.mitigation,
+                                          self.mu)
+            return "gathered", idx, vals, eta
+        return ("masked", *sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu))
 
     def forward(self, x: torch.Tensor):
         return self.shared(x, self._sparsify)
@@ -96,17 +110,23 @@ class InputSparsifier(ReadOnce, nn.Module):
 
 
 class SparseInputLinear(nn.Module):
-    """y = W s(x) + b' : the dense site (kept by reference, its weight unchanged) reading the group's sparse x.
-    b' = b + W mu for the shift mitigation; a per-token median eta comes back as eta * (W 1)."""
+    """y = W s(x) + b' : a site reading the group's sparse x. b' = b + W mu for the shift mitigation; a per-token
+    median eta comes back as eta * (W 1).
+
+    The weight is held once, input-major (`weight_t` = W^T, d_in x d_out, contiguous), the layout both products
+    read: at decode the kept channels' rows are read and summed in one fused gather-multiply (embedding_bag with
+    the kept values as per-sample weights, mode sum), so the zeroed channels' weights are never touched; with more
+    rows the masked x goes through one dense product with W^T's transpose view (no copy)."""
 
     def __init__(self, dense: nn.Linear, sparsifier: InputSparsifier, owner: bool):
         super().__init__()
-        self.dense = dense
+        self.in_features, self.out_features = dense.in_features, dense.out_features
         object.__setattr__(self, "_sparsifier", sparsifier)  # read by every site of the group
         if owner:
             self.sparsifier = sparsifier  # and stored (its buffers) once, under the group's first site
         W = dense.weight.detach()
         with torch.no_grad():
+            self.weight_t = nn.Parameter(W.t().contiguous(), requires_grad=False)
             bias = dense.bias.detach().clone() if dense.bias is not None else None
             if sparsifier.mitigation == "shift":
                 shift = (W.double() @ sparsifier.mu.double()).to(W.dtype)
@@ -114,18 +134,22 @@ class SparseInputLinear(nn.Module):
             self.register_buffer("bias", bias)
             self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
 
-    @property
-    def in_features(self):
-        return self.dense.in_features
-
-    @property
-    def out_features(self):
-        return self.dense.out_features
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xs, eta = self._sparsifier(x)
-        y = Fn.linear(xs, self.dense.weight, self.bias)
+        form, *value = self._sparsifier(x)
+        if form == "gathered":
+            idx, vals, eta = value
+            y = Fn.embedding_bag(idx, self.weight_t, per_sample_weights=vals, mode="sum")
+            if self.bias is not None:
+                y = y + self.bias
+            y = y.reshape(*x.shape[:-1], self.out_features)
+            eta = None if eta is None else eta.reshape(x.shape[:-1])
+        else:
+            xs, eta = value
+            y = Fn.linear(xs, self.weight_t.t(), self.bias)
         return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, input-major weight"
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:

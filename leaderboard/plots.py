@@ -85,3 +85,24 @@ def metric_vs_compute(points: dict[str, list[tuple[float, float]]], dense: float
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title, fontsize=10)
     return _save(fig, path)
+
+
+def quality_vs_speed(panels: dict[str, dict[str, list[tuple]]], title: str, path: Path) -> Path:
+    """panels: {quality label: {family: [(row label, speedup, lo, hi, quality)]}}; one panel per quality measure,
+    measured decode speedup on x with its interval as a horizontal bar, dense at (1, its value)."""
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.4 * max(1, len(panels)), 4.0), squeeze=False)
+    markers = {"low-rank": "o", "sparsity": "s"}
+    for ax, (label, fams) in zip(axes[0], panels.items()):
+        for fam, pts in sorted(fams.items()):
+            xs = [p[1] for p in pts]
+            ax.errorbar(xs, [p[4] for p in pts], xerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                        fmt=markers.get(fam, "^"), capsize=2, label=fam, linestyle="none")
+            for name, x, _, _, y in pts:
+                ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="dense speed")
+        ax.set_xlabel("measured decode speedup vs dense (batch 1, end to end)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -22,9 +22,16 @@ from .tables import (REFERENCE, Column, Display, allocation_k, budget_title, cha
                      is_number, matched_compute, metric_columns, missing_cells, rank_table, section_order)
 
 MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
-LATENCY_NOTE = ("- prefill / decode: measured CPU latency vs dense, masking included; a dense matmul over a zeroed "
-                "input is not faster on a CPU, so these do not fall. compute ratio: theoretical multiply-adds per "
-                "token vs dense (what N:M hardware would skip), not a measured speed-up.")
+LATENCY_NOTE = ("- speedups: dense time / the row's time, measured in one process with dense and the row alternating "
+                "(bench/measure.py), geometric mean of the per-round ratios [95 % interval]; \"= dense\" marks an "
+                "interval containing 1.0 (no measurable change). decode: batch 1 with the KV cache, (body) the "
+                "decoder layers alone, without the embedding and the head no method compresses; prefill (body): "
+                "tokens per second at the evaluation batch. Activation-sparsity rows decode through the gathered "
+                "product (only the kept channels' weights are read) and prefill as a masked dense product. "
+                "wanda / magnitude-prune keep dense-shaped weights with zeros: no CPU kernel exploits them, so their "
+                "speed is dense's. compute ratio (theory): multiply-adds per token vs dense, not a measured speedup.")
+# the frontier line: the fastest row whose token NLL stays within this many nats of dense (ppl within 10.5 %)
+FRONTIER_NLL = 0.1
 
 ARROW = {True: " ↑", False: " ↓", None: ""}
 DISPLAY = [  # (header, key, higher is better or None, format), after the task columns
@@ -34,8 +41,9 @@ DISPLAY = [  # (header, key, higher is better or None, format), after the task c
     ("activation ratio ↓", "activation ratio", False, "{:.3f}"),
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
     ("peak MB ↓", "peak MB", False, "{:.0f}"),
-    ("prefill ↓", "prefill ms/tok (x dense)", False, "{:.2f}x"),
-    ("decode ↓", "decode ms/tok (x dense)", False, "{:.2f}x"),
+    ("decode speedup (body) ↑", "decode speedup (body)", None, "speedup"),
+    ("decode speedup ↑", "decode speedup", None, "speedup"),
+    ("prefill speedup (body) ↑", "prefill speedup (body)", None, "speedup"),
 ]
 
 
@@ -69,6 +77,37 @@ def _best(rows: list[dict], key: str, higher: bool):
     return max(vals) if higher else min(vals)
 
 
+def _fmt_speedup(row: dict, key: str) -> str:
+    """1.62x [1.55, 1.70]; an interval containing 1.0 reads "= dense"; an older cell's ratio has no interval."""
+    v, ci = row.get(key), row.get(key + " ci")
+    if not is_number(v):
+        return ""
+    if not ci:
+        return f"{v:.2f}x"
+    s = f"{v:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"= dense ({s})" if ci[0] <= 1.0 <= ci[1] else s
+
+
+def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
+    """The fastest row (measured decode speedup, interval above 1) whose token NLL is within FRONTIER_NLL of
+    dense's, or a line saying none is."""
+    ppl = next((c.label for c in columns if c.higher is False and c.task.startswith("ppl")), None)
+    dense = rows[0] if rows and rows[0]["method"] == "dense" else None
+    key = "decode speedup"
+    timed = [r for r in rows[1:] if r.get(key + " ci") and is_number(r.get(key))]
+    if not ppl or dense is None or not is_number(dense.get(ppl)) or not timed:
+        return []
+    close = [r for r in timed if is_number(r.get(ppl)) and r[ppl] > 0
+             and math.log(r[ppl] / dense[ppl]) <= FRONTIER_NLL]
+    faster = [r for r in close if r[key + " ci"][0] > 1.0]
+    within = f"within {FRONTIER_NLL:g} nats of dense's token NLL ({ppl} <= {dense[ppl] * math.exp(FRONTIER_NLL):.2f})"
+    if not faster:
+        return [f"- frontier: no row {within} is measurably faster than dense at decode.", ""]
+    best = max(faster, key=lambda r: r[key])
+    return [f"- frontier: the fastest row {within} is **{best['method']}**, decode {_fmt_speedup(best, key)} "
+            f"(body {_fmt_speedup(best, key + ' (body)')}).", ""]
+
+
 def _fmt_delta(row: dict, key: str) -> str:
     if not is_number(row.get(key)):
         return ""
@@ -87,11 +126,12 @@ def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column]
                 nll = any(str(r.get(dk + " test", "")).startswith("paired t") for r in rows)
                 label = "Δ NLL" if nll else "Δ " + d[1]
                 shown.append((f"{label} vs {ref}", dk, None, "delta"))
-    bests = {d[1]: _best(rows, d[1], d[2]) if d[3] != "delta" and d[2] is not None else None for d in shown}
+    bests = {d[1]: _best(rows, d[1], d[2]) if d[3] not in ("delta", "speedup") and d[2] is not None else None
+             for d in shown}
     body = []
     for r in rows:
         body.append([r["method"] + (" (ref)" if r["method"] == ref else "")] + [
-            _fmt_delta(r, key) if fmt == "delta" else
+            _fmt_delta(r, key) if fmt == "delta" else _fmt_speedup(r, key) if fmt == "speedup" else
             _fmt(r, key, fmt, bests[key] is not None and r["method"] != "dense" and r.get(key) == bests[key])
             for _, key, _, fmt in shown])
     return tabulate(body, headers=["method"] + [d[0] for d in shown], tablefmt="github", disable_numparse=True)
@@ -284,6 +324,40 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
     return md
 
 
+def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: str, plot_dir: Path,
+                     written: list) -> list[str]:
+    """Quality (Δ NLL to dense, and each accuracy) against measured decode speedup, every row of every section over
+    all groups, both families on one figure; only rows whose speedup has an interval (measured interleaved)."""
+    ppl = next((c.label for c in columns if c.higher is False and c.task.startswith("ppl")), None)
+    accs = [c.label for c in columns if c.higher is True]
+    panels: dict[str, dict[str, list]] = {}
+    for (budget, rank, scope), rows in section_rows.items():
+        if scope != ALL_GROUPS or not rows or rows[0]["method"] != "dense":
+            continue
+        dense = rows[0]
+        fam = "sparsity" if is_sparsity_budget(budget) else "low-rank"
+        for r in rows[1:]:
+            ci, x = r.get("decode speedup ci"), r.get("decode speedup")
+            if not ci or not is_number(x):
+                continue
+            name = f"{r['method']} @ {budget_title(budget, rank).split(' (')[0].replace(' ratio', '')}"
+            if ppl and is_number(r.get(ppl)) and is_number(dense.get(ppl)) and r[ppl] > 0 and dense[ppl] > 0:
+                panels.setdefault(f"Δ NLL vs dense ({ppl})", {}).setdefault(fam, []).append(
+                    (name, x, ci[0], ci[1], math.log(r[ppl] / dense[ppl])))
+            for a in accs:
+                if is_number(r.get(a)):
+                    panels.setdefault(a, {}).setdefault(fam, []).append((name, x, ci[0], ci[1], r[a]))
+    if not panels:
+        return []
+    p = plots.quality_vs_speed(panels, f"{model}: quality against measured decode speed",
+                               plot_dir / f"{_slug(model)}_quality_vs_speed.png")
+    written.append(p)
+    return [f"### Quality against measured speed", "",
+            "- each row measured against dense in one process (decode at batch 1, end to end, [95 % interval]); "
+            "up and to the right is better for accuracy, down and to the right for Δ NLL", "",
+            f"![quality vs measured decode speedup](plots/{p.name})", ""]
+
+
 def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir: Path, written: list,
                   flat_rows: list) -> tuple[list[str], dict, dict]:
     """One table per (budget, ratio, scope); returns the lines, the rows each table showed, and the low-rank rows
@@ -300,7 +374,8 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
                    "ratio counts the compressed groups", ""]
         md += [markdown_table(rows, ref, columns), ""]
         md += significance_note(rows, ref)
-        if sparse:
+        md += frontier_line(rows, columns)
+        if sparse or any(r.get("decode speedup ci") for r in rows):
             md += [LATENCY_NOTE, ""]
         # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
         md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
@@ -420,6 +495,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         lines, section_rows, cross = rank_sections(g, model, ref, columns, plot_dir, written, flat_rows)
         md += lines + across_ranks_section(g, cross, model, ref, columns, plot_dir, written)
         md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
+        md += frontier_section(g, section_rows, columns, model, plot_dir, written)
         md += analysis_sections(g, model, display, plot_dir, written)
     missing = missing_cells(grouped)
     if missing:

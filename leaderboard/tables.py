@@ -70,6 +70,14 @@ def _get(d, *path):
     return d
 
 
+# leaderboard label -> the speedup a cell's latency stores (dense time / variant time, measured interleaved)
+SPEEDUP_COLUMNS = {"decode speedup (body)": "decode_body", "decode speedup": "decode",
+                   "prefill speedup (body)": "prefill_body"}
+# an older cell (latency version 1: the variant timed alone) has only its own times: its speedup is the ratio of
+# its time to the dense row's, with no interval
+_OLD_SPEEDUP = {"decode speedup": "decode ms/tok", "prefill speedup (body)": "prefill ms/tok"}
+
+
 def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
     """One row's raw values from the task cells of one (model, method, rank)."""
     by_task = {c.cell.task: c for c in cells}
@@ -92,6 +100,14 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
     row["peak MB"] = (wb + max(work)) / 2**20 if work and wb is not None else None
     row["prefill ms/tok"] = _first(cells, lambda c: _get(c.latency, "prefill_ms_per_token"))
     row["decode ms/tok"] = _first(cells, lambda c: _get(c.latency, "decode_ms_per_token"))
+    # measured against dense in the same process (latency version 2): the ratio and its 95 % interval
+    for label, name in SPEEDUP_COLUMNS.items():
+        got = _first(cells, lambda c: _get(c.latency, "speedup", name))
+        if isinstance(got, dict) and is_number(got.get("ratio")):
+            ci = got.get("ci95")
+            row[label] = got["ratio"]
+            row[label + " ci"] = tuple(ci) if isinstance(ci, list) and len(ci) == 2 and all(map(is_number, ci)) \
+                else None
     row["fallbacks"] = _first(cells, lambda c: _get(c.compression, "n_fallbacks"))
     return row
 
@@ -158,8 +174,12 @@ def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellReco
                     continue  # a task at chance (or without a chance level) says nothing about recovery
                 if row[col.label] is not None and dense[col.label]:
                     rec.append(row[col.label] / dense[col.label])
-            for key in ("prefill ms/tok", "decode ms/tok"):
-                row[key + " (x dense)"] = row[key] / dense[key] if row[key] is not None and dense[key] else None
+            for label, key in _OLD_SPEEDUP.items():
+                if row.get(label) is None and is_number(row[key]) and is_number(dense[key]) and row[key] > 0:
+                    row[label], row[label + " ci"] = dense[key] / row[key], None
+        if name == DENSE and is_number(row.get("decode ms/tok")):
+            for label in SPEEDUP_COLUMNS:  # the reference every speedup divides
+                row[label], row[label + " ci"] = 1.0, None
         row["recovery %"] = 100 * sum(rec) / len(rec) if rec else None
         rows.append(row)
     return rows

@@ -77,7 +77,8 @@ def test_csv_round_trip_equals_result_files(rendered):
 
 def test_plots_are_valid_pngs(rendered):
     info, _ = rendered
-    assert len(info["plots"]) == 5  # accuracy and perplexity plots for two models, rho by block for one
+    # accuracy and perplexity plots for two models, rho by block for one, quality vs measured speed for model-b
+    assert len(info["plots"]) == 6
     for p in info["plots"]:
         head = Path(p).read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n"

@@ -254,7 +254,7 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys):
     md = (out / "LEADERBOARD.md").read_text()
     assert "### N:M 2:4 sparsity (density 0.5)" in md and "### Both families at compute ratio 0.5" in md
     assert "act-sparse:mitigation=shift,score=fisher @ 2:4" in md and "Δ NLL vs pca @ rank" in md
-    assert "not a measured speed-up" in md
+    assert "not a measured speedup" in md
     assert list((out / "plots").glob("*_vs_compute.png"))
     capsys.readouterr()
     assert main(argv) == 0

@@ -1,0 +1,184 @@
+"""Speed you can measure: the gathered decode product against the masked dense reference, the dense/variant switch
+the interleaved latency rides on, the speedup interval, and the leaderboard's frontier line."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from scipy import stats as sps
+
+import core.compressed_layers as layers
+from bench.calibrate import CalibSpec, calibrate
+from bench.compress import compressed, dense_switch
+from bench.groups import find_input_groups
+from bench.measure import LatencySpec, compare_latency, latency, ratio_interval
+from core.compressed_layers import InputSparsifier, SparseInputLinear
+from core.sparsity import sparse_input, sparsify, top_indices, topk_mask
+from core.stats import RankSpec, SparsitySpec
+from leaderboard.report import FRONTIER_NLL, frontier_line
+from leaderboard.tables import Column
+
+from conftest import tiny_model
+
+ALL_STATS = frozenset({"C", "F", "mean", "abs_mean"})
+PATTERNS = [(2, 4), (8, 16), (16, 32), (32, 0), (16, 0)]  # 2:4, 8:16, 16:32, unstructured 0.5 and 0.25 of 64
+MITIGATIONS = ["none", "variance", "shift", "median"]
+
+
+def _site(n, m, mitigation, scaled, bias, d=64, d_out=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(d, d_out, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(d_out, d, generator=gen))
+        if bias:
+            lin.bias.copy_(torch.randn(d_out, generator=gen))
+    scale = torch.rand(d, generator=gen) + 0.5 if scaled else None
+    mu = torch.randn(d, generator=gen) if mitigation == "shift" else None
+    sp = InputSparsifier(n, m, mitigation, scale, mu)
+    return lin, sp, SparseInputLinear(lin, sp, owner=True), gen
+
+
+@pytest.mark.parametrize("pattern,mitigation,scaled,bias", list(itertools.product(PATTERNS, MITIGATIONS, [False, True],
+                                                                                  [False, True])))
+def test_gathered_decode_product_equals_the_masked_dense_product(pattern, mitigation, scaled, bias):
+    """One token: the fused gather-multiply over the kept channels' weight rows gives what the dense product of W
+    with the masked x gives (plus the shift bias W mu, the median's eta W 1), to 1e-5 relative in float32."""
+    n, m = pattern
+    lin, sp, site, gen = _site(n, m, mitigation, scaled, bias)
+    x = torch.randn(1, 1, 64, generator=gen) * 3 + 0.5
+    with torch.no_grad():
+        got = site(x)
+        # the reference, written out: W (s(x)) + b, plus what the mitigation moved out of x
+        xs, eta = sparsify(x, n, m, sp.scale, mitigation, sp.mu)
+        want = lin(xs + (sp.mu if mitigation == "shift" else 0) + (eta[..., None] if eta is not None else 0))
+    assert got.shape == want.shape == (1, 1, 24)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_the_gathered_form_is_taken_at_decode_and_the_masked_form_for_more_tokens(monkeypatch):
+    calls = []
+    real = layers.Fn.embedding_bag
+    monkeypatch.setattr(layers.Fn, "embedding_bag", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _, sp, site, gen = _site(8, 16, "none", False, True)
+    with torch.no_grad():
+        site(torch.randn(1, 1, 64, generator=gen))
+        assert len(calls) == 1
+        site(torch.randn(1, 5, 64, generator=gen))
+        site(torch.randn(2, 1, 64, generator=gen))
+        assert len(calls) == 1
+        sp.gather = False
+        site(torch.randn(1, 1, 64, generator=gen))
+        assert len(calls) == 1
+
+
+@pytest.mark.parametrize("n,m", [(1, 4), (2, 4), (3, 8), (5, 0)])
+def test_top_indices_name_exactly_the_masks_channels(n, m):
+    score = torch.rand(6, 32, generator=torch.Generator().manual_seed(n + m))
+    idx = top_indices(score, n, m)
+    assert idx.shape == (6, n * 32 // m if m else n)
+    got = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, idx, True)
+    assert torch.equal(got, topk_mask(score, n, m))
+    # the values sparse_input hands over are x at those channels, rescaled only by variance
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(7))
+    i, v, eta = sparse_input(x, n, m)
+    assert eta is None and torch.equal(v, x.gather(-1, i))
+
+
+def test_one_weight_copy_input_major():
+    lin, sp, site, _ = _site(2, 4, "none", False, True)
+    params = dict(site.named_parameters())
+    assert list(params) == ["weight_t"] and params["weight_t"].shape == (64, 24)
+    assert params["weight_t"].is_contiguous() and torch.equal(params["weight_t"], lin.weight.t())
+
+
+@pytest.mark.parametrize("variant", ["act-sparse", "act-sparse:mitigation=median", "act-sparse:mitigation=variance",
+                                     "act-sparse:mitigation=shift,score=fisher"])
+def test_a_cached_decode_step_of_a_whole_model_matches_the_masked_reference(windows, variant):
+    model = tiny_model("llama", hidden=32, inter=48)
+    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(), progress=False)
+    with compressed(model, variant, SparsitySpec.parse("2:4"), stats, progress=False) as (m, _):
+        sparsifiers = [mod for mod in m.modules() if isinstance(mod, InputSparsifier)]
+        logits = {}
+        with torch.no_grad():
+            for gather in (True, False):
+                for s in sparsifiers:
+                    s.gather = gather
+                out = m(windows[:1, :10], use_cache=True)
+                step = m(windows[:1, 10:11], past_key_values=out.past_key_values, use_cache=True)
+                logits[gather] = step.logits
+    ref = logits[False]
+    assert float((logits[True] - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("variant,budget", [("pca", RankSpec(0.5)), ("act-sparse", SparsitySpec.parse("2:4")),
+                                            ("wanda", SparsitySpec.parse("2:4"))])
+def test_dense_switch_trades_places_by_reference(windows, variant, budget):
+    """use_dense(True) gives the dense model's logits bit for bit, use_dense(False) the variant's again, as often
+    as wanted; leaving the block restores dense whichever state it was in."""
+    model = tiny_model("llama", hidden=32, inter=48)
+    stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(), progress=False)
+    with torch.no_grad():
+        dense = model(windows).logits
+        with compressed(model, variant, budget, stats, progress=False) as (m, _):
+            variant_logits = m(windows).logits
+            assert not torch.equal(variant_logits, dense)
+            use_dense = dense_switch(m)
+            for _ in range(2):
+                use_dense(True)
+                assert torch.equal(m(windows).logits, dense)
+                assert not hasattr(m.config, "acbench_compression")
+                use_dense(False)
+                assert torch.equal(m(windows).logits, variant_logits)
+            use_dense(True)
+        assert torch.equal(model(windows).logits, dense)
+    assert not hasattr(model.config, "acbench_compression")
+
+
+def test_compare_latency_stores_ratios_intervals_and_conditions(windows):
+    model = tiny_model("llama", hidden=32, inter=48)
+    spec = LatencySpec(prompt_len=8, new_tokens=3, prefill_len=8, batch=2, min_rounds=3, seconds=0.5)
+    with torch.no_grad():
+        with compressed(model, "act-sparse", SparsitySpec.parse("2:4"), {}, progress=False) as (m, _):
+            want = m(windows).logits
+            got = compare_latency(m, dense_switch(m), spec)
+            assert torch.equal(m(windows).logits, want)  # left in the variant's state
+    assert got["protocol"] == "interleaved" and got["rounds"] >= 3
+    assert got["conditions"]["threads"] == torch.get_num_threads() and got["conditions"]["new_tokens"] == 3
+    for name in ("decode_body", "decode", "prefill_body"):
+        s = got["speedup"][name]
+        assert s["n"] == got["rounds"] and s["ci95"][0] <= s["ratio"] <= s["ci95"][1]
+    for side in ("dense", "variant"):
+        d = got[side]
+        assert d["decode_ms_per_token"] == pytest.approx(d["decode_body_ms_per_token"] +
+                                                         d["decode_outside_ms_per_token"], rel=0.5)
+        assert d["decode_body_ms_per_token"] > 0 and d["prefill_body_tokens_per_s"] > 0
+    alone = latency(model, spec)
+    assert alone["protocol"] == "alone" and "speedup" not in alone and alone["rounds"] == 3
+
+
+def test_ratio_interval_is_the_t_interval_of_the_log_ratios():
+    ratios = [1.5, 1.6, 1.55, 1.7, 1.45]
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
+    half = sps.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
+    got = ratio_interval(ratios)
+    assert got["ratio"] == pytest.approx(math.exp(mean), rel=1e-12)
+    assert got["ci95"] == pytest.approx([math.exp(mean - half), math.exp(mean + half)], rel=1e-12)
+    assert ratio_interval([1.2])["ci95"] is None
+
+
+def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
+    cols = [Column(task="ppl-token", metric="ppl", label="PPL", higher=False)]
+    dense_ppl = 20.0
+    near = dense_ppl * math.exp(FRONTIER_NLL * 0.9)
+    rows = [{"method": "dense", "PPL": dense_ppl, "decode speedup": 1.0, "decode speedup ci": None},
+            {"method": "fast-but-bad", "PPL": dense_ppl * 3, "decode speedup": 2.0, "decode speedup ci": (1.9, 2.1)},
+            {"method": "good", "PPL": near, "decode speedup": 1.3, "decode speedup ci": (1.2, 1.4),
+             "decode speedup (body)": 1.6, "decode speedup (body) ci": (1.5, 1.7)},
+            {"method": "noise", "PPL": dense_ppl, "decode speedup": 1.4, "decode speedup ci": (0.9, 1.9)}]
+    line = " ".join(frontier_line(rows, cols))
+    assert "**good**" in line and "1.30x [1.20, 1.40]" in line and "body 1.60x" in line
+    rows[2]["PPL"] = dense_ppl * math.exp(FRONTIER_NLL * 1.1)
+    assert "no row" in " ".join(frontier_line(rows, cols))
