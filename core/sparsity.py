@@ -74,8 +74,19 @@ def top_indices(score: torch.Tensor, n: int, m: int = 0) -> torch.Tensor:
         return score.topk(n, dim=-1, sorted=False).indices
     blocks = score.reshape(*score.shape[:-1], d // m, m)
     idx = blocks.topk(n, dim=-1, sorted=False).indices
-    start = torch.arange(0, d, m, device=score.device).unsqueeze(-1)  # each block's first channel
-    return (idx + start).reshape(*score.shape[:-1], (d // m) * n)
+    return idx.add_(_block_starts(d, m, score.device)).reshape(*score.shape[:-1], (d // m) * n)
+
+
+_STARTS: dict = {}
+
+
+def _block_starts(d: int, m: int, device) -> torch.Tensor:
+    """Each block's first channel, as a (d / m, 1) column; kept per shape (a decode step would otherwise build it
+    once per group and token)."""
+    key = (d, m, str(device))
+    if key not in _STARTS:
+        _STARTS[key] = torch.arange(0, d, m, device=device).unsqueeze(-1)
+    return _STARTS[key]
 
 
 def sparse_input(x: torch.Tensor, n: int, m: int, scale: torch.Tensor | None = None, mitigation: str = "none",

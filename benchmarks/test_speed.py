@@ -1,0 +1,80 @@
+"""Decode speed at batch 1, as ratios measured in one run: each site form against the dense product of the same
+shape, and a whole decoder body against dense, alternating (bench.measure's protocol). conftest.py prints the
+speedups with their 95 % intervals at the end of `make bench`."""
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from bench.measure import LatencySpec, compare_latency, ratio_interval
+
+# (d_in, d_out): Gemma-3-270m's MLP (640 -> 2048 -> 640) and an 8B's attention and MLP (4096, 14336)
+SHAPES = [(640, 2048), (2048, 640), (4096, 4096), (4096, 14336), (14336, 4096)]
+FORMS = ["2:4", "8:16", "16:32", "0.5", "0.25", "low-rank params 0.5"]
+ROUNDS = 12  # alternating dense / variant rounds per site
+
+
+def _site(d_in: int, d_out: int, form: str):
+    """The deployed module for `form` at one site, and the dense nn.Linear it replaces (same weights)."""
+    from bench.apply import sparsifier_for
+    from core.compressed_layers import LowRankLinear, SparseInputLinear
+    from core.stats import SparsitySpec
+    from methods.base import SparseActivation
+
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(d_in, d_out, bias=False)
+    if form.startswith("low-rank"):
+        k = round(0.5 * d_in * d_out / (d_in + d_out))  # k (d_in + d_out) = half the dense parameters
+        return dense, LowRankLinear(d_in, d_out, k, bias=False)
+    res = SparseActivation(pattern=SparsitySpec.parse(form), d_in=d_in, d_outs=(d_out,))
+    return dense, SparseInputLinear(dense, sparsifier_for(res, torch.float32, "cpu"), owner=True)
+
+
+def _median_time(fn, x, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_site_decode(benchmark, shape, form):
+    """One token through one site: the variant's module (selection included) against dense F.linear."""
+    dense, site = _site(*shape, form)
+    x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(1))
+    reps = 20 if shape[0] * shape[1] < 10**7 else 5
+    with torch.no_grad():
+        for fn in (dense, site):
+            fn(x)
+        ratios = []
+        for r in range(ROUNDS):
+            order = (dense, site) if r % 2 == 0 else (site, dense)
+            t = {id(fn): _median_time(fn, x, reps) for fn in order}
+            ratios.append(t[id(dense)] / t[id(site)])
+        benchmark.extra_info["speedup"] = ratio_interval(ratios)
+        benchmark.extra_info["what"] = f"site {shape[0]}x{shape[1]} {form}"
+        benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("model,pattern", [("gemma-3-270m", "0.5"), ("gemma-3-270m", "8:16"),
+                                           ("smollm2-135m", "0.5"), ("smollm2-135m", "8:16")])
+def test_body_decode(benchmark, model, pattern):
+    """A whole decoder body at batch 1 with the KV cache: act-sparse at density 0.5 against dense, alternating."""
+    from bench.compress import compressed, dense_switch
+    from bench.models import load_model
+    from core.stats import SparsitySpec
+
+    lm = load_model(model, progress=False)
+    spec = LatencySpec(seconds=30.0, min_rounds=6)
+    with compressed(lm.model, "act-sparse", SparsitySpec.parse(pattern), {}, progress=False) as (m, _):
+        got = compare_latency(m, dense_switch(m), spec)
+        benchmark.extra_info["speedup"] = got["speedup"]["decode_body"]
+        benchmark.extra_info["speedup_end_to_end"] = got["speedup"]["decode"]
+        benchmark.extra_info["what"] = f"{model} body decode, act-sparse {pattern}"
+        ids = torch.randint(3, 1000, (1, 1))
+        benchmark.pedantic(lambda: m.get_decoder()(input_ids=ids, use_cache=False), rounds=3, warmup_rounds=1)
