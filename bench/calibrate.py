@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as Fn
 from tqdm.auto import tqdm
 
-from core.stats import GRADIENT_STATS, GroupStats
+from core.stats import GRADIENT_STATS, HIST_BINS, GroupStats, magnitude_histogram
 
 from .groups import InputGroup
 
@@ -61,6 +61,7 @@ class _GroupCollector:
         self.C = torch.zeros(d, d, dtype=torch.float64) if "C" in needed else None
         self.abs_sum = torch.zeros(d, dtype=torch.float64) if "abs_mean" in needed else None
         self.sum = torch.zeros(d, dtype=torch.float64) if "mean" in needed else None
+        self.hist = torch.zeros(HIST_BINS, dtype=torch.float64) if "abs_hist" in needed else None
         self.F = torch.zeros(d, d, dtype=torch.float64) if "F" in needed else None
         self.xs, self.gs = [], []
         self.pairs_per_batch, self.gen = pairs_per_batch, gen
@@ -81,6 +82,8 @@ class _GroupCollector:
             self.abs_sum += flat.float().abs().sum(0).double().cpu()
         if self.sum is not None:
             self.sum += flat.float().sum(0).double().cpu()
+        if self.hist is not None:
+            self.hist += magnitude_histogram(flat).cpu()
         idx = None
         if "pairs" in self.needed:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
@@ -117,6 +120,7 @@ class _GroupCollector:
             C=None if self.C is None else self.C.div_(n),
             abs_mean=None if self.abs_sum is None else self.abs_sum.div_(n),
             mean=None if self.sum is None else self.sum.div_(n),
+            abs_hist=None if self.hist is None else self.hist.div_(max(float(self.hist.sum()), 1.0)),
             F=None if self.F is None else self.F.div_(n),
             xs=torch.cat(self.xs) if self.xs else None,
             gs=torch.cat(self.gs) if self.gs else None,

@@ -251,6 +251,12 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
             flag = "--sparsity 2:4 (an N:M pattern or a density)" if family == SPARSITY_FAMILY else "--rank 0.5"
             raise UserError(f"{m} is a {family} method but no {family} budget is given: add {flag}, or leave "
                             f"{m} out")
+        if family == SPARSITY_FAMILY:
+            cls = methods.get_method(methods.base_name(m))
+            for p in patterns:
+                problem = cls.pattern_problem(p)
+                if problem:
+                    raise UserError(problem)
     if not names:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     check_ranks(ranks)

@@ -19,7 +19,7 @@ import methods
 from methods.base import factorised_params
 from core.errors import UserError
 from core.units import human
-from core.stats import RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
+from core.stats import HIST_BINS, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
 from .groups import InputGroup, find_input_groups, meta_model
 
@@ -29,7 +29,7 @@ def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width
     the cache), the (x, g) token sample always float32."""
     d = group.d_in
     sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "mean": d * width, "pairs": 2 * pair_tokens * d * 4,
-             "row_fisher": sum(group.d_outs) * width}
+             "row_fisher": sum(group.d_outs) * width, "abs_hist": HIST_BINS * width}
     return {k: v for k, v in sizes.items() if k in needs}
 
 

@@ -31,7 +31,7 @@ from .compress import compressed, compression_summary, dense_switch
 from .costs import calibration_chunks
 from .config import Run, solve_device_for
 from .groups import find_input_groups
-from .measure import LatencySpec, compare_latency, latency, peak_memory, weight_bytes
+from .measure import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
 from .models import LoadedModel, ModelSource, load_weights, open_model
 from .selection import ALL
 from .statistics import calibration_windows, load_or_calibrate
@@ -302,11 +302,15 @@ class Worker:
         for cell in cells:
             task = run.tasks[cell.id.task]
             t0 = time.perf_counter()
+            for s in threshold_sparsifiers(model):
+                s.reset_counts()
             with peak_memory(torch.device(run.config.device)) as mem:
                 result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
+            density = measured_density(model)  # thresholds: the density this task's tokens kept
+            comp = compression if density is None else {**compression, "measured_density": density}
             record = cell_record(
                 task, result, **common, cell=cell.id, versions={"method": method_version, "task": task.version},
-                compression=compression, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
+                compression=comp, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
                 latency=eff.get("latency"), timings={**timings, "evaluate_s": time.perf_counter() - t0})
             self.spent(f"evaluate {cell.id.task}", record.timings["evaluate_s"])
             write_cell(cell.path, record)

@@ -73,6 +73,20 @@ def peak_memory(device: torch.device):
                    working_bytes=None if peak is None or before is None else max(0, peak - before))
 
 
+def threshold_sparsifiers(model) -> list:
+    from core.compressed_layers import InputSparsifier
+
+    return [m for m in model.modules() if isinstance(m, InputSparsifier) and m.threshold is not None]
+
+
+def measured_density(model) -> float | None:
+    """The fraction of the threshold sparsifiers' input numbers kept since their counts were reset (their density
+    varies per token, unlike a top-k's); None without thresholds or inputs."""
+    sps = threshold_sparsifiers(model)
+    seen = sum(int(s.seen) for s in sps)
+    return sum(float(s.kept) for s in sps) / seen if seen else None
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)

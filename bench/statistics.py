@@ -134,7 +134,7 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
 
 def check_finite(stats: dict[str, GroupStats]) -> None:
     for name, s in stats.items():
-        for f in ("C", "F", "abs_mean", "mean", "xs", "gs"):
+        for f in ("C", "F", "abs_mean", "mean", "abs_hist", "xs", "gs"):
             t = getattr(s, f)
             if t is not None and not torch.isfinite(t).all():
                 raise UserError(f"calibration produced non-finite {f} statistics in group {name}: "

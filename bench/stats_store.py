@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from core.io import atomic_write_via
-from core.stats import GroupStats
+from core.stats import HIST_BINS, GroupStats
 
 _SEP = "::"
 
@@ -59,6 +59,7 @@ FORMAT = "acbench-stats-2"
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
 _STORED_DTYPES = {"xs": "F32", "gs": "F32"}  # the token sample; every moment is stored as float32 too
 _SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
+_HISTOGRAM = ("abs_hist",)  # HIST_BINS long whatever the width
 SCALAR_FIELDS = ("n_tokens",)
 
 
@@ -107,6 +108,8 @@ def _shape_problem(key: str, shape: list[int], d_in: int) -> str | None:
         ok = shape == [d_in]
     elif name in _SAMPLE:
         ok = len(shape) == 2 and shape[0] >= 1 and shape[1] == d_in
+    elif name in _HISTOGRAM:
+        ok = shape == [HIST_BINS]
     else:
         return f"it holds an unknown tensor {key!r}"
     return None if ok else f"tensor {key} has shape {shape}, not one of a group of width {d_in}"

@@ -6,7 +6,7 @@ code a saved model runs, with or without acbench installed.
 
 A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by form:
 - factorised: {k, d_in, d_out, bias, owner}: y = A (B x) + bias; sites naming one owner share its B;
-- sparse-activation: {keep, block, mitigation, scale, mu, d_in, d_out, owner}: the group input sparsified once
+- sparse-activation: {keep, block, mitigation, scale, mu, threshold, d_in, d_out, owner}: the group input sparsified once
   (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site, whose
   weight is stored input-major (`weight_t`, the layout the decode path's gathered product reads);
 - merged and masked-weights: dense-shaped weights, nothing to build.
@@ -86,7 +86,7 @@ class InputSparsifier(ReadOnce, nn.Module):
     ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
-                 dtype=None, device=None):
+                 dtype=None, device=None, threshold: float | None = None):
         nn.Module.__init__(self)
         ReadOnce.__init__(self)
         self.n, self.m, self.mitigation = n, m, mitigation
@@ -94,18 +94,41 @@ class InputSparsifier(ReadOnce, nn.Module):
         as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
         self.register_buffer("scale", as_buffer(scale))
         self.register_buffer("mu", as_buffer(mu))
+        # a static magnitude threshold (TEAL) replaces the top-k: keep |x_j| > threshold
+        self.register_buffer("threshold", None if threshold is None else
+                             torch.tensor(float(threshold), dtype=dtype, device=device))
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """The numbers kept and seen since the last reset (thresholds only: their density varies per token)."""
+        self.kept, self.seen = 0, 0
 
     def _sparsify(self, x: torch.Tensor):
-        if self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]:
+        decode = self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]
+        if self.threshold is not None:
+            keep = x.abs() > self.threshold
+            self.kept, self.seen = self.kept + keep.sum(), self.seen + keep.numel()
+            if decode:  # one bag of however many channels pass: 1-d indices with one offset
+                idx = keep.reshape(-1).nonzero().squeeze(1)
+                return "gathered", idx, x.reshape(-1)[idx], None, self._offsets(x)
+            return "masked", torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), None
+        if decode:
             idx, vals, eta = sparse_input(x.reshape(-1, x.shape[-1]), self.n, self.m, self.scale, self.mitigation,
                                           self.mu)
-            return "gathered", idx, vals, eta
+            return "gathered", idx, vals, eta, None
         return ("masked", *sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu))
+
+    def _offsets(self, x: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "_zero", None) is None or self._zero.device != x.device:
+            self._zero = torch.zeros(1, dtype=torch.long, device=x.device)
+        return self._zero
 
     def forward(self, x: torch.Tensor):
         return self.shared(x, self._sparsify)
 
     def extra_repr(self) -> str:
+        if self.threshold is not None:
+            return f"keep |x| > {float(self.threshold):.4g}, readers={self.n_readers}"
         return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
 
 
@@ -137,8 +160,8 @@ class SparseInputLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         form, *value = self._sparsifier(x)
         if form == "gathered":
-            idx, vals, eta = value
-            y = Fn.embedding_bag(idx, self.weight_t, per_sample_weights=vals, mode="sum")
+            idx, vals, eta, offsets = value
+            y = Fn.embedding_bag(idx, self.weight_t, offsets, per_sample_weights=vals, mode="sum")
             if self.bias is not None:
                 y = y + self.bias
             y = y.reshape(*x.shape[:-1], self.out_features)
@@ -190,7 +213,8 @@ def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]
         if spec["owner"] == site:
             empty = lambda wanted: torch.zeros(spec["d_in"], dtype=ref.dtype, device=ref.device) if wanted else None
             sparsifiers[site] = InputSparsifier(spec["keep"], spec["block"], spec["mitigation"], empty(spec["scale"]),
-                                                empty(spec["mu"]), ref.dtype, ref.device)
+                                                empty(spec["mu"]), ref.dtype, ref.device,
+                                                0.0 if spec.get("threshold") else None)
             sparsifiers[site].n_readers = 0
         sparsifier = sparsifiers[spec["owner"]]
         sparsifier.n_readers += 1

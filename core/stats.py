@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
-ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean"})
+ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean", "abs_hist"})
 GRADIENT_STATS = frozenset({"F", "pairs", "row_fisher"})
 
 
@@ -165,6 +165,29 @@ def solve_torch_dtype(name: str) -> torch.dtype:
     return SOLVE_TORCH_DTYPES[name]
 
 
+# The |x| histogram (abs_hist): log10|x| on HIST_BINS equal bins over [HIST_LO, HIST_HI] (0.3 % of a decade each,
+# a value resolution of 0.7 %); smaller magnitudes (zeros included) count in the first bin, larger in the last.
+HIST_LO, HIST_HI, HIST_BINS = -8.0, 4.0, 4096
+
+
+def magnitude_histogram(flat: torch.Tensor) -> torch.Tensor:
+    """Counts of |x| over the histogram's log-magnitude bins (float64)."""
+    logs = flat.float().abs().clamp_min(10.0 ** HIST_LO).log10().clamp_(HIST_LO, HIST_HI)
+    return torch.histc(logs, bins=HIST_BINS, min=HIST_LO, max=HIST_HI).double()
+
+
+def magnitude_threshold(hist: torch.Tensor, density: float) -> float:
+    """The magnitude t with a fraction `density` of the histogram's values above it: the bin where the upper tail
+    reaches `density`, interpolated within the bin in log-magnitude (values spread evenly across a bin)."""
+    p = (hist / hist.sum()).double().cpu()
+    tail = p.flip(0).cumsum(0).flip(0)  # tail[i]: the fraction in bins i and above
+    i = int((tail >= density - 1e-12).nonzero().max())
+    above = float(tail[i + 1]) if i + 1 < len(p) else 0.0
+    frac = min(1.0, max(0.0, (density - above) / float(p[i]))) if float(p[i]) > 0 else 0.0
+    width = (HIST_HI - HIST_LO) / len(p)
+    return 10.0 ** (HIST_LO + (i + 1 - frac) * width)
+
+
 @dataclass
 class GroupStats:
     """Calibration statistics of one input group (all float64 except the token sample)."""
@@ -173,6 +196,7 @@ class GroupStats:
     C: torch.Tensor | None = None  # E[x x^T]
     abs_mean: torch.Tensor | None = None  # E|x| per channel
     mean: torch.Tensor | None = None  # E[x] per channel (the shift of activation sparsity)
+    abs_hist: torch.Tensor | None = None  # fraction of the group's |x| values per log-magnitude bin (HIST_*)
     F: torch.Tensor | None = None  # E[g g^T], g = dL/dx at the group input
     xs: torch.Tensor | None = None  # (N, d) token sample of x
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g

@@ -39,6 +39,7 @@ DISPLAY = [  # (header, key, higher is better or None, format), after the task c
     ("param ratio ↓", "param ratio", False, "{:.3f}"),
     ("compute ratio (theory) ↓", "compute ratio", False, "{:.3f}"),
     ("activation ratio ↓", "activation ratio", False, "{:.3f}"),
+    ("measured density", "measured density", None, "{:.3f}"),
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
     ("peak MB ↓", "peak MB", False, "{:.0f}"),
     ("decode speedup (body) ↑", "decode speedup (body)", None, "speedup"),

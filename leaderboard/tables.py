@@ -109,6 +109,9 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
             row[label + " ci"] = tuple(ci) if isinstance(ci, list) and len(ci) == 2 and all(map(is_number, ci)) \
                 else None
     row["fallbacks"] = _first(cells, lambda c: _get(c.compression, "n_fallbacks"))
+    # thresholds (teal) keep a density that varies per token: the mean over the row's tasks of what each measured
+    dens = [v for c in cells if is_number(v := _get(c.compression, "measured_density"))]
+    row["measured density"] = sum(dens) / len(dens) if dens else None
     return row
 
 

@@ -129,6 +129,7 @@ class SparseActivation(SparseResult):
     scale: torch.Tensor | None = None
     mitigation: str = "none"
     mu: torch.Tensor | None = None
+    threshold: float | None = None  # keep |x_j| > threshold instead of a top-k (the density then varies per token)
     form: str = "sparse-activation"
 
     def summary(self) -> dict:
@@ -252,6 +253,11 @@ class SparsityMethod(Compressor):
 
     def rank_for(self, group, rank):
         raise TypeError(f"{self.name} is a sparsity method: it has no rank")
+
+    @classmethod
+    def pattern_problem(cls, pattern: SparsitySpec) -> str | None:
+        """Why this method cannot keep `pattern` (one line naming the fix), or None; checked before a run starts."""
+        return None
 
     def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None,
                  device=None, dtype: torch.dtype = torch.float64) -> SparseResult:

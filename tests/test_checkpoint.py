@@ -22,7 +22,9 @@ from core.stats import ACTIVATION_STATS, GRADIENT_STATS, SPARSITY_FAMILY, RankSp
 ROOT = Path(__file__).resolve().parent.parent
 # every built-in method; the low-rank ones in both forms, act-sparse with each mitigation that adds a buffer
 CASES = ([(m, "0.5", merge) for m in methods.known_methods("low-rank") for merge in (False, True)]
-         + [(m, "2:4", False) for m in methods.known_methods(SPARSITY_FAMILY)]
+         # 2:4, or a density for a method that keeps none (teal's thresholds)
+         + [(m, "0.5" if methods.get_method(m).pattern_problem(SparsitySpec.parse("2:4")) else "2:4", False)
+            for m in methods.known_methods(SPARSITY_FAMILY)]
          + [("act-sparse:mitigation=shift,score=fisher", "8:16", False), ("act-sparse:mitigation=median", "0.5", False),
             ("act-sparse:mitigation=variance", "4:8", False)])
 

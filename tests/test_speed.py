@@ -182,3 +182,111 @@ def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
     assert "**good**" in line and "1.30x [1.20, 1.40]" in line and "body 1.60x" in line
     rows[2]["PPL"] = dense_ppl * math.exp(FRONTIER_NLL * 1.1)
     assert "no row" in " ".join(frontier_line(rows, cols))
+
+
+# ---------------------------------------------------------------- TEAL: static magnitude thresholds
+
+def test_threshold_from_the_histogram_keeps_the_target_fraction():
+    """Brute force: the fraction of the values themselves above the threshold is the density asked for, to the
+    histogram's resolution (0.7 % in value), on a heavy-tailed sample with exact zeros."""
+    from core.stats import magnitude_histogram, magnitude_threshold
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(200, 512, generator=gen) * torch.exp(torch.randn(200, 512, generator=gen))
+    x[:, :8] = 0.0
+    hist = magnitude_histogram(x)
+    assert float(hist.sum()) == x.numel()
+    for density in (0.1, 0.25, 0.5, 0.9):
+        t = magnitude_threshold(hist, density)
+        kept = float((x.abs() > t).float().mean())
+        assert abs(kept - density) < 0.004, (density, kept)
+        # the sorted values' own quantile agrees within a bin (0.29 % of a decade)
+        q = float(x.abs().flatten().sort().values[int(round((1 - density) * x.numel()))])
+        assert abs(math.log10(t) - math.log10(q)) < 12 / 4096 * 1.01
+
+
+def test_calibrated_histogram_equals_a_direct_count(windows):
+    """abs_hist of each group: numpy's histogram of log10|x| over every input the group's first site saw."""
+    import numpy as np
+
+    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+
+    model = tiny_model("llama", hidden=32, inter=48)
+    groups = find_input_groups(model)
+    seen = {g.name: [] for g in groups}
+    hooks = [g.sites[0].register_forward_pre_hook(lambda mod, a, n=g.name: seen[n].append(a[0].detach().clone()))
+             for g in groups]
+    with torch.no_grad():
+        model(windows)
+    for h in hooks:
+        h.remove()
+    stats = calibrate(model, groups, windows, frozenset({"abs_hist"}), CalibSpec(), progress=False, batch_size=8)
+    for g in groups:
+        v = np.abs(torch.cat(seen[g.name]).reshape(-1).numpy().astype(np.float64))
+        logs = np.clip(np.log10(np.maximum(v, 10.0 ** HIST_LO)), HIST_LO, HIST_HI)
+        want, _ = np.histogram(logs, bins=HIST_BINS, range=(HIST_LO, HIST_HI))
+        got = stats[g.name].abs_hist.numpy()
+        assert got.shape == (HIST_BINS,)
+        # float32 log10 in the hook vs float64 here: a value on a bin edge may fall either side
+        assert np.abs(got * v.size - want).sum() <= 0.002 * v.size
+        assert got.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.7, 1e9])
+def test_threshold_site_gathered_equals_masked(threshold):
+    """One token through a threshold site: the gathered bag of the channels above t equals W (x masked) + b, for
+    every channel kept, about half, and none (then the bias alone)."""
+    gen = torch.Generator().manual_seed(5)
+    lin = torch.nn.Linear(64, 24)
+    sp = InputSparsifier(0, 0, "none", None, None, threshold=threshold)
+    site = SparseInputLinear(lin, sp, owner=True)
+    x = torch.randn(1, 1, 64, generator=gen)
+    with torch.no_grad():
+        got = site(x)
+        want = lin(torch.where(x.abs() > threshold, x, torch.zeros(())))
+        sp.gather = False
+        masked = site(x)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    assert float((masked - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    assert int(sp.seen) == 128 and int(sp.kept) == 2 * int((x.abs() > threshold).sum())
+    if threshold > 1e8:
+        assert torch.allclose(got.reshape(-1), lin.bias)
+
+
+def test_teal_deploys_its_threshold_and_measures_its_density(windows):
+    from bench.measure import measured_density
+
+    model = tiny_model("llama", hidden=32, inter=48)
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, frozenset({"abs_hist"}), CalibSpec(), progress=False)
+    with compressed(model, "teal", SparsitySpec.parse("0.5"), stats, progress=False) as (m, summaries):
+        sps = [s for s in m.modules() if isinstance(s, InputSparsifier)]
+        assert len(sps) == len(groups) and all(s.threshold is not None for s in sps)
+        for s in sps:
+            s.reset_counts()
+        with torch.no_grad():
+            m(windows)
+        # calibrated on the dense model's inputs, applied to a model sparsified before them: near, not equal
+        assert 0.4 < measured_density(m) < 0.6
+        assert all(s["threshold"] > 0 and s["compute_ratio"] == 0.5 for s in summaries)
+        layout = m.config.acbench_compression
+        assert all(spec["threshold"] for spec in layout.values())
+
+
+def test_teal_refuses_an_nm_pattern_in_one_line(capsys, tmp_path):
+    from bench.cli import main
+
+    rc = main(["run", "--model", "nowhere", "--methods", "teal", "--sparsity", "2:4", "--output", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and "teal" in err[0] and "--sparsity 0.5" in err[0]
+
+
+def test_histogram_statistics_survive_the_cache(tmp_path):
+    from bench.stats_store import group_problem, read_group, write_group
+    from core.stats import HIST_BINS, GroupStats
+
+    hist = torch.rand(HIST_BINS, dtype=torch.float64)
+    write_group(tmp_path, "g", GroupStats(n_tokens=5, abs_hist=hist / hist.sum()), d_in=7)
+    assert group_problem(tmp_path, "g", 7) is None
+    back = read_group(tmp_path, "g")
+    assert torch.allclose(back.abs_hist, hist / hist.sum(), rtol=1e-6)

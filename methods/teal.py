@@ -1,0 +1,35 @@
+"""TEAL (Liu et al. 2024, training-free activation sparsity): per token, keep the input channels whose magnitude
+exceeds a static threshold, calibrated per input group so that the calibration tokens keep the target density,
+and compare |x| with it at run time (no top-k). The density a token keeps varies; the calibrated one is the
+budget's, and a run records the density measured on each task's tokens (`measured_density` in its cells).
+
+The threshold is read off the group's |x| histogram (core.stats.magnitude_threshold): the magnitude above which
+the target fraction of the calibration values lies.
+"""
+
+from __future__ import annotations
+
+from core.stats import magnitude_threshold
+
+from .base import SparseActivation, SparsityMethod
+
+
+class Teal(SparsityMethod):
+    name = "teal"
+    description = ("TEAL: static magnitude threshold per input group, calibrated to the target density (--sparsity "
+                   "0.5), |x| compared with it at run time; reads the |x| histogram")
+    needs = frozenset({"abs_hist"})
+
+    @classmethod
+    def pattern_problem(cls, pattern):
+        if pattern.structured:
+            return (f"teal keeps the channels above a threshold, so its density varies per token and cannot be an "
+                    f"N:M pattern ({pattern.budget}): pass a density, e.g. --sparsity 0.5")
+        return None
+
+    def solve(self, weights, stats, pattern):
+        problem = self.pattern_problem(pattern)
+        if problem:
+            raise ValueError(problem)
+        threshold = magnitude_threshold(stats.abs_hist, pattern.density)
+        return SparseActivation(pattern=pattern, threshold=threshold, extras={"threshold": threshold})
