@@ -138,40 +138,62 @@ class _Probe:
         out = self.body(inputs_embeds=self.embed(self.prompt), use_cache=True)
         self.cache = getattr(out, self.cache_arg)
 
-    @torch.no_grad()
-    def decode(self) -> dict:
-        if self.cache is None:
-            self.prefill_cache()
-        cache = copy.deepcopy(self.cache)
-        body = 0.0
-        for ids in self.steps:
-            e = self.embed(ids)
-            _sync(self.device)
-            t0 = time.perf_counter()
-            h = self.body(inputs_embeds=e, use_cache=True, **{self.cache_arg: cache}).last_hidden_state
-            _sync(self.device)
-            body += time.perf_counter() - t0
-        # the embedding and the head once per round: the same modules in dense and every variant
+    def _timed(self, fn) -> float:
         _sync(self.device)
         t0 = time.perf_counter()
-        self.embed(self.steps[0])
-        self.head(h[:, -1:])
+        fn()
         _sync(self.device)
-        outside = time.perf_counter() - t0
-        n = len(self.steps)
-        return {"decode_body_ms_per_token": 1e3 * body / n, "decode_outside_ms_per_token": 1e3 * outside,
-                "decode_ms_per_token": 1e3 * (body / n + outside)}
+        return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def decode(self, use_dense=None) -> dict:
+        """`new_tokens` cached decode steps of the body, then the embedding and the head once. With `use_dense`,
+        dense and the variant alternate step by step (each with its own copy of the cache, the order flipped every
+        step), so both see the same moments of the machine: {True: dense's times, False: the variant's}."""
+        if self.cache is None:
+            self.prefill_cache()
+        states = (None,) if use_dense is None else (True, False)
+        caches = {st: copy.deepcopy(self.cache) for st in states}
+        body = dict.fromkeys(states, 0.0)
+        h = None
+        for i, ids in enumerate(self.steps):
+            e = self.embed(ids)
+            for st in (states if i % 2 == 0 else states[::-1]):
+                if st is not None:
+                    use_dense(st)
+                step = lambda: self.body(inputs_embeds=e, use_cache=True, **{self.cache_arg: caches[st]})
+                _sync(self.device)
+                t0 = time.perf_counter()
+                h = step().last_hidden_state
+                _sync(self.device)
+                body[st] += time.perf_counter() - t0
+        out = {}
+        for st in (states if len(self.steps) % 2 == 0 else states[::-1]):
+            if st is not None:
+                use_dense(st)
+            # the embedding and the head: the same modules in dense and every variant, timed once per round
+            outside = self._timed(lambda: (self.embed(self.steps[0]), self.head(h[:, -1:])))
+            n = len(self.steps)
+            out[st] = {"decode_body_ms_per_token": 1e3 * body[st] / n, "decode_outside_ms_per_token": 1e3 * outside,
+                       "decode_ms_per_token": 1e3 * (body[st] / n + outside)}
+        return out[None] if use_dense is None else out
 
     @torch.no_grad()
     def prefill(self) -> dict:
-        _sync(self.device)
-        t0 = time.perf_counter()
-        self.body(input_ids=self.batch, use_cache=False)
-        _sync(self.device)
-        return {"prefill_body_tokens_per_s": self.batch.numel() / (time.perf_counter() - t0)}
+        seconds = self._timed(lambda: self.body(input_ids=self.batch, use_cache=False))
+        return {"prefill_body_tokens_per_s": self.batch.numel() / seconds}
 
     def round(self) -> dict:
         return {**self.decode(), **self.prefill()}
+
+    def paired_round(self, use_dense, dense_first: bool) -> tuple[dict, dict]:
+        """(dense's, the variant's) times of one round: decode interleaved step by step, then each prefills once."""
+        dec = self.decode(use_dense)
+        pre = {}
+        for st in (True, False) if dense_first else (False, True):
+            use_dense(st)
+            pre[st] = self.prefill()
+        return {**dec[True], **pre[True]}, {**dec[False], **pre[False]}
 
 
 # speedup name -> (the per-round time it divides, True where the value is a rate: speedup = variant / dense)
@@ -196,23 +218,16 @@ def _medians(rounds: list[dict]) -> dict:
 @torch.no_grad()
 def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec()) -> dict:
     """Dense against the variant in one process, interleaved: `use_dense(True)` puts the dense modules in place,
-    `use_dense(False)` the variant's (by reference, nothing rebuilt). Per round each model decodes and prefills
-    once; the speedups are per-round ratios (dense time / variant time), summarised with their intervals."""
+    `use_dense(False)` the variant's (by reference, nothing rebuilt). Per round the two decode alternately step
+    by step and each prefills once; the speedups are per-round ratios (dense time / variant time), summarised with their intervals."""
     probe = _Probe(model, spec)
     t_start = time.perf_counter()
-    for dense_first in (True, False):  # warm-up: each model once, times dropped
-        use_dense(dense_first)
-        probe.round()
+    probe.paired_round(use_dense, True)  # warm-up: both models once, times dropped
     rounds: list[tuple[dict, dict]] = []
     converged = False
     try:
         while True:
-            first = len(rounds) % 2 == 0  # dense first on even rounds, the variant first on odd ones
-            got = {}
-            for is_dense in (first, not first):
-                use_dense(is_dense)
-                got[is_dense] = probe.round()
-            rounds.append((got[True], got[False]))
+            rounds.append(probe.paired_round(use_dense, dense_first=len(rounds) % 2 == 0))
             speed = ratio_interval([d["decode_body_ms_per_token"] / v["decode_body_ms_per_token"] for d, v in rounds])
             if speed["ci95"] and len(rounds) >= spec.min_rounds:
                 converged = speed["ci95"][1] / speed["ratio"] - 1 <= spec.halfwidth and \

@@ -78,3 +78,25 @@ def test_body_decode(benchmark, model, pattern):
         benchmark.extra_info["what"] = f"{model} body decode, act-sparse {pattern}"
         ids = torch.randint(3, 1000, (1, 1))
         benchmark.pedantic(lambda: m.get_decoder()(input_ids=ids, use_cache=False), rounds=3, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_low_rank_overhead(benchmark, shape):
+    """A factorised site at decode against its two bare products F.linear(F.linear(x, B), A): the module's own
+    cost (the shared-B read-once cache, the bias) is what the ratio shows (1.0: none)."""
+    import torch.nn.functional as Fn
+
+    _, site = _site(*shape, "low-rank params 0.5")
+    A, B = site.A.weight, site.B.weight
+    bare = lambda x: Fn.linear(Fn.linear(x, B), A)
+    x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(1))
+    reps = 20 if shape[0] * shape[1] < 10**7 else 5
+    with torch.no_grad():
+        ratios = []
+        for r in range(ROUNDS):
+            order = (bare, site) if r % 2 == 0 else (site, bare)
+            t = {id(fn): _median_time(fn, x, reps) for fn in order}
+            ratios.append(t[id(bare)] / t[id(site)])
+        benchmark.extra_info["speedup"] = ratio_interval(ratios)
+        benchmark.extra_info["what"] = f"low-rank module / its two bare products, {shape[0]}x{shape[1]} (1.0 = no overhead)"
+        benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
