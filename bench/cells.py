@@ -71,7 +71,8 @@ def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
     out = []
     for m in run.methods:
         if methods.family_of(m) == SPARSITY_FAMILY:
-            out += [(m, p, UNIFORM) for p in run.patterns]
+            keeps = methods.get_method(methods.base_name(m)).pattern_problem
+            out += [(m, p, UNIFORM) for p in run.patterns if keeps(p) is None]  # `all` may bring teal to 2:4
         else:
             out += [(m, r, rule) for r in run.ranks for rule in run.allocate]
     return out

@@ -80,6 +80,7 @@ class RunConfig:
     task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
     analysis_options: dict = field(default_factory=dict)  # {analysis: {setting: value}}, e.g. {"rho": {"units": 4}}
     measure_latency: bool = True
+    latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (bench.measure.LatencySpec)
     report: bool = True
     progress: bool = True
 
@@ -251,16 +252,28 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
             flag = "--sparsity 2:4 (an N:M pattern or a density)" if family == SPARSITY_FAMILY else "--rank 0.5"
             raise UserError(f"{m} is a {family} method but no {family} budget is given: add {flag}, or leave "
                             f"{m} out")
-        if family == SPARSITY_FAMILY:
-            cls = methods.get_method(methods.base_name(m))
-            for p in patterns:
-                problem = cls.pattern_problem(p)
-                if problem:
-                    raise UserError(problem)
+    names = _without_refused_patterns(names, given, patterns)
     if not names:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     check_ranks(ranks)
     return tuple(names), ranks, patterns
+
+
+def _without_refused_patterns(names: list[str], given: list[str], patterns) -> list[str]:
+    """A sparsity method named on its own must keep every given pattern (else one line naming it and the fix);
+    one that `all` brought in is left out where it keeps none of them (teal under --sparsity 2:4), and its
+    refused patterns are left out of the plan (bench.cells.variants)."""
+    explicit = set(methods.expand_methods([g for g in given if g != "all"])) if given else set()
+    out = []
+    for m in names:
+        if methods.family_of(m) == SPARSITY_FAMILY:
+            problems = [p for p in map(methods.get_method(methods.base_name(m)).pattern_problem, patterns) if p]
+            if problems and m in explicit:
+                raise UserError(problems[0])
+            if len(problems) == len(patterns):
+                continue
+        out.append(m)
+    return out
 
 
 def check_allocation(config: RunConfig, names) -> None:
@@ -384,6 +397,9 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
             what = "an" if low == 2 else "a positive"
             raise UserError(f"--{attr.replace('_', '-')} must be {what} integer{' >= 2' if low == 2 else ''}, "
                             f"got {v!r}" + (" (one token has no next-token target)" if low == 2 else ""))
+    ls = config.latency_seconds
+    if isinstance(ls, bool) or not isinstance(ls, (int, float)) or not math.isfinite(ls) or ls <= 0:
+        raise UserError(f"--latency-seconds must be a positive number of seconds, got {ls!r}")
     if config.executor not in ("local", "ray"):
         raise UserError(f"--executor {config.executor!r} is unknown: use local (default) or ray")
     if config.threads is not None and (not isinstance(config.threads, int) or config.threads < 1):

@@ -170,6 +170,8 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
             est.sparse[name] = {}
             for p in sparsity or []:
                 check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
+                if comp.pattern_problem(p):
+                    continue  # a pattern the method keeps none of (teal at 2:4): no cell either
                 kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
                 est.sparse[name][p.label] = {
                     "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0,

@@ -290,7 +290,7 @@ class Worker:
         eff = {"weight_bytes": weight_bytes(model)}
         if run.config.measure_latency:
             t0 = time.perf_counter()
-            spec = LatencySpec(batch=run.config.batch_size)
+            spec = LatencySpec(batch=run.config.batch_size, seconds=float(run.config.latency_seconds))
             # a variant is timed against dense in the same process, alternating; dense alone for its own row
             eff["latency"] = latency(model, spec) if compression is None else \
                 compare_latency(model, dense_switch(model), spec)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+from core.stats import ACTIVATION_STATS, GRADIENT_STATS
 
 
 def tiny_config(arch: str = "llama", hidden: int = 32, inter: int = 48, layers: int = 2, vocab: int = 101):
@@ -22,7 +23,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, **kw):
     return model.eval()
 
 
-EVERY_STAT = frozenset({"C", "F", "pairs", "abs_mean", "mean", "row_fisher"})
+EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can ask for
 
 
 def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 48, inter: int = 64):

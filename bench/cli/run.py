@@ -94,6 +94,9 @@ RUN_FLAGS = [
     ("--retries", "retries", {"type": int, "help": "Ray: runs of a failed task after the first (default 2)"}),
     ("--threads", "threads", {"type": int, "help": "torch threads per process (default: its CPUs; Ray: the CPUs "
                                                    "each task is given)"}),
+    ("--latency-seconds", "latency_seconds", {"type": float, "help": "per variant, the most seconds of rounds against "
+                                                                    "dense (default 8; fewer when the speedup's 95 %% "
+                                                                    "interval reaches +-3 %% first)"}),
 ]
 
 
@@ -212,7 +215,8 @@ def add_run_parser(sub):
     p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5 (see `bench ls "
                                                           "tasks`); wins over the shortcut flags")
     p.add_argument("--overwrite", action="store_true", default=None, help="recompute cells that exist")
-    p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None)
+    p.add_argument("--no-latency", dest="measure_latency", action="store_false", default=None,
+                   help="skip the speed measurement (the speedup columns stay empty)")
     p.add_argument("--analysis-option", action="append",
                    help="analysis.setting=value, e.g. rho.units=4 or rho.per_group=true (see `bench ls analyses`)")
     p.add_argument("--no-report", dest="report", action="store_false", default=None)
