@@ -283,6 +283,12 @@ class Worker:
             stage = "calibration" + (f" ({passes} passes)" if passes > 1 else "")
         self.spent(stage, time.perf_counter() - t0)
 
+    def text(self) -> torch.Tensor:
+        """Token windows of the calibration text, for latency to decode and prefill (tokenized once)."""
+        if self.calib_windows is None:
+            self.calib_windows = calibration_windows(self.model().tokenizer, self.run.calibration)
+        return self.calib_windows
+
     def evaluate(self, model, cells: list[Cell], compression: dict | None, timings: dict,
                  common: dict) -> list[CellRecord]:
         """Evaluate the cells of one model variant and write each as soon as it is done."""
@@ -292,8 +298,8 @@ class Worker:
             t0 = time.perf_counter()
             spec = LatencySpec(batch=run.config.batch_size, seconds=float(run.config.latency_seconds))
             # a variant is timed against dense in the same process, alternating; dense alone for its own row
-            eff["latency"] = latency(model, spec) if compression is None else \
-                compare_latency(model, dense_switch(model), spec)
+            eff["latency"] = latency(model, spec, text=self.text()) if compression is None else \
+                compare_latency(model, dense_switch(model), spec, text=self.text())
             timings["latency_s"] = time.perf_counter() - t0
             self.spent("latency", timings["latency_s"])
         method = cells[0].id.method

@@ -95,8 +95,9 @@ def _sync(device):
 @dataclass(frozen=True)
 class LatencySpec:
     """How latency is measured. Decode: batch 1 with the KV cache of a `prompt_len`-token prompt, `new_tokens`
-    steps per round, fed fixed token ids (a step's cost does not depend on which token comes next, so the 262k-word
-    head need not run to choose it). Prefill: `prefill_len`-token prompts at the evaluation batch, no cache.
+    steps per round, fed the text's next tokens (teacher-forced: a step's cost does not depend on which token
+    comes next, so the 262k-word head need not run to choose it; real text, because a threshold's density, and so
+    its speed, depends on the activations). Prefill: `prefill_len`-token prompts at the evaluation batch, no cache.
     Dense and the variant alternate within each round (the order flips every round, so a drift of the machine
     loads both alike); rounds go on until the body decode speedup's 95 % interval is within +-`halfwidth` or
     `seconds` per variant are spent (at least `min_rounds`)."""
@@ -112,22 +113,31 @@ class LatencySpec:
     def conditions(self) -> dict:
         return {"prompt_len": self.prompt_len, "new_tokens": self.new_tokens, "prefill_len": self.prefill_len,
                 "prefill_batch": self.batch, "target_halfwidth": self.halfwidth, "min_rounds": self.min_rounds,
-                "cap_seconds": self.seconds, "threads": torch.get_num_threads(), "fed_tokens": "fixed ids"}
+                "cap_seconds": self.seconds, "threads": torch.get_num_threads()}
 
 
 class _Probe:
     """One model's decode and prefill timed in parts: the decoder body (the layers, what compression changes)
     apart from the embedding and the head (what it leaves alone)."""
 
-    def __init__(self, model, spec: LatencySpec):
+    def __init__(self, model, spec: LatencySpec, text: torch.Tensor | None = None):
         self.model, self.spec = model, spec
         self.device = next(model.parameters()).device
         self.body, self.embed, self.head = model.get_decoder(), model.get_input_embeddings(), model.get_output_embeddings()
-        vocab_hi = min(model.config.vocab_size, 1000)
-        gen = torch.Generator().manual_seed(0)
-        draw = lambda *shape: torch.randint(3, vocab_hi, shape, generator=gen).to(self.device)
-        self.prompt, self.steps, self.batch = draw(1, spec.prompt_len), draw(spec.new_tokens, 1, 1), draw(
-            spec.batch, spec.prefill_len)
+        need = spec.prompt_len + spec.new_tokens
+        if text is not None and text.shape[-1] >= max(need, spec.prefill_len) and text.shape[0] > spec.batch:
+            # the prompt and the decoded tokens from the first window, the prefill batch from the next ones
+            self.fed = "text"
+            self.prompt = text[:1, :spec.prompt_len]
+            self.steps = text[0, spec.prompt_len:need].reshape(-1, 1, 1)
+            self.batch = text[1:1 + spec.batch, :spec.prefill_len]
+        else:
+            self.fed = "random ids"
+            gen = torch.Generator().manual_seed(0)
+            draw = lambda *shape: torch.randint(3, min(model.config.vocab_size, 1000), shape, generator=gen)
+            self.prompt, self.steps, self.batch = draw(1, spec.prompt_len), draw(spec.new_tokens, 1, 1), draw(
+                spec.batch, spec.prefill_len)
+        self.prompt, self.steps, self.batch = (t.to(self.device) for t in (self.prompt, self.steps, self.batch))
         self.cache = None
         # transformers 5 names the KV cache argument `cache`, 4.x `past_key_values`
         self.cache_arg = "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
@@ -216,11 +226,13 @@ def _medians(rounds: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec()) -> dict:
+def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: torch.Tensor | None = None) -> dict:
     """Dense against the variant in one process, interleaved: `use_dense(True)` puts the dense modules in place,
     `use_dense(False)` the variant's (by reference, nothing rebuilt). Per round the two decode alternately step
-    by step and each prefills once; the speedups are per-round ratios (dense time / variant time), summarised with their intervals."""
-    probe = _Probe(model, spec)
+    by step and each prefills once; the speedups are per-round ratios (dense time / variant time), summarised with
+    their intervals. `text`: token windows (batch + 1 of them, prompt_len + new_tokens long) the model decodes and
+    prefills; without them, random ids (recorded in the conditions)."""
+    probe = _Probe(model, spec, text)
     t_start = time.perf_counter()
     probe.paired_round(use_dense, True)  # warm-up: both models once, times dropped
     rounds: list[tuple[dict, dict]] = []
@@ -247,7 +259,7 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec()) -> dict
         speedups[name] = ratio_interval([(v[key] / d[key]) if rate else (d[key] / v[key]) for d, v in rounds])
     variant = _medians([v for _, v in rounds])
     return {"protocol": "interleaved", "version": LATENCY_VERSION, "rounds": len(rounds), "converged": converged,
-            "seconds": time.perf_counter() - t_start, "conditions": spec.conditions(),
+            "seconds": time.perf_counter() - t_start, "conditions": {**spec.conditions(), "fed_tokens": probe.fed},
             "dense": _medians([d for d, _ in rounds]), "variant": variant, "speedup": speedups,
             # the older cells' two numbers, the variant's own
             "prefill_ms_per_token": 1e3 / variant["prefill_body_tokens_per_s"],
@@ -255,14 +267,16 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec()) -> dict
 
 
 @torch.no_grad()
-def latency(model, spec: LatencySpec = LatencySpec(), rounds: int | None = None) -> dict:
+def latency(model, spec: LatencySpec = LatencySpec(), rounds: int | None = None,
+            text: torch.Tensor | None = None) -> dict:
     """The model alone (the dense row's own numbers): medians over `spec.min_rounds` rounds after a warm-up."""
-    probe = _Probe(model, spec)
+    probe = _Probe(model, spec, text)
     t_start = time.perf_counter()
     probe.round()
     got = [probe.round() for _ in range(rounds or spec.min_rounds)]
     med = _medians(got)
     return {"protocol": "alone", "version": LATENCY_VERSION, "rounds": len(got),
-            "seconds": time.perf_counter() - t_start, "conditions": spec.conditions(), "variant": med,
+            "seconds": time.perf_counter() - t_start, "conditions": {**spec.conditions(), "fed_tokens": probe.fed},
+            "variant": med,
             "prefill_ms_per_token": 1e3 / med["prefill_body_tokens_per_s"],
             "decode_ms_per_token": med["decode_ms_per_token"]}

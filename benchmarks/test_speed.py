@@ -8,11 +8,15 @@ import time
 import pytest
 import torch
 
+import methods
+
 from bench.measure import LatencySpec, compare_latency, ratio_interval
 
 # (d_in, d_out): Gemma-3-270m's MLP (640 -> 2048 -> 640) and an 8B's attention and MLP (4096, 14336)
 SHAPES = [(640, 2048), (2048, 640), (4096, 4096), (4096, 14336), (14336, 4096)]
-FORMS = ["2:4", "8:16", "16:32", "0.5", "0.25", "low-rank params 0.5"]
+FORMS = ["2:4", "8:16", "16:32", "0.5", "0.25", "threshold 0.5", "low-rank params 0.5"]
+# the input every site reads: its median magnitude is the threshold that keeps half of it (teal at density 0.5)
+_X_SEED = 1
 ROUNDS = 12  # alternating dense / variant rounds per site
 
 
@@ -28,8 +32,16 @@ def _site(d_in: int, d_out: int, form: str):
     if form.startswith("low-rank"):
         k = round(0.5 * d_in * d_out / (d_in + d_out))  # k (d_in + d_out) = half the dense parameters
         return dense, LowRankLinear(d_in, d_out, k, bias=False)
+    if form.startswith("threshold"):
+        t = float(_input(d_in).abs().median())
+        res = SparseActivation(pattern=SparsitySpec.parse("0.5"), d_in=d_in, d_outs=(d_out,), threshold=t)
+        return dense, SparseInputLinear(dense, sparsifier_for(res, torch.float32, "cpu"), owner=True)
     res = SparseActivation(pattern=SparsitySpec.parse(form), d_in=d_in, d_outs=(d_out,))
     return dense, SparseInputLinear(dense, sparsifier_for(res, torch.float32, "cpu"), owner=True)
+
+
+def _input(d_in: int) -> torch.Tensor:
+    return torch.randn(1, 1, d_in, generator=torch.Generator().manual_seed(_X_SEED))
 
 
 def _median_time(fn, x, reps: int) -> float:
@@ -46,7 +58,7 @@ def _median_time(fn, x, reps: int) -> float:
 def test_site_decode(benchmark, shape, form):
     """One token through one site: the variant's module (selection included) against dense F.linear."""
     dense, site = _site(*shape, form)
-    x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(1))
+    x = _input(shape[0])
     reps = 20 if shape[0] * shape[1] < 10**7 else 5
     with torch.no_grad():
         for fn in (dense, site):
@@ -61,21 +73,32 @@ def test_site_decode(benchmark, shape, form):
         benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
 
 
-@pytest.mark.parametrize("model,pattern", [("gemma-3-270m", "0.5"), ("gemma-3-270m", "8:16"),
-                                           ("smollm2-135m", "0.5"), ("smollm2-135m", "8:16")])
-def test_body_decode(benchmark, model, pattern):
-    """A whole decoder body at batch 1 with the KV cache: act-sparse at density 0.5 against dense, alternating."""
+@pytest.mark.parametrize("model,method,pattern", [("gemma-3-270m", "act-sparse", "0.5"),
+                                                  ("gemma-3-270m", "act-sparse", "8:16"),
+                                                  ("gemma-3-270m", "teal", "0.5"),
+                                                  ("smollm2-135m", "act-sparse", "0.5"),
+                                                  ("smollm2-135m", "act-sparse", "8:16")])
+def test_body_decode(benchmark, model, method, pattern):
+    """A whole decoder body at batch 1 with the KV cache, decoding the calibration text: a sparsity method at
+    density 0.5 against dense, alternating (as a run measures it, with a 30 s cap)."""
+    from bench.calibrate import CalibSpec, calibrate
     from bench.compress import compressed, dense_switch
+    from bench.groups import find_input_groups
     from bench.models import load_model
+    from bench.statistics import calibration_windows
     from core.stats import SparsitySpec
 
     lm = load_model(model, progress=False)
+    text = calibration_windows(lm.tokenizer, CalibSpec())
+    needs = methods.build(method).required_stats()
+    stats = calibrate(lm.model, find_input_groups(lm.model), text[:4], needs, CalibSpec(), progress=False) \
+        if needs else {}
     spec = LatencySpec(seconds=30.0, min_rounds=6)
-    with compressed(lm.model, "act-sparse", SparsitySpec.parse(pattern), {}, progress=False) as (m, _):
-        got = compare_latency(m, dense_switch(m), spec)
+    with compressed(lm.model, method, SparsitySpec.parse(pattern), stats, progress=False) as (m, _):
+        got = compare_latency(m, dense_switch(m), spec, text=text)
         benchmark.extra_info["speedup"] = got["speedup"]["decode_body"]
         benchmark.extra_info["speedup_end_to_end"] = got["speedup"]["decode"]
-        benchmark.extra_info["what"] = f"{model} body decode, act-sparse {pattern}"
+        benchmark.extra_info["what"] = f"{model} body decode, {method} {pattern}"
         ids = torch.randint(3, 1000, (1, 1))
         benchmark.pedantic(lambda: m.get_decoder()(input_ids=ids, use_cache=False), rounds=3, warmup_rounds=1)
 

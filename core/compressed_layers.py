@@ -48,6 +48,14 @@ class ReadOnce:
         return out
 
 
+def _apply(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """lin(x), as the bare product where nothing hooks the module: at decode a module call's own cost is a fifth of
+    a small factor's time. A hooked module (accelerate's device and offload hooks, forward hooks) is called."""
+    if lin._forward_pre_hooks or lin._forward_hooks or "_hf_hook" in lin.__dict__:
+        return lin(x)
+    return Fn.linear(x, lin.weight, lin.bias)
+
+
 class LowRankLinear(ReadOnce, nn.Module):
     """y = A (B x) + bias. Sites of one group share the owner's B, and z = B x is computed once per input."""
 
@@ -64,10 +72,12 @@ class LowRankLinear(ReadOnce, nn.Module):
         object.__setattr__(self, "_owner", owner)
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
-        return self.shared(x, self.B)
+        if self.n_readers == 1:  # nothing to share: no cache bookkeeping at decode
+            return _apply(self.B, x)
+        return self.shared(x, lambda t: _apply(self.B, t))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.A(self._owner.project(x))
+        return _apply(self.A, self._owner.project(x))
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
@@ -107,10 +117,11 @@ class InputSparsifier(ReadOnce, nn.Module):
         decode = self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]
         if self.threshold is not None:
             keep = x.abs() > self.threshold
-            self.kept, self.seen = self.kept + keep.sum(), self.seen + keep.numel()
             if decode:  # one bag of however many channels pass: 1-d indices with one offset
                 idx = keep.reshape(-1).nonzero().squeeze(1)
                 return "gathered", idx, x.reshape(-1)[idx], None, self._offsets(x)
+            # counted on the evaluation's inputs (many tokens at a time), not on the decode steps latency times
+            self.kept, self.seen = self.kept + keep.sum(), self.seen + keep.numel()
             return "masked", torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), None
         if decode:
             idx, vals, eta = sparse_input(x.reshape(-1, x.shape[-1]), self.n, self.m, self.scale, self.mitigation,

@@ -248,7 +248,8 @@ def test_threshold_site_gathered_equals_masked(threshold):
         masked = site(x)
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
     assert float((masked - want).abs().max()) <= 1e-5 * float(want.abs().max())
-    assert int(sp.seen) == 128 and int(sp.kept) == 2 * int((x.abs() > threshold).sum())
+    # counted on the masked (evaluation) path only: the decode step above is not
+    assert int(sp.seen) == 64 and int(sp.kept) == int((x.abs() > threshold).sum())
     if threshold > 1e8:
         assert torch.allclose(got.reshape(-1), lin.bias)
 
