@@ -341,7 +341,9 @@ def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: 
             ci, x = r.get("decode speedup ci"), r.get("decode speedup")
             if not ci or not is_number(x):
                 continue
-            name = f"{r['method']} @ {budget_title(budget, rank).split(' (')[0].replace(' ratio', '')}"
+            # short point labels: "pca @ rank 0.5", "act-sparse @ 2:4", "teal @ 0.5" (unstructured density)
+            name = f"{r['method']} @ " + (f"{rank:g}" if budget == "unstructured" else budget if fam == "sparsity"
+                                          else f"{budget} {rank:g}")
             if ppl and is_number(r.get(ppl)) and is_number(dense.get(ppl)) and r[ppl] > 0 and dense[ppl] > 0:
                 panels.setdefault(f"Δ NLL vs dense ({ppl})", {}).setdefault(fam, []).append(
                     (name, x, ci[0], ci[1], math.log(r[ppl] / dense[ppl])))
