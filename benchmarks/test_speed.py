@@ -53,24 +53,29 @@ def _median_time(fn, x, reps: int) -> float:
     return statistics.median(ts)
 
 
+def _alternate(benchmark, ref, site, shape, what: str) -> None:
+    """ref's time / site's on one token, the two alternating (order flipped each round), into extra_info."""
+    x = _input(shape[0])
+    reps = 20 if shape[0] * shape[1] < 10**7 else 5
+    with torch.no_grad():
+        for fn in (ref, site):
+            fn(x)
+        ratios = []
+        for r in range(ROUNDS):
+            order = (ref, site) if r % 2 == 0 else (site, ref)
+            t = {id(fn): _median_time(fn, x, reps) for fn in order}
+            ratios.append(t[id(ref)] / t[id(site)])
+        benchmark.extra_info["speedup"] = ratio_interval(ratios)
+        benchmark.extra_info["what"] = what
+        benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_site_decode(benchmark, shape, form):
     """One token through one site: the variant's module (selection included) against dense F.linear."""
     dense, site = _site(*shape, form)
-    x = _input(shape[0])
-    reps = 20 if shape[0] * shape[1] < 10**7 else 5
-    with torch.no_grad():
-        for fn in (dense, site):
-            fn(x)
-        ratios = []
-        for r in range(ROUNDS):
-            order = (dense, site) if r % 2 == 0 else (site, dense)
-            t = {id(fn): _median_time(fn, x, reps) for fn in order}
-            ratios.append(t[id(dense)] / t[id(site)])
-        benchmark.extra_info["speedup"] = ratio_interval(ratios)
-        benchmark.extra_info["what"] = f"site {shape[0]}x{shape[1]} {form}"
-        benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
+    _alternate(benchmark, dense, site, shape, f"site {shape[0]}x{shape[1]} {form}")
 
 
 @pytest.mark.parametrize("model,method,pattern", [("gemma-3-270m", "act-sparse", "0.5"),
@@ -112,14 +117,5 @@ def test_low_rank_overhead(benchmark, shape):
     _, site = _site(*shape, "low-rank params 0.5")
     A, B = site.A.weight, site.B.weight
     bare = lambda x: Fn.linear(Fn.linear(x, B), A)
-    x = torch.randn(1, 1, shape[0], generator=torch.Generator().manual_seed(1))
-    reps = 20 if shape[0] * shape[1] < 10**7 else 5
-    with torch.no_grad():
-        ratios = []
-        for r in range(ROUNDS):
-            order = (bare, site) if r % 2 == 0 else (site, bare)
-            t = {id(fn): _median_time(fn, x, reps) for fn in order}
-            ratios.append(t[id(bare)] / t[id(site)])
-        benchmark.extra_info["speedup"] = ratio_interval(ratios)
-        benchmark.extra_info["what"] = f"low-rank module / its two bare products, {shape[0]}x{shape[1]} (1.0 = no overhead)"
-        benchmark.pedantic(lambda: site(x), rounds=reps, warmup_rounds=1)
+    _alternate(benchmark, bare, site, shape,
+               f"low-rank module / its two bare products, {shape[0]}x{shape[1]} (1.0 = no overhead)")
