@@ -31,8 +31,10 @@ def coordinates(rec: CellRecord) -> tuple:
     return cell_id(rec)[:-1]
 
 
-def _date(rec: CellRecord) -> str:
-    return (rec.env or {}).get("date", "")
+def cell_date(rec: CellRecord) -> str:
+    """The cell's date for ordering; a missing or non-text date (a hand-edited cell) sorts as the oldest."""
+    date = (rec.env or {}).get("date", "") if isinstance(rec.env, dict) else ""
+    return date if isinstance(date, str) else ""
 
 
 def load_results(*roots) -> ResultSet:
@@ -61,16 +63,16 @@ def load_results(*roots) -> ResultSet:
             key = cell_id(rec)
             if key in best:
                 rs.duplicates += 1
-                if _date(rec) <= _date(best[key]):
+                if cell_date(rec) <= cell_date(best[key]):
                     continue
             best[key] = rec
     # One cell per table position: where settings differ (shots, calibration size, a method's version) the newest
     # is shown and the others are named, never merged.
     shown_at: dict[tuple, CellRecord] = {}
-    for rec in sorted(best.values(), key=_date, reverse=True):
+    for rec in sorted(best.values(), key=cell_date, reverse=True):
         at = coordinates(rec)
         if at in shown_at:
-            rs.superseded.append(f"{rec.source} (settings {rec.cell.key}, {_date(rec)[:10] or 'undated'}) is not "
+            rs.superseded.append(f"{rec.source} (settings {rec.cell.key}, {cell_date(rec)[:10] or 'undated'}) is not "
                                  f"shown: {shown_at[at].source} (settings {shown_at[at].cell.key}) is newer")
             continue
         shown_at[at] = rec

@@ -14,7 +14,7 @@ from core.io import atomic_write_text
 from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
-from .load import load_results
+from .load import cell_date, load_results
 from core.significance import ALPHA
 from core.stats import is_sparsity_budget
 
@@ -213,7 +213,7 @@ def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> l
     fp = next((c.model_fingerprint for c in cells if c.model_fingerprint), {}) or {}
     cal = next((c.calibration for c in cells if c.calibration), None)
     env = next((c.env for c in cells if c.env), {}) or {}
-    dates = sorted((c.env or {}).get("date", "") for c in cells)
+    dates = sorted(cell_date(c) for c in cells)
     lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items())
                                                  if k != "compressed")]
     if fp.get("compressed"):  # a checkpoint bench compress wrote: where it came from

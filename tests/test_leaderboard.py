@@ -216,3 +216,17 @@ def test_stage_totals_count_each_piece_once():
              cell("rho-analysis", "rho", {"rho_s": 20.0}, kind="analysis")]
     assert stage_totals(cells) == {"calibration": 10.0, "compress": 11.0, "latency": 2.0, "evaluation": 11.0,
                                    "analyses": 20.0}
+
+
+def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
+    """Found by the fuzz suite's ci profile: env.date = null beside a dated cell crashed the ordering."""
+    import json
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    p = root / "model-b" / "fasc" / "rank-0.5" / "lama-fixture.json"
+    rec = json.loads(p.read_text())
+    rec["env"]["date"] = None
+    p.write_text(json.dumps(rec))
+    info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
+    assert (tmp_path / "LEADERBOARD.md").exists() and info["markdown"]
