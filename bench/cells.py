@@ -71,8 +71,8 @@ def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
     out = []
     for m in run.methods:
         if methods.family_of(m) == SPARSITY_FAMILY:
-            keeps = methods.get_method(methods.base_name(m)).pattern_problem
-            out += [(m, p, UNIFORM) for p in run.patterns if keeps(p) is None]  # `all` may bring teal to 2:4
+            # `all` may bring a method to a pattern it keeps none of (teal to 2:4): no cell there
+            out += [(m, p, UNIFORM) for p in run.patterns if methods.pattern_problem(m, p) is None]
         else:
             out += [(m, r, rule) for r in run.ranks for rule in run.allocate]
     return out

@@ -267,7 +267,7 @@ def _without_refused_patterns(names: list[str], given: list[str], patterns) -> l
     out = []
     for m in names:
         if methods.family_of(m) == SPARSITY_FAMILY:
-            problems = [p for p in map(methods.get_method(methods.base_name(m)).pattern_problem, patterns) if p]
+            problems = [p for p in (methods.pattern_problem(m, pat) for pat in patterns) if p]
             if problems and m in explicit:
                 raise UserError(problems[0])
             if len(problems) == len(patterns):

@@ -98,8 +98,8 @@ class LatencySpec:
     steps per round, fed the text's next tokens (teacher-forced: a step's cost does not depend on which token
     comes next, so the 262k-word head need not run to choose it; real text, because a threshold's density, and so
     its speed, depends on the activations). Prefill: `prefill_len`-token prompts at the evaluation batch, no cache.
-    Dense and the variant alternate within each round (the order flips every round, so a drift of the machine
-    loads both alike); rounds go on until the body decode speedup's 95 % interval is within +-`halfwidth` or
+    Dense and the variant alternate decode step by step and prefill once each per round (the order flipped every
+    step and every round, so a drift of the machine loads both alike); rounds go on until the body decode speedup's 95 % interval is within +-`halfwidth` or
     `seconds` per variant are spent (at least `min_rounds`)."""
 
     prompt_len: int = 128
@@ -148,12 +148,13 @@ class _Probe:
         out = self.body(inputs_embeds=self.embed(self.prompt), use_cache=True)
         self.cache = getattr(out, self.cache_arg)
 
-    def _timed(self, fn) -> float:
+    def _timed(self, fn) -> tuple[float, object]:
+        """(seconds, value) of fn(), the device synchronised on both sides."""
         _sync(self.device)
         t0 = time.perf_counter()
-        fn()
+        value = fn()
         _sync(self.device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, value
 
     @torch.no_grad()
     def decode(self, use_dense=None) -> dict:
@@ -171,18 +172,16 @@ class _Probe:
             for st in (states if i % 2 == 0 else states[::-1]):
                 if st is not None:
                     use_dense(st)
-                step = lambda: self.body(inputs_embeds=e, use_cache=True, **{self.cache_arg: caches[st]})
-                _sync(self.device)
-                t0 = time.perf_counter()
-                h = step().last_hidden_state
-                _sync(self.device)
-                body[st] += time.perf_counter() - t0
+                seconds, out = self._timed(
+                    lambda: self.body(inputs_embeds=e, use_cache=True, **{self.cache_arg: caches[st]}))
+                body[st] += seconds
+                h = out.last_hidden_state
         out = {}
         for st in (states if len(self.steps) % 2 == 0 else states[::-1]):
             if st is not None:
                 use_dense(st)
             # the embedding and the head: the same modules in dense and every variant, timed once per round
-            outside = self._timed(lambda: (self.embed(self.steps[0]), self.head(h[:, -1:])))
+            outside, _ = self._timed(lambda: (self.embed(self.steps[0]), self.head(h[:, -1:])))
             n = len(self.steps)
             out[st] = {"decode_body_ms_per_token": 1e3 * body[st] / n, "decode_outside_ms_per_token": 1e3 * outside,
                        "decode_ms_per_token": 1e3 * (body[st] / n + outside)}
@@ -190,7 +189,7 @@ class _Probe:
 
     @torch.no_grad()
     def prefill(self) -> dict:
-        seconds = self._timed(lambda: self.body(input_ids=self.batch, use_cache=False))
+        seconds, _ = self._timed(lambda: self.body(input_ids=self.batch, use_cache=False))
         return {"prefill_body_tokens_per_s": self.batch.numel() / seconds}
 
     def round(self) -> dict:
@@ -267,13 +266,12 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
 
 
 @torch.no_grad()
-def latency(model, spec: LatencySpec = LatencySpec(), rounds: int | None = None,
-            text: torch.Tensor | None = None) -> dict:
+def latency(model, spec: LatencySpec = LatencySpec(), text: torch.Tensor | None = None) -> dict:
     """The model alone (the dense row's own numbers): medians over `spec.min_rounds` rounds after a warm-up."""
     probe = _Probe(model, spec, text)
     t_start = time.perf_counter()
     probe.round()
-    got = [probe.round() for _ in range(rounds or spec.min_rounds)]
+    got = [probe.round() for _ in range(spec.min_rounds)]
     med = _medians(got)
     return {"protocol": "alone", "version": LATENCY_VERSION, "rounds": len(got),
             "seconds": time.perf_counter() - t_start, "conditions": {**spec.conditions(), "fed_tokens": probe.fed},

@@ -92,7 +92,8 @@ class InputSparsifier(ReadOnce, nn.Module):
     """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
     accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean.
 
-    Its value is ("gathered", indices, values, eta) for an input of at most GATHER_MAX_ROWS tokens (decode) and
+    Its value is ("gathered", indices, values, eta, offsets) for an input of at most GATHER_MAX_ROWS tokens
+    (decode; offsets None for a top-k's fixed count per row, one offset for a threshold's single bag) and
     ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,

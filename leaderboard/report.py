@@ -89,10 +89,15 @@ def _fmt_speedup(row: dict, key: str) -> str:
     return f"= dense ({s})" if ci[0] <= 1.0 <= ci[1] else s
 
 
+def _ppl_label(columns: list[Column]) -> str | None:
+    """The perplexity column the frontier measures quality by (its log ratio to dense is a Δ NLL)."""
+    return next((c.label for c in columns if c.higher is False and c.task.startswith("ppl")), None)
+
+
 def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
     """The fastest row (measured decode speedup, interval above 1) whose token NLL is within FRONTIER_NLL of
     dense's, or a line saying none is."""
-    ppl = next((c.label for c in columns if c.higher is False and c.task.startswith("ppl")), None)
+    ppl = _ppl_label(columns)
     dense = rows[0] if rows and rows[0]["method"] == "dense" else None
     key = "decode speedup"
     timed = [r for r in rows[1:] if r.get(key + " ci") and is_number(r.get(key))]
@@ -329,7 +334,7 @@ def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: 
                      written: list) -> list[str]:
     """Quality (Δ NLL to dense, and each accuracy) against measured decode speedup, every row of every section over
     all groups, both families on one figure; only rows whose speedup has an interval (measured interleaved)."""
-    ppl = next((c.label for c in columns if c.higher is False and c.task.startswith("ppl")), None)
+    ppl = _ppl_label(columns)
     accs = [c.label for c in columns if c.higher is True]
     panels: dict[str, dict[str, list]] = {}
     for (budget, rank, scope), rows in section_rows.items():

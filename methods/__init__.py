@@ -16,7 +16,7 @@ from .base import Compressor, GroupCompression, MaskedWeights, SparseActivation,
 
 __all__ = ["Compressor", "SparsityMethod", "GroupCompression", "SparseActivation", "MaskedWeights", "GroupStats",
            "RankSpec", "SparsitySpec", "REGISTRY", "get_method", "expand_methods", "known_methods", "UnknownName",
-           "parse_variant", "build", "family_of", "FAMILIES"]
+           "parse_variant", "build", "family_of", "FAMILIES", "pattern_problem"]
 
 REGISTRY = Registry("method", __name__, Compressor, "acbench.methods")
 FAMILIES = (LOW_RANK_FAMILY, SPARSITY_FAMILY)
@@ -53,6 +53,11 @@ def canonical(name: str, opts: dict) -> str:
     if not opts:
         return name
     return name + ":" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(opts.items()))
+
+
+def pattern_problem(variant: str, pattern: SparsitySpec) -> str | None:
+    """Why the sparsity method of `variant` cannot keep `pattern` (one line naming the fix), or None."""
+    return get_method(base_name(variant)).pattern_problem(pattern)
 
 
 def base_name(variant: str) -> str:
