@@ -119,6 +119,8 @@ def cell_problem(rec) -> str | None:
     rank = cell.get("rank")
     if not (rank is None or (is_finite_or_null(rank) and 0 < rank <= 1)):
         return f"cell.rank {rank!r} is not a ratio in (0, 1]"
+    if rank is None and cell["method"] != DENSE:
+        return f"cell.rank missing for method {cell['method']!r} (only the dense model's cells have no ratio)"
     metrics = rec.get("metrics")
     if not isinstance(metrics, dict) or not metrics:
         return "no metrics"

@@ -23,7 +23,11 @@ from bench.cli.smoke import tiny_checkpoint
 
 settings.register_profile("fast", max_examples=25, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=150, deadline=None,
+# ci is derandomized so that a CI run is repeatable (a red CI names a case that fails again on a rerun); explore
+# draws new cases every run, to go looking for crashes by hand (HYPOTHESIS_PROFILE=explore)
+settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("explore", max_examples=1000, deadline=None,
                           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "fast"))
 

@@ -230,3 +230,15 @@ def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
     p.write_text(json.dumps(rec))
     info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
     assert (tmp_path / "LEADERBOARD.md").exists() and info["markdown"]
+
+
+def test_a_compressed_cell_without_a_ratio_is_named_and_skipped(tmp_path):
+    # found by the fuzz suite: a fasc cell whose cell.rank was null reached the section heading and crashed it
+    src = next((FIXTURE / "model-b").rglob("fasc/**/lama-fixture.json"))
+    cell = json.loads(src.read_text())
+    cell["cell"]["rank"] = None
+    root = tmp_path / "results"
+    (root / "m" / "fasc").mkdir(parents=True)
+    (root / "m" / "fasc" / "lama.json").write_text(json.dumps(cell))
+    rs = load_results(root)
+    assert rs.cells == [] and "cell.rank missing for method 'fasc'" in rs.problems[0]
