@@ -28,7 +28,10 @@ from core.record import UNIFORM
 from core.stats import GroupStats, RankSpec
 
 # rule -> the statistics it reads
-RULES = {UNIFORM: frozenset(), "fisher": frozenset({"C", "F"}), "variance": frozenset({"C"})}
+RULES = {UNIFORM: frozenset(), "fisher": frozenset({"C", "F"}), "variance": frozenset({"C"}),
+         "greedy": frozenset({"abs_hist"})}
+LOW_RANK_RULES = frozenset({"fisher", "variance"})  # split a parameter budget into k per group
+SPARSITY_RULES = frozenset({"greedy"})  # split a model-level density into a density per group (unstructured)
 MIN_K_FRACTION = 0.01  # every selected group keeps at least 1 % of its input directions (and at least one)
 
 
@@ -38,10 +41,10 @@ def check_rules(rules, budget: str, align: int = 1) -> None:
     for rule in rules:
         if rule not in RULES:
             raise UserError(f"--allocate {rule} is unknown.{did_you_mean(rule, RULES)} Use {', '.join(RULES)}.")
-        if rule != UNIFORM and budget != "params":
+        if rule in LOW_RANK_RULES and budget != "params":
             raise UserError(f"--allocate {rule} splits one parameter budget across groups: add --budget params "
                             "(--rank is then the deployed/dense parameter ratio of the selected groups)")
-        if rule != UNIFORM and align != 1:
+        if rule in LOW_RANK_RULES and align != 1:
             raise UserError(f"--allocate {rule} keeps single directions: it does not combine with --rank-align "
                             f"{align} (leave --rank-align out)")
 
@@ -70,6 +73,10 @@ class Allocation:
                 "dense_params": self.dense_params, "budget_ratio": self.budget_params / self.dense_params,
                 "allocated_ratio": self.allocated_params / self.dense_params, "seconds": self.seconds,
                 "k": dict(self.ks)}
+
+    def compress_args(self) -> dict:
+        """What `bench.compress.compressed` takes from it."""
+        return {"ks": self.ks}
 
 
 def _floors(shapes: dict[str, tuple[int, int]]) -> tuple[dict, dict]:
@@ -158,3 +165,84 @@ def allocate(rule: str, groups, stats: Mapping[str, GroupStats], rank: RankSpec,
     ks, spent = _greedy(shapes, values, budget, rank.ratio)
     t2 = time.perf_counter()
     return Allocation(rule, ks, budget, spent, dense, {"values_s": t1 - t0, "greedy_s": t2 - t1})
+
+
+# ---------------------------------------------------------------- density across groups (activation sparsity)
+
+DENSITY_STEP = 1 / 64  # the greedy moves a group's density in these steps (and never below one step)
+
+
+@dataclass
+class DensityAllocation:
+    """A density per group whose weight reads (density x the group's dense parameters, summed) meet the model-level
+    target density: where zeroing channels loses the least of the input's energy, more is zeroed."""
+
+    rule: str
+    densities: dict[str, float]
+    target: float
+    allocated: float  # the parameter-weighted mean density the allocation reached
+    lost_energy: dict[str, float]  # per group, the calibration |x|^2 fraction below its threshold
+    seconds: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"rule": self.rule, "target_density": self.target, "allocated_density": self.allocated,
+                "density": dict(self.densities), "lost_energy": dict(self.lost_energy), "seconds": self.seconds}
+
+    def compress_args(self) -> dict:
+        return {"densities": self.densities}
+
+
+def lost_energy(hist: torch.Tensor, density: float) -> float:
+    """The fraction of E[x^2] carried by the (1 - density) smallest |x| of a magnitude histogram (core.stats bins,
+    each bin's values at its centre, interpolated within a bin): what zeroing them loses of the input's energy."""
+    import numpy as np
+
+    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+
+    p = (hist / hist.sum()).double().cpu().numpy()
+    width = (HIST_HI - HIST_LO) / HIST_BINS
+    centre = 10.0 ** (HIST_LO + (np.arange(HIST_BINS) + 0.5) * width)
+    energy = p * centre ** 2
+    mass = np.concatenate([[0.0], np.cumsum(p)])
+    cum = np.concatenate([[0.0], np.cumsum(energy)])
+    return float(np.interp(1.0 - density, mass, cum) / cum[-1]) if cum[-1] > 0 else 0.0
+
+
+def allocate_density(rule: str, groups, stats: Mapping[str, GroupStats], pattern) -> DensityAllocation:
+    """TEAL's greedy allocation (Liu et al. 2024), model-wide: every group starts dense, and the step that costs
+    the least lost input energy per weight read saved is taken, one DENSITY_STEP at a time, until the groups'
+    parameter-weighted density reaches the target. TEAL scores a step by the block's output error on calibration
+    tokens; here the score is the input energy the step zeroes, read off each group's |x| histogram (abs_hist),
+    which needs no extra forward passes. Energy lost grows faster as density falls (the smallest values go first),
+    so each group's steps come in increasing cost and taking the cheapest step first is the greedy of a knapsack
+    with convex costs (optimal up to the last step)."""
+    if pattern.structured:
+        raise UserError(f"--allocate {rule} sets a density per group; {pattern.budget} keeps one N:M pattern in "
+                        "every group: pass a density (--sparsity 0.5)")
+    t0 = time.perf_counter()
+    params = {g.name: g.d_in * sum(g.d_outs) for g in groups}
+    total = sum(params.values())
+    steps = round(1 / DENSITY_STEP)
+    level = {g: steps for g in params}  # density = level * DENSITY_STEP
+    curves = {}
+    for g in params:
+        h = stats[g].abs_hist
+        if h is None or not float(h.sum()) > 0:
+            raise UserError(f"--allocate {rule}: group {g} has no |x| histogram (abs_hist) in its statistics: "
+                            "recalibrate (delete its statistics cache folder)")
+        curves[g] = [lost_energy(h, i / steps) for i in range(steps + 1)]
+    order = {g: i for i, g in enumerate(params)}
+    heap = [((curves[g][steps - 1] - curves[g][steps]) / params[g], order[g], g) for g in params]
+    heapq.heapify(heap)
+    reads = float(total)  # weight entries read per token, sum of density x params
+    goal = pattern.density * total
+    while heap and reads > goal + 1e-9 * total:
+        _, _, g = heapq.heappop(heap)
+        level[g] -= 1
+        reads -= params[g] / steps
+        if level[g] > 1:
+            i = level[g]
+            heapq.heappush(heap, ((curves[g][i - 1] - curves[g][i]) / params[g], order[g], g))
+    densities = {g: level[g] / steps for g in params}
+    return DensityAllocation(rule, densities, pattern.density, reads / total,
+                             {g: curves[g][level[g]] for g in params}, {"greedy_s": time.perf_counter() - t0})

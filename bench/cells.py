@@ -14,6 +14,7 @@ import methods
 from core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
 from core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
 
+from .allocate import SPARSITY_RULES
 from .config import DEFAULT_SOLVE_DTYPE, Run
 from .store import cell_path, cell_status, settings_hash
 
@@ -66,15 +67,18 @@ def analysis_method(name: str) -> str:
 
 
 def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
-    """(method, budget, allocation) of every compressed model of the run: a rank ratio and rule per low-rank method,
-    a pattern per sparsity one (which keeps one pattern in every group: only the uniform rule applies)."""
+    """(method, budget, allocation) of every compressed model of the run: a rank ratio and rule per low-rank method
+    (uniform and the rank rules), a pattern and rule per sparsity one (uniform; a density rule at unstructured
+    densities only, since an N:M pattern is one pattern in every group)."""
     out = []
     for m in run.methods:
         if methods.family_of(m) == SPARSITY_FAMILY:
             # `all` may bring a method to a pattern it keeps none of (teal to 2:4): no cell there
-            out += [(m, p, UNIFORM) for p in run.patterns if methods.pattern_problem(m, p) is None]
+            out += [(m, p, rule) for p in run.patterns if methods.pattern_problem(m, p) is None
+                    for rule in run.allocate
+                    if rule == UNIFORM or (rule in SPARSITY_RULES and not p.structured)]
         else:
-            out += [(m, r, rule) for r in run.ranks for rule in run.allocate]
+            out += [(m, r, rule) for r in run.ranks for rule in run.allocate if rule not in SPARSITY_RULES]
     return out
 
 

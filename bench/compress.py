@@ -26,12 +26,13 @@ from .groups import find_input_groups
 def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
                method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
                ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None,
-               solve_dtype: str = "float64"):
+               solve_dtype: str = "float64", densities: Mapping[str, float] | None = None):
     """`with compressed(...) as (model, summaries):` the model itself, compressed in place one group at a time
     (each group's statistics and factors are freed before the next), and restored to the dense model on exit,
     error or not. Nothing is copied: the dense modules and weights are kept by reference, so a sweep holds one
     model plus the deployed factors instead of a copy per cell. `ks`: each group's k from a rank allocation
-    (bench.allocate), for a projection method; without it every group's k comes from `rank`. `merge`: factors are
+    (bench.allocate), for a projection method; without it every group's k comes from `rank`. `densities`: each
+    group's density from a density allocation (an unstructured sparsity budget's). `merge`: factors are
     deployed as dense-shaped weights W_i' = A_i B_i even where the factorised form is smaller. `solve_device`: where
     each group's statistics are moved and solved (default the host); `solve_dtype`: the low-rank solves' precision,
     float64 (default) or float32 (the sparsity family's scores stay float64). `method` is a name or
@@ -42,7 +43,8 @@ def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
-                res = comp.compress(g, stats.get(g.name) or GroupStats(), rank, k=None if ks is None else ks[g.name],
+                budget = rank if densities is None else SparsitySpec(density=densities[g.name])
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), budget, k=None if ks is None else ks[g.name],
                                     device=solve_device, dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None

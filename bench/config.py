@@ -22,7 +22,7 @@ from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
 from tasks.base import RunShared, Task
 
-from .allocate import RULES, check_rules
+from .allocate import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
 from .calibrate import CalibSpec, needed_stats
 from .models import DEFAULT_MODEL
 from .selection import ALL, Selection
@@ -277,21 +277,39 @@ def _without_refused_patterns(names: list[str], given: list[str], patterns) -> l
 
 
 def check_allocation(config: RunConfig, names) -> None:
-    """--allocate names rules that apply to every method of the run."""
+    """--allocate names rules for the run's methods: rank rules (fisher, variance) split a parameter budget across a
+    low-rank method's groups, the density rule (greedy) an unstructured density across a sparsity method's; uniform
+    serves both. Every method must have a rule that applies to it."""
     if not config.allocate:
-        raise UserError("--allocate is empty: pass uniform, fisher or variance")
+        raise UserError("--allocate is empty: pass uniform, fisher, variance or greedy")
     check_rules(config.allocate, config.budget, config.rank_align)
-    rules = [r for r in config.allocate if r != UNIFORM]
+    rank_rules = [r for r in config.allocate if r in LOW_RANK_RULES]
+    density_rules = [r for r in config.allocate if r in SPARSITY_RULES]
+    uniform = UNIFORM in config.allocate
     sparse = [m for m in names if methods.family_of(m) == SPARSITY_FAMILY]
-    if sparse and UNIFORM not in config.allocate:
-        raise UserError(f"--allocate {rules[0]} splits a rank budget, but {', '.join(sparse)} keep one pattern in "
-                        "every group: add uniform to --allocate (the sparsity rows run under it) or run them in "
-                        "another command")
-    if rules:
-        per_site = [m for m in names if methods.family_of(m) != SPARSITY_FAMILY and not methods.build(
+    low_rank = [m for m in names if methods.family_of(m) != SPARSITY_FAMILY]
+    if sparse and not uniform and not density_rules:
+        raise UserError(f"--allocate {rank_rules[0]} splits a rank budget, but {', '.join(sparse)} keep a pattern "
+                        "per token: add uniform (or greedy, for unstructured densities) to --allocate, or run them "
+                        "in another command")
+    if low_rank and not uniform and not rank_rules:
+        raise UserError(f"--allocate {density_rules[0]} splits a sparsity density, but {', '.join(low_rank)} keep "
+                        "a rank: add uniform (or fisher / variance with --budget params) to --allocate, or run them "
+                        "in another command")
+    if density_rules:
+        patterns = parse_sparsity(config.sparsity)
+        if not sparse or not any(not p.structured for p in patterns):
+            raise UserError(f"--allocate {density_rules[0]} sets a density per input group for activation sparsity: "
+                            "name a sparsity method with an unstructured density (e.g. --methods teal --sparsity 0.5)")
+        if not uniform and any(p.structured for p in patterns):
+            raise UserError(f"--allocate {density_rules[0]} does not apply to N:M patterns "
+                            f"({', '.join(p.budget for p in patterns if p.structured)}): add uniform to --allocate "
+                            "for them, or leave them out")
+    if rank_rules:
+        per_site = [m for m in low_rank if not methods.build(
                     m, config.method_options.get(methods.base_name(m))).projection]
         if per_site:
-            raise UserError(f"--allocate {rules[0]} sets one k per input group, but {', '.join(per_site)} "
+            raise UserError(f"--allocate {rank_rules[0]} sets one k per input group, but {', '.join(per_site)} "
                             f"factorise{'s' if len(per_site) == 1 else ''} each site on its own: run them in another "
                             "command, or name projection methods (e.g. --methods pca,whitened-svd,fasc-kfac,fasc)")
 

@@ -25,7 +25,7 @@ from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widt
 import methods
 
 from . import __version__
-from .allocate import allocate, check_budget
+from .allocate import SPARSITY_RULES, allocate, allocate_density, check_budget
 from .cells import Cell, ModelInfo, plan
 from .compress import compressed, compression_summary, dense_switch
 from .costs import calibration_chunks
@@ -71,7 +71,7 @@ def check_groups(run: Run, groups: list) -> list:
     if selection.scope != ALL:
         log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
             + ("; analyses run over every group" if run.analyses else ""))
-    if any(rule != UNIFORM for rule in run.allocate):
+    if any(rule != UNIFORM and rule not in SPARSITY_RULES for rule in run.allocate):
         for r in run.ranks:
             check_budget(selected, r)
     if any(methods.family_of(m) == SPARSITY_FAMILY for m in run.methods):
@@ -333,9 +333,12 @@ class Worker:
         return len(recs)
 
     def allocation(self, rule: str, budget):
-        """The rank allocation of `rule` at `budget` over the selected groups (None: uniform), computed once."""
+        """The allocation of `rule` at `budget` over the selected groups (None: uniform), computed once: k per
+        group under a parameter budget, or a density per group under a sparsity one."""
         if rule == UNIFORM:
             return None
+        if (rule, budget) not in self.allocations and rule in SPARSITY_RULES:
+            self.allocations[(rule, budget)] = allocate_density(rule, self.selected, self.stats, budget)
         if (rule, budget) not in self.allocations:
             self.allocations[(rule, budget)] = allocate(
                 rule, self.selected, self.stats, budget, progress=self.run.config.progress, device=self.solve_device,
@@ -358,8 +361,8 @@ class Worker:
         t0 = time.perf_counter()
         with compressed(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
                         only_groups=None if self.scope == ALL else {g.name for g in self.selected},
-                        ks=alloc.ks if alloc else None, solve_device=self.solve_device,
-                        solve_dtype=run.config.solve_dtype) as (model, summaries):
+                        solve_device=self.solve_device, solve_dtype=run.config.solve_dtype,
+                        **(alloc.compress_args() if alloc else {})) as (model, summaries):
             timings["compress_s"] = time.perf_counter() - t0
             self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
             if self.calib_info and uses_stats:

@@ -34,9 +34,9 @@ def save_compressed(run, out: Path, merge: bool = False, overwrite: bool = False
     alloc = worker.allocation(rule, budget)
     opts = run.method_options(method)
     only = None if worker.scope == ALL else {g.name for g in worker.selected}
-    with compressed(lm.model, method, budget, worker.stats, opts, only, run.config.progress,
-                    alloc.ks if alloc else None, merge=merge, solve_device=worker.solve_device,
-                    solve_dtype=run.config.solve_dtype) as (model, summaries):
+    with compressed(lm.model, method, budget, worker.stats, opts, only, run.config.progress, merge=merge,
+                    solve_device=worker.solve_device, solve_dtype=run.config.solve_dtype,
+                    **(alloc.compress_args() if alloc else {})) as (model, summaries):
         seconds = time.perf_counter() - t0
         summary = compression_summary(summaries, budget, method, opts, alloc.summary() if alloc else None,
                                       worker.scope, worker.solve_device, run.config.solve_dtype)

@@ -83,6 +83,26 @@ class LowRankLinear(ReadOnce, nn.Module):
         return f"in={self.in_features}, k={self.k}, out={self.out_features}, shared_B={self._owner is not self}"
 
 
+# A gathered product of at least this many weight entries (kept channels x outputs) is split into one bag per CPU
+# thread, summed after: embedding_bag runs its bags in parallel but one bag on one core, so a single bag reads
+# memory at one core's speed (1.3-1.6x faster split in two on 2 cores at Gemma's and SmolLM2's shapes; below
+# this size the extra sum costs more than it gains).
+SPLIT_MIN_PRODUCT = 1 << 17
+_OFFSETS: dict = {}
+
+
+def bag_offsets(rows: int, per_row: int, parts: int, device) -> tuple[torch.Tensor, int]:
+    """Where each bag starts in the flat indices of `rows` rows of `per_row` kept channels each, every row cut
+    into (at most) `parts` bags; and the number of bags per row. Kept per shape: decode asks for the same few."""
+    key = (rows, per_row, parts, str(device))
+    if key not in _OFFSETS:
+        step = max(1, -(-per_row // parts))
+        starts = list(range(0, per_row, step)) or [0]
+        offsets = [r * per_row + s for r in range(rows) for s in starts]
+        _OFFSETS[key] = (torch.tensor(offsets, dtype=torch.long, device=device), len(starts))
+    return _OFFSETS[key]
+
+
 # At most this many input rows (tokens) take the gathered product: each row reads its own kept weight rows, so
 # at density 0.5 two rows already read as many weight bytes as one dense product, which wins from there on.
 GATHER_MAX_ROWS = 1
@@ -92,9 +112,9 @@ class InputSparsifier(ReadOnce, nn.Module):
     """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
     accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean.
 
-    Its value is ("gathered", indices, values, eta, offsets) for an input of at most GATHER_MAX_ROWS tokens
-    (decode; offsets None for a top-k's fixed count per row, one offset for a threshold's single bag) and
-    ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
+    Its value is ("gathered", indices, values, eta, rows, per_row) for an input of at most GATHER_MAX_ROWS tokens
+    (decode; flat indices and values, per_row of them for each row: a top-k's fixed count, or the single row's
+    count above a threshold) and ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
                  dtype=None, device=None, threshold: float | None = None):
@@ -120,20 +140,17 @@ class InputSparsifier(ReadOnce, nn.Module):
             keep = x.abs() > self.threshold
             if decode:  # one bag of however many channels pass: 1-d indices with one offset
                 idx = keep.reshape(-1).nonzero().squeeze(1)
-                return "gathered", idx, x.reshape(-1)[idx], None, self._offsets(x)
+                return "gathered", idx, x.reshape(-1)[idx], None, 1, idx.numel()
             # counted on the evaluation's inputs (many tokens at a time), not on the decode steps latency times
             self.kept, self.seen = self.kept + keep.sum(), self.seen + keep.numel()
             return "masked", torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), None
         if decode:
             idx, vals, eta = sparse_input(x.reshape(-1, x.shape[-1]), self.n, self.m, self.scale, self.mitigation,
                                           self.mu)
-            return "gathered", idx, vals, eta, None
+            # flat indices with explicit offsets: a 2-d input makes embedding_bag build its offsets on every
+            # call, a third of a small site's time
+            return "gathered", idx.reshape(-1), vals.reshape(-1), eta, idx.shape[0], idx.shape[-1]
         return ("masked", *sparsify(x, self.n, self.m, self.scale, self.mitigation, self.mu))
-
-    def _offsets(self, x: torch.Tensor) -> torch.Tensor:
-        if getattr(self, "_zero", None) is None or self._zero.device != x.device:
-            self._zero = torch.zeros(1, dtype=torch.long, device=x.device)
-        return self._zero
 
     def forward(self, x: torch.Tensor):
         return self.shared(x, self._sparsify)
@@ -170,10 +187,17 @@ class SparseInputLinear(nn.Module):
             self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        form, *value = self._sparsifier(x)
+        sp = self._sparsifier
+        # the sparsifier's forward called directly unless hooked: a module call is a tenth of a small site's time
+        form, *value = sp(x) if sp._forward_pre_hooks or sp._forward_hooks else sp.forward(x)
         if form == "gathered":
-            idx, vals, eta, offsets = value
+            idx, vals, eta, rows, per_row = value
+            parts = torch.get_num_threads() if (x.device.type == "cpu"
+                                                and per_row * self.out_features >= SPLIT_MIN_PRODUCT) else 1
+            offsets, per = bag_offsets(rows, per_row, parts, x.device)
             y = Fn.embedding_bag(idx, self.weight_t, offsets, per_sample_weights=vals, mode="sum")
+            if per > 1:
+                y = y.view(rows, per, self.out_features).sum(1)
             if self.bias is not None:
                 y = y + self.bias
             y = y.reshape(*x.shape[:-1], self.out_features)

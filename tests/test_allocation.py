@@ -162,3 +162,118 @@ def test_flags_end_to_end(tmp_path, capsys):
     log = capsys.readouterr()
     assert "0 cell(s) to compute" in log.out + log.err
     assert {p: c["env"]["date"] for p, c in _cells(out).items()} == before
+
+
+# ---------------------------------------------------------------- density allocation (activation sparsity)
+
+def _hist(values):
+    from core.stats import magnitude_histogram
+
+    return magnitude_histogram(torch.as_tensor(values, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("density", [0.9, 0.5, 0.25, 0.05])
+def test_lost_energy_is_the_smallest_values_share_of_the_energy(density):
+    """Against the sorted values themselves: the (1 - density) smallest |x| carry this fraction of sum x^2."""
+    import numpy as np
+
+    from bench.allocate import lost_energy
+
+    x = np.random.default_rng(3).standard_t(3, size=200_000)
+    a = np.sort(np.abs(x))
+    n_lost = int(round((1 - density) * a.size))
+    want = float((a[:n_lost] ** 2).sum() / (a ** 2).sum())
+    # the histogram puts a bin's values at its centre: 12 decades in 4096 bins, under 0.4 % of a value apart
+    assert lost_energy(_hist(x), density) == pytest.approx(want, rel=0.01, abs=1e-4)
+
+
+def _density_case(seed=0):
+    """Three groups of different widths: Gaussian inputs, heavy-tailed ones (a few large values carry the energy,
+    so zeroing small ones loses little), and uniform ones (every value matters alike)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    groups = [FakeGroup("layers.0.gauss", 64, (96,)), FakeGroup("layers.0.heavy", 96, (64, 64)),
+              FakeGroup("layers.1.flat", 32, (48,))]
+    draws = [rng.standard_normal(50_000), rng.standard_t(1.5, 50_000), rng.uniform(-1, 1, 50_000)]
+    return groups, {g.name: GroupStats(abs_hist=_hist(v)) for g, v in zip(groups, draws)}
+
+
+@pytest.mark.parametrize("target", [0.75, 0.5, 0.3])
+def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, target):
+    """On a grid of eighths, the greedy's allocation has the least total lost energy among every allocation that
+    reads no more weights than it does (a brute force over all 8^3 level triples), and reads the target within one
+    step of the largest group."""
+    import itertools
+
+    import bench.allocate as alloc_mod
+    from bench.allocate import allocate_density, lost_energy
+    from core.stats import SparsitySpec
+
+    monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 8)
+    groups, stats = _density_case()
+    a = allocate_density("greedy", groups, stats, SparsitySpec(density=target))
+    params = {g.name: g.d_in * sum(g.d_outs) for g in groups}
+    total = sum(params.values())
+    reads = sum(a.densities[g] * params[g] for g in params) / total
+    assert reads == pytest.approx(a.allocated) and reads <= target + 1e-12
+    assert target - reads <= max(params.values()) / 8 / total + 1e-12
+    got = sum(lost_energy(stats[g].abs_hist, a.densities[g]) for g in params)
+    best = min(sum(lost_energy(stats[g].abs_hist, lv / 8) for g, lv in zip(params, levels))
+               for levels in itertools.product(range(1, 9), repeat=3)
+               if sum(lv / 8 * params[g] for g, lv in zip(params, levels)) <= reads * total + 1e-9)
+    assert got == pytest.approx(best, abs=1e-12)
+    # heavy tails lose least per channel zeroed, so that group ends sparsest and the uniform one densest
+    d = a.densities
+    assert d["layers.0.heavy"] <= d["layers.0.gauss"] <= d["layers.1.flat"] and d["layers.0.heavy"] < d["layers.1.flat"]
+
+
+def test_greedy_density_refuses_patterns_and_missing_histograms():
+    from bench.allocate import allocate_density
+    from core.stats import SparsitySpec
+
+    groups, stats = _density_case()
+    with pytest.raises(UserError, match="2:4 keeps one N:M pattern"):
+        allocate_density("greedy", groups, stats, SparsitySpec.parse("2:4"))
+    stats["layers.1.flat"] = GroupStats()
+    with pytest.raises(UserError, match="group layers.1.flat has no"):
+        allocate_density("greedy", groups, stats, SparsitySpec(density=0.5))
+
+
+def test_allocated_densities_deploy_per_group(windows):
+    """teal and act-sparse under a greedy allocation: each group's summary carries its allocated density, and
+    the parameter-weighted compute ratio is the allocation's density."""
+    from bench.allocate import allocate_density
+    from core.stats import SparsitySpec
+
+    model = tiny_model("llama", hidden=32, inter=96, layers=2)
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, frozenset({"abs_hist"}), CalibSpec(), progress=False)
+    a = allocate_density("greedy", groups, stats, SparsitySpec(density=0.5))
+    assert len(set(a.densities.values())) > 1  # not uniform on real activations
+    for method in ("teal", "act-sparse"):
+        with compressed(model, method, SparsitySpec(density=0.5), stats, densities=a.densities,
+                        progress=False) as (_, summaries):
+            assert {s["group"]: s["density"] for s in summaries} == a.densities
+
+
+def test_greedy_rule_is_checked_against_the_run(tmp_path):
+    from bench.cells import variants
+    from bench.config import RunConfig, resolve_run
+
+    def run(**kw):
+        return resolve_run(RunConfig(model="m", tasks=["ppl-token"], output=str(tmp_path), **kw), writes=False)
+
+    r = run(methods=["act-sparse", "pca"], sparsity=["0.5", "8:16"], ranks=[0.5], allocate=["uniform", "greedy"])
+    got = {(m, b.budget, b.ratio, rule) for m, b, rule in variants(r)}
+    # greedy at the density only: an N:M pattern is one pattern everywhere, and pca keeps a rank
+    assert got == {("act-sparse", "unstructured", 0.5, "uniform"), ("act-sparse", "unstructured", 0.5, "greedy"),
+                   ("act-sparse", "8:16", 0.5, "uniform"), ("pca", "rank", 0.5, "uniform")}
+    for kw, match in [(dict(methods=["act-sparse"], sparsity=["8:16"], allocate=["greedy"]), "unstructured density"),
+                      (dict(methods=["pca"], ranks=[0.5], allocate=["greedy"]), "keep a rank"),
+                      (dict(methods=["act-sparse"], sparsity=["0.5", "2:4"], allocate=["greedy"]),
+                       "does not apply to N:M patterns"),
+                      (dict(methods=["teal"], sparsity=["0.5"], allocate=["fisher"], budget="params"),
+                       "add uniform \\(or greedy")]:
+        with pytest.raises(UserError, match=match):
+            run(**kw)

@@ -39,9 +39,24 @@ def _site(n, m, mitigation, scaled, bias, d=64, d_out=24, seed=0):
     return lin, sp, SparseInputLinear(lin, sp, owner=True), gen
 
 
+@pytest.fixture(params=[1, 3], ids=["one-bag", "split-in-3"])
+def bag_parts(request, monkeypatch):
+    """The gathered product in one bag, and cut into 3 bags per row (as it is on a 3-thread CPU for large sites;
+    3 does not divide the kept counts, so the last bag is shorter)."""
+    if request.param > 1:
+        monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 0)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(request.param)
+        yield request.param
+        torch.set_num_threads(threads)
+    else:
+        monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 1 << 62)
+        yield 1
+
+
 @pytest.mark.parametrize("pattern,mitigation,scaled,bias", list(itertools.product(PATTERNS, MITIGATIONS, [False, True],
                                                                                   [False, True])))
-def test_gathered_decode_product_equals_the_masked_dense_product(pattern, mitigation, scaled, bias):
+def test_gathered_decode_product_equals_the_masked_dense_product(pattern, mitigation, scaled, bias, bag_parts):
     """One token: the fused gather-multiply over the kept channels' weight rows gives what the dense product of W
     with the masked x gives (plus the shift bias W mu, the median's eta W 1), to 1e-5 relative in float32."""
     n, m = pattern
@@ -70,6 +85,13 @@ def test_the_gathered_form_is_taken_at_decode_and_the_masked_form_for_more_token
         sp.gather = False
         site(torch.randn(1, 1, 64, generator=gen))
         assert len(calls) == 1
+
+
+def test_bag_offsets_cut_each_row_into_at_most_parts_bags():
+    offsets, per = layers.bag_offsets(2, 10, 3, "cpu")  # bags of 4, 4, 2 in each of two rows
+    assert per == 3 and offsets.tolist() == [0, 4, 8, 10, 14, 18]
+    offsets, per = layers.bag_offsets(1, 0, 2, "cpu")  # nothing kept: one empty bag, the output is zeros
+    assert per == 1 and offsets.tolist() == [0]
 
 
 @pytest.mark.parametrize("n,m", [(1, 4), (2, 4), (3, 8), (5, 0)])
@@ -233,7 +255,7 @@ def test_calibrated_histogram_equals_a_direct_count(windows):
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.7, 1e9])
-def test_threshold_site_gathered_equals_masked(threshold):
+def test_threshold_site_gathered_equals_masked(threshold, bag_parts):
     """One token through a threshold site: the gathered bag of the channels above t equals W (x masked) + b, for
     every channel kept, about half, and none (then the bias alone)."""
     gen = torch.Generator().manual_seed(5)

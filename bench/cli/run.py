@@ -59,9 +59,11 @@ RUN_FLAGS = [
                                                     "half of each token's channels, unstructured)"}),
     ("--budget", "budget", {"choices": ["rank", "params"], "help": "--rank is a rank ratio (default) or a parameter ratio"}),
     ("--rank-align", "rank_align", {"type": int, "help": "round each k up to a multiple of this"}),
-    ("--allocate", "allocate", {"nargs": "+", "help": "how k is split across groups: uniform (default: each group at "
-                                                    "--rank), fisher (largest K-FAC loss rise per parameter), "
-                                                    "variance (pca's eigenvalues); fisher/variance need --budget params"}),
+    ("--allocate", "allocate", {"nargs": "+", "help": "how the budget is split across groups: uniform (default: "
+                                                    "each group at --rank / --sparsity), fisher (largest K-FAC loss "
+                                                    "rise per parameter), variance (pca's eigenvalues), both with "
+                                                    "--budget params; greedy (TEAL's density per group under an "
+                                                    "unstructured --sparsity, for act-sparse and teal)"}),
     ("--groups", "groups", {"nargs": "+", "help": "input-group kinds to compress: attn_in, attn_out, mlp_in, mlp_out "
                                                 "(default all)"}),
     ("--blocks", "blocks", {"help": "blocks to compress, indices and ranges, e.g. 0-5,12 (default all)"}),

@@ -1,0 +1,112 @@
+"""core.significance against references written out here: McNemar's exact test and its conditional interval from
+the binomial sums and beta quantiles, the paired t-test from its closed form, the bootstrap interval against the
+normal one it approaches, and both branches of the above-chance test (the exact binomial tail, and the normal
+approximation against the exact Poisson-binomial by dynamic programming). Every case has discordance both ways."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from core.record import CellId, CellRecord
+from core.significance import above_chance, compare, mcnemar, paired_mean
+
+
+def _pairs(b, c, both, neither):
+    """Items: b where the reference is right and the other wrong, c the reverse, then agreements."""
+    ref = [1.0] * b + [0.0] * c + [1.0] * both + [0.0] * neither
+    other = [0.0] * b + [1.0] * c + [1.0] * both + [0.0] * neither
+    return ref, other
+
+
+@pytest.mark.parametrize("b,c,both,neither", [(7, 2, 30, 11), (3, 12, 5, 0), (5, 5, 10, 10), (1, 9, 0, 0),
+                                              (20, 13, 40, 27)])
+def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs(b, c, both, neither):
+    ref, other = _pairs(b, c, both, neither)
+    n, m = len(ref), b + c
+    got = mcnemar(ref, other)
+    assert got["discordant"] == [b, c] and got["n"] == n
+    assert got["diff"] == pytest.approx((c - b) / n)
+    # two-sided exact p at 1/2: twice the smaller tail, capped at 1
+    tail = sum(math.comb(m, i) for i in range(min(b, c) + 1)) / 2 ** m
+    assert got["p"] == pytest.approx(min(1.0, 2 * tail), rel=1e-9)
+    # Clopper-Pearson for pi = P(other right | discordant), mapped to diff = m / n (2 pi - 1)
+    lo = sps.beta.ppf(0.025, c, m - c + 1) if c > 0 else 0.0
+    hi = sps.beta.ppf(0.975, c + 1, m - c) if c < m else 1.0
+    assert got["ci95"] == pytest.approx([m / n * (2 * lo - 1), m / n * (2 * hi - 1)], rel=1e-7)
+    assert got["ci95"][0] < got["diff"] < got["ci95"][1]
+    # the interval excludes 0 exactly when the test rejects at 5 %
+    assert (got["p"] < 0.05) == (not got["ci95"][0] <= 0 <= got["ci95"][1])
+
+
+def test_mcnemar_without_discordant_pairs_is_no_difference():
+    ref, other = _pairs(0, 0, 8, 4)
+    assert mcnemar(ref, other) == {"diff": 0.0, "ci95": [0.0, 0.0], "p": 1.0, "n": 12, "discordant": [0, 0],
+                                   "test": "McNemar exact"}
+
+
+def test_paired_mean_t_test_is_the_closed_form_and_the_bootstrap_approaches_the_normal_interval():
+    rng = np.random.default_rng(4)
+    ref = rng.normal(3.0, 1.0, 400)
+    other = ref + rng.normal(0.05, 0.3, 400)  # differences of both signs
+    got = paired_mean(list(ref), list(other))
+    d = other - ref
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(d.size))
+    assert got["diff"] == pytest.approx(d.mean())
+    assert got["p"] == pytest.approx(2 * sps.t.sf(abs(t), d.size - 1), rel=1e-9)
+    half = 1.96 * d.std(ddof=1) / math.sqrt(d.size)
+    lo, hi = got["ci95"]
+    assert lo == pytest.approx(d.mean() - half, abs=0.1 * half) and hi == pytest.approx(d.mean() + half, abs=0.1 * half)
+    # seeded: the same items give the same interval
+    assert paired_mean(list(ref), list(other))["ci95"] == got["ci95"]
+
+
+def test_paired_mean_of_a_constant_difference():
+    assert paired_mean([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])["p"] == 0.0
+    assert paired_mean([1.0, 2.0], [1.0, 2.0])["p"] == 1.0
+
+
+def _cell(correct, chance):
+    recs = [{"id": i, "correct": x, "chance": ch} for i, (x, ch) in enumerate(zip(correct, chance))]
+    return CellRecord(cell=CellId("m", "dense", None, "rank", "t"), metrics={"acc": float(np.mean(correct))},
+                      primary_metric="acc", records=recs)
+
+
+def test_above_chance_with_one_chance_level_is_the_binomial_tail():
+    correct = [1] * 19 + [0] * 41  # 19 of 60 at chance 1/4
+    got = above_chance(_cell(correct, [0.25] * 60))
+    want = sum(math.comb(60, i) * 0.25 ** i * 0.75 ** (60 - i) for i in range(19, 61))
+    assert got["p"] == pytest.approx(want, rel=1e-9)
+    assert got["acc"] == pytest.approx(19 / 60) and got["chance"] == pytest.approx(0.25) and not got["above"]
+
+
+def _poisson_binomial_tail(chance, k):
+    """P(at least k successes) for independent items with these success probabilities, by dynamic programming."""
+    dist = np.zeros(len(chance) + 1)
+    dist[0] = 1.0
+    for p in chance:
+        dist[1:] = dist[1:] * (1 - p) + dist[:-1] * p
+        dist[0] *= 1 - p
+    return float(dist[k:].sum())
+
+
+@pytest.mark.parametrize("k", [70, 80, 95])
+def test_above_chance_with_varied_levels_is_the_normal_approximation(k):
+    """LAMA's items have 1 / (number of candidates) each: the normal approximation with continuity correction,
+    written out, and within 0.01 of the exact Poisson-binomial tail at n = 300."""
+    chance = [1 / n for n in np.random.default_rng(0).integers(2, 12, 300)]
+    correct = [1] * k + [0] * (300 - k)
+    got = above_chance(_cell(correct, chance))
+    mean, var = sum(chance), sum(p * (1 - p) for p in chance)
+    assert got["p"] == pytest.approx(sps.norm.sf((k - 0.5 - mean) / math.sqrt(var)), rel=1e-9)
+    assert got["p"] == pytest.approx(_poisson_binomial_tail(chance, k), abs=0.01)
+    assert got["above"] == (got["p"] < 0.05)
+
+
+def test_compare_pairs_cells_only_on_the_same_items():
+    ref, other = _pairs(4, 9, 10, 7)
+    a, b = _cell(ref, [0.25] * len(ref)), _cell(other, [0.25] * len(ref))
+    assert compare(a, b) == mcnemar(ref, other)
+    b.records = b.records[::-1]  # the same scores in another order: not the same items
+    assert compare(a, b) is None
