@@ -1,0 +1,92 @@
+"""Activation sparsity against a brute force written out here: per token and per block, the channels with the
+highest score (each score by its formula: |x|, |x| times the stacked column norm (wina), times the standardised
+column norm over its minimum (amber), times sqrt(F_jj) (fisher)), after each mitigation's centring (the calibrated
+mean, the token's median), the kept energy restored (variance), and what was moved out of x added back as W mu or
+median W 1. The deployed sites of a tiny model are compared with it on a prefill (masked product) and on a
+one-token decode step (gathered product), at non-identity F, non-zero mean and inputs without ties."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from bench.calibrate import CalibSpec, calibrate
+from bench.compress import compressed
+from bench.groups import find_input_groups
+from core.stats import SparsitySpec
+
+from conftest import tiny_model
+
+SCORES = ["abs", "wina", "amber", "fisher"]
+MITIGATIONS = ["none", "variance", "shift", "median"]
+
+
+def _scale(score, Ws, F):
+    """Per input channel, the factor the score multiplies |x| by, from the formulas."""
+    stacked = np.concatenate(Ws)
+    d = stacked.shape[1]
+    if score == "abs":
+        return np.ones(d)
+    if score == "wina":
+        return np.array([np.sqrt(sum(stacked[i, j] ** 2 for i in range(stacked.shape[0]))) for j in range(d)])
+    if score == "amber":
+        z = (stacked - stacked.mean(1, keepdims=True)) / stacked.std(1, ddof=1, keepdims=True)
+        norms = np.sqrt((z ** 2).sum(0))
+        return norms / norms.min()
+    return np.sqrt(np.diag(F))
+
+
+def _brute(x, W, b, n, m, scale, mitigation, mu):
+    """One token x (d,) through one site: W s(x) + b, by loops."""
+    d = x.size
+    shift = mu if mitigation == "shift" else (np.median(x) if mitigation == "median" else 0.0)
+    if mitigation == "median":  # torch's median of an even count is the lower middle value
+        shift = np.sort(x)[(d - 1) // 2]
+    c = x - shift
+    kept = np.zeros(d)
+    block = m or d
+    for start in range(0, d, block):
+        idx = range(start, start + block)
+        order = sorted(idx, key=lambda j: -abs(c[j]) * scale[j])
+        for j in order[:n]:
+            kept[j] = c[j]
+    if mitigation == "variance" and (kept ** 2).sum() > 0:
+        kept = kept * np.sqrt((c ** 2).sum() / (kept ** 2).sum())
+    y = W @ kept + (W @ (shift * np.ones(d)) if mitigation in ("shift", "median") else 0.0)
+    return y + (b if b is not None else 0.0)
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    model = tiny_model("llama", hidden=32, inter=48, layers=1)
+    windows = torch.randint(0, 101, (8, 24), generator=torch.Generator().manual_seed(1))
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, frozenset({"F", "mean", "C"}), CalibSpec(), progress=False)
+    return model, groups, stats
+
+
+@pytest.mark.parametrize("score,mitigation,pattern", list(itertools.product(SCORES, MITIGATIONS, ["2:4", "0.25"])))
+def test_deployed_sites_equal_the_brute_force(calibrated, score, mitigation, pattern):
+    model, groups, stats = calibrated
+    g = next(g for g in groups if g.name.endswith("mlp_in"))  # two sites (gate, up): wina/amber stack them
+    Ws = [s.weight.detach().double().numpy() for s in g.sites]
+    bs = [None if s.bias is None else s.bias.detach().double().numpy() for s in g.sites]
+    st = stats[g.name]
+    F, mu = st.F.numpy(), st.mean.numpy()
+    assert np.abs(F - np.diag(np.diag(F))).max() > 0 and np.abs(mu).max() > 0  # not the identity, not centred
+    spec = SparsitySpec.parse(pattern)
+    n, m = spec.topk_args(g.d_in)
+    scale = _scale(score, Ws, F)
+    gen = torch.Generator().manual_seed(7)
+    method = f"act-sparse:score={score},mitigation={mitigation}"
+    with compressed(model, method, spec, stats, only_groups={g.name}, progress=False):
+        sites = [dict(model.named_modules())[name] for name in g.site_names]
+        for tokens in (5, 1):  # prefill: the masked product; one token: the gathered one
+            x = torch.randn(1, tokens, g.d_in, generator=gen) * 2 + 0.3
+            with torch.no_grad():
+                got = [s(x)[0].double().numpy() for s in sites]
+            for W, b, y in zip(Ws, bs, got):
+                want = np.stack([_brute(x[0, t].double().numpy(), W, b, n, m, scale, mitigation, mu)
+                                 for t in range(tokens)])
+                assert np.abs(y - want).max() <= 1e-4 * np.abs(want).max(), (tokens, np.abs(y - want).max())
