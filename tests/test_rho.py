@@ -131,3 +131,40 @@ def test_rho_per_group_headline_on_tiny_model():
                       primary_metric="rho_mean", details=res.details)
     text = "\n".join(_rho_section(cell))
     assert text.startswith("**Per group, n = 8: Spearman(rho, surrogate_gain)") or "n = 8" in text.split("\n")[0]
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_debiased_rho_equals_brute_force_u_statistics(coupled):
+    """The default (debiased) rho by loops over distinct tokens: ||M||^2 over pairs n != m of
+    (x_n.x_m)^2 (g_n.g_m)^2; <M, C (x) F> over triples of distinct n, m, l of (x_n.x_m)^2 (g_n.g_l)^2; ||C||^2 ||F||^2
+    as the product of the pair U-statistics of (x_n.x_m)^2 and (g_n.g_m)^2."""
+    import itertools
+    import math
+
+    X, G = pairs(11, 3, 4, coupled)
+    N = X.shape[0]
+    kx = [[float(X[i] @ X[j]) ** 2 for j in range(N)] for i in range(N)]
+    kg = [[float(G[i] @ G[j]) ** 2 for j in range(N)] for i in range(N)]
+    two = list(itertools.permutations(range(N), 2))
+    m_sq = sum(kx[i][j] * kg[i][j] for i, j in two) / len(two)
+    three = list(itertools.permutations(range(N), 3))
+    inner = sum(kx[n][m] * kg[n][l] for n, m, l in three) / len(three)
+    cf_sq = sum(kx[i][j] for i, j in two) / len(two) * sum(kg[i][j] for i, j in two) / len(two)
+    got = rho_scores(X, G)
+    assert got["debiased"] is True
+    assert got["rho"] == pytest.approx(math.sqrt(max(m_sq - 2 * inner + cf_sq, 0.0)) / math.sqrt(m_sq), rel=1e-9)
+    assert got["rho_cos"] == pytest.approx(min(1.0, max(0.0, 1 - inner / math.sqrt(m_sq * cf_sq))), rel=1e-9, abs=1e-12)
+
+
+def test_rho_directional_equals_its_formula_by_loops():
+    """Mean over unit directions u of E[(g.u)^2 (u.x)^2] / (E[(g.u)^2] E[(u.x)^2]) - 1, with un-normalised
+    directions given (the function normalises them)."""
+    X, G = pairs(40, 5, 9, coupled=True)
+    U = torch.randn(5, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3
+    vals = []
+    for j in range(U.shape[1]):
+        u = U[:, j] / U[:, j].norm()
+        s, t = [float(x @ u) for x in X], [float(g @ u) for g in G]
+        joint = sum(a * a * b * b for a, b in zip(s, t)) / len(s)
+        vals.append(joint / (sum(a * a for a in s) / len(s) * sum(b * b for b in t) / len(t)) - 1)
+    assert rho_directional(X, G, U) == pytest.approx(sum(vals) / len(vals), rel=1e-9)
