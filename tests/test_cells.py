@@ -75,3 +75,71 @@ def test_task_sizes_are_task_options_and_shortcuts_map_onto_them(tmp_path):
     assert b.task_options["lama"] == {"per_relation": 7}  # the explicit option wins
     run = resolve_run(run_config_from_argv(["--tasks", "lama", "--lama-limit", "0", "--output", str(tmp_path)]))
     assert run.tasks["lama"].settings.per_relation is None  # 0 = all, one spelling in the key
+
+
+def _keys(run, model=MODEL) -> dict:
+    """(method, N:M pattern or None, ratio, task) -> key: the low-rank budget's name (rank / params) is left out,
+    so that a change of budget shows as a change of key at the same place."""
+    return {(c.id.method, c.id.budget if ":" in c.id.budget else None, c.id.rank, c.id.task): c.id.key
+            for c in plan(run, model)}
+
+
+def test_cell_keys_are_pinned(tmp_path):
+    """A fixed configuration's keys, written down: a change to how keys are made (or to a default that enters
+    them) shows here, and must come with a method / task version bump or a note that old cells are recomputed."""
+    keys = _keys(make_run(tmp_path))
+    assert keys == GOLDEN_KEYS, keys
+
+
+# make_run's keys on MODEL, the same at 59ee857 and after (checked when this test was written)
+GOLDEN_KEYS = {
+    ("act-sparse", "2:4", 0.5, "lama"): "27c1c80fa4", ("act-sparse", "2:4", 0.5, "ppl-token"): "c73de60314",
+    ("dense", None, None, "lama"): "68f6500698", ("dense", None, None, "ppl-token"): "7ee60481a3",
+    ("pca", None, 0.25, "lama"): "f8a107ebcc", ("pca", None, 0.25, "ppl-token"): "b85be2d79b",
+    ("pca", None, 0.5, "lama"): "f8a107ebcc", ("pca", None, 0.5, "ppl-token"): "b85be2d79b",
+    ("rho-analysis", None, 0.25, "rho"): "20579d2d66", ("rho-analysis", None, 0.5, "rho"): "20579d2d66",
+    ("svd", None, 0.25, "lama"): "230925c11b", ("svd", None, 0.25, "ppl-token"): "f78c004b36",
+    ("svd", None, 0.5, "lama"): "230925c11b", ("svd", None, 0.5, "ppl-token"): "f78c004b36",
+}
+
+
+@pytest.mark.parametrize("change", ["method settings", "method version", "task settings", "task version",
+                                    "calibration", "fingerprint", "budget", "solve precision"])
+def test_every_ingredient_changes_the_key(tmp_path, monkeypatch, change):
+    import methods
+    import tasks
+
+    base = _keys(make_run(tmp_path))
+    model = MODEL
+    run_kw = {}
+    if change == "method settings":
+        run_kw["method_options"] = {"act-sparse": {"score": "wina"}}
+    elif change == "method version":
+        monkeypatch.setattr(methods.get_method("pca"), "version", methods.get_method("pca").version + 1)
+    elif change == "task settings":
+        run_kw["task_options"] = {"lama": {"per_relation": 7}}
+    elif change == "task version":
+        monkeypatch.setattr(tasks.get_task("lama"), "version", tasks.get_task("lama").version + 1)
+    elif change == "calibration":
+        run_kw["calib_samples"] = 5
+    elif change == "fingerprint":
+        model = ModelInfo("tiny", {"sha256": "abd", "dtype": "float32"}, n_blocks=2)
+    elif change == "budget":
+        run_kw["budget"] = "params"
+    elif change == "solve precision":
+        run_kw["solve_dtype"] = "float32"
+    after = _keys(make_run(tmp_path, **run_kw), model)
+    changed = {k for k in base if k in after and base[k] != after[k]}
+    expect = {
+        "method settings": {k for k in base if k[0] == "act-sparse"},
+        "method version": {k for k in base if k[0] == "pca"},
+        "task settings": {k for k in base if k[3] == "lama" and k[0] != "rho-analysis"} |
+                         {k for k in base if k[0] == "rho-analysis"},  # rho keys carry the tasks it reads
+        "task version": {k for k in base if k[3] == "lama"} | {k for k in base if k[0] == "rho-analysis"},
+        # data-free svd, act-sparse's default abs score and the dense model read no statistics
+        "calibration": {k for k in base if k[0] in ("pca", "rho-analysis")},
+        "fingerprint": set(base),
+        "budget": {k for k in base if k[0] in ("pca", "svd", "rho-analysis")},
+        "solve precision": {k for k in base if k[0] in ("pca", "svd", "rho-analysis")},
+    }[change]
+    assert changed == expect, (change, sorted(changed ^ expect))

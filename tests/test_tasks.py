@@ -255,3 +255,29 @@ def test_lama_vocab_protocol_equals_a_full_vocabulary_ranking(small_model, token
     assert LAMA.from_options({"protocol": "vocab"}).settings_dict()["protocol"] == "vocab"
     with pytest.raises(ValueError, match="protocol 'bogus' is unknown"):
         LAMA.from_options({"protocol": "bogus"})
+
+
+def test_ppl_word_is_the_rolling_log_likelihood_by_hand(small_model, tokenizer, tmp_path):
+    """ppl-word over two short documents (each inside one rolling window): by hand, each document's tokens are
+    predicted after lm-eval's prefix token, the log-probabilities summed, and exp(-sum / words), exp(-sum / bytes)."""
+    from tasks.lm_eval_bridge import make_lm
+    from tasks.perplexity import PPLWord
+
+    docs = ["alpha beta gamma delta epsilon zeta", "one two three four\nfive six seven"]
+    f = tmp_path / "docs.txt"
+    f.write_text("\n\n".join(docs))
+    got = PPLWord.from_options({"source": f"file:{f}", "max_docs": 0}).evaluate(small_model, tokenizer,
+                                                                                 progress=False)
+    prefix = make_lm(small_model, tokenizer).prefix_token_id
+    total = 0.0
+    with torch.no_grad():
+        for d in docs:
+            ids = tokenizer(d, add_special_tokens=False).input_ids
+            inp = torch.tensor([[prefix] + ids[:-1]])
+            logp = torch.log_softmax(small_model(inp).logits[0].double(), -1)
+            total += float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
+    words = 6 + 7
+    nbytes = sum(len(d.encode()) for d in docs)
+    assert got.details["n_words"] == words
+    assert got.metrics["word_ppl"] == pytest.approx(math.exp(-total / words), rel=1e-4)
+    assert got.metrics["byte_ppl"] == pytest.approx(math.exp(-total / nbytes), rel=1e-4)
