@@ -112,3 +112,20 @@ def test_smoke_passes(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "smoke OK" in r.stdout
     assert (tmp_path / "smoke" / "LEADERBOARD.md").exists()
+
+
+def test_two_processes_building_the_smoke_model_at_once_both_get_it(tmp_path):
+    """tiny_checkpoint() builds in a folder of its own and renames it into place: started together, both builders
+    return the one saved model and leave no partial folder behind."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "ACBENCH_CACHE": str(tmp_path)}
+    code = "from bench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
+    assert {o[0].strip() for o in outs} == {str(tmp_path / "models" / "smoke-tiny-llama")}
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["smoke-tiny-llama"]
+    assert (tmp_path / "models" / "smoke-tiny-llama" / "config.json").exists()
