@@ -44,7 +44,7 @@ bench: setup
 MUTANTS ?=
 mutate: setup
 	$(PIP) install -q mutmut==3.8.1
-	$(VENV)/bin/mutmut run $(MUTANTS)
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run $(MUTANTS)
 	$(PY) tests/mutation_score.py --survivors
 
 report: setup

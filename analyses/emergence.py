@@ -199,7 +199,7 @@ def _ci(m: dict) -> list[float]:
 
 def summary_cell(cfg: EmergeConfig, summary: dict, seconds: dict, checkpoints: list[str] | None = None) -> CellRecord:
     """The emerge cell: its key covers the configuration (and a user's checkpoint list)."""
-    from bench.store import settings_hash
+    from bench.store import environment, settings_hash
 
     first = next(iter(summary["per_seed"].values()), {})
     last_gap = summary["gap"][max(summary["gap"])]["mean"] if summary["gap"] else None
@@ -213,7 +213,7 @@ def summary_cell(cfg: EmergeConfig, summary: dict, seconds: dict, checkpoints: l
                       higher_is_better={k: None for k in metrics},
                       details={"summary": _json_keys(summary), "config": asdict(cfg), "seconds": seconds,
                                "checkpoints": checkpoints},
-                      versions={"analysis": Emergence.version})
+                      versions={"analysis": Emergence.version}, env=environment("cpu"))
 
 
 def _json_keys(obj):

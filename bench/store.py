@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from core.io import atomic_write_json
-from core.record import ALL_GROUPS, DENSE, UNIFORM, CellRecord, cell_problem, variant_name
+from core.record import ALL_GROUPS, UNIFORM, CellRecord, cell_problem, cell_relpath, place_problem
 
 
 def settings_hash(*parts) -> str:
@@ -20,21 +20,10 @@ def settings_hash(*parts) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-def rank_label(rank: float | None, budget: str) -> str:
-    return "full" if rank is None else f"{budget}-{rank:g}"
-
-
 def cell_path(root: Path, model: str, method: str, rank: float | None, budget: str, task: str, key: str,
               allocation: str = UNIFORM, scope: str = ALL_GROUPS) -> Path:
-    """results/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json"""
-    slug = model.replace("/", "__")
-    if method == DENSE:
-        return Path(root) / slug / DENSE / f"{task}-{key}.json"
-    # a variant's settings (act-sparse:score=fisher) and a pattern (2:4) without ':' in the path
-    folder = Path(root) / slug / variant_name(method, allocation).replace(":", "@")
-    if scope != ALL_GROUPS:
-        folder = folder / "".join(ch if ch.isalnum() or ch in "-.," else "_" for ch in scope)
-    return folder / rank_label(rank, budget).replace(":", "of") / f"{task}-{key}.json"
+    """<root>/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json (core.record)."""
+    return Path(root) / cell_relpath(model, method, rank, budget, task, key, allocation, scope)
 
 
 def write_cell(path: Path, cell: CellRecord) -> None:
@@ -73,7 +62,7 @@ def cell_status(path: Path) -> str | None:
         rec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         return f"unreadable ({type(e).__name__})"
-    return cell_problem(rec)
+    return cell_problem(rec) or place_problem(rec, path)
 
 
 def cell_exists(path: Path) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 # 2: the cell identity carries its settings key; method and task versions are stored.
 # 3: the identity carries the rank allocation rule and the compressed scope (groups, blocks); a schema-2 cell is
@@ -24,6 +25,54 @@ CELL_KINDS = (TASK_CELL, ANALYSIS_CELL)
 def variant_name(method: str, allocation: str) -> str:
     """A variant's name in logs, folders and table rows: the method, and its allocation where not uniform."""
     return method if allocation == UNIFORM else f"{method}+{allocation}"
+
+
+def rank_label(rank: float | None, budget: str) -> str:
+    return "full" if rank is None else f"{budget}-{rank:g}"
+
+
+def cell_relpath(model: str, method: str, rank: float | None, budget: str, task: str, key: str,
+                 allocation: str = UNIFORM, scope: str = ALL_GROUPS) -> Path:
+    """Where a cell lives under a results root: <model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/
+    <task>-<key>.json (the dense model's: <model>/dense/<task>-<key>.json)."""
+    slug = model.replace("/", "__")
+    if method == DENSE:
+        return Path(slug) / DENSE / f"{task}-{key}.json"
+    # a variant's settings (act-sparse:score=fisher) and a pattern (2:4) without ':' in the path
+    folder = Path(slug) / variant_name(method, allocation).replace(":", "@")
+    if scope != ALL_GROUPS:
+        folder = folder / "".join(ch if ch.isalnum() or ch in "-.," else "_" for ch in scope)
+    return folder / rank_label(rank, budget).replace(":", "of") / f"{task}-{key}.json"
+
+
+def place_problem(rec: dict, path) -> str | None:
+    """None when a (valid) cell's identity is the one its file's place names, else what disagrees: a cell moved,
+    copied or edited into another method's, budget's, task's or settings' place is not taken for that one."""
+    c = rec["cell"]
+    try:
+        want = cell_relpath(c["model"], c["method"], c.get("rank"), c["budget"], c["task"], c["key"],
+                            c.get("allocation", UNIFORM), c.get("scope", ALL_GROUPS))
+    except (TypeError, ValueError, AttributeError):
+        return "its identity does not name a place"
+    got = Path(path).parts
+    if tuple(got[-len(want.parts):]) != want.parts:
+        return (f"its identity ({c['model']} / {variant_name(c['method'], c.get('allocation', UNIFORM))} / "
+                f"{rank_label(c.get('rank'), c['budget'])} / {c['task']}, key {c['key']}) belongs at "
+                f"{want.as_posix()}, not here")
+    return None
+
+
+# the domain of a task metric, by its name (the part after an lm-eval task's "/"): a value outside it is not a
+# result, whatever wrote it
+def metric_domain(name: str) -> tuple[float, float] | None:
+    base = name.split("/")[-1].split(",")[0]
+    if base.endswith("ppl") or base.endswith("perplexity"):
+        return 1.0, math.inf
+    if base in ("nll", "bits_per_byte"):
+        return 0.0, math.inf
+    if base.startswith("acc") or base.startswith("p@") or base in ("mrr", "exact_match", "f1"):
+        return 0.0, 1.0
+    return None
 
 
 def describe_scope(scope: str) -> str:
@@ -127,6 +176,19 @@ def cell_problem(rec) -> str | None:
     bad = [k for k, v in metrics.items() if not is_finite_or_null(v)]
     if bad:
         return f"metric {bad[0]} is not a finite number"
+    # schemas before 4 left `kind` out: an analysis cell is told by its method's suffix, as upgrade() does
+    kind = cell.get("kind") or (ANALYSIS_CELL if cell["method"].endswith("-analysis") else TASK_CELL)
+    if kind == TASK_CELL:
+        for k, v in metrics.items():
+            dom = metric_domain(k)
+            if dom and v is not None and not dom[0] <= v <= dom[1]:
+                return f"metric {k} = {v!r} is outside its domain [{dom[0]:g}, {dom[1]:g}]"
+    if not rec.get("env"):
+        return "no env (the provenance every cell carries)"
+    if kind == TASK_CELL and not rec.get("model_fingerprint"):
+        return "no model_fingerprint (which weights a task cell measured)"
+    if kind == TASK_CELL and cell["method"] != DENSE and not rec.get("compression"):
+        return "no compression summary (a compressed model's cell carries what was deployed)"
     typed = field_problem(rec)
     if typed:
         return typed

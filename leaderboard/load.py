@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # noqa: F401 (the result schema this reader reads)
-from core.record import CellRecord
+from core.record import CellRecord, place_problem
 
 DENSE = "dense"
 OWN_OUTPUTS = {"LEADERBOARD.json"}
@@ -55,9 +55,13 @@ def load_results(*roots) -> ResultSet:
             if isinstance(rec, list) and (path.name in OWN_OUTPUTS or path.with_suffix(".md").exists()):
                 continue  # a leaderboard's own JSON table, written next to the results
             try:
-                rec = CellRecord.from_json(rec)
+                raw, rec = rec, CellRecord.from_json(rec)
             except (ValueError, TypeError) as e:
                 rs.problems.append(f"{shown}: {e}, skipped")
+                continue
+            misplaced = place_problem(raw, path)
+            if misplaced:  # e.g. a pca cell edited to say fasc: it is not shown as fasc's row
+                rs.problems.append(f"{shown}: {misplaced}, skipped")
                 continue
             rec.source = shown
             key = cell_id(rec)

@@ -43,7 +43,8 @@ def test_a_stored_cell_is_not_planned_again_unless_overwritten(tmp_path):
     run = make_run(tmp_path)
     cells = plan(run, MODEL)
     first = cells[0]
-    write_cell(first.path, CellRecord(cell=first.id, metrics={"ppl": 10.0}, primary_metric="ppl"))
+    write_cell(first.path, CellRecord(cell=first.id, metrics={"ppl": 10.0}, primary_metric="ppl",
+                                      env={"date": "2026-12-02"}, model_fingerprint=MODEL.fingerprint))
     again = plan(run, MODEL)
     assert first.path not in {c.path for c in again} and len(again) == len(cells) - 1
     assert len(plan(run, MODEL, overwrite=True)) == len(cells)
@@ -143,3 +144,21 @@ def test_every_ingredient_changes_the_key(tmp_path, monkeypatch, change):
         "solve precision": {k for k in base if k[0] in ("pca", "svd", "rho-analysis")},
     }[change]
     assert changed == expect, (change, sorted(changed ^ expect))
+
+
+def test_a_stored_cell_edited_to_another_identity_is_recomputed(tmp_path):
+    """bench run's view of the same tampering: the cell at pca's place that says fasc is planned again."""
+    import json
+
+    run = make_run(tmp_path)
+    cells = plan(run, MODEL)
+    target = next(c for c in cells if c.id.method == "pca" and c.id.task == "lama" and c.id.rank == 0.5)
+    rec = CellRecord(cell=target.id, metrics={"p@1": 0.5}, primary_metric="p@1", env={"date": "2026-12-02"},
+                     model_fingerprint=MODEL.fingerprint, compression={"param_ratio": 0.75})
+    write_cell(target.path, rec)
+    assert target.path not in {c.path for c in plan(run, MODEL)}  # stored and valid: nothing to do
+    raw = json.loads(target.path.read_text())
+    raw["cell"]["method"] = "fasc"
+    target.path.write_text(json.dumps(raw))
+    again = {c.path: c.why for c in plan(run, MODEL)}
+    assert "belongs at tiny/fasc/rank-0.5/lama-" in again[target.path]

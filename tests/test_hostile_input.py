@@ -258,13 +258,14 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
 
 
 def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
-    from bench.store import cell_status, write_cell
+    from bench.store import cell_path, cell_status, write_cell
     from core.record import CellId, CellRecord
 
-    path = tmp_path / "c.json"
+    path = cell_path(tmp_path, "m", "pca", 0.5, "rank", "ppl-token", "k")
     write_cell(path, CellRecord(cell=CellId("m", "pca", 0.5, "rank", "ppl-token", "k"),
                                 metrics={"ppl": float("inf"), "nll": 800.0}, stderr={"nll": float("nan")},
-                                primary_metric="ppl"))
+                                primary_metric="ppl", env={"date": "2026-12-02"}, model_fingerprint={"sha256": "s"},
+                                compression={"param_ratio": 0.75}))
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in a cell"))

@@ -39,7 +39,7 @@ def test_corrupt_and_stale_files_reported_by_name(rendered):
     info, _ = rendered
     joined = "\n".join(info["problems"])
     assert "lama-corrupt.json: unreadable JSON" in joined
-    assert "svd/rank-0.5/mmlu-fixture.json: schema version 0" in joined
+    assert "svd/rank-0.5/mmlu-k1.json: schema version 0" in joined
     assert len(info["problems"]) == 2
 
 
@@ -94,7 +94,7 @@ def test_several_result_dirs_merge(tmp_path):
     info = build([a, b], tmp_path / "merged.md")
     text = (tmp_path / "merged.md").read_text()
     assert "## model-a" in text and "## model-b" in text
-    assert info["duplicates"] == 1 + 3  # the fixture's own repeated cell, and the three copied dense cells
+    assert info["duplicates"] == 3  # the three copied dense cells (the fixture's own older copy is in older-run/)
     single = build([FIXTURE], tmp_path / "single.md")
     assert (tmp_path / "merged.md").read_text().split("## Cells with other")[0] == \
         (tmp_path / "single.md").read_text().split("## Cells with other")[0]
@@ -105,7 +105,7 @@ def test_cells_with_other_settings_are_named_not_merged(rendered):
     is shown and the older is named under the tables, never averaged or silently dropped."""
     info, out = rendered
     text = (out / "LEADERBOARD.md").read_text()
-    assert "mmlu-othersettings.json (settings k0, 2026-10-15) is not shown" in text
+    assert "mmlu-k0.json (settings k0, 2026-10-15) is not shown" in text
     rs = load_results(FIXTURE)
     shown = [c for c in rs.cells if c.cell.model == "model-a" and c.cell.method == "fasc" and c.cell.rank == 0.5
              and c.cell.task == "mmlu"]
@@ -224,7 +224,7 @@ def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
-    p = root / "model-b" / "fasc" / "rank-0.5" / "lama-fixture.json"
+    p = root / "model-b" / "fasc" / "rank-0.5" / "lama-k1.json"
     rec = json.loads(p.read_text())
     rec["env"]["date"] = None
     p.write_text(json.dumps(rec))
@@ -234,7 +234,7 @@ def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
 
 def test_a_compressed_cell_without_a_ratio_is_named_and_skipped(tmp_path):
     # found by the fuzz suite: a fasc cell whose cell.rank was null reached the section heading and crashed it
-    src = next((FIXTURE / "model-b").rglob("fasc/**/lama-fixture.json"))
+    src = next((FIXTURE / "model-b").rglob("fasc/**/lama-k1.json"))
     cell = json.loads(src.read_text())
     cell["cell"]["rank"] = None
     root = tmp_path / "results"
@@ -242,3 +242,38 @@ def test_a_compressed_cell_without_a_ratio_is_named_and_skipped(tmp_path):
     (root / "m" / "fasc" / "lama.json").write_text(json.dumps(cell))
     rs = load_results(root)
     assert rs.cells == [] and "cell.rank missing for method 'fasc'" in rs.problems[0]
+
+
+@pytest.mark.parametrize("edit,why", [
+    (lambda r: r["cell"].update(method="fasc"), "belongs at model-b/fasc/rank-0.5/lama-k1.json, not here"),
+    (lambda r: r["cell"].update(key="k9"), "belongs at model-b/pca/rank-0.5/lama-k9.json"),
+    (lambda r: r["cell"].update(rank=0.25), "belongs at model-b/pca/rank-0.25/lama-k1.json"),
+    (lambda r: r["metrics"].update({"p@1": 1.5}), "metric p@1 = 1.5 is outside its domain [0, 1]"),
+    (lambda r: r.pop("env"), "no env"),
+    (lambda r: r.pop("model_fingerprint"), "no model_fingerprint"),
+    (lambda r: r.pop("compression"), "no compression summary"),
+])
+def test_a_cell_that_disagrees_with_its_place_or_domain_is_named_and_skipped(tmp_path, edit, why):
+    """A pca cell edited to say fasc would have shown as fasc's row with pca's number (and pca's row gone)."""
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    p = root / "model-b" / "pca" / "rank-0.5" / "lama-k1.json"
+    rec = json.loads(p.read_text())
+    edit(rec)
+    p.write_text(json.dumps(rec))
+    rs = load_results(root)
+    named = [x for x in rs.problems if x.startswith("results/model-b/pca/rank-0.5/lama-k1.json")]
+    assert len(named) == 1 and why in named[0] and named[0].endswith(", skipped")
+    fasc = [c for c in rs.cells if (c.cell.model, c.cell.method, c.cell.rank, c.cell.task) == ("model-b", "fasc", 0.5,
+                                                                                              "lama")]
+    assert len(fasc) == 1 and fasc[0].source.endswith("fasc/rank-0.5/lama-k1.json")
+
+
+def test_perplexity_below_one_is_outside_its_domain(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    p = root / "model-b" / "pca" / "rank-0.5" / "ppl-token-k1.json"
+    rec = json.loads(p.read_text())
+    rec["metrics"]["ppl"] = -1.0
+    p.write_text(json.dumps(rec))
+    assert any("metric ppl = -1.0 is outside its domain [1, inf]" in x for x in load_results(root).problems)
