@@ -7,6 +7,7 @@ BOS default is settled later by `Run.with_bos`, which returns a new Run (the con
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -221,7 +222,10 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
         raise UserError(f"--budget {config.budget} is unknown: use rank or params")
     if config.rank_align < 1:
         raise UserError("--rank-align must be a positive integer")
-    given = methods.split_methods(config.methods)
+    try:
+        given = methods.split_methods(config.methods)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if DENSE in given:
         if given != [DENSE]:
             raise UserError("dense is always evaluated: leave it out of --methods, or pass --methods dense alone")
@@ -256,7 +260,42 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
     if not names:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     check_ranks(ranks)
+    _check_distinct(names, config)
     return tuple(names), ranks, patterns
+
+
+def check_budgets_used(config: RunConfig, names, analyses) -> None:
+    """A budget flag that nothing of the run uses would be printed in the header and ignored: refused."""
+    families = {methods.family_of(m) for m in names}
+    if config.sparsity and SPARSITY_FAMILY not in families:
+        raise UserError(f"--sparsity {' '.join(map(str, config.sparsity))} is given, but no sparsity method is named "
+                        f"({', '.join(names)}): add one (act-sparse, teal, wanda, magnitude-prune) or leave out "
+                        "--sparsity")
+    if config.ranks and LOW_RANK_FAMILY not in families and not analyses:
+        raise UserError(f"--rank {' '.join(map(str, config.ranks))} is given, but no low-rank method or analysis is "
+                        f"named ({', '.join(names)}): add one (pca, fasc, ...) or leave out --rank")
+
+
+def _check_distinct(names, config: RunConfig) -> None:
+    """Two spellings of one method (act-sparse and act-sparse:score=abs, its default) would make two rows of one
+    cell, and a budget given twice one cell planned twice: refused, naming both."""
+    seen: dict = {}
+    for n in names:
+        try:
+            comp = methods.build(n, config.method_options.get(methods.base_name(n)))
+        except (ValueError, TypeError):
+            continue  # named by check_methods, with the fix
+        same = (methods.base_name(n), json.dumps(comp.settings_dict(), sort_keys=True, default=str))
+        if same in seen:
+            raise UserError(f"--methods names one method twice: {seen[same]} and {n} have the same settings (a "
+                            "setting left out takes its default): name it once")
+        seen[same] = n
+    for flag, values in (("--rank", config.ranks or []), ("--sparsity", config.sparsity or [])):
+        values = values if isinstance(values, list) else [values]
+        labels = [v if flag == "--rank" else SparsitySpec.parse(v).label for v in values]
+        twice = sorted({str(v) for v in labels if labels.count(v) > 1})
+        if twice:
+            raise UserError(f"{flag} {twice[0]} is given twice: give each budget once")
 
 
 def _without_refused_patterns(names: list[str], given: list[str], patterns) -> list[str]:
@@ -467,6 +506,7 @@ def resolve_run(config: RunConfig, analyses: Mapping | None = None, writes: bool
     names, ranks, patterns = resolve_budgets(config)
     check_task_names(config.tasks, set(analyses))
     check_methods(config, names)
+    check_budgets_used(config, names, analyses)
     selection = Selection.from_flags(config.groups, config.blocks)
     check_allocation(config, names)
     model_tasks = build_tasks(config, analyses)

@@ -71,6 +71,16 @@ def check_groups(run: Run, groups: list) -> list:
     if selection.scope != ALL:
         log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
             + ("; analyses run over every group" if run.analyses else ""))
+    for r in run.ranks:  # an alignment that rounds k up to a group's (or site's) full width leaves it dense
+        if r.align > 1 and r.ratio < 1:
+            for g in selected:
+                shapes = [("group", g.name, r.k_group(g.d_in, g.d_outs), g.d_in)] + [
+                    ("site", f"{g.name}.{n}", r.k_site(g.d_in, d), min(g.d_in, d)) for n, d in zip(g.site_names, g.d_outs)]
+                for what, name, k, full in shapes:
+                    if k >= full:
+                        raise UserError(f"--rank-align {r.align} rounds the k of {what} {name} up to its full width "
+                                        f"{full} at --rank {r.ratio:g}: it would stay uncompressed; use a "
+                                        "--rank-align well below the model's widths (e.g. 8 or 64)")
     if any(rule != UNIFORM and rule not in SPARSITY_RULES for rule in run.allocate):
         for r in run.ranks:
             check_budget(selected, r)

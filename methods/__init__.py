@@ -41,6 +41,8 @@ def parse_variant(variant: str) -> tuple[str, dict]:
             if not key.strip() or not eq:
                 raise ValueError(f"method '{variant}': settings are written name:setting=value,setting=value "
                                  f"('{item}' is not setting=value)")
+            if key.strip() in opts:
+                raise ValueError(f"method '{variant}': setting {key.strip()} is given twice: keep one")
             try:
                 opts[key.strip()] = yaml.safe_load(value.strip())
             except yaml.YAMLError:
@@ -84,7 +86,8 @@ def split_methods(items) -> list[str]:
         for part in str(item).split(","):
             part = part.strip()
             if not part:
-                continue
+                raise ValueError(f"--methods '{item}': an empty name or setting between commas: remove the "
+                                 "extra comma")
             if "=" in part and ":" not in part and out and ":" in out[-1]:
                 out[-1] += "," + part
             else:

@@ -306,3 +306,26 @@ def test_prepare_reports_a_bad_model_from_its_conversion_process(tmp_path, tiny,
     assert main(["prepare", "--models", model, str(tiny)]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ({"--methods": "act-sparse:score=abs,score=wina", "--rank": None, "--sparsity": "2:4"},
+     "setting score is given twice"),
+    ({"--methods": "act-sparse:mitigation=shift,,", "--rank": None, "--sparsity": "2:4"},
+     "an empty name or setting between commas"),
+    ({"--methods": ["act-sparse", "act-sparse:score=abs"], "--rank": None, "--sparsity": "2:4"},
+     "act-sparse and act-sparse:score=abs have the same settings"),
+    ({"--rank": ["0.5", "0.5"]}, "--rank 0.5 is given twice"),
+    ({"--rank": "0.5,0.5"}, "--rank 0.5 is given twice"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": ["2:4", "2:4"]}, "--sparsity 2:4 is given twice"),
+    ({"--methods": "pca", "--sparsity": "2:4"}, "--sparsity 2:4 is given, but no sparsity method is named (pca)"),
+    ({"--methods": "wanda", "--rank": "0.3", "--sparsity": "2:4"},
+     "--rank 0.3 is given, but no low-rank method or analysis is named (wanda)"),
+    ({"--rank-align": "1000"}, "--rank-align 1000 rounds the k of group layers.0.attn_in up to its full width 64"),
+])
+def test_inputs_that_mean_nothing_are_refused(tmp_path, tiny, capsys, flags, needle):
+    """Each of these was accepted and then ignored (the last setting won, the budget was printed but unused, two
+    rows of one cell, a cell planned twice, a group left dense at --rank 0.5)."""
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **flags), needle)
+    assert no_cells(out)
