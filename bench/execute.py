@@ -89,6 +89,22 @@ def check_groups(run: Run, groups: list) -> list:
     return selected
 
 
+def check_lengths(run: Run, config) -> None:
+    """A sequence longer than the model's positions is refused before any weights load (at 100,000 tokens a
+    window ran until killed; past the positions a model's outputs mean nothing)."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(
+        getattr(config, "text_config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    lengths = [("--calib-seq-len", run.calibration.seq_len)] if run.stats_needs() else []
+    lengths += [(f"{name}'s seq_len (--ppl-seq-len)" if name == "ppl-token" else f"{name}'s seq_len",
+                 getattr(task.settings, "seq_len")) for name, task in run.tasks.items()
+                if isinstance(getattr(task.settings, "seq_len", None), int)]
+    for what, n in lengths:
+        if n > limit:
+            raise UserError(f"{what} {n} is longer than the model's {limit} positions: pass at most {limit}")
+
+
 def open_checked(run: Run) -> Prepared:
     """Open the model (tokenizer and config), settle BOS, check the tasks', the groups' and the calibration's data;
     nothing is planned yet (`bench compress` stops here)."""
@@ -108,6 +124,7 @@ def open_checked(run: Run) -> Prepared:
     log(f"BOS protocol: {run.bos}" + (" (the tokenizer's default)" if c.bos == "auto" else ""))
     for task in run.tasks.values():
         task.check(source.tokenizer)
+    check_lengths(run, source.config)
     for analysis in run.analyses.values():
         for name in analysis.uses_tasks:
             run.task(name)  # its run-sized tasks' settings are valid

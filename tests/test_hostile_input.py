@@ -322,6 +322,8 @@ def test_prepare_reports_a_bad_model_from_its_conversion_process(tmp_path, tiny,
     ({"--methods": "wanda", "--rank": "0.3", "--sparsity": "2:4"},
      "--rank 0.3 is given, but no low-rank method or analysis is named (wanda)"),
     ({"--rank-align": "1000"}, "--rank-align 1000 rounds the k of group layers.0.attn_in up to its full width 64"),
+    ({"--ppl-seq-len": "100000"}, "--ppl-seq-len) 100000 is longer than the model's 512 positions"),
+    ({"--calib-seq-len": "100000"}, "--calib-seq-len 100000 is longer than the model's 512 positions"),
 ])
 def test_inputs_that_mean_nothing_are_refused(tmp_path, tiny, capsys, flags, needle):
     """Each of these was accepted and then ignored (the last setting won, the budget was printed but unused, two
