@@ -110,3 +110,91 @@ def test_compare_pairs_cells_only_on_the_same_items():
     assert compare(a, b) == mcnemar(ref, other)
     b.records = b.records[::-1]  # the same scores in another order: not the same items
     assert compare(a, b) is None
+
+
+def test_paired_mean_bootstrap_is_pinned():
+    """The seeded bootstrap's interval on a fixed input, written down: the seed, the number of resamples and the
+    index range are part of every stored perplexity interval, so a change to them shows here."""
+    got = paired_mean([1.0, 2.0, 3.5, 0.5, 2.2], [1.3, 1.9, 3.9, 0.2, 2.8])
+    assert got["ci95"] == pytest.approx([-0.1, 0.46], abs=1e-12)
+    assert got["test"] == "paired t, bootstrap CI" and got["n"] == 5
+
+
+def test_item_scores_and_keys():
+    from core.significance import item_keys, item_scores
+
+    acc = _cell([1, 0, 1], [0.25] * 3)
+    assert item_scores(acc) == ("accuracy", [1.0, 0.0, 1.0])
+    nll = CellRecord(cell=CellId("m", "dense", None, "rank", "ppl-token"), metrics={"ppl": 2.0}, primary_metric="ppl",
+                     records=[{"window": 0, "nll": 1.5}, {"window": 1, "nll": 2}])
+    assert item_scores(nll) == ("nll", [1.5, 2.0])
+    for bad in ([], [{"correct": 1}, "x"], [{"correct": 1}, {"nll": 2.0}], "records"):
+        acc.records = bad
+        assert item_scores(acc) is None
+    rec = {"id": 3, "subject": "s", "relation": "r", "gold": ["g"], "window": 7, "other": 1}
+    acc.records = [rec]
+    assert item_keys(acc) == [("3", "s", "r", "['g']", "7")]  # every identifying field, in this order
+
+
+@pytest.mark.parametrize("field", ["subject", "relation", "gold", "window"])
+def test_compare_refuses_cells_whose_items_differ_in_any_identifying_field(field):
+    a = _cell([1, 0, 1, 1], [0.25] * 4)
+    b = _cell([1, 1, 0, 1], [0.25] * 4)
+    for r in a.records + b.records:
+        r.update(subject="s", relation="r", gold="g", window=0)
+    assert compare(a, b) is not None
+    b.records[2][field] = "changed"
+    assert compare(a, b) is None
+
+
+def test_compare_refuses_different_lengths_and_kinds():
+    a, b = _cell([1, 0, 1], [0.25] * 3), _cell([1, 0], [0.25] * 2)
+    assert compare(a, b) is None
+    nll = CellRecord(cell=CellId("m", "dense", None, "rank", "t"), metrics={"ppl": 2.0}, primary_metric="ppl",
+                     records=[{"id": i, "nll": 1.0} for i in range(3)])
+    assert compare(a, nll) is None and compare(nll, a) is None
+    assert mcnemar(*_pairs(2, 3, 1, 1))["test"] == "McNemar exact"
+
+
+def test_chance_levels_need_every_record_to_declare_one_in_the_unit_interval():
+    from core.significance import chance_levels
+
+    c = _cell([1, 0], [0.0, 1.0])
+    assert chance_levels(c) == [0.0, 1.0]  # the bounds are allowed
+    for bad in ([0.5, 1.5], [0.5, -0.1], [0.5, "0.5"]):
+        c = _cell([1, 0], bad)
+        assert chance_levels(c) is None and above_chance(c) is None
+    c.records = []
+    assert chance_levels(c) is None
+
+
+def test_above_chance_needs_accuracy_records_of_the_same_length():
+    c = _cell([1, 0, 1], [0.25] * 3)
+    c.records[1]["chance"] = None
+    assert above_chance(c) is None
+    nll = CellRecord(cell=CellId("m", "dense", None, "rank", "t"), metrics={"ppl": 2.0}, primary_metric="ppl",
+                     records=[{"nll": 1.0, "chance": 0.5}])
+    assert above_chance(nll) is None
+    got = above_chance(_cell([1, 0, 1], [0.25] * 3))
+    assert set(got) == {"acc", "chance", "p", "above", "n"} and got["n"] == 3
+
+
+@pytest.mark.parametrize("k,p", [(1, 1.0), (2, 0.0)])
+def test_above_chance_without_variance_is_decided_by_the_count(k, p):
+    """Chance levels of only 0 and 1 (varied, so not the binomial branch) have no variance: the count either
+    exceeds the expected number (p = 0) or does not (p = 1)."""
+    got = above_chance(_cell([1] * k + [0] * (2 - k), [0.0, 1.0]))
+    assert got["p"] == p and got["above"] == (p < 0.05)
+
+
+def test_above_chance_at_exactly_alpha_is_not_above():
+    """p < 0.05, not <=: on the boundary the task does not count as above chance. 0.05 exactly is reached by a
+    one-item task at chance 0.05 answered right (P(X >= 1) = 0.05)."""
+    got = above_chance(_cell([1], [0.05]))
+    assert got["p"] == pytest.approx(0.05) and got["above"] is (got["p"] < 0.05)
+
+
+def test_above_chance_uses_the_normal_branch_for_any_positive_variance():
+    chance = [0.5, 0.25]  # variance 0.4375, below 1
+    got = above_chance(_cell([1, 1], chance))
+    assert got["p"] == pytest.approx(sps.norm.sf((2 - 0.5 - 0.75) / math.sqrt(0.4375)), rel=1e-9)
