@@ -90,3 +90,49 @@ def test_deployed_sites_equal_the_brute_force(calibrated, score, mitigation, pat
                 want = np.stack([_brute(x[0, t].double().numpy(), W, b, n, m, scale, mitigation, mu)
                                  for t in range(tokens)])
                 assert np.abs(y - want).max() <= 1e-4 * np.abs(want).max(), (tokens, np.abs(y - want).max())
+
+
+# ---------------------------------------------------------------- the tensor functions on their own
+
+from core.sparsity import _block_starts, keep_top, sparse_input, sparsify, top_indices, topk_mask  # noqa: E402
+
+
+@pytest.mark.parametrize("n,m", [(2, 4), (3, 8), (5, 0)])
+@pytest.mark.parametrize("mitigation", ["none", "variance", "median", "shift"])
+@pytest.mark.parametrize("scale", [1.0, 0.01])  # 0.01: tokens whose energy is below 1 are rescaled too
+def test_gathered_form_equals_the_masked_form_on_batched_inputs(n, m, mitigation, scale):
+    """(batch, tokens, d) inputs, as the masked form sees them and as the gathered form would: scattering the
+    gathered values back gives the masked x, token by token, and the per-token medians agree in shape and value."""
+    gen = torch.Generator().manual_seed(n + m)
+    x = (torch.randn(2, 3, 16, generator=gen) * 2 + 0.3) * scale
+    mu = torch.randn(16, generator=gen) * scale if mitigation == "shift" else None
+    w = torch.rand(16, generator=gen) + 0.5
+    xs, eta = sparsify(x, n, m, w, mitigation, mu)
+    idx, vals, eta_g = sparse_input(x, n, m, w, mitigation, mu)
+    assert idx.shape == vals.shape == (2, 3, n * 16 // m if m else n)
+    back = torch.zeros_like(x).scatter_(-1, idx, vals)
+    assert torch.allclose(back, xs, rtol=1e-6, atol=1e-9)
+    if mitigation == "median":
+        assert eta.shape == eta_g.shape == (2, 3) and torch.equal(eta, eta_g)
+    else:
+        assert eta is None and eta_g is None
+    if mitigation == "variance":  # every token keeps its full energy, also below 1
+        c = x
+        assert torch.allclose(xs.pow(2).sum(-1), c.pow(2).sum(-1), rtol=1e-5)
+
+
+def test_masks_are_boolean_and_the_default_block_is_the_whole_row():
+    score = torch.rand(3, 8, generator=torch.Generator().manual_seed(0))
+    mask = topk_mask(score, 2)
+    assert mask.dtype == torch.bool and torch.equal(mask, topk_mask(score, 2, 0))
+    assert mask.sum(-1).tolist() == [2, 2, 2]
+    assert torch.equal(keep_top(score, score, 2), keep_top(score, score, 2, 0))
+    assert torch.equal(top_indices(score, 2).sort(-1).values, top_indices(score, 2, 0).sort(-1).values)
+    assert topk_mask(score, 1, 4).dtype == torch.bool
+
+
+def test_block_starts_are_kept_per_device():
+    cpu = _block_starts(8, 4, torch.device("cpu"))
+    meta = _block_starts(8, 4, torch.device("meta"))
+    assert cpu.device.type == "cpu" and meta.device.type == "meta" and meta.shape == (2, 1)
+    assert cpu.reshape(-1).tolist() == [0, 4]
