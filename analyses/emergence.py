@@ -337,13 +337,13 @@ def run_on_checkpoints(paths: list[Path], steps: list[int], cfg: EmergeConfig, s
     """The same analysis over a user's checkpoint series (Pythia or OLMo revisions saved locally)."""
     from bench.store import cell_path, write_cell
 
-    from bench.costs import load_model_config
+    from bench.costs import load_model_config, model_positions
 
     model_config = load_model_config(str(paths[0]))
     n_blocks = int(getattr(model_config, "num_hidden_layers", 4))
     # 256-token windows, or the checkpoints' own positions where they have fewer (bench run refuses longer ones)
-    positions = getattr(model_config, "max_position_embeddings", None)
-    seq_len = min(256, positions) if isinstance(positions, int) and positions > 1 else 256
+    positions = model_positions(model_config)
+    seq_len = min(256, positions) if positions and positions > 1 else 256
     cell_paths = sweep_checkpoints(paths, sources, cfg, output, cfg.seeds[0], seq_len, n_blocks, progress)
     summary = summarize({cfg.seeds[0]: read_series(cell_paths, steps, cfg.rank)})
     cell = summary_cell(cfg, summary, {}, [str(p) for p in paths])

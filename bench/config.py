@@ -189,10 +189,26 @@ def _is_ratio(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) and 0 < x <= 1
 
 
+def split_method_names(items) -> list[str]:
+    """methods.split_methods, its refusal (an empty name between commas) as the one-line user error."""
+    try:
+        return methods.split_methods(items)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def check_ranks(ranks) -> None:
     for r in ranks:
         if not _is_ratio(r):
             raise UserError(f"rank ratio {r} is outside (0, 1]: pass e.g. --rank 0.5 (1.0 keeps full rank)")
+    _once("--rank", ranks)
+
+
+def _once(flag: str, budgets) -> None:
+    """A budget given twice would plan one cell twice: refused."""
+    twice = sorted({str(b) for b in budgets if budgets.count(b) > 1})
+    if twice:
+        raise UserError(f"{flag} {twice[0]} is given twice: give each budget once")
 
 
 def check_task_names(names, analysis_names=frozenset()) -> None:
@@ -222,10 +238,7 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
         raise UserError(f"--budget {config.budget} is unknown: use rank or params")
     if config.rank_align < 1:
         raise UserError("--rank-align must be a positive integer")
-    try:
-        given = methods.split_methods(config.methods)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    given = split_method_names(config.methods)
     if DENSE in given:
         if given != [DENSE]:
             raise UserError("dense is always evaluated: leave it out of --methods, or pass --methods dense alone")
@@ -235,7 +248,8 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
     patterns = []
     if config.sparsity is not None:
         values = config.sparsity if isinstance(config.sparsity, list) else [config.sparsity]
-        patterns = list({p.label: p for p in parse_sparsity(values)}.values())
+        patterns = parse_sparsity(values)
+        _once("--sparsity", [p.label for p in patterns])
         if not patterns:
             raise UserError("--sparsity is empty: pass N:M patterns (2:4 8:16) or densities (0.5)")
     ranks = config.ranks
@@ -278,7 +292,7 @@ def check_budgets_used(config: RunConfig, names, analyses) -> None:
 
 def _check_distinct(names, config: RunConfig) -> None:
     """Two spellings of one method (act-sparse and act-sparse:score=abs, its default) would make two rows of one
-    cell, and a budget given twice one cell planned twice: refused, naming both."""
+    cell: refused, naming both."""
     seen: dict = {}
     for n in names:
         try:
@@ -290,12 +304,6 @@ def _check_distinct(names, config: RunConfig) -> None:
             raise UserError(f"--methods names one method twice: {seen[same]} and {n} have the same settings (a "
                             "setting left out takes its default): name it once")
         seen[same] = n
-    for flag, values in (("--rank", config.ranks or []), ("--sparsity", config.sparsity or [])):
-        values = values if isinstance(values, list) else [values]
-        labels = [v if flag == "--rank" else SparsitySpec.parse(v).label for v in values]
-        twice = sorted({str(v) for v in labels if labels.count(v) > 1})
-        if twice:
-            raise UserError(f"{flag} {twice[0]} is given twice: give each budget once")
 
 
 def _without_refused_patterns(names: list[str], given: list[str], patterns) -> list[str]:

@@ -58,6 +58,13 @@ def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, i
     return ks, ("factorised" if factorised < dense else "merged"), min(factorised, dense)
 
 
+def model_positions(config) -> int | None:
+    """The positions a model's config declares (a multimodal config's text part's), or None."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(
+        getattr(config, "text_config", None), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def load_model_config(model: str):
     """The model's transformers config from a config.json (file or folder), a .gguf header, an alias, or a hub id."""
     from transformers import AutoConfig

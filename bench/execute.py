@@ -28,7 +28,7 @@ from . import __version__
 from .allocate import SPARSITY_RULES, allocate, allocate_density, check_budget
 from .cells import Cell, ModelInfo, plan
 from .compress import compressed, compression_summary, dense_switch
-from .costs import calibration_chunks
+from .costs import calibration_chunks, model_positions
 from .config import Run, solve_device_for
 from .groups import find_input_groups
 from .measure import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
@@ -92,9 +92,8 @@ def check_groups(run: Run, groups: list) -> list:
 def check_lengths(run: Run, config) -> None:
     """A sequence longer than the model's positions is refused before any weights load (at 100,000 tokens a
     window ran until killed; past the positions a model's outputs mean nothing)."""
-    limit = getattr(config, "max_position_embeddings", None) or getattr(
-        getattr(config, "text_config", None), "max_position_embeddings", None)
-    if not isinstance(limit, int):
+    limit = model_positions(config)
+    if limit is None:
         return
     lengths = [("--calib-seq-len", run.calibration.seq_len)] if run.stats_needs() else []
     lengths += [(f"{name}'s seq_len (--ppl-seq-len)" if name == "ppl-token" else f"{name}'s seq_len",
@@ -364,13 +363,15 @@ class Worker:
         group under a parameter budget, or a density per group under a sparsity one."""
         if rule == UNIFORM:
             return None
-        if (rule, budget) not in self.allocations and rule in SPARSITY_RULES:
-            self.allocations[(rule, budget)] = allocate_density(rule, self.selected, self.stats, budget)
-        if (rule, budget) not in self.allocations:
-            self.allocations[(rule, budget)] = allocate(
-                rule, self.selected, self.stats, budget, progress=self.run.config.progress, device=self.solve_device,
-                dtype=solve_torch_dtype(self.run.config.solve_dtype))
-        return self.allocations[(rule, budget)]
+        if (rule, budget) in self.allocations:
+            return self.allocations[(rule, budget)]
+        if rule in SPARSITY_RULES:
+            alloc = allocate_density(rule, self.selected, self.stats, budget)
+        else:
+            alloc = allocate(rule, self.selected, self.stats, budget, progress=self.run.config.progress,
+                             device=self.solve_device, dtype=solve_torch_dtype(self.run.config.solve_dtype))
+        self.allocations[(rule, budget)] = alloc
+        return alloc
 
     def variant(self, cells: list[Cell]) -> int:
         """The cells of one (method, budget, allocation): compressed once, in place, restored after."""

@@ -27,6 +27,11 @@ def variant_name(method: str, allocation: str) -> str:
     return method if allocation == UNIFORM else f"{method}+{allocation}"
 
 
+def cell_kind(cell: dict) -> str:
+    """A cell's kind; schemas before 4 left it out, and an analysis cell is told by its method's suffix."""
+    return cell.get("kind") or (ANALYSIS_CELL if cell["method"].endswith("-analysis") else TASK_CELL)
+
+
 def rank_label(rank: float | None, budget: str) -> str:
     return "full" if rank is None else f"{budget}-{rank:g}"
 
@@ -176,8 +181,7 @@ def cell_problem(rec) -> str | None:
     bad = [k for k, v in metrics.items() if not is_finite_or_null(v)]
     if bad:
         return f"metric {bad[0]} is not a finite number"
-    # schemas before 4 left `kind` out: an analysis cell is told by its method's suffix, as upgrade() does
-    kind = cell.get("kind") or (ANALYSIS_CELL if cell["method"].endswith("-analysis") else TASK_CELL)
+    kind = cell_kind(cell)
     if kind == TASK_CELL:
         for k, v in metrics.items():
             dom = metric_domain(k)
@@ -297,7 +301,7 @@ def upgrade(data: dict) -> dict:
         return data
     data = dict(data)
     cell = dict(data["cell"])
-    cell.setdefault("kind", ANALYSIS_CELL if cell["method"].endswith("-analysis") else TASK_CELL)
+    cell["kind"] = cell_kind(cell)
     data["cell"] = cell
     legacy = _LEGACY_CORRECT.get(cell["task"])
     recs = data.get("records")

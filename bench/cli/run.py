@@ -7,7 +7,7 @@ import dataclasses
 
 from core.errors import UserError
 
-from bench.config import RunConfig
+from bench.config import RunConfig, split_method_names
 from bench.models import ALIASES, DEFAULT_MODEL
 
 
@@ -152,24 +152,13 @@ def shortcut_options(values: dict) -> dict:
 
 # ---------------------------------------------------------------- a YAML config file
 
-def _split_methods(items) -> list[str]:
-    import methods
-
-    try:
-        return methods.split_methods(items)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
 def _config_lists(data: dict, path: str) -> None:
     """List settings in a config file as the flags take them (comma or YAML lists; quoted N:M patterns)."""
     if "methods" in data:
-        import methods
-
         value = data["methods"]
         items = value if isinstance(value, list) else [value]
         if all(isinstance(v, str) for v in items):  # anything else is left for the type check to name
-            data["methods"] = _split_methods(items)
+            data["methods"] = split_method_names(items)
     if "sparsity" in data:  # a pattern stays a string; YAML may have read a density as a number
         items = data["sparsity"] if isinstance(data["sparsity"], list) else [data["sparsity"]]
         for item in items:
@@ -257,9 +246,7 @@ def config_from_args(args) -> RunConfig:
     shortcuts.update({k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("shortcut:")
                       and v is not None})
     if args.methods is not None:  # `--methods pca,fasc` = `--methods pca fasc`; a variant's settings stay whole
-        import methods
-
-        data["methods"] = _split_methods(args.methods)
+        data["methods"] = split_method_names(args.methods)
     for dest, flag in (("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"), ("groups", "--groups"),
                        ("sparsity", "--sparsity")):
         if getattr(args, dest) is not None:  # spaces or commas alike
