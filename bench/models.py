@@ -251,6 +251,8 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     """The model's files, tokenizer and config; its weights stay on disk (`load_weights`)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from .checkpoint import checkpoint_config
+
     if not progress:
         from transformers.utils import logging as hf_logging
 
@@ -259,8 +261,9 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     if dtype not in TORCH_DTYPES:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
     try:
-        tok = AutoTokenizer.from_pretrained(target)
-        config = AutoConfig.from_pretrained(target)
+        config = checkpoint_config(target) if Path(target).is_dir() else AutoConfig.from_pretrained(target)
+        # the config given: a compressed checkpoint's own model type would make the tokenizer ask to run its code
+        tok = AutoTokenizer.from_pretrained(target, config=config)
     except _LOAD_ERRORS as e:
         raise _load_error(model, fp, e) from None
     check_model_config(config, f"model {model}")

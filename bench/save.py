@@ -24,6 +24,7 @@ def save_compressed(run, out: Path, merge: bool = False, overwrite: bool = False
     torch.set_num_threads(run.config.threads or available_cpus())  # as a sweep's process sets them
     torch.manual_seed(run.config.seed)
     prepared = open_checked(run)
+    check_target(out, overwrite, prepared.source.target)  # an alias's folder is known once the model is located
     run = prepared.run
     worker = Worker(run, prepared.source, prepared.calib_windows)
     lm = worker.model()

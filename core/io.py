@@ -43,6 +43,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write_via(path, lambda tmp: tmp.write_bytes(data))
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # read by setting it: done once, at import, before any thread starts
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def readable_as_umask(path: Path) -> None:
+    """A written file's mode as the user's umask allows (writers that go through a temp file leave 0600)."""
+    Path(path).chmod(0o666 & ~_UMASK)
+
+
 def atomic_write_via(path: Path, write) -> None:
     """`write(tmp)` fills a unique temp file in the same directory, which is fsynced, then renamed onto `path`:
     readers never see a partial file, and two processes writing the same path never share a temp file. (A writer
@@ -50,6 +64,7 @@ def atomic_write_via(path: Path, write) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would make results unreadable to the user's group
     os.close(fd)
     try:
         write(Path(tmp))

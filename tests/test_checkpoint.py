@@ -11,7 +11,7 @@ import torch
 
 import methods
 from bench.calibrate import CalibSpec, calibrate
-from bench.checkpoint import MODELING_FILE, PROVENANCE_FILE, load_checkpoint, write_checkpoint
+from bench.checkpoint import MODELING_FILE, PROVENANCE_FILE, RECORD_KEY, load_checkpoint, record_digest, write_checkpoint
 from bench.cli import main
 from bench.cli.smoke import tiny_checkpoint
 from bench.compress import compressed
@@ -70,9 +70,11 @@ def test_reloaded_logits_equal_the_in_sweep_model(saved, windows_module, case):
         assert forms == {"merged"}
 
 
-def test_transformers_alone_loads_every_checkpoint_through_auto_map(saved, windows_module, tmp_path):
+def test_transformers_alone_loads_every_checkpoint_through_auto_map_and_only_so(saved, windows_module, tmp_path):
     """A subprocess that cannot import acbench (its root off sys.path, its packages blocked) loads each folder with
-    from_pretrained(trust_remote_code=True) and reproduces the in-sweep logits."""
+    from_pretrained(trust_remote_code=True) and reproduces acbench's own load bit for bit; without
+    trust_remote_code (plain from_pretrained, or lm-eval's --model hf) a factorised or sparse-activation folder is
+    refused instead of loading as the dense architecture with its compressed sites freshly initialised."""
     folders = [str(f) for f, _ in saved.values()]
     torch.save(windows_module, tmp_path / "x.pt")
     code = f"""
@@ -81,20 +83,35 @@ sys.path = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != {str(ROO
 for name in ("bench", "core", "methods", "tasks", "analyses", "leaderboard"):
     sys.modules[name] = None  # an import of acbench fails
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 x = torch.load({str(tmp_path / 'x.pt')!r})
-out = []
+out, plain = [], []
 for folder in {folders!r}:
+    refused = []
+    for load in (AutoConfig.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        for kwargs in ({{}}, {{"trust_remote_code": False}}):
+            try:
+                load(folder, **kwargs)
+                refused.append(False)
+            except ValueError as e:
+                refused.append("trust_remote_code" in str(e))
+    plain.append(refused)
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
     with torch.no_grad():
         out.append(model(x).logits)
-torch.save(out, {str(tmp_path / 'y.pt')!r})
+torch.save((out, plain), {str(tmp_path / 'y.pt')!r})
 """
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for (folder, logits), got in zip(saved.values(), torch.load(tmp_path / "y.pt")):
-        assert (got - logits).abs().max() <= 1e-5, folder
+    got, plain = torch.load(tmp_path / "y.pt")
+    for (folder, _), logits, refused in zip(saved.values(), got, plain):
+        with torch.no_grad():
+            assert torch.equal(logits, load_checkpoint(folder)(windows_module).logits), folder
+        custom = (folder / MODELING_FILE).exists()
+        # custom code: refused every way; dense-shaped (merged, masked weights): the base architecture, loaded
+        assert refused == [custom] * 4, (folder, refused)
 
 
 def test_carried_code_is_the_package_code(saved):
@@ -197,6 +214,14 @@ def test_methods_and_budgets_are_refused_as_bench_run_refuses_them(tmp_path, cap
     assert not (tmp_path / "c").exists()
 
 
+def _forge(folder, prov):
+    """compression.json replaced and config.json's digest of it updated to match: an edit made consistently, so the
+    checks behind the digest are reached."""
+    (folder / PROVENANCE_FILE).write_text(json.dumps(prov))
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, RECORD_KEY: record_digest(prov)}))
+
+
 def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
     import shutil
 
@@ -209,22 +234,48 @@ def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
         shutil.copytree(saved_cli, dst)
         return dst
 
+    prov = json.loads((saved_cli / PROVENANCE_FILE).read_text())
+    cfg = json.loads((saved_cli / "config.json").read_text())
     f = copy("prov")
-    prov = json.loads((f / PROVENANCE_FILE).read_text())
     (f / PROVENANCE_FILE).write_text(json.dumps({**prov, "layout_sha256": "0" * 64}))
     _one_line(capsys, run(f), "does not match compression.json")
+    f = copy("relabelled")  # the method and budget edited: the leaderboard would file it under another variant
+    (f / PROVENANCE_FILE).write_text(json.dumps({**prov, "method": "fasc", "budget": "0.3 rank"}))
+    _one_line(capsys, run(f), "does not match the digest config.json records")
+    f = copy("dropped")  # without compression.json, the folder must not load as the base architecture
+    (f / PROVENANCE_FILE).unlink()
+    _one_line(capsys, run(f), "compression.json is missing")
+    f = copy("replaced-config")  # the base model's config.json put back: compression.json has no layout to check
+    (f / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if not k.startswith("acbench")
+                                               and k != "auto_map"} | {"model_type": "llama"}))
+    _one_line(capsys, run(f), "records no compression layout")
+    f = copy("old-schema")
+    _forge(f, {**prov, "schema": 1})
+    _one_line(capsys, run(f), "schema 1")
     f = copy("escape")
-    (f / PROVENANCE_FILE).write_text(json.dumps({**prov, "weights": {"../../x.safetensors": "0" * 64}}))
+    _forge(f, {**prov, "weights": {"../../x.safetensors": "0" * 64}})
     _one_line(capsys, run(f), "as a weight file")
+    f = copy("no-weights")  # an empty list once skipped every weight digest
+    _forge(f, {**prov, "weights": {}})
+    _one_line(capsys, run(f), "lists no weight files")
     f = copy("json")
     (f / PROVENANCE_FILE).write_text("{not json")
     _one_line(capsys, run(f), "not readable JSON")
     f = copy("layout")
-    cfg = json.loads((f / "config.json").read_text())
     site = next(iter(cfg["acbench_compression"]))
-    cfg["acbench_compression"][site]["k"] += 1
-    (f / "config.json").write_text(json.dumps(cfg))
+    (f / "config.json").write_text(json.dumps({**cfg, "acbench_compression": {
+        **cfg["acbench_compression"], site: {**cfg["acbench_compression"][site], "k": 1}}}))
     _one_line(capsys, run(f), "does not match compression.json")
+    f = copy("model-type")  # a dense model type on a factorised layout: transformers would load it dense
+    (f / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    _one_line(capsys, run(f), "does not fit its layout")
+    f = copy("code")
+    with open(f / "compressed_layers.py", "a") as fh:
+        fh.write("\n# edited\n")
+    _one_line(capsys, run(f), "compressed_layers.py differs")
+    f = copy("extra-code")
+    (f / "sitecustomize.py").write_text("")
+    _one_line(capsys, run(f), "sitecustomize.py is not a code file")
     f = copy("missing")
     (f / "model.safetensors").unlink()
     _one_line(capsys, run(f), "holds no weights")
@@ -235,6 +286,47 @@ def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
     data[-1] ^= 1
     (f / "model.safetensors").write_bytes(bytes(data))
     _one_line(capsys, run(f), "differs from the file bench compress wrote")
+
+
+def test_the_record_names_its_versions_and_code(saved_cli):
+    prov = json.loads((saved_cli / PROVENANCE_FILE).read_text())
+    import transformers
+
+    assert prov["written_by"]["torch"] == torch.__version__
+    assert prov["written_by"]["transformers"] == transformers.__version__
+    assert "git_commit" in prov["written_by"]
+    assert sorted(prov["code"]) == ["compressed_layers.py", "configuration_acbench.py", "modeling_acbench.py",
+                                    "sparsity.py"]
+    cfg = json.loads((saved_cli / "config.json").read_text())
+    assert cfg["model_type"] == "acbench_llama" and cfg[RECORD_KEY] == record_digest(prov)
+
+
+def test_written_files_follow_the_umask(saved_cli, tmp_path):
+    """Atomic writes once left every cell and compression.json at 0600, unreadable to the user's group."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    want = 0o666 & ~mask
+    for name in (PROVENANCE_FILE, "config.json", "model.safetensors"):
+        assert (saved_cli / name).stat().st_mode & 0o777 == want, name
+    from core.io import atomic_write_json
+
+    atomic_write_json(tmp_path / "cell.json", {})
+    assert (tmp_path / "cell.json").stat().st_mode & 0o777 == want
+
+
+def test_save_targets_that_would_replace_the_source_or_the_current_folder_are_refused(tmp_path, capsys,
+                                                                                       monkeypatch):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_checkpoint(), src)
+    for target in (src, src / "inner", tmp_path):
+        line = _one_line(capsys, ["compress", "--model", str(src), "--save", str(target), *CALIB, "--method", "pca",
+                                  "--rank", "0.5", "--overwrite"], "source model")
+    monkeypatch.chdir(src / "..")
+    for target in (".", ".."):
+        _one_line(capsys, _compress(target, "--method", "pca", "--rank", "0.5", "--overwrite"), "current folder")
+    assert sorted(p.name for p in src.iterdir()) == sorted(p.name for p in tiny_checkpoint().iterdir())
 
 
 @pytest.mark.slow
@@ -262,3 +354,11 @@ def test_lm_eval_cli_runs_a_local_task_on_a_saved_checkpoint(tmp_path, saved_cli
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
     assert 0.0 <= results["results"]["capitals"]["acc,none"] <= 1.0
     assert results["config"]["model_args"]["pretrained"] == str(saved_cli)
+    # without trust_remote_code lm-eval cannot build the factorised sites: it must stop, not score a dense model
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={saved_cli},dtype=float32",
+         "--tasks", "capitals", "--include_path", str(tmp_path), "--device", "cpu", "--batch_size", "2",
+         "--output_path", str(tmp_path / "plain")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and "trust_remote_code" in proc.stderr, proc.stderr[-3000:]
+    assert not list((tmp_path / "plain").rglob("results_*.json"))

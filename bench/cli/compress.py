@@ -58,7 +58,7 @@ def cmd_compress(args) -> int:
     from methods.base import SparsityMethod
 
     config, out = compress_config(args)
-    check_target(out, args.replace)  # --save is named before the run's own checks
+    check_target(out, args.replace, config.model)  # --save is named before the run's own checks
     run = resolve_run(config)
     if len(run.methods) != 1:
         raise UserError(f"--method {args.method} names {len(run.methods)} methods: bench compress saves one model, "
