@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from core.errors import UserError
-from core.io import atomic_write_json, cache_dir
+from core.io import atomic_write_json, stats_cache_dir
 from core.stats import GroupStats
 
 from . import __version__
@@ -27,7 +27,7 @@ CLAIM_POLL_S = 2.0
 
 def stats_folder(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) -> Path:
     key = settings_hash(fingerprint, cspec.as_dict(), sorted(needed), __version__, STATS_VERSION)
-    return cache_dir() / "stats" / key
+    return stats_cache_dir() / key
 
 
 def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:

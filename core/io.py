@@ -18,6 +18,12 @@ def cache_dir() -> Path:
     return root
 
 
+def stats_cache_dir() -> Path:
+    """Calibration statistics: $ACBENCH_STATS_CACHE where set (the test suite gives each test its own), else the
+    cache's stats/ folder."""
+    return Path(os.environ["ACBENCH_STATS_CACHE"]) if os.environ.get("ACBENCH_STATS_CACHE") else cache_dir() / "stats"
+
+
 _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> digest: a file hashed once per process
 
 

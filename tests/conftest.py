@@ -1,7 +1,25 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS
+
+# The statistics cache is the suite's own, never the user's: one folder for module- and session-scoped fixtures,
+# and one per test (private_stats_cache), so no test reads statistics another wrote or a user's run left.
+_SESSION_STATS = tempfile.mkdtemp(prefix="acbench-test-stats-")
+os.environ["ACBENCH_STATS_CACHE"] = _SESSION_STATS
+atexit.register(shutil.rmtree, _SESSION_STATS, True)
+
+
+@pytest.fixture(autouse=True)
+def private_stats_cache(tmp_path_factory, monkeypatch):
+    folder = tmp_path_factory.mktemp("stats-cache")
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(folder))
+    return folder
 
 
 def tiny_config(arch: str = "llama", hidden: int = 32, inter: int = 48, layers: int = 2, vocab: int = 101):

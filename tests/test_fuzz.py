@@ -291,8 +291,9 @@ def calibrated(tmp_path_factory):
     from bench.statistics import calibration_windows, load_or_calibrate, stats_folder
 
     cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("ACBENCH_CACHE")
+    old = os.environ.get("ACBENCH_CACHE"), os.environ.get("ACBENCH_STATS_CACHE")
     os.environ["ACBENCH_CACHE"] = str(cache)
+    os.environ["ACBENCH_STATS_CACHE"] = str(cache / "stats")
     try:
         lm = load_model(str(tiny_checkpoint()), progress=False)
         groups = find_input_groups(lm.model)
@@ -302,10 +303,11 @@ def calibrated(tmp_path_factory):
         reference = {g.name: store[g.name] for g in groups}
         yield lm, groups, cspec, needs, stats_folder(lm.fingerprint, cspec, needs), reference, cache, windows
     finally:
-        if old is None:
-            os.environ.pop("ACBENCH_CACHE", None)
-        else:
-            os.environ["ACBENCH_CACHE"] = old
+        for name, value in zip(("ACBENCH_CACHE", "ACBENCH_STATS_CACHE"), old):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _header(path: Path) -> tuple[int, dict]:
@@ -331,6 +333,7 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
 
     lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
     monkeypatch.setenv("ACBENCH_CACHE", str(cache))
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(cache / "stats"))
     g = groups[which % len(groups)]
     path = group_file(folder, g.name)
     before = path.read_bytes()

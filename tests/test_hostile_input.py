@@ -228,7 +228,7 @@ class Payload:
 
 
 def test_planted_pickle_in_the_statistics_cache_never_runs(tmp_path, tiny, capsys, monkeypatch):
-    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "cache" / "stats"))
     out = tmp_path / "out"
     assert main(base(tiny, out)) == 0
     stats = sorted((tmp_path / "cache" / "stats").rglob("*.safetensors"))
@@ -331,3 +331,36 @@ def test_inputs_that_mean_nothing_are_refused(tmp_path, tiny, capsys, flags, nee
     out = tmp_path / "out"
     expect_one_line(capsys, base(tiny, out, **flags), needle)
     assert no_cells(out)
+
+
+@pytest.mark.parametrize("stage", ["calibration", "variant"])
+def test_sigterm_releases_every_claim(tmp_path, tiny, capsys, monkeypatch, private_stats_cache, stage):
+    """SIGTERM while a claim is held (the calibration claim, or a variant's cell claims): exit 143, no lock left
+    behind to make the next run wait on a dead process, and the rerun computes the rest."""
+    import os
+    import signal
+
+    import bench.execute
+    import bench.statistics
+
+    target = (bench.statistics, "_calibrate_pending") if stage == "calibration" else (bench.execute.Worker, "claim")
+    original = getattr(*target)
+
+    def terminated(*args, **kwargs):
+        got = original(*args, **kwargs) if stage == "variant" else None
+        if stage == "variant" and all(c.id.method == "dense" for c in args[1]):
+            return got  # the dense cell is computed; the variant's claim is the one held when the signal comes
+        locks = list(tmp_path.rglob("*.lock")) + list(private_stats_cache.rglob("*.lock"))
+        assert locks  # the claim is held at this point
+        os.kill(os.getpid(), signal.SIGTERM)
+        return got if stage == "variant" else original(*args, **kwargs)
+
+    monkeypatch.setattr(*target, terminated)
+    out = tmp_path / "out"
+    assert main(base(tiny, out)) == 143
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.lock")) and not list(private_stats_cache.rglob("*.lock"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is bench's only while it runs
+    monkeypatch.setattr(*target, original)
+    assert main(base(tiny, out)) == 0
+    assert "1 cell(s) written" in capsys.readouterr().out  # the variant's cell (the dense one was written first)

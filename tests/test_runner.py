@@ -92,7 +92,8 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
         assert final[name] == rec
     # the same command with the same seed, uninterrupted and calibrating afresh (its own empty statistics
     # cache), gives identical metric values
-    env = {**os.environ, "ACBENCH_CACHE": str(tmp_path / "fresh-cache")}
+    env = {**os.environ, "ACBENCH_CACHE": str(tmp_path / "fresh-cache"),
+           "ACBENCH_STATS_CACHE": str(tmp_path / "fresh-cache" / "stats")}
     r = run_bench(tiny_args(tmp_path / "clean"), env=env)
     assert r.returncode == 0, r.stderr
     table = (r.stderr + r.stdout).split("where the time went:")[1]  # the run's stages, each with its share

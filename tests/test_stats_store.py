@@ -68,7 +68,6 @@ def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     from bench.statistics import load_or_calibrate, stats_folder
     from bench.stats_store import group_file
 
-    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
     lm = load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
     needs = frozenset({"C", "F", "pairs"})
@@ -144,7 +143,6 @@ def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, mon
     from bench.models import load_model
     from bench.store import claim_cell, release_cell
 
-    monkeypatch.setenv("ACBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(statistics, "CLAIM_POLL_S", 0.05)
     lm = load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)

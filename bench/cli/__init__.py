@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from bench.models import ALIASES
 from core.errors import UserError
@@ -138,6 +140,15 @@ def one_line(message: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so the `finally` blocks that release cell and calibration claims
+    run (Python's default for SIGTERM exits at once and leaves them behind)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = _parser()
@@ -145,6 +156,8 @@ def main(argv=None) -> int:
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
                "plan": cmd_plan, "emerge": cmd_emerge,
                "compress": cmd_compress}[args.cmd]
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
         return handler(args)
     except UserError as e:
@@ -153,4 +166,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("bench: interrupted; finished cells are kept, rerun to compute the rest\n")
         return 130
+    except Terminated:
+        sys.stderr.write("bench: terminated (SIGTERM); finished cells are kept, rerun to compute the rest\n")
+        return 143
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 

@@ -38,7 +38,7 @@ def _import_ray():
 _MODELS: dict = {}  # per worker process: the model its last share loaded (Ray reuses worker processes)
 
 
-def compute_share(run, cells: list, calibrate: bool, cache: str, cwd: str) -> dict:
+def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: str, cwd: str) -> dict:
     """One Ray task: a Worker on its share of the planned cells, in a worker process."""
     import ray
     import torch
@@ -46,6 +46,7 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, cwd: str) -> di
     from bench.execute import Worker
 
     os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
+    os.environ["ACBENCH_STATS_CACHE"] = stats_cache
     if os.path.isdir(cwd):
         os.chdir(cwd)  # relative paths (data files) mean what they meant to the driver
     cpus = run.config.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
@@ -149,7 +150,7 @@ def run_on_ray(run) -> dict:
     from tqdm.auto import tqdm
 
     from bench.execute import prepare
-    from core.io import cache_dir
+    from core.io import cache_dir, stats_cache_dir
 
     ray = _import_ray()
     t0 = time.perf_counter()
@@ -161,7 +162,7 @@ def run_on_ray(run) -> dict:
     _start_ray(ray, run.config)
     options, prep_opts = _task_options(ray, run.config, len(later))
     part = ray.remote(compute_share)
-    common = (str(cache_dir()), os.getcwd())
+    common = (str(cache_dir()), str(stats_cache_dir()), os.getcwd())
     bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=not prepared.run.config.progress)
     written = _first_task(ray, part, prep_opts, run, dense, common)
     bar.update(len(dense))
