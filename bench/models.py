@@ -147,6 +147,8 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
                             "checkpoint (save_pretrained writes both config and weights)")
         for f in sorted(path.glob("*.safetensors")):
             check_safetensors(f)
+        for f in sorted(path.glob("*.bin")):
+            check_pickle_weights(f)
         fp = _dir_fingerprint(path)
         from .checkpoint import describe_provenance, read_provenance
 
@@ -203,6 +205,28 @@ def check_safetensors(path: Path) -> None:
     if problem:
         raise UserError(f"weight file {path} is not a complete safetensors file: {problem}: re-save or re-download "
                         "the checkpoint")
+
+
+def check_pickle_weights(path: Path) -> None:
+    """A pickle weight file (pytorch_model.bin) read as torch's weights-only unpickler reads it, tensors left on
+    disk (mmap, meta): one that needs anything beyond tensors and containers is refused here, in one line, before
+    any cell is planned (loading it would stop mid-run; unrestricted, it could run code)."""
+    import pickle
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the unpickler's protocol notes: the verdict is the one line below
+            try:
+                torch.load(path, weights_only=True, mmap=True, map_location="meta")
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                torch.load(path, weights_only=True, map_location="meta")  # the legacy (non-zip) format cannot mmap
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError, ImportError) as e:
+        raise UserError(f"weight file {path} is not plain tensors (torch's weights-only load refuses it, "
+                        f"{type(e).__name__}): loading it could run code; convert the checkpoint to safetensors "
+                        "from a source you trust") from None
 
 
 def _short(e: Exception) -> str:

@@ -169,6 +169,8 @@ def claim_cell(path: Path, owner: str | None = None) -> bool:
                 lock.unlink(missing_ok=True)  # a dead process's claim: break it and try once more
                 continue
             return True
+        except FileNotFoundError:
+            continue  # the folder was removed (emptied by a run releasing its last claim) after it was made
         except OSError as e:
             raise UserError(f"cannot write in results folder {lock.parent} ({e.strerror or type(e).__name__}): "
                             "make it writable or pass --output <writable dir>") from None
@@ -181,4 +183,12 @@ def claim_cell(path: Path, owner: str | None = None) -> bool:
 
 
 def release_cell(path: Path) -> None:
-    _lock_path(path).unlink(missing_ok=True)
+    """Drop the claim; a folder it leaves empty (the cell was refused or interrupted before being written) goes too,
+    up to two levels (the method's and the model's folders), so a stopped run leaves no empty folders."""
+    lock = _lock_path(path)
+    lock.unlink(missing_ok=True)
+    for folder in (lock.parent, lock.parent.parent):
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            break

@@ -104,10 +104,14 @@ def read_user_text(path, what: str) -> str:
 
 
 def unwritable(folder: Path) -> str | None:
-    """Why files cannot be written in `folder` (created if absent), or None if they can."""
+    """Why files cannot be written in `folder`, or None if they can. An absent folder is not created (a refused run
+    leaves no empty folders): its nearest existing parent must be a writable folder."""
+    folder = Path(folder).expanduser().absolute()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        return "not a folder" if existing is not None else "no such folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
+        probe = existing / f".write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:

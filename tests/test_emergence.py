@@ -194,3 +194,30 @@ def test_a_users_checkpoint_series(tmp_path):
     steps = [p["step"] for p in cell["details"]["summary"]["series"]["0"]]
     assert steps == [0, 16] and cell["details"]["checkpoints"] == [str(p) for p in paths]
     assert (out / "EMERGENCE.md").read_text().startswith("# acbench: knowledge emergence")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--d-model", "3"], "width 3"), (["--d-model", "17"], "width 17"), (["--d-model", "130"], "width 65"),
+    (["--work", "/proc/x"], "--work /proc/x is not writable")])
+def test_emerge_sizes_and_folders_it_cannot_use_are_one_line(tmp_path, capsys, args, needle):
+    from bench.cli import main
+
+    assert main(["emerge", *args, "--steps", "2", "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_series_are_ordered_by_step_and_never_repeat_one(tmp_path):
+    from bench.cli.emerge import _steps_of
+    from core.errors import UserError
+
+    names = [str(tmp_path / n) for n in ("step64", "step0", "checkpoint-16")]
+    folders, steps = _steps_of(names)
+    assert steps == [0, 16, 64] and [f.name for f in folders] == ["step0", "checkpoint-16", "step64"]
+    plain = [str(tmp_path / n) for n in ("b", "a")]
+    assert _steps_of(plain) == ([tmp_path / "b", tmp_path / "a"], [0, 1])  # no steps in the names: as given
+    with pytest.raises(UserError, match="twice"):
+        _steps_of([names[0], names[1], names[0] + "/"])
+    with pytest.raises(UserError, match="both step 16"):
+        _steps_of([str(tmp_path / "x" / "step16"), str(tmp_path / "checkpoint-16")])

@@ -364,3 +364,33 @@ def test_sigterm_releases_every_claim(tmp_path, tiny, capsys, monkeypatch, priva
     monkeypatch.setattr(*target, original)
     assert main(base(tiny, out)) == 0
     assert "1 cell(s) written" in capsys.readouterr().out  # the variant's cell (the dense one was written first)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (Path(self.marker).touch, ())
+
+
+def test_pickle_weights_that_are_not_plain_tensors_are_refused_before_anything_runs(tmp_path, tiny, capsys):
+    """A pytorch_model.bin that needs more than tensors is one line at open (it once stopped the run mid-way with
+    a traceback, after the cells were planned); a plain-tensor .bin loads; a refused run leaves no folder behind."""
+    import pickle
+    import shutil
+
+    import torch
+
+    plain, hostile = tmp_path / "plain", tmp_path / "hostile"
+    for folder in (plain, hostile):
+        shutil.copytree(tiny, folder)
+        (folder / "model.safetensors").unlink()
+    from safetensors.torch import load_file
+
+    torch.save(load_file(tiny / "model.safetensors"), plain / "pytorch_model.bin")
+    _RunsCode.marker = str(tmp_path / "ran")
+    (hostile / "pytorch_model.bin").write_bytes(pickle.dumps({"w": _RunsCode()}))
+    out = tmp_path / "out" / "nested"
+    assert main(base(hostile, out)) == 2
+    err = capsys.readouterr().err
+    assert "pytorch_model.bin is not plain tensors" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+    assert main(base(plain, tmp_path / "plain-out")) == 0

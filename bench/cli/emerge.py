@@ -50,22 +50,46 @@ def _config(args):
         raise UserError(f"--rank {args.rank} is outside (0, 1]: pass e.g. --rank 0.5")
     if not args.lr > 0:
         raise UserError(f"--lr must be positive, got {args.lr}")
+    heads = max(1, args.d_model // 64)  # as TrainConfig.model_config builds the model
+    if args.d_model % heads or (args.d_model // heads) % 2:
+        raise UserError(f"--d-model {args.d_model} splits into {heads} head(s) of width {args.d_model / heads:g}, and "
+                        "rotary attention needs an even whole width: pass an even number below 128 or a multiple of "
+                        "128 (for example 128)")
     train = TrainConfig(layers=args.layers, d_model=args.d_model, steps=args.steps, batch_size=args.batch_size,
                         seq_len=args.seq_len, lr=args.lr)
     return EmergeConfig(train=train, entities=args.entities, seeds=tuple(dict.fromkeys(args.seeds)),
                         spacing=args.checkpoints, rank=args.rank, protocol=args.protocol, control=args.control)
 
 
-def _steps_of(paths: list[str]) -> list[int]:
-    found = [re.search(r"(?:step|checkpoint-)(\d+)", Path(p).name) for p in paths]
-    return [int(m.group(1)) for m in found] if all(found) else list(range(len(paths)))
+def _steps_of(paths: list[str]) -> tuple[list[Path], list[int]]:
+    """The checkpoint folders in training order with their steps: by the step their names carry (step<N>,
+    checkpoint-<N>), whatever order they were given in; names without steps keep the given order. A folder given
+    twice, or two folders of one step, is refused (either would change the onset the verdict rests on)."""
+    folders = [Path(p) for p in paths]
+    seen: dict[Path, str] = {}
+    for given, folder in zip(paths, folders):
+        if folder.resolve() in seen:
+            raise UserError(f"--checkpoints-from names {seen[folder.resolve()]} twice (as {given}): pass each "
+                            "checkpoint once")
+        seen[folder.resolve()] = given
+    found = [re.search(r"(?:step|checkpoint-)(\d+)", folder.name) for folder in folders]
+    if not all(found):
+        return folders, list(range(len(folders)))
+    steps = [int(m.group(1)) for m in found]
+    if len(set(steps)) < len(steps):
+        step = next(s for s in steps if steps.count(s) > 1)
+        names = [str(f) for f, s in zip(folders, steps) if s == step]
+        raise UserError(f"--checkpoints-from: {' and '.join(names)} are both step {step}: pass one checkpoint per "
+                        "step")
+    order = sorted(range(len(steps)), key=steps.__getitem__)
+    return [folders[i] for i in order], [steps[i] for i in order]
 
 
 def cmd_emerge(args) -> int:
     from analyses.emergence import Sources, run_emergence, run_on_checkpoints
     from analyses.emergence import Emergence
     from bench.store import check_writable
-    from core.io import atomic_write_text
+    from core.io import atomic_write_text, unwritable
     from core.record import CellRecord
 
     cfg = _config(args)
@@ -75,10 +99,14 @@ def cmd_emerge(args) -> int:
         for p in args.checkpoints_from:
             if not (Path(p) / "config.json").is_file():
                 raise UserError(f"checkpoint {p} has no config.json: pass transformers checkpoint folders")
+        folders, steps = _steps_of(args.checkpoints_from)
         sources = Sources(args.probes, "wiki", "wiki")
-        summary, path = run_on_checkpoints([Path(p) for p in args.checkpoints_from], _steps_of(args.checkpoints_from),
-                                           cfg, sources, output, args.progress)
+        summary, path = run_on_checkpoints(folders, steps, cfg, sources, output, args.progress)
     else:
+        why = unwritable(Path(args.work))
+        if why:
+            raise UserError(f"--work {args.work} is not writable ({why}): pass a writable folder for the corpora "
+                            "and checkpoints")
         summary, path = run_emergence(cfg, output, Path(args.work), args.progress)
     print(f"emerge: {summary['verdict']['state']}: {summary['verdict']['why']}")
     print(f"emerge cell: {path}")
