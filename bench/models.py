@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 import json
 import shutil
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,13 +257,19 @@ class ModelSource:
         return find_input_groups(meta_model(self.config))
 
 
-def _load_error(model: str, fp: dict, e: Exception) -> UserError:
+def _load_error(model: str, fp: dict, e: Exception, offline: str | None = None, report: str = "") -> UserError:
+    """One line for a model transformers could not open or load: `offline` says why the hub was not asked,
+    `report` is the first row of transformers' load report (which it prints as a table before raising)."""
     if isinstance(e, OSError):
         if fp.get("source") == "hub":
+            why = f"{offline}, and it is not in the local hub cache" if offline else _short(e)
             return UserError(
                 f"model '{model}' is not an alias ({', '.join(ALIASES)}), not a local path, and could not be loaded "
-                f"from the Hugging Face hub ({_short(e)}): pass a local checkpoint or .gguf")
+                f"from the Hugging Face hub ({why}): pass a local checkpoint or .gguf")
         return UserError(f"model '{model}' could not be loaded ({_short(e)}): pass a complete checkpoint")
+    if report:
+        return UserError(f"model '{model}': its weights do not fit its config.json ({report}): pass the config.json "
+                         "the weights were saved with (re-save with save_pretrained)")
     return UserError(f"model '{model}' could not be loaded ({_short(e)}): check its config.json, tokenizer "
                      "and weights (re-save with save_pretrained)")
 
@@ -275,6 +283,8 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     """The model's files, tokenizer and config; its weights stay on disk (`load_weights`)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from core.hub import offline_unless_reachable
+
     from .checkpoint import checkpoint_config
 
     if not progress:
@@ -284,17 +294,42 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     target, fp = locate(model, progress)
     if dtype not in TORCH_DTYPES:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
+    offline = offline_unless_reachable() if fp.get("source") == "hub" else None
     try:
         config = checkpoint_config(target) if Path(target).is_dir() else AutoConfig.from_pretrained(target)
         # the config given: a compressed checkpoint's own model type would make the tokenizer ask to run its code
         tok = AutoTokenizer.from_pretrained(target, config=config)
     except _LOAD_ERRORS as e:
-        raise _load_error(model, fp, e) from None
+        raise _load_error(model, fp, e, offline) from None
     check_model_config(config, f"model {model}")
     if fp.get("source") == "hub":
         fp["revision"] = getattr(config, "_commit_hash", None)
     fp = {**fp, "dtype": dtype, **({"device_map": device_map} if device_map else {})}
     return ModelSource(model, target, fp, display_name(model), tok, config, dtype, device_map)
+
+
+@contextmanager
+def transformers_warnings():
+    """transformers' log records while loading, kept instead of printed (its load report is a table of many lines;
+    what it says is folded into acbench's one line)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            kept.append(record.getMessage())
+
+    root, handler = hf_logging.get_logger(), Keep(level=logging.WARNING)
+    hf_logging.disable_default_handler()
+    root.addHandler(handler)
+    try:
+        yield kept
+    finally:
+        root.removeHandler(handler)
+        hf_logging.enable_default_handler()
 
 
 def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
@@ -304,16 +339,29 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
 
     from .checkpoint import PROVENANCE_FILE, load_checkpoint
 
-    try:
-        kwargs = {"device_map": source.device_map} if source.device_map else {}
-        if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked, modules built
-            model = load_checkpoint(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
-    except UserError:
-        raise
-    except _LOAD_ERRORS as e:
-        raise _load_error(source.given, source.fingerprint, e) from None
+    with transformers_warnings() as warned:
+        try:
+            kwargs = {"device_map": source.device_map} if source.device_map else {}
+            if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked
+                model = load_checkpoint(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
+            else:
+                model, info = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype],
+                                                                   output_loading_info=True, **kwargs)
+                if info.get("missing_keys"):  # transformers would run them freshly initialised, and say so in a table
+                    missing = sorted(map(str, info["missing_keys"]))
+                    raise UserError(f"model '{source.given}': its weights lack {len(missing)} tensor(s) its config.json "
+                                    f"needs ({missing[0]}, ...), which would run freshly initialised: pass a complete "
+                                    "checkpoint")
+        except UserError:
+            raise
+        except _LOAD_ERRORS as e:
+            rows = [line for w in warned for line in w.splitlines() if "MISMATCH" in line and "|" in line]
+            report = " ".join(rows[0].split("|")[0::2]).strip() if rows else ""
+            raise _load_error(source.given, source.fingerprint, e, report=" ".join(report.split())) from None
+    for w in warned:  # what transformers said of a load that went through, one line each
+        rows = [" ".join(r.replace("|", " ").split()) for r in w.splitlines()[3:] if "|" in r]
+        line = f"load report: {len(rows)} row(s), first: {rows[0]}" if "LOAD REPORT" in w and rows else w.strip()
+        sys.stderr.write(f"[transformers] {' '.join(line.split())[:300]}\n")
     if not source.device_map:
         model.to(device)
     model.eval()

@@ -394,3 +394,51 @@ def test_pickle_weights_that_are_not_plain_tensors_are_refused_before_anything_r
     assert "pytorch_model.bin is not plain tensors" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
     assert main(base(plain, tmp_path / "plain-out")) == 0
+
+
+def test_an_unreachable_hub_is_one_line_within_seconds(tmp_path, capsys, monkeypatch):
+    """No retry loop: one connection attempt, then offline mode (huggingface_hub once printed 12-23 lines of
+    retries over 35-52 s before the one line)."""
+    import time
+
+    import datasets.config
+    import huggingface_hub.constants
+
+    import core.hub
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setattr(core.hub, "_answer", [])
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    t0 = time.perf_counter()
+    assert main(["run", "--model", "no-such-org/no-such-model", "--methods", "dense", "--tasks", "ppl-token",
+                 "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "127.0.0.1 cannot be reached" in err[0] and "local hub cache" in err[0], err
+    assert time.perf_counter() - t0 < 20
+    assert huggingface_hub.constants.HF_HUB_OFFLINE  # what is cached would still load
+
+
+def test_weights_that_do_not_fit_the_config_are_one_line_not_a_load_report(tmp_path, tiny, capsys):
+    """transformers prints a table (its load report) before raising on a size mismatch, and only warns on a missing
+    tensor, then runs it freshly initialised: both are one line, exit 2."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    wide = tmp_path / "wide"
+    shutil.copytree(tiny, wide)
+    cfg = json.loads((wide / "config.json").read_text())
+    (wide / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 2 * cfg["intermediate_size"]}))
+    lacking = tmp_path / "lacking"
+    shutil.copytree(tiny, lacking)
+    tensors = load_file(lacking / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, lacking / "model.safetensors", metadata={"format": "pt"})
+    for folder, needle in ((wide, "do not fit its config.json (model.layers."), (lacking, "lack 1 tensor(s)")):
+        assert main(base(folder, tmp_path / f"out-{folder.name}", **{"--methods": "dense", "--rank": None})) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and needle in err[0], err

@@ -1,0 +1,49 @@
+"""Whether the Hugging Face hub can be reached, asked once per process before anything downloads.
+
+huggingface_hub retries an unreachable host five times with backoff (about 30 s of "Retrying in 8s" lines) before
+transformers or datasets give up. One connection attempt with a short timeout answers the same question; where it
+fails, the process switches to offline mode, so what the local caches hold still loads and a miss fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+PROBE_TIMEOUT_S = 3.0
+_TRUE = {"1", "ON", "YES", "TRUE"}
+_answer: list[str | None] = []
+
+
+def unreachable_why() -> str | None:
+    """None if the hub answers a connection; else why not (offline mode set by the user, or the failed probe)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE:
+        return "HF_HUB_OFFLINE is set"
+    if not _answer:
+        url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+            _answer.append(None)
+        except OSError as e:
+            _answer.append(f"{host} cannot be reached from this machine ({e.strerror or type(e).__name__})")
+    return _answer[0]
+
+
+def offline_unless_reachable() -> str | None:
+    """Call before a hub download: where the hub cannot be reached, huggingface_hub, transformers and datasets are
+    put in offline mode (cached files only, no retry loop). Returns why it is unreachable, or None."""
+    why = unreachable_why()
+    if why is not None:
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+        import huggingface_hub.constants as hub_constants
+
+        hub_constants.HF_HUB_OFFLINE = True  # read at call time; the environment only at import
+        try:
+            import datasets.config as datasets_config
+
+            datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
+        except ImportError:
+            pass
+    return why
