@@ -55,7 +55,7 @@ def from_stored(fields: dict) -> GroupStats:
 
 # Every file says what it holds, and a reader believes none of it until the bytes agree: the tensor list, each
 # tensor's dtype and shape, the group and its width, and a digest of the bytes are all checked (`group_problem`).
-FORMAT = "acbench-stats-2"
+FORMAT = "acbench-stats-3"  # 3: the digest covers the scalars too (an edited n_tokens went unnoticed)
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
 _STORED_DTYPES = {"xs": "F32", "gs": "F32"}  # the token sample; every moment is stored as float32 too
 _SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
@@ -70,8 +70,16 @@ def _hash_tensor(h, key: str, t: torch.Tensor) -> None:
     h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
+def _new_digest(scalars_text: str):
+    """A group's digest begins with its scalars, as the header stores them (the token count the debiased rho and
+    the solvers read), then takes each tensor."""
     h = hashlib.sha256()
+    h.update(f"scalars|{scalars_text}|".encode())
+    return h
+
+
+def _digest(tensors: dict[str, torch.Tensor], scalars_text: str) -> str:
+    h = _new_digest(scalars_text)
     for key in sorted(tensors):
         _hash_tensor(h, key, tensors[key])
     return h.hexdigest()
@@ -91,8 +99,9 @@ def write_group(folder: Path, group: str, stats: GroupStats, d_in: int) -> None:
         else:
             scalars[f] = v
     manifest = {k: [_SAFETENSORS_DTYPES[t.dtype], list(t.shape)] for k, t in tensors.items()}
-    metadata = {"format": FORMAT, "group": group, "d_in": str(d_in), "scalars": json.dumps(scalars),
-                "tensors": json.dumps(manifest, sort_keys=True), "digest": _digest(tensors)}
+    scalars_text = json.dumps(scalars, sort_keys=True)
+    metadata = {"format": FORMAT, "group": group, "d_in": str(d_in), "scalars": scalars_text,
+                "tensors": json.dumps(manifest, sort_keys=True), "digest": _digest(tensors, scalars_text)}
     atomic_write_via(group_file(folder, group), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
@@ -150,7 +159,7 @@ def group_problem(folder: Path, group: str, d_in: int) -> str | None:
             if problem:
                 return problem
             manifest = json.loads(meta["tensors"])
-            h = hashlib.sha256()
+            h = _new_digest(meta["scalars"])
             for key in sorted(keys):  # one tensor in memory at a time
                 sl = f.get_slice(key)
                 dtype, shape = sl.get_dtype(), list(sl.get_shape())
@@ -182,9 +191,9 @@ def read_group(folder: Path, group: str) -> GroupStats:
 
     path = group_file(folder, group)
     fields: dict = {}
-    h = hashlib.sha256()
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
+        h = _new_digest(meta.get("scalars", ""))
         if meta.get("group") != group:
             raise DataError(f"statistics cache file {path} holds group {meta.get('group')!r}, not {group!r}: "
                             "delete it and rerun")

@@ -323,7 +323,8 @@ def _with_header(path: Path, header: dict, n_old: int) -> None:
     path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n_old:])
 
 
-TAMPERS = ["flip", "dtype", "shape", "drop_meta", "scalars", "add_meta", "truncate", "garbage_info", "swap_files"]
+TAMPERS = ["flip", "dtype", "shape", "drop_meta", "scalars", "token_count", "add_meta", "truncate", "garbage_info",
+           "swap_files"]
 
 
 @given(tamper=st.sampled_from(TAMPERS), which=st.integers(0, 7), where=st.floats(0, 1))
@@ -357,6 +358,10 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
     elif tamper == "scalars":
         header["__metadata__"]["scalars"] = json.dumps({"n_tokens": "many", "extra": 1})
         _with_header(path, header, n)
+    elif tamper == "token_count":  # a plausible count, off by a little: only the digest can tell
+        scalars = json.loads(header["__metadata__"]["scalars"])
+        header["__metadata__"]["scalars"] = json.dumps({**scalars, "n_tokens": scalars["n_tokens"] + 1 + which})
+        _with_header(path, header, n)
     elif tamper == "add_meta":
         header["__metadata__"]["group"] = groups[(which + 1) % len(groups)].name
         _with_header(path, header, n)
@@ -374,6 +379,7 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
     for name, ref in reference.items():  # recomputed or untouched: the same numbers either way
         for f in ("C", "F", "xs", "gs"):
             assert torch.equal(getattr(got[name], f), getattr(ref, f)), (tamper, name, f)
+        assert got[name].n_tokens == ref.n_tokens, (tamper, name)
     said = log.getvalue()
     if tamper == "garbage_info":
         assert "info.json" in said and "unreadable" in said
