@@ -136,6 +136,17 @@ def _code_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.py"))
 
 
+def _other_files(folder: Path) -> list[Path]:
+    """The tokenizer's and generation config's files: everything but the weights, the code and the two records
+    (and documentation a user may add beside them)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".py")
+                  and p.name not in ("config.json", PROVENANCE_FILE) and not _is_documentation(p.name))
+
+
+def _is_documentation(name: str) -> bool:
+    return name.upper().startswith(("README", "LICENSE")) or name.endswith(".md") or name.startswith(".")
+
+
 def _versions() -> dict:
     import transformers
 
@@ -170,7 +181,8 @@ def write_checkpoint(model, tokenizer, out: Path, provenance: dict, overwrite: b
         record = {"schema": PROVENANCE_SCHEMA, "written_by": _versions(), **provenance,
                   "layout_sha256": layout_digest(layout),
                   "weights": {p.name: sha256_file(p) for p in _weight_files(tmp)},
-                  "code": {p.name: sha256_file(p) for p in _code_files(tmp)}}
+                  "code": {p.name: sha256_file(p) for p in _code_files(tmp)},
+                  "other": {p.name: sha256_file(p) for p in _other_files(tmp)}}
         cfg[RECORD_KEY] = record_digest(record)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         atomic_write_json(tmp / PROVENANCE_FILE, record)
@@ -193,13 +205,13 @@ def _read_json(path: Path, folder: Path):
         raise UserError(f"checkpoint {folder}: {path.name} is not readable JSON ({e}): {FIX}") from None
 
 
-def _check_files(folder: Path, listed, kind: str, suffix: str, check_digests: bool) -> None:
+def _check_files(folder: Path, listed, kind: str, present: list[Path], check_digests: bool) -> None:
     """Every file of `kind` the record lists is this folder's, present and (checked) as written; the record lists
-    every such file the folder holds."""
+    every such file the folder holds (`present`)."""
     if not isinstance(listed, dict) or (kind == "weight" and not listed):
         raise UserError(f"checkpoint {folder}: {PROVENANCE_FILE} lists no {kind} files: {FIX}")
     for name, digest in listed.items():
-        if Path(name).name != name or not name.endswith(suffix):  # a file of this folder, nothing else
+        if Path(name).name != name or name in ("", ".", ".."):  # a file of this folder, nothing else
             raise UserError(f"checkpoint {folder}: {PROVENANCE_FILE} lists {name!r} as a {kind} file: {FIX}")
         f = folder / name
         if not f.is_file():
@@ -207,7 +219,7 @@ def _check_files(folder: Path, listed, kind: str, suffix: str, check_digests: bo
                             "copy the whole folder, or " + FIX)
         if check_digests and sha256_file(f) != digest:
             raise UserError(f"checkpoint {folder}: {name} differs from the file bench compress wrote (sha256): {FIX}")
-    extra = sorted({p.name for p in folder.glob(f"*{suffix}")} - set(listed))
+    extra = sorted({p.name for p in present} - set(listed))
     if extra:
         raise UserError(f"checkpoint {folder}: {extra[0]} is not a {kind} file bench compress wrote "
                         f"({PROVENANCE_FILE} does not list it): remove it, or {FIX}")
@@ -252,8 +264,12 @@ def read_provenance(folder: Path, check_weights: bool = True) -> dict | None:
     if bool(forms) != str(cfg.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
         raise UserError(f"checkpoint {folder}: config.json's model_type {cfg.get('model_type')!r} does not fit its "
                         f"layout ({', '.join(forms) or 'dense-shaped'}): {FIX}")
-    _check_files(folder, prov.get("weights"), "weight", ".safetensors", check_weights)
-    _check_files(folder, prov.get("code"), "code", ".py", True)
+    weights = prov.get("weights")
+    if isinstance(weights, dict) and any(not str(n).endswith(".safetensors") for n in weights):
+        raise UserError(f"checkpoint {folder}: {PROVENANCE_FILE} lists a weight file that is not .safetensors: {FIX}")
+    _check_files(folder, weights, "weight", _weight_files(folder), check_weights)
+    _check_files(folder, prov.get("code"), "code", _code_files(folder), True)
+    _check_files(folder, prov.get("other"), "tokenizer or generation", _other_files(folder), True)
     return prov
 
 

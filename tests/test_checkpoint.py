@@ -297,6 +297,7 @@ def test_the_record_names_its_versions_and_code(saved_cli):
     assert "git_commit" in prov["written_by"]
     assert sorted(prov["code"]) == ["compressed_layers.py", "configuration_acbench.py", "modeling_acbench.py",
                                     "sparsity.py"]
+    assert "tokenizer.json" in prov["other"] and "generation_config.json" in prov["other"]
     cfg = json.loads((saved_cli / "config.json").read_text())
     assert cfg["model_type"] == "acbench_llama" and cfg[RECORD_KEY] == record_digest(prov)
 

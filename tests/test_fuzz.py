@@ -1,6 +1,7 @@
-"""Generated hostile input (hypothesis): CLI arguments, YAML configs, model configs, result cells and statistics
-cache files. Properties: exit 0, or exit 2 with one stderr line and no traceback; a report never crashes on a cell;
-a tampered statistics cache never changes a number, and a change that matters is said.
+"""Generated hostile input (hypothesis): CLI arguments, YAML configs, model configs, result cells, statistics
+cache files and checkpoint folders. Properties: exit 0, or exit 2 with one stderr line and no traceback; a report
+never crashes on a cell; a cell edited into another meaning is never taken as done; a tampered statistics cache
+never changes a number, and a change that matters is said; a tampered checkpoint is one line or loads as written.
 
 Profiles: `fast` (default, bounded examples, in `make test`) and `ci` (HYPOTHESIS_PROFILE=ci, in .ci/run).
 """
@@ -278,6 +279,51 @@ def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
     assert md.exists()
 
 
+# another value of each identity field that a valid cell could carry (the hard case: the cell stays well-formed)
+PLAUSIBLE = {"model": st.sampled_from(["model-a", "model-b/x", "gemma-3-270m"]),
+             "method": st.sampled_from(["pca", "fasc-kfac", "svd", "dense", "act-sparse", "wanda"]),
+             "rank": st.floats(0.01, 1.0), "budget": st.sampled_from(["rank", "params", "sparsity"]),
+             "task": st.sampled_from(["ppl-token", "mmlu", "rho", "lama"]),
+             "key": st.text("0123456789abcdef", min_size=1, max_size=12),
+             "allocation": st.sampled_from(["uniform", "fisher", "greedy"]),
+             "scope": st.sampled_from(["all", "groups=mlp_in", "blocks=0-1"])}
+IDENTITY = tuple(PLAUSIBLE)
+PROVENANCE = ("env", "model_fingerprint", "compression")
+
+
+@given(data=st.data(), field=st.sampled_from(IDENTITY), metric_value=st.floats(allow_nan=False),
+       drop=st.sampled_from(PROVENANCE), which=st.sampled_from(["identity", "metric", "provenance"]))
+def test_a_cell_that_is_not_what_its_place_says_is_never_taken_as_done(tmp_path, valid_cell, data, field,
+                                                                       metric_value, drop, which):
+    """Edited in its place, a cell is done only if it still means what its place says: an identity field changed
+    (a pca cell relabelled fasc), a metric outside its domain (a ppl of -1), a provenance field dropped: each is
+    a reason to recompute it (bench run) and to name it (bench report)."""
+    from bench.store import cell_status
+    from core.record import metric_domain
+
+    cell = copy.deepcopy(valid_cell)
+    target = tmp_path / VALID_PLACE
+    target.parent.mkdir(parents=True, exist_ok=True)  # tmp_path is shared by the examples: each rewrites the cell
+    target.write_text(json.dumps(cell))
+    assert cell_status(target) is None  # the fixture is a done cell at its own place
+    if which == "identity":
+        value = data.draw(PLAUSIBLE[field] | json_value)
+        if cell["cell"].get(field) == value or (field == "allocation" and value == "uniform" and field not in
+                                                cell["cell"]) or (field == "scope" and value == "all"):
+            return  # the same identity
+        cell["cell"][field] = value
+    elif which == "metric":
+        name = next(iter(cell["metrics"]))
+        lo, hi = metric_domain(name)
+        if lo <= metric_value <= hi:
+            return  # inside the domain: a possible result, which no check can refuse
+        cell["metrics"][name] = metric_value
+    else:
+        del cell[drop]
+    target.write_text(json.dumps(cell))
+    assert cell_status(target) is not None, (which, field, value, metric_value, drop)
+
+
 # ---------------------------------------------------------------- the statistics cache
 
 @pytest.fixture(scope="module")
@@ -387,3 +433,72 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
     else:  # every change to a group file is seen, said, and the file replaced
         assert f"recomputing calibration statistics of {g.name}" in said and str(path) in said, said
         assert group_problem(folder, g.name, g.d_in) is None
+
+
+# ---------------------------------------------------------------- checkpoint folders
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A factorised checkpoint of the tiny model (bench compress), and the logits acbench's load gives."""
+    from bench.models import load_model
+
+    out = tmp_path_factory.mktemp("ck") / "pca"
+    args = ["compress", "--model", str(tiny_checkpoint()), "--method", "pca", "--rank", "0.5", "--save", str(out),
+            "--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--quiet"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(args) == 0
+    x = torch.arange(1, 13)[None]
+    with torch.no_grad():
+        return out, x, load_model(str(out), progress=False).model(x).logits
+
+
+CHECKPOINT_TAMPERS = ["flip", "delete", "add", "edit_json", "drop_key", "truncate"]
+
+
+@given(tamper=st.sampled_from(CHECKPOINT_TAMPERS), which=st.integers(0, 20), where=st.floats(0, 1),
+       value=json_value)
+def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoint, tamper, which, where, value):
+    """Any change to a saved checkpoint's files (a byte flipped, a file deleted, added or truncated, a JSON field
+    edited or dropped) is one UserError on load, or leaves the model it loads bit-identical: never a traceback,
+    never other numbers."""
+    from bench.models import load_model
+    from core.errors import UserError
+
+    folder, x, reference = checkpoint
+    f = tmp_path / "ck"
+    shutil.rmtree(f, ignore_errors=True)
+    shutil.copytree(folder, f)
+    files = sorted(p for p in f.iterdir() if p.is_file())
+    target = files[which % len(files)]
+    if tamper == "flip":
+        data = bytearray(target.read_bytes())
+        data[int(where * (len(data) - 1))] ^= 0x01
+        target.write_bytes(bytes(data))
+    elif tamper == "delete":
+        target.unlink()
+    elif tamper == "add":
+        names = ["extra.safetensors", "extra.py", "special_tokens_map.json", "pytorch_model.bin", "notes.md"]
+        (f / names[which % len(names)]).write_bytes(b"{}")
+    elif tamper == "truncate":
+        target.write_bytes(target.read_bytes()[: int(where * (target.stat().st_size - 1))])
+    else:
+        name = ["config.json", "compression.json", "tokenizer_config.json", "generation_config.json"][which % 4]
+        obj = json.loads((f / name).read_text())
+        paths = [p for p in _paths(obj) if p]
+        path = paths[int(where * (len(paths) - 1))]
+        parent = obj
+        for step in path[:-1]:
+            parent = parent[step]
+        if tamper == "drop_key" and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = value
+        (f / name).write_text(json.dumps(obj))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            lm = load_model(str(f), progress=False)
+    except UserError as e:
+        assert "\n" not in str(e).strip(), str(e)
+        return
+    with torch.no_grad():
+        assert torch.equal(lm.model(x).logits, reference), (tamper, target.name)
