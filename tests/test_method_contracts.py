@@ -1,0 +1,178 @@
+"""What each method promises beyond its formula, checked where a mutation test found it unchecked: a non-finite
+statistic is refused naming the method and the statistic; a projection method says its B is shared (so its
+parameters are counted once per group); whitened-svd per site is SVD-LLM's per-matrix formula; fwsvd's floor on
+the row weights is recorded where it bites; truncated_factors is the truncated SVD in either precision and shape;
+teal refuses an N:M pattern itself; capabilities answer on the class; fasc's in-sample swap search ends at a
+local optimum below its start."""
+
+import numpy as np
+import pytest
+import torch
+
+import methods
+from core.stats import GroupStats, RankSpec, SparsitySpec
+
+from test_methods import FakeGroup, random_stats
+
+D = 10
+
+
+def _w(d_out=7, d=D, seed=2):
+    return torch.randn(d_out, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _stats(d=D):
+    st = random_stats(d, seed=4)
+    st.row_fisher = {"s": torch.rand(7, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.1}
+    return st
+
+
+def _poisoned(st: GroupStats, name: str) -> GroupStats:
+    from dataclasses import replace
+
+    if name == "row_fisher":
+        bad = {n: t.clone() for n, t in st.row_fisher.items()}
+        next(iter(bad.values()))[0] = float("nan")
+        return replace(st, row_fisher=bad)
+    t = getattr(st, name).clone()
+    t.view(-1)[0] = float("nan")
+    return replace(st, **{name: t})
+
+
+def _reads(method):
+    needs = methods.get_method(method).needs
+    return sorted((needs & {"C", "F", "abs_mean", "row_fisher"}) | ({"xs", "gs"} if "pairs" in needs else set()))
+
+
+LOW_RANK_READING = [(m, s) for m in methods.known_methods("low-rank") for s in _reads(m)]
+# who says it: the method itself, or the shared solve it goes through (C's whitening, fasc's K-FAC basis)
+WHERE = {"asvd": "asvd", "espace-nl": "espace-nl", "fwsvd": "fwsvd", "fasc": "fasc", "fasc-kfac": "fasc"}
+
+
+@pytest.mark.parametrize("method,stat", LOW_RANK_READING, ids=lambda v: str(v))
+def test_a_non_finite_statistic_is_refused_naming_the_method_and_the_statistic(method, stat):
+    from core.linalg import NumericError
+
+    comp = methods.get_method(method)()
+    with pytest.raises(NumericError) as e:
+        comp.compress(FakeGroup({"s": _w().float()}), _poisoned(_stats(), stat), RankSpec(0.4))
+    assert f"non-finite {stat} statistics in {WHERE.get(method, 'the group')}:" in str(e.value)
+
+
+@pytest.mark.parametrize("method", methods.known_methods("low-rank"))
+def test_projection_methods_share_one_B_and_count_it_once(method):
+    comp = methods.get_method(method)()
+    weights = {"a": _w(7), "b": _w(5, seed=3)}
+    res = comp.compress(FakeGroup({n: W.float() for n, W in weights.items()}), _stats_two(), RankSpec(0.4))
+    assert res.shared_projection == comp.projection
+    if comp.projection:
+        (_, Ba), (_, Bb) = res.factors.values()
+        assert torch.equal(Ba, Bb)
+        assert res.params_deployed == res.k * (D + 7 + 5)  # B once (k x d), each A (d_out x k)
+
+
+def _stats_two():
+    st = _stats()
+    st.row_fisher = {n: torch.rand(o, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.1
+                     for n, o in (("a", 7), ("b", 5))}
+    return st
+
+
+def test_whitened_svd_per_site_is_svdllm_per_matrix():
+    """SVD-LLM per matrix: S = chol(C), W' = trunc_k(W S) S^-1, each site with its own k."""
+    W, st = _w(), random_stats(D, seed=6)
+    comp = methods.get_method("whitened-svd").from_options({"per_site": True})
+    res = comp.compress(FakeGroup({"s": W.float()}), st, RankSpec(0.4))
+    A, B = res.factors["s"]
+    k = res.k_sites["s"]
+    assert 0 < k < 7
+    C = st.C.numpy()
+    S = np.linalg.cholesky(C)
+    U, s, Vt = np.linalg.svd(W.float().double().numpy() @ S, full_matrices=False)
+    want = U[:, :k] @ np.diag(s[:k]) @ Vt[:k] @ np.linalg.inv(S)
+    got = (A.double() @ B.double()).numpy()
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e4])
+def test_fwsvd_floors_the_row_weights_it_cannot_invert_and_says_how_many(scale):
+    """r = sqrt(row Fisher), floored at 1e-6 mean(r); every floored row is counted in the fallback record."""
+    W = _w()
+    row = torch.tensor([4.0, 1.0, 0.0, 9.0, 1e-14, 2.0, 1e-20], dtype=torch.float64) * scale
+    res = methods.get_method("fwsvd")().compress(FakeGroup({"s": W.float()}), GroupStats(row_fisher={"s": row}),
+                                                 RankSpec(0.4))
+    r = np.sqrt(row.numpy())
+    floor = 1e-6 * r.mean()
+    assert res.fallbacks == [{"op": "fwsvd", "kind": "row-weight-floor", "rows": int((r < floor).sum())}]
+    assert res.fallbacks[0]["rows"] == 3
+    # the floored weights define the factorisation: trunc_k(diag(r) W) with r floored, undone
+    rf = np.maximum(r, floor)
+    U, s, Vt = np.linalg.svd(rf[:, None] * W.float().double().numpy(), full_matrices=False)
+    k = res.k_sites["s"]
+    want = (U[:, :k] * s[:k]) @ Vt[:k] / rf[:, None]
+    A, B = res.factors["s"]
+    assert np.allclose((A.double() @ B.double()).numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(12, 5), (5, 12), (6, 6)])
+def test_truncated_factors_is_the_truncated_svd(dtype, shape):
+    from methods.svd import truncated_factors
+
+    gen = torch.Generator().manual_seed(7)
+    # singular values spread over four decades: a float32 Gram matrix (cond squared) would lose the small ones
+    U, _ = torch.linalg.qr(torch.randn(shape[0], shape[0], generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(shape[1], shape[1], generator=gen, dtype=torch.float64))
+    n = min(shape)
+    sig = torch.logspace(0, -4, n, dtype=torch.float64)
+    M = (U[:, :n] * sig) @ V[:, :n].T
+    k = n - 1
+    A, B = truncated_factors(M.to(dtype), k)
+    assert A.dtype == dtype and A.shape == (shape[0], k) and B.shape == (k, shape[1])
+    want = (U[:, :k] * sig[:k]) @ V[:, :k].T
+    err = ((A.double() @ B.double()) - want).norm() / want.norm()
+    assert err <= (1e-12 if dtype == torch.float64 else 2e-6), float(err)
+    # the kept directions' smallest singular value survives (1e-4 x the largest), in either precision
+    got_sig = torch.linalg.svdvals(A.double() @ B.double())
+    assert torch.allclose(got_sig[:k], sig[:k], rtol=1e-3 if dtype == torch.float32 else 1e-10)
+
+
+def test_teal_refuses_an_n_of_m_pattern_itself():
+    from methods.teal import Teal
+
+    pattern = SparsitySpec.parse("2:4")
+    with pytest.raises(ValueError, match="cannot be an N:M pattern"):
+        Teal().solve({"s": _w()}, GroupStats(), pattern)
+
+
+@pytest.mark.parametrize("method", methods.known_methods())
+def test_capabilities_answer_on_the_class_and_on_an_instance(method):
+    cls = methods.get_method(method)
+    needs = cls.needs
+    want = {"data_free": not cls().required_stats(), "activations": bool(needs & {"C", "abs_mean", "mean", "abs_hist"}),
+            "gradients": bool(needs & {"F", "pairs", "row_fisher"})}
+    assert cls.capabilities() == want == cls().capabilities()
+
+
+def test_in_sample_swaps_end_at_a_local_optimum_below_the_start():
+    from methods.fasc import coupled_selection
+
+    gen = torch.Generator().manual_seed(11)
+    d = 7
+    R = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    Q = R @ R.T
+    discard = torch.tensor([0, 1, 2])
+
+    def f(mask):
+        v = mask.to(torch.float64)
+        return float(v @ Q @ v)
+
+    start = torch.zeros(d, dtype=torch.bool)
+    start[discard] = True
+    in_D, swaps = coupled_selection(Q, discard, max_swaps=50)
+    assert swaps > 0 and in_D.sum() == 3 and f(in_D) < f(start)
+    for i in torch.nonzero(in_D).flatten():  # no single swap improves the end point
+        for j in torch.nonzero(~in_D).flatten():
+            other = in_D.clone()
+            other[i], other[j] = False, True
+            assert f(other) >= f(in_D) - 1e-12
