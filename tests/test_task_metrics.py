@@ -57,3 +57,72 @@ def test_mmlu_micro_and_macro_accuracy(monkeypatch):
     # a one-question subject adds no variance term
     assert res.stderr["acc_macro"] == pytest.approx(_se([1, 1, 0]) / 2)
     assert [r["correct"] for r in res.records] == [1, 1, 0, 0] and [r["pred"] for r in res.records] == list("ABAC")
+
+
+def test_mmlu_records_details_and_shots(monkeypatch):
+    """What a cell stores per question and per subject; the dev exemplars a prompt gets are its own subject's;
+    a two-question subject adds its variance to the macro standard error."""
+    qs = [MMLUQuestion("algebra", f"q{i}", ("a", "b", "c", "d"), ans) for i, ans in enumerate([0, 1])] + \
+         [MMLUQuestion("virology", "q2", ("a", "b", "c", "d"), 3)]
+    dev = {"algebra": [MMLUQuestion("algebra", f"dev{i}", ("w", "x", "y", "z"), 1) for i in range(5)],
+           "virology": [MMLUQuestion("virology", "devv", ("w", "x", "y", "z"), 2)]}
+    preds, seen = [0, 0, 3], {}
+    monkeypatch.setattr(mmlu, "load_mmlu", lambda source: (qs, dev))
+    monkeypatch.setattr(mmlu, "select_questions", lambda test, limit, seed: test)
+
+    def score(model, tok, prompts, bs, progress=True):
+        seen["prompts"] = prompts
+        return torch.nn.functional.one_hot(torch.tensor(preds), 4).float()
+
+    monkeypatch.setattr(mmlu, "score_prompts", score)
+    res = mmlu.MMLU.from_options({"shots": 5}).evaluate(None, None, progress=False)
+    assert res.records == [
+        {"subject": "algebra", "pred": "A", "gold": "A", "correct": 1, "chance": 0.25},
+        {"subject": "algebra", "pred": "A", "gold": "B", "correct": 0, "chance": 0.25},
+        {"subject": "virology", "pred": "D", "gold": "D", "correct": 1, "chance": 0.25}]
+    assert res.details["acc_per_subject"] == {"algebra": 0.5, "virology": 1.0}
+    assert res.details["n_per_subject"] == {"algebra": 2, "virology": 1}
+    assert res.details["shots_used"] == {"virology": 1}  # only where fewer than the asked 5 exist
+    assert all("dev0" in p for p in seen["prompts"][:2]) and "devv" in seen["prompts"][2]
+    assert not any("devv" in p for p in seen["prompts"][:2])
+    assert res.stderr["acc_macro"] == pytest.approx(_se([1, 0]) / 2)
+
+
+def test_mmlu_question_selection_is_stratified_seeded_and_keeps_order_when_all_are_taken():
+    qs = [MMLUQuestion(s, f"{s}{i}", ("a", "b", "c", "d"), 0) for s in ("b-subj", "a-subj") for i in range(4)]
+    by = lambda out, s: [q.question for q in out if q.subject == s]
+    for limit in (None, 0, 4, 9):  # no limit, "0 = all", exactly all, more than all: every question, in order
+        out = mmlu.select_questions(qs, limit, seed=3)
+        assert by(out, "a-subj") == ["a-subj0", "a-subj1", "a-subj2", "a-subj3"] and len(out) == 8
+        assert out[0].subject == "a-subj"  # subjects in sorted order
+    two = mmlu.select_questions(qs, 2, seed=3)
+    assert len(by(two, "a-subj")) == 2 == len(by(two, "b-subj"))
+    assert two == mmlu.select_questions(qs, 2, seed=3) and set(map(id, two)) <= set(map(id, qs))
+
+
+class _Tok:
+    """A tokenizer whose encode honours add_special_tokens (a BOS id in front), as Gemma's does."""
+
+    def __init__(self, split=""):
+        self.split = split
+
+    def encode(self, text, add_special_tokens=True):
+        ids = [2] if add_special_tokens else []
+        letter = text.strip()
+        return ids + ([10, 11] if letter == self.split else [100 + ord(letter)])
+
+
+def test_mmlu_letter_ids_never_include_special_tokens_and_a_split_letter_is_named():
+    from core.errors import UserError
+
+    assert mmlu.letter_token_ids(_Tok()) == [100 + ord(c) for c in "ABCD"]
+    with pytest.raises(UserError, match="splits ' C' into 2 tokens: MMLU letter scoring needs one"):
+        mmlu.letter_token_ids(_Tok(split="C"))
+
+
+def test_mmlu_settings_spell_all_one_way_and_refuse_a_batch_below_one():
+    assert mmlu.MMLU.from_options({"limit": 0}).settings.limit is None
+    assert mmlu.MMLU.from_options({"limit": 3}).settings.limit == 3
+    assert mmlu.MMLUSettings(batch_size=1).minimums() == {"batch_size": (1, 1)}
+    with pytest.raises(ValueError, match="batch_size"):
+        mmlu.MMLU.from_options({"batch_size": 0})

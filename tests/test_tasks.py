@@ -246,7 +246,16 @@ def test_lama_vocab_protocol_equals_a_full_vocabulary_ranking(small_model, token
             order = torch.argsort(masked, descending=True, stable=True).tolist()
             ranks[(probe.subject, g)] = order.index(g)
     got = {(r["subject"], candidate_ids(tokenizer, [r["gold"]])[0][0]): r["rank"] for r in res.records}
-    assert got == ranks
+    assert got == ranks and len(res.records) == len(ranks)  # every (probe, one-token object) once, in every batch
+    vocab = small_model.config.vocab_size
+    for r in res.records:
+        probe = next(p for p in ls.probes if p.subject == r["subject"])
+        ids = torch.tensor([tokenizer.encode(probe.prompt)])
+        n_others = sum(len(candidate_ids(tokenizer, [o])[0]) == 1 for o in probe.objects) - 1
+        assert r["relation"] == probe.relation and r["n_candidates"] == vocab - n_others
+        assert r["pred"] == tokenizer.decode([int(small_model(ids).logits[0, -1].argmax())])
+        assert r["correct"] == int(r["rank"] == 0)
+    assert res.details["protocol"] == "vocab" and res.details["n_per_relation"] == {"capital": 2, "lang": 2}
     p1 = {rel: sum(v == 0 for (s, _), v in ranks.items() if (s == "Belgium") == (rel == "lang")) /
           sum(1 for s, _ in ranks if (s == "Belgium") == (rel == "lang")) for rel in ("capital", "lang")}
     assert res.metrics["p@1"] == pytest.approx(sum(p1.values()) / 2)
