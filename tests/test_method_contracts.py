@@ -176,3 +176,26 @@ def test_in_sample_swaps_end_at_a_local_optimum_below_the_start():
             other = in_D.clone()
             other[i], other[j] = False, True
             assert f(other) >= f(in_D) - 1e-12
+
+
+@pytest.mark.parametrize("method", methods.known_methods("low-rank"))
+def test_a_float32_solve_is_the_float64_solve_to_float32_precision(method):
+    """--solve-dtype float32: every statistic, weight and draw in float32 (a float64 tensor left in the solve
+    would stop it with a dtype error), the product within float32 rounding of the float64 one."""
+    comp = methods.get_method(method)()
+    group = FakeGroup({"s": _w().float()})
+    got = {}
+    for dtype in (torch.float64, torch.float32):
+        res = comp.compress(group, _stats(), RankSpec(0.4), dtype=dtype)
+        A, B = res.factors["s"]
+        got[dtype] = A.double() @ B.double()
+    assert (got[torch.float32] - got[torch.float64]).norm() <= 1e-3 * got[torch.float64].norm()
+
+
+@pytest.mark.parametrize("per_site", [False, True])
+def test_whitened_svd_records_a_rank_deficient_C(per_site):
+    xs = torch.randn(6, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)  # 6 tokens < d = 10
+    st = GroupStats(n_tokens=6, C=xs.T @ xs / 6)
+    comp = methods.get_method("whitened-svd").from_options({"per_site": per_site})
+    res = comp.compress(FakeGroup({"s": _w().float()}), st, RankSpec(0.4))
+    assert [f["kind"] for f in res.fallbacks][:1] == ["rank-deficient"] and res.fallbacks[0]["rank"] == 6

@@ -62,8 +62,12 @@ def test_espace_nl_projects_on_the_top_eigenvectors_of_CF_plus_FC():
 
 
 @pytest.mark.parametrize("alpha", [0.5, 1.0])
-def test_asvd_is_the_svd_of_W_scaled_by_mean_abs_x_to_the_alpha(alpha):
+@pytest.mark.parametrize("scale", [1.0, 1e-4])  # small activations: E|x| < 1, and the 1e-6 guard is felt
+def test_asvd_is_the_svd_of_W_scaled_by_mean_abs_x_to_the_alpha(alpha, scale):
+    from dataclasses import replace
+
     W, st = _w(), random_stats(D, seed=8)
+    st = replace(st, abs_mean=st.abs_mean * scale)
     s = st.abs_mean.numpy() ** alpha + 1e-6
     assert s.max() / s.min() > 1.5  # a weighting far from uniform, so alpha matters
     got, k = _product("asvd", W, st, {"alpha": alpha})
