@@ -338,7 +338,7 @@ def test_readme_method_example_runs():
     """The worked example in the README is real code: it compresses a group and keeps its top-norm channels."""
     from conftest import readme_example
 
-    cls = readme_example("# my_methods/top_weight_norm.py")["TopNorm"]
+    cls = readme_example("# my_methods/my_methods/top_weight_norm.py")["TopNorm"]
     assert cls.capabilities()["data_free"]
     W = torch.zeros(5, 6)
     W[:, 1], W[:, 4] = 3.0, 2.0

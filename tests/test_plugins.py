@@ -42,7 +42,7 @@ def task_registry_restored():
 
 
 def test_readme_task_plugin_runs_end_to_end(tmp_path, monkeypatch, task_registry_restored):
-    code = readme_block("python", "# my_tasks/next_token_accuracy.py")
+    code = readme_block("python", "# my_tasks/my_tasks/next_token_accuracy.py")
     (tmp_path / "my_next_token.py").write_text(code)
     install_entry_point(tmp_path, "acbench.tasks", "next-token-acc", "my_next_token:NextTokenAccuracy")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -92,3 +92,47 @@ def test_readme_lm_eval_yaml_task_runs_end_to_end(tmp_path, monkeypatch):
     assert main(["report", "--results", str(out)]) == 0
     md = (out / "LEADERBOARD.md").read_text()
     assert "lm-eval capitals/acc ↑" in md and "Δ lm-eval capitals/acc vs pca" in md
+
+
+def _readme_files(prefix: str) -> dict[str, str]:
+    """Every README block whose first line names a file under `prefix` ("# my_methods/..."): {path: text}."""
+    return {m.group(2): m.group(1) for m in re.finditer(r"```(?:python|toml)\n(# (" + re.escape(prefix) +
+                                                         r"[^\s]+)[^\n]*\n.*?)```", README, re.S)}
+
+
+@pytest.mark.slow
+def test_readme_plugin_packages_install_with_pip_and_run(tmp_path):
+    """The README's plugin folders written out as shown, installed by pip (the project's own build backend, no
+    index), then listed and run by bench in a fresh process: the packaging, not only the code, is what a user
+    copies."""
+    import os
+    import subprocess
+    import sys
+
+    for prefix in ("my_methods/", "my_tasks/"):
+        files = _readme_files(prefix)
+        assert f"{prefix}pyproject.toml" in files, sorted(files)
+        for rel, text in files.items():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text(text)
+        (tmp_path / prefix / prefix.rstrip("/") / "__init__.py").write_text("")  # "with an empty __init__.py"
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(site), str(tmp_path / "my_methods"), str(tmp_path / "my_tasks")],
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    bench = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
+    listed = subprocess.run(bench + ["ls", "methods"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "top-norm" in listed.stdout and "relative-magnitude" in listed.stdout, listed.stdout + listed.stderr
+    listed = subprocess.run(bench + ["ls", "tasks"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert "next-token-acc" in listed.stdout, listed.stdout + listed.stderr
+    common = ["--model", str(tiny_checkpoint()), "--tasks", "next-token-acc", "--ntp-windows", "1", "--calib-samples",
+              "2", "--calib-seq-len", "32", "--no-latency", "--no-report", "--quiet"]
+    for budget in (["--methods", "top-norm", "--rank", "0.5"], ["--methods", "relative-magnitude", "--sparsity",
+                                                                 "2:4"]):
+        out = tmp_path / budget[1]
+        run = subprocess.run(bench + ["run", *budget, *common, "--output", str(out)], capture_output=True, text=True,
+                             env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert len(list(out.rglob("next-token-acc-*.json"))) == 2  # dense and the plugin method
