@@ -153,7 +153,8 @@ def test_generated_plan_and_compress_arguments(tmp_path, tiny, checked_only, pai
 
 KEYS = ["model", "methods", "rank", "ranks", "sparsity", "tasks", "blocks", "groups", "seed", "batch_size",
         "calib_samples", "method_options", "task_options", "analysis_options", "stats_memory", "allocate", "bos",
-        "lama-limit", "ppl_windows", "overwrite", "progress", "bogus_key", "executor"]
+        "lama-limit", "ppl_windows", "overwrite", "progress", "bogus_key", "executor", "no_latency", "quiet",
+        "task_option", "method-option", "no-report"]
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
                       st.text(max_size=8), st.sampled_from(["pca", "2:4", "0.5", "ppl-token", "fasc", "0-1"]))
 json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),

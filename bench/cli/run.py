@@ -171,6 +171,10 @@ def _config_lists(data: dict, path: str) -> None:
             data[key] = split_list(data[key], float if key == "ranks" else str, f"'{key}' in {path}")
 
 
+# the switches whose flag says the opposite of the setting: --no-latency sets measure_latency false
+_NEGATED = {"no_latency": "measure_latency", "no_report": "report", "quiet": "progress"}
+
+
 def read_config_file(path: str) -> tuple[dict, dict]:
     """(RunConfig fields, task shortcut values) from a YAML file of flag names (dashes or underscores)."""
     import yaml
@@ -186,18 +190,38 @@ def read_config_file(path: str) -> tuple[dict, dict]:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping of flag names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    internal = sorted(set(data) & set(_NEGATED.values()))
+    if internal:  # one configuration language: the flags' names
+        flag = next(f for f, d in _NEGATED.items() if d == internal[0])
+        raise UserError(f"config file {path} has key '{internal[0]}': write it as the flag is spelled, "
+                        f"'{flag}: true' (or false)")
+    for flag, dest in _NEGATED.items():  # the no-* switches, as the flags spell them
+        if flag in data:
+            if not isinstance(data[flag], bool):
+                raise UserError(f"'{flag}' in {path} is a switch: write {flag}: true or {flag}: false")
+            data[dest] = not data.pop(flag)
+    if "overwrite" in data and not isinstance(data["overwrite"], bool):
+        raise UserError(f"'overwrite' in {path} is a switch: write overwrite: true or overwrite: false")
+    for what in ("method", "task", "analysis"):  # a flag's list of name.setting=value, or an options block
+        if f"{what}_option" in data:
+            items = data.pop(f"{what}_option")
+            items = [items] if isinstance(items, str) else items
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise UserError(f"'{what}_option' in {path} is a list of {what}.setting=value strings (or write a "
+                                f"{what}_options: block)")
+            data[f"{what}_options"] = _merge_options(data.get(f"{what}_options"), kv_options(items, what))
     if "rank" in data:
         data["ranks"] = data.pop("rank")
     if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
         data["blocks"] = str(data["blocks"])
     _config_lists(data, path)
     shortcuts = {shortcut_dest(f) for f in task_shortcuts()}
-    known = RunConfig.field_names() | shortcuts
+    known = RunConfig.field_names() | shortcuts  # the internal names were refused above, before the switches set them
     unknown = sorted(set(data) - known)
     if unknown:
         import difflib
 
-        hint = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = difflib.get_close_matches(unknown[0], (known - set(_NEGATED.values())) | set(_NEGATED), n=1)
         raise UserError(f"config file {path} has unknown key '{unknown[0]}'"
                         + (f" (did you mean '{hint[0]}'?)" if hint else "") + ": see `bench run --help`")
     return {k: v for k, v in data.items() if k not in shortcuts}, {k: v for k, v in data.items() if k in shortcuts}
@@ -210,7 +234,8 @@ def add_run_parser(sub):
     for flag, dest, kw in RUN_FLAGS:
         p.add_argument(flag, dest=dest, default=None, **kw)
     add_shortcuts(p)
-    p.add_argument("--config", help="YAML file with any of these flags (underscores or dashes); flags override it")
+    p.add_argument("--config", help="YAML file of these flags by name (dashes or underscores; a switch as no_latency: "
+                   "true), plus method_options, task_options and analysis_options blocks; the command line overrides it")
     p.add_argument("--method-option", action="append", help="method.setting=value, e.g. fasc.max_swaps=100")
     p.add_argument("--task-option", action="append", help="task.setting=value, e.g. mmlu.shots=5 (see `bench ls "
                                                           "tasks`); wins over the shortcut flags")
@@ -239,12 +264,11 @@ def _merge_options(*blocks) -> dict:
 
 
 def config_from_args(args) -> RunConfig:
-    data, shortcuts = read_config_file(args.config) if args.config else ({}, {})
+    data, file_shortcuts = read_config_file(args.config) if args.config else ({}, {})
     for _, dest, _ in RUN_FLAGS:
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
-    shortcuts.update({k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("shortcut:")
-                      and v is not None})
+    shortcuts = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("shortcut:") and v is not None}
     if args.methods is not None:  # `--methods pca,fasc` = `--methods pca fasc`; a variant's settings stay whole
         data["methods"] = split_method_names(args.methods)
     for dest, flag in (("tasks", "--tasks"), ("ranks", "--rank"), ("allocate", "--allocate"), ("groups", "--groups"),
@@ -256,9 +280,10 @@ def config_from_args(args) -> RunConfig:
             data[dest] = getattr(args, dest)
     if args.method_option:
         data["method_options"] = _merge_options(data.get("method_options"), kv_options(args.method_option, "method"))
-    # the shortcuts, then the config file's task options, then --task-option: the most explicit wins
-    data["task_options"] = _merge_options(shortcut_options(shortcuts), data.get("task_options"),
-                                          kv_options(args.task_option, "task"))
+    # the file's shortcuts, then its task options, then the command line's shortcuts, then --task-option: the
+    # command line overrides the file, and in each the most explicit wins
+    data["task_options"] = _merge_options(shortcut_options(file_shortcuts), data.get("task_options"),
+                                          shortcut_options(shortcuts), kv_options(args.task_option, "task"))
     if args.analysis_option:
         data["analysis_options"] = _merge_options(data.get("analysis_options"),
                                                   kv_options(args.analysis_option, "analysis"))

@@ -1,0 +1,59 @@
+"""`bench run --config`: one configuration language (the flags' own names, switches included, plus the option
+blocks), the command line over the file, and the repository's example config run as a user runs it."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cli import _parser, main
+from bench.cli.run import config_from_args
+from bench.cli.smoke import tiny_checkpoint
+from core.errors import UserError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "run.yaml"
+
+
+def _config(*argv):
+    return config_from_args(_parser().parse_args(["run", *argv]))
+
+
+def test_the_example_config_reads_as_its_flags_would():
+    c = _config("--config", str(EXAMPLE))
+    assert c.model == "gemma-3-270m" and c.methods == ["pca", "fasc-kfac", "whitened-svd"]
+    assert c.ranks == [0.5, 0.75] and c.tasks == ["lama", "ppl-token"] and c.calib_samples == 12
+    assert c.measure_latency is False  # no_latency: true
+    assert c.task_options["lama"]["per_relation"] == 20 and c.task_options["ppl-token"]["max_windows"] == 8
+    assert c.analysis_options == {"rho": {"units": 4}}
+
+
+def test_the_command_line_overrides_the_file_option_blocks_included(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("task_options: {lama: {per_relation: 20}}\nmethod-option: [fasc.folds=3]\nno-report: true\n"
+                 "quiet: false\n")
+    c = _config("--config", str(f), "--lama-limit", "5", "--method-option", "fasc.folds=4")
+    assert c.task_options["lama"]["per_relation"] == 5 and c.method_options["fasc"]["folds"] == 4
+    assert c.report is False and c.progress is True
+    assert _config("--config", str(f)).task_options["lama"]["per_relation"] == 20
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("measure_latency: false\n", "'no_latency: true'"), ("report: false\n", "'no_report: true'"),
+    ("no_latency: 3\n", "is a switch"), ("task_option: {lama: 1}\n", "list of task.setting=value"),
+    ("no_latncy: true\n", "did you mean 'no_latency'")])
+def test_a_config_key_that_is_not_a_flag_is_one_line(tmp_path, text, needle):
+    f = tmp_path / "run.yaml"
+    f.write_text(text)
+    with pytest.raises(UserError) as e:
+        _config("--config", str(f))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_example_config_runs_with_its_sizes_overridden(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert main(["run", "--config", str(EXAMPLE), "--model", str(tiny_checkpoint()), "--methods", "pca",
+                 "--rank", "0.5", "--tasks", "ppl-token", "--ppl-windows", "1", "--ppl-seq-len", "32",
+                 "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out), "--quiet"]) == 0
+    cells = [json.loads(p.read_text()) for p in out.rglob("ppl-token-*.json")]
+    assert len(cells) == 2 and all(c["task_config"]["max_windows"] == 1 for c in cells)  # the flag over the file
+    assert all(c["latency"] is None for c in cells)  # the file's no_latency: true
