@@ -57,3 +57,38 @@ def test_the_example_config_runs_with_its_sizes_overridden(tmp_path, capsys):
     cells = [json.loads(p.read_text()) for p in out.rglob("ppl-token-*.json")]
     assert len(cells) == 2 and all(c["task_config"]["max_windows"] == 1 for c in cells)  # the flag over the file
     assert all(c["latency"] is None for c in cells)  # the file's no_latency: true
+
+
+def test_every_flag_of_every_subcommand_is_in_the_readme():
+    import argparse
+    import re
+
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {opt}" for name, parser in sub.choices.items() for action in parser._actions
+               for opt in action.option_strings
+               if opt.startswith("--") and opt != "--help" and not re.search(re.escape(opt) + r"(?![\w-])", readme)]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("what", ["methods", "tasks", "analyses"])
+def test_bench_ls_lists_every_setting_each_plugin_declares(capsys, what):
+    import dataclasses
+
+    import analyses
+    import methods
+    import tasks
+
+    assert main(["ls", what]) == 0
+    out = capsys.readouterr().out
+    names = {"methods": methods.known_methods(), "tasks": tasks.REGISTRY.names(),
+             "analyses": analyses.REGISTRY.names()}[what]
+    get = methods.get_method if what == "methods" else (tasks.REGISTRY if what == "tasks" else analyses.REGISTRY).get
+    for name in names:
+        lines = out.splitlines()
+        block = lines[next(i for i, line in enumerate(lines) if line.split(" ", 1)[0] == name) + 1]
+        Settings = getattr(get(name), "Settings", None)
+        fields = dataclasses.fields(Settings) if Settings is not None and dataclasses.is_dataclass(Settings) else ()
+        for f in fields:
+            assert f" {f.name}=" in block or f"settings: {f.name}=" in block, (name, f.name, block)
+        assert fields or "settings: (none)" in block

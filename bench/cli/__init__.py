@@ -27,6 +27,18 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def settings_line(cls) -> str:
+    """Every setting a plugin's Settings dataclass declares, with its default (the key-stable settings_dict may
+    leave a default out; a user still needs to know the setting exists)."""
+    import dataclasses
+
+    Settings = getattr(cls, "Settings", None)
+    if Settings is None or not dataclasses.is_dataclass(Settings):
+        return "(none)"
+    defaults = Settings()
+    return ", ".join(f"{f.name}={getattr(defaults, f.name)!r}" for f in dataclasses.fields(Settings)) or "(none)"
+
+
 def cmd_ls(args) -> int:
     if args.what == "methods":
         import methods
@@ -37,21 +49,26 @@ def cmd_ls(args) -> int:
             need = "data-free" if caps["data_free"] else "+".join(k for k in ("activations", "gradients") if caps[k])
             print(f"{name:15s} v{cls.version} {cls.family:8s} [{need}{', per-site' if cls.per_site else ''}] "
                   f"{cls.description}")
+            line = settings_line(cls)
+            print(f"{'':15s} settings: {line}" + ("" if line == "(none)" else f" (--method-option {name}.<setting>="
+                                                                                "<value>)"))
     elif args.what in ("tasks", "analyses"):
         import analyses
         import tasks
 
         registry = tasks.REGISTRY if args.what == "tasks" else analyses.REGISTRY
+        flag = "--task-option" if args.what == "tasks" else "--analysis-option"
         for name in registry.names():
             cls = registry.get(name)
             print(f"{name:10s} v{cls.version} {cls.description}")
+            inherited = ""
             if args.what == "tasks":
                 from tasks.base import RunShared
 
-                settings = ", ".join(f"{k}={v!r}" for k, v in cls().settings_dict().items())
                 inherited = ", ".join(cls.run_settings(RunShared()))
-                print(f"{'':10s} settings: {settings or '(none)'}"
-                      + (f"; from the run: {inherited}" if inherited else ""))
+            line = settings_line(cls)
+            print(f"{'':10s} settings: {line}" + (f"; from the run: {inherited}" if inherited else "")
+                  + ("" if line == "(none)" else f" ({flag} {name}.<setting>=<value>)"))
     else:
         from bench.models import ALIASES
 
