@@ -92,3 +92,20 @@ def test_bench_ls_lists_every_setting_each_plugin_declares(capsys, what):
         for f in fields:
             assert f" {f.name}=" in block or f"settings: {f.name}=" in block, (name, f.name, block)
         assert fields or "settings: (none)" in block
+
+
+def test_the_readme_layout_table_names_every_module():
+    root = EXAMPLE.parent.parent
+    readme = (root / "README.md").read_text()
+    table = readme[readme.index("## Layout"):]
+    rows = {line.split("|")[1].strip().strip("`").rstrip("/"): line for line in table.splitlines()
+            if line.startswith("| `")}
+    missing = []
+    for folder, row in rows.items():
+        parts = [folder] + (["tasks/data"] if folder == "tasks" else [])
+        for part in parts:
+            for f in sorted((root / part).glob("*.py")):
+                if f.name != "__init__.py" and f"`{f.name}`" not in row:
+                    missing.append(f"{part}/{f.name}")
+    assert set(rows) >= {"core", "methods", "tasks", "bench", "analyses", "bench/cli", "leaderboard"}
+    assert not missing, missing
