@@ -168,6 +168,7 @@ class RhoSettings:
 
 class Rho(Analysis):
     name = "rho"
+    version = 2  # 2: exact permutation p-values up to 8 points (the asymptotic ones said p = 0 at n = 4)
     description = "Dependence Violation Score per group and its correlation with knowledge loss"
     needs = frozenset({"C", "F", "pairs"})
     uses_tasks = ("ppl-token", "lama", "mmlu")

@@ -174,9 +174,12 @@ class Run:
                    if self.ranks else "")
                 + (f", sparsity {', '.join(p.label for p in self.patterns)}" if self.patterns else "")
                 + (f", tasks {', '.join(c.tasks)}" if c.tasks else ""))
-        sizes = [f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}, "
-                 f"{c.pair_tokens} (x, g) pairs/group)"] + [n for t in self.tasks.values() if (n := t.size_note())]
-        lines = [what, "sizes: " + "; ".join(sizes)]
+        needs = self.stats_needs()
+        calibration = ([f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}"
+                        + (f", {c.pair_tokens} (x, g) pairs/group)" if "pairs" in needs else ")")]
+                       if needs else [])  # a run that reads no statistics does not calibrate: no size to state
+        sizes = calibration + [n for t in self.tasks.values() if (n := t.size_note())]
+        lines = [what] + (["sizes: " + "; ".join(sizes)] if sizes else [])
         if c.solve_dtype != DEFAULT_SOLVE_DTYPE and self.ranks:
             lines.append(f"solves in {c.solve_dtype}: the eigen-solves of the statistics (pca, fasc-kfac, fasc, "
                          "espace-nl) lose accuracy there; README, Solve precision, gives the measured agreement")

@@ -54,6 +54,13 @@ def _num(v: float, fmt: str) -> str:
     return fmt.format(v)
 
 
+def measured_speed(rows: list[dict]) -> bool:
+    """Whether any row carries a measured speedup (the speed note is said only then)."""
+    from .tables import SPEEDUP_COLUMNS
+
+    return any(is_number(r.get(label)) for r in rows for label in SPEEDUP_COLUMNS)
+
+
 def _fmt(row: dict, key: str, fmt: str, best: bool) -> str:
     v = row.get(key)
     if not is_number(v):
@@ -298,8 +305,8 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
     md = [f"### Both families at compute ratio {target:g}", "",
           f"- each low-rank row at its run ratio whose compute ratio (theoretical multiply-adds per token vs dense) "
           f"is closest to {target:g}, each sparsity row at density {target:g}; the row label names the budget and "
-          "the compute ratio column the ratio matched", LATENCY_NOTE, "",
-          markdown_table(rows, ref_label, columns), ""]
+          "the compute ratio column the ratio matched"] + ([LATENCY_NOTE] if measured_speed(rows) else []) + [
+          "", markdown_table(rows, ref_label, columns), ""]
     md += significance_note(rows, ref_label)
     # the figure: every row of every section (every group), a line per method over its ratios
     points: dict[str, list] = {}
@@ -383,7 +390,7 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
         md += [markdown_table(rows, ref, columns), ""]
         md += significance_note(rows, ref)
         md += frontier_line(rows, columns)
-        if sparse or any(r.get("decode speedup ci") for r in rows):
+        if measured_speed(rows):  # a run with --no-latency has nothing for the note to explain
             md += [LATENCY_NOTE, ""]
         # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
         md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")

@@ -327,6 +327,8 @@ class LAMA(Task):
 
         macro_se = math.sqrt(sum(mean_stderr([hits(r, 1) for r in rs])[1] ** 2 for rs in per_rel.values()
                                  if len(rs) > 1)) / max(len(per_rel), 1)
+        if not any(len(rs) > 1 for rs in per_rel.values()):
+            macro_se = None  # one probe per relation: no relation has a variance to estimate (not "± 0.000")
         return TaskResult(
             metrics={"p@1": sum(rel_p1.values()) / max(len(rel_p1), 1), "p@1_micro": p1_micro, "p@10": p10, "mrr": mrr},
             stderr={"p@1": macro_se, "p@1_micro": p1_se, "p@10": p10_se, "mrr": mrr_se},

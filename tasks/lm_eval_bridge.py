@@ -71,12 +71,19 @@ class LMEvalTask(Task):
                 names.append(t)
         tm = TaskManager(include_path=include or None)
         lm = make_lm(model, tokenizer, s.batch_size, s.max_length)
+        import lm_eval.evaluator as evaluator
+
+        # lm-eval asks git for the working folder's commit, and git prints "fatal: not a git repository" outside
+        # one; the cell records acbench's own commit, so the question is not asked
+        asked, evaluator.get_git_commit_hash = evaluator.get_git_commit_hash, lambda: None
         try:
             out = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=s.limit,
                                           num_fewshot=s.num_fewshot, use_cache=None, cache_requests=False,
                                           log_samples=True)
         except Exception as e:
             raise UserError(f"lm-eval could not run {names}: {str(e).splitlines()[0][:160]}") from None
+        finally:
+            evaluator.get_git_commit_hash = asked
         metrics, stderr = {}, {}
         for task, res in out["results"].items():
             for key, value in res.items():

@@ -98,7 +98,7 @@ GOLDEN_KEYS = {
     ("dense", None, None, "lama"): "68f6500698", ("dense", None, None, "ppl-token"): "7ee60481a3",
     ("pca", None, 0.25, "lama"): "f8a107ebcc", ("pca", None, 0.25, "ppl-token"): "b85be2d79b",
     ("pca", None, 0.5, "lama"): "f8a107ebcc", ("pca", None, 0.5, "ppl-token"): "b85be2d79b",
-    ("rho-analysis", None, 0.25, "rho"): "20579d2d66", ("rho-analysis", None, 0.5, "rho"): "20579d2d66",
+    ("rho-analysis", None, 0.25, "rho"): "5af98bd16f", ("rho-analysis", None, 0.5, "rho"): "5af98bd16f",  # rho v2
     ("svd", None, 0.25, "lama"): "230925c11b", ("svd", None, 0.25, "ppl-token"): "f78c004b36",
     ("svd", None, 0.5, "lama"): "230925c11b", ("svd", None, 0.5, "ppl-token"): "f78c004b36",
 }

@@ -109,3 +109,17 @@ def test_the_readme_layout_table_names_every_module():
                     missing.append(f"{part}/{f.name}")
     assert set(rows) >= {"core", "methods", "tasks", "bench", "analyses", "bench/cli", "leaderboard"}
     assert not missing, missing
+
+
+def test_display_says_only_what_the_run_did():
+    """No speed note where nothing was timed (--no-latency), no calibration size where nothing is calibrated."""
+    from bench.config import resolve_run
+    from leaderboard.report import measured_speed
+
+    assert not measured_speed([{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}])
+    assert measured_speed([{"method": "act-sparse", "decode speedup": 1.7}])
+    dense = resolve_run(_config("--model", "x", "--methods", "dense", "--tasks", "ppl-token"))
+    assert not any("calibration" in line for line in dense.describe())
+    pca = resolve_run(_config("--model", "x", "--methods", "pca", "--rank", "0.5", "--tasks", "ppl-token"))
+    sizes = next(line for line in pca.describe() if line.startswith("sizes:"))
+    assert "calibration 12 x 256 tokens" in sizes and "(x, g) pairs" not in sizes  # pca reads C, no pairs

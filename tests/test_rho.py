@@ -168,3 +168,23 @@ def test_rho_directional_equals_its_formula_by_loops():
         joint = sum(a * a * b * b for a, b in zip(s, t)) / len(s)
         vals.append(joint / (sum(a * a for a in s) / len(s) * sum(b * b for b in t) / len(t)) - 1)
     assert rho_directional(X, G, U) == pytest.approx(sum(vals) / len(vals), rel=1e-9)
+
+
+def test_small_samples_get_the_exact_permutation_p_value():
+    """n = 4 in a perfect rank order: 2 of the 24 orderings are as extreme (two-sided), p = 1/12, not scipy's
+    asymptotic 0; from 9 points on, scipy's own p."""
+    from itertools import permutations
+
+    from scipy import stats
+
+    from analyses.dependence import correlations
+
+    x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 9.0]
+    c = correlations(x, y)
+    assert c["spearman"]["p"] == pytest.approx(1 / 12) and c["spearman"]["r"] == 1.0
+    r0 = stats.pearsonr(x, y)[0]
+    extreme = sum(abs(stats.pearsonr(x, list(p))[0]) >= abs(r0) - 1e-12 for p in permutations(y))
+    assert c["pearson"]["p"] == pytest.approx(extreme / 24)
+    x9 = [0.3, 1.2, 0.7, 2.2, 1.9, 3.1, 2.5, 4.0, 3.3]
+    y9 = [0.1, 0.9, 1.1, 1.8, 2.4, 2.6, 3.5, 3.2, 4.4]
+    assert correlations(x9, y9)["spearman"]["p"] == pytest.approx(stats.spearmanr(x9, y9)[1])

@@ -41,6 +41,13 @@ def test_lama_metrics_from_ranks():
     assert res.details["p@1_per_relation"] == pytest.approx({"r0": 1 / 3, "r1": 0.5})
 
 
+def test_lama_macro_stderr_is_unknown_with_one_probe_per_relation():
+    records = [{"relation": f"r{i}", "subject": "s", "rank": r, "n_candidates": 20} for i, r in enumerate([0, 3])]
+    res = LAMA._aggregate(records, [], SimpleNamespace(relation_source={}, source="lama:fixture"), SimpleNamespace())
+    assert res.metrics["p@1"] == 0.5 and res.stderr["p@1"] is None
+    assert res.stderr["p@1_micro"] == pytest.approx(_se([1, 0]))
+
+
 def test_mmlu_micro_and_macro_accuracy(monkeypatch):
     # 3 questions in one subject (2 right), 1 in another (wrong): micro 2/4, macro (2/3 + 0) / 2
     qs = [MMLUQuestion("algebra", f"q{i}", ("a", "b", "c", "d"), ans) for i, ans in enumerate([0, 1, 2])] + \
