@@ -150,9 +150,11 @@ def check_pattern_widths(patterns, groups) -> None:
 
 
 def _divisor_hint(d_in: int, n: int, m: int) -> str:
+    """A pattern of about the same density whose M divides d_in (N kept in [1, M - 1]: 7:8 once became 4:4, no
+    sparsity at all), or a density where none does."""
     for mm in (4, 8, 16, 32, 2):
         if d_in % mm == 0:
-            return f"{max(1, round(n / m * mm))}:{mm}"
+            return f"{min(mm - 1, max(1, round(n / m * mm)))}:{mm}"
     return "0.5"
 
 
