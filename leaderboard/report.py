@@ -29,7 +29,14 @@ LATENCY_NOTE = ("- speedups: dense time / the row's time, measured in one proces
                 "tokens per second at the evaluation batch. Activation-sparsity rows decode through the gathered "
                 "product (only the kept channels' weights are read) and prefill as a masked dense product. "
                 "wanda / magnitude-prune keep dense-shaped weights with zeros: no CPU kernel exploits them, so their "
-                "speed is dense's. compute ratio (theory): multiply-adds per token vs dense, not a measured speedup.")
+                "speed is dense's.")
+COMPUTE_NOTE = "- compute ratio (theory): multiply-adds per token vs dense, not a measured speedup."
+
+
+def speed_notes(rows: list[dict], sparse: bool) -> list[str]:
+    """The notes a section's speed columns need: the measured speedups' where a row was timed, the theoretical
+    compute ratio's where the section shows one (a sparsity section, or the both-families table)."""
+    return ([LATENCY_NOTE] if measured_speed(rows) else []) + ([COMPUTE_NOTE] if sparse else [])
 # the frontier line: the fastest row whose token NLL stays within this many nats of dense (ppl within 10.5 %)
 FRONTIER_NLL = 0.1
 
@@ -305,7 +312,7 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
     md = [f"### Both families at compute ratio {target:g}", "",
           f"- each low-rank row at its run ratio whose compute ratio (theoretical multiply-adds per token vs dense) "
           f"is closest to {target:g}, each sparsity row at density {target:g}; the row label names the budget and "
-          "the compute ratio column the ratio matched"] + ([LATENCY_NOTE] if measured_speed(rows) else []) + [
+          "the compute ratio column the ratio matched"] + speed_notes(rows, True) + [
           "", markdown_table(rows, ref_label, columns), ""]
     md += significance_note(rows, ref_label)
     # the figure: every row of every section (every group), a line per method over its ratios
@@ -390,8 +397,8 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
         md += [markdown_table(rows, ref, columns), ""]
         md += significance_note(rows, ref)
         md += frontier_line(rows, columns)
-        if measured_speed(rows):  # a run with --no-latency has nothing for the note to explain
-            md += [LATENCY_NOTE, ""]
+        notes = speed_notes(rows, sparse)  # a run with --no-latency has no speedup for the note to explain
+        md += notes + ([""] if notes else [])
         # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
         md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
         fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]

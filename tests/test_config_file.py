@@ -114,10 +114,12 @@ def test_the_readme_layout_table_names_every_module():
 def test_display_says_only_what_the_run_did():
     """No speed note where nothing was timed (--no-latency), no calibration size where nothing is calibrated."""
     from bench.config import resolve_run
-    from leaderboard.report import measured_speed
+    from leaderboard.report import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
 
-    assert not measured_speed([{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}])
-    assert measured_speed([{"method": "act-sparse", "decode speedup": 1.7}])
+    untimed = [{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}]
+    assert not measured_speed(untimed) and speed_notes(untimed, sparse=True) == [COMPUTE_NOTE]
+    assert speed_notes(untimed, sparse=False) == []
+    assert speed_notes([{"method": "pca", "decode speedup": 1.7}], sparse=False) == [LATENCY_NOTE]
     dense = resolve_run(_config("--model", "x", "--methods", "dense", "--tasks", "ppl-token"))
     assert not any("calibration" in line for line in dense.describe())
     pca = resolve_run(_config("--model", "x", "--methods", "pca", "--rank", "0.5", "--tasks", "ppl-token"))
