@@ -225,10 +225,14 @@ def _check_files(folder: Path, listed, kind: str, present: list[Path], check_dig
                         f"({PROVENANCE_FILE} does not list it): remove it, or {FIX}")
 
 
+def has_own_model_type(cfg: dict) -> bool:
+    """config.json (a mapping) names the model type bench compress gives a factorised or sparse checkpoint."""
+    return str(cfg.get("model_type", "")).startswith(MODEL_TYPE_PREFIX)
+
+
 def is_compressed_config(cfg: dict) -> bool:
     """config.json (a mapping) of a checkpoint acbench wrote: a compression layout or a model type of its own."""
-    return (LAYOUT_KEY in cfg or RECORD_KEY in cfg or BASE_TYPE_KEY in cfg
-            or str(cfg.get("model_type", "")).startswith(MODEL_TYPE_PREFIX))
+    return LAYOUT_KEY in cfg or RECORD_KEY in cfg or BASE_TYPE_KEY in cfg or has_own_model_type(cfg)
 
 
 def read_provenance(folder: Path, check_weights: bool = True) -> dict | None:
@@ -261,7 +265,7 @@ def read_provenance(folder: Path, check_weights: bool = True) -> dict | None:
         raise UserError(f"checkpoint {folder}: {path.name} does not match the digest config.json records for it "
                         f"(one of them was edited): {FIX}")
     forms = runtime_forms(cfg)
-    if bool(forms) != str(cfg.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
+    if bool(forms) != has_own_model_type(cfg):
         raise UserError(f"checkpoint {folder}: config.json's model_type {cfg.get('model_type')!r} does not fit its "
                         f"layout ({', '.join(forms) or 'dense-shaped'}): {FIX}")
     weights = prov.get("weights")
@@ -281,7 +285,7 @@ def checkpoint_config(folder: Path | str):
 
     folder = Path(folder)
     cfg = _read_json(folder / "config.json", folder)
-    if not isinstance(cfg, dict) or not str(cfg.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
+    if not isinstance(cfg, dict) or not has_own_model_type(cfg):
         return AutoConfig.from_pretrained(folder)
     base = cfg.get(BASE_TYPE_KEY)
     if base not in CONFIG_MAPPING or cfg["model_type"] != MODEL_TYPE_PREFIX + base:

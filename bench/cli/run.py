@@ -200,8 +200,6 @@ def read_config_file(path: str) -> tuple[dict, dict]:
             if not isinstance(data[flag], bool):
                 raise UserError(f"'{flag}' in {path} is a switch: write {flag}: true or {flag}: false")
             data[dest] = not data.pop(flag)
-    if "overwrite" in data and not isinstance(data["overwrite"], bool):
-        raise UserError(f"'overwrite' in {path} is a switch: write overwrite: true or overwrite: false")
     for what in ("method", "task", "analysis"):  # a flag's list of name.setting=value, or an options block
         if f"{what}_option" in data:
             items = data.pop(f"{what}_option")
