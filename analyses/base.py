@@ -1,4 +1,4 @@
-"""The analysis interface: a study computed from calibration statistics and compressions through the harness,
+"""The analysis interface: what a sweep computes from calibration statistics and compressions (through the context it is handed),
 stored as a cell of its own (kind "analysis", method "<name>-analysis") beside the task cells, and rendered into
 the leaderboard by its own `report_section`."""
 
@@ -18,7 +18,6 @@ class Analysis(Plugin):
     uses_tasks: ClassVar[tuple[str, ...]] = ()
     primary_metric: ClassVar[str] = ""
     higher_is_better: ClassVar[dict[str, bool | None]] = {}
-    runs_in_sweep: ClassVar[bool] = True  # False: a study with its own command (emerge), not a task of bench run
 
     def run(self, ctx, rank) -> TaskResult:
         """ctx: the harness's AnalysisContext (model, tokenizer, stats, groups, seed, progress, compressed(), task())."""

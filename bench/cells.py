@@ -86,7 +86,8 @@ def plan(run: Run, model: ModelInfo, overwrite: bool | None = None) -> list[Cell
     """Every cell of the run that is not stored and valid (all of them with `overwrite`), in the order a local
     executor computes them: the dense model's, then each variant's, then the analyses'."""
     overwrite = run.config.overwrite if overwrite is None else overwrite
-    scope = run.selection.resolve(model.n_blocks).scope
+    run = run.for_blocks(model.n_blocks)  # a prepared run is resolved already: this checks it is for this model
+    scope = run.selection.scope
     wanted = []
     for name, task in run.tasks.items():
         key = settings_hash(task_key(task), None, model.fingerprint)

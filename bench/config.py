@@ -1,6 +1,6 @@
 """What the user typed (`RunConfig`: flags, a YAML file) and what the run does (`Run`: validated and resolved).
 
-`resolve_run(config, analyses)` is the one boundary: every user error is found there, before any weights load,
+`resolve_run(config)` is the one boundary: every user error is found there, before any weights load,
 and the `Run` it returns is frozen: methods expanded, budgets parsed, tasks and analyses built. The tokenizer's
 BOS default is settled later by `Run.with_bos`, which returns a new Run (the config is never rewritten).
 """
@@ -102,11 +102,12 @@ class Run:
     ranks: tuple[RankSpec, ...]
     patterns: tuple[SparsitySpec, ...]
     allocate: tuple[str, ...]
-    selection: Selection  # checked against the model by the plan
+    selection: Selection  # as typed until `for_blocks` resolves it against the model
     bos: str  # "auto" until `with_bos` settles it from the tokenizer
     tasks: Mapping[str, Task]  # the model tasks, sized for this run
-    analyses: Mapping  # {name: Analysis}, built by the caller from the analyses registry
+    analyses: Mapping  # {name: Analysis}: the names of tasks that are analyses, built from the analyses registry
     stats_memory: int | None
+    n_blocks: int | None = None  # the model's blocks, once `for_blocks` resolved the selection against them
 
     @property
     def output(self) -> Path:
@@ -125,6 +126,16 @@ class Run:
         """The run under the tokenizer's resolved BOS protocol: one protocol for calibration and the tasks."""
         run = replace(self, bos=bos)
         return replace(run, tasks={name: run.task(name) for name in self.tasks})
+
+    def for_blocks(self, n_blocks: int) -> "Run":
+        """The run with its group selection checked against a model of `n_blocks` blocks and canonical (a selection
+        of everything is the default scope): resolved once, when the model is opened, and read by the plan and the
+        workers."""
+        if self.n_blocks is not None:
+            if self.n_blocks != n_blocks:
+                raise ValueError(f"run resolved for {self.n_blocks} blocks, used on a model of {n_blocks}")
+            return self
+        return replace(self, selection=self.selection.resolve(n_blocks), n_blocks=n_blocks)
 
     def compressor(self, variant: str):
         """The Compressor of a method or variant under the run's --method-option values for its base name."""
@@ -504,18 +515,27 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
         check_writable(Path(config.output))
 
 
-def resolve_run(config: RunConfig, analyses: Mapping | None = None, writes: bool = True) -> Run:
-    """Every user error is found here, before the model loads: one line, and the fix. `analyses`: the names of
-    config.tasks that the caller resolved to analyses, built ({name: Analysis}). `writes`: the run writes results
-    (False for `bench plan`, which only reads the model's config)."""
-    analyses = dict(analyses or {})
+def build_analyses(config: RunConfig) -> dict:
+    """The names of config.tasks that are analyses, built with their --analysis-option settings; an unknown name
+    gets one did-you-mean over every task and analysis (not only those asked for)."""
+    import analyses as registry
+
+    names = [n for n in config.tasks if isinstance(n, str)] if isinstance(config.tasks, (list, tuple)) else []
+    check_task_names(names, set(registry.known_analyses()))
+    return registry.build(names, config.analysis_options)
+
+
+def resolve_run(config: RunConfig, writes: bool = True) -> Run:
+    """Every user error is found here, before the model loads: one line, and the fix. The analyses among
+    config.tasks are built here too. `writes`: the run writes results (False for `bench plan`, which only reads the
+    model's config)."""
+    check_option_blocks(config)  # first: its message names the flag and the block (the type check names neither)
     problems = type_problems(config)
     if problems:
         name = problems[0].split(" ", 1)[0]
         raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
-    check_option_blocks(config)
+    analyses = build_analyses(config)
     names, ranks, patterns = resolve_budgets(config)
-    check_task_names(config.tasks, set(analyses))
     check_methods(config, names)
     check_budgets_used(config, names, analyses)
     selection = Selection.from_flags(config.groups, config.blocks)

@@ -7,6 +7,7 @@ Ray executor hands each worker process its share of the same `Cell`s.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -64,9 +65,9 @@ class Prepared:
 
 
 def check_groups(run: Run, groups: list) -> list:
-    """The selected groups (of a meta-device model); budgets and patterns that cannot apply to them are refused
-    before any cell is computed."""
-    selection = run.selection.resolve(len({g.block for g in groups}))
+    """The selected groups (of a meta-device model; `run` resolved for it); budgets and patterns that cannot apply
+    to them are refused before any cell is computed."""
+    selection = run.selection
     selected = [g for g in groups if selection.includes(g)]
     if selection.scope != ALL:
         log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
@@ -131,12 +132,13 @@ def open_checked(run: Run) -> Prepared:
         log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none: skipped; add --rank 0.5 (and "
             "a method) to run them")
     groups = source.input_groups()
+    run = run.for_blocks(len({g.block for g in groups}))  # the selection, resolved once for the whole run
     selected = check_groups(run, groups)
     if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)
     windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
-    return Prepared(run, source, [], windows, len({g.block for g in groups}))
+    return Prepared(run, source, [], windows, run.n_blocks)
 
 
 def prepare(run: Run) -> Prepared:
@@ -204,6 +206,18 @@ class AnalysisContext:
         return self.run.task(name, **overrides)
 
 
+def _on_claimed(stage):
+    """A Worker stage runs on the cells this process claims (another run may hold or have finished the rest);
+    it returns the cells it wrote, 0 where it claimed none."""
+
+    @functools.wraps(stage)
+    def on_claimed(self, cells):
+        mine = self.claim(cells)
+        return stage(self, mine) if mine else 0
+
+    return on_claimed
+
+
 @dataclass
 class Worker:
     """One process's state across the cells it computes: the loaded model, its groups, the statistics, the rank
@@ -249,9 +263,10 @@ class Worker:
         if not self.run.methods:  # the model as it is (--methods dense): a compressed checkpoint has no dense groups
             return self.lm
         self.groups = find_input_groups(self.lm.model)
-        selection = self.run.selection.resolve(len({g.block for g in self.groups}))
-        self.selected = [g for g in self.groups if selection.includes(g)]
-        self.scope = selection.scope
+        if self.run.n_blocks is None:
+            raise ValueError("a Worker computes a prepared run (its selection resolved by open_checked)")
+        self.selected = [g for g in self.groups if self.run.selection.includes(g)]
+        self.scope = self.run.selection.scope
         return self.lm
 
     @property
@@ -350,10 +365,8 @@ class Worker:
             written.append(record)
         return written
 
+    @_on_claimed
     def dense(self, cells: list[Cell]) -> int:
-        cells = self.claim(cells)
-        if not cells:
-            return 0
         recs = self.evaluate(self.model().model, cells, None, {}, self.common())
         log(f"[dense] {summary_line(recs)}")
         return len(recs)
@@ -373,11 +386,9 @@ class Worker:
         self.allocations[(rule, budget)] = alloc
         return alloc
 
+    @_on_claimed
     def variant(self, cells: list[Cell]) -> int:
         """The cells of one (method, budget, allocation): compressed once, in place, restored after."""
-        cells = self.claim(cells)
-        if not cells:
-            return 0
         run, lm = self.run, self.model()
         m, budget, rule = cells[0].variant
         timings = {}
@@ -402,10 +413,8 @@ class Worker:
         log(f"[{cells[0].label}] {summary_line(recs)}")
         return len(recs)
 
+    @_on_claimed
     def analyses(self, cells: list[Cell]) -> int:
-        cells = self.claim(cells)
-        if not cells:
-            return 0
         lm, run = self.model(), self.run
         ctx = AnalysisContext(lm.model, lm.tokenizer, self.stats, self.groups, run.config.seed, run.config.progress,
                               run, self.solve_device)

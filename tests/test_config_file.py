@@ -102,13 +102,33 @@ def test_the_readme_layout_table_names_every_module():
             if line.startswith("| `")}
     missing = []
     for folder, row in rows.items():
-        parts = [folder] + (["tasks/data"] if folder == "tasks" else [])
+        parts = [folder] + [f"{folder}/{d.name}" for d in sorted((root / folder).iterdir())
+                            if d.is_dir() and folder != "bench" and (d / "__init__.py").exists()]
         for part in parts:
             for f in sorted((root / part).glob("*.py")):
                 if f.name != "__init__.py" and f"`{f.name}`" not in row:
                     missing.append(f"{part}/{f.name}")
-    assert set(rows) >= {"core", "methods", "tasks", "bench", "analyses", "bench/cli", "leaderboard"}
+    assert set(rows) >= {"core", "methods", "tasks", "bench", "analyses", "bench/cli", "leaderboard", "studies"}
     assert not missing, missing
+
+
+def test_the_readme_layout_table_states_the_layering_test_order():
+    """The "may import" column says what tests/test_layers.py enforces."""
+    from tests.test_layers import ALLOWED
+
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Layout"):]
+    every = set(ALLOWED) - {"cli"}
+    said = {}
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            folder = line.split("|")[1].strip().strip("`").rstrip("/")
+            text = line.split("|")[3].strip()
+            said["cli" if folder == "bench/cli" else folder] = (
+                set() if text == "nothing of acbench" else every | {"studies"} if text == "everything"
+                else every - {folder} if text == "everything but `bench/cli/`"
+                else {t.strip() for t in text.split(",")})
+    assert said == {layer: allowed - {"cli"} for layer, allowed in ALLOWED.items()}
 
 
 def test_display_says_only_what_the_run_did():

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from analyses.emergence import bootstrap_mean, recall_onset, rise_onset, summarize
-from analyses.emergence_train import TrainConfig, batch_at, checkpoint_steps, token_stream, train, word_tokenizer
+from studies.emergence import bootstrap_mean, recall_onset, rise_onset, summarize
+from studies.emergence.train import TrainConfig, batch_at, checkpoint_steps, token_stream, train, word_tokenizer
 from tasks.data.facts import RELATIONS, build_corpus
 
 
@@ -152,7 +152,7 @@ def test_bootstrap_over_seeds():
 
 
 def test_the_emerge_cell_round_trips_and_renders(tmp_path):
-    from analyses.emergence import EmergeConfig, Emergence, summary_cell
+    from studies.emergence import EmergeConfig, report_section, summary_cell
     from bench.store import write_cell
     from core.record import CellRecord
 
@@ -162,7 +162,7 @@ def test_the_emerge_cell_round_trips_and_renders(tmp_path):
     write_cell(tmp_path / "emerge.json", cell)
     back = CellRecord.from_json(json.loads((tmp_path / "emerge.json").read_text()))
     assert back.cell.is_analysis and back.metrics["recall_onset_step"] == 64
-    lines, figures = Emergence.report_section(back, tmp_path / "plots", "emerge", "test")
+    lines, figures = report_section(back, tmp_path / "plots", "emerge", "test")
     text = "\n".join(lines)
     assert "It holds:" in text and "block 0 (Spearman +1.00" in text
     assert figures[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

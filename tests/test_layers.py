@@ -1,8 +1,8 @@
 """The package layers import only downward, and no module imports itself back through others.
 
-core <- methods, tasks <- bench (the harness) <- analyses <- the CLI (bench/cli/: the argument parser, the
-commands and the executors); leaderboard <- core only. Every import counts, including those inside functions.
-Beside the imports: the leaderboard names no task or analysis, the harness has no field named after a task, and
+core < methods, tasks, leaderboard < analyses < bench (the harness) < studies < the CLI (bench/cli/: the argument
+parser, the commands and the executors). Every import counts, including those inside functions.
+Beside the imports: the leaderboard names no task, analysis or study, the harness has no field named after a task, and
 no function is longer than 80 lines.
 """
 
@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard")
+PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard", "studies")
 CLI_PACKAGE = "bench.cli"
 # what each layer may import besides itself
 ALLOWED = {
@@ -20,9 +20,10 @@ ALLOWED = {
     "methods": {"core"},
     "tasks": {"core"},
     "leaderboard": {"core"},
-    "bench": {"core", "methods", "tasks"},
-    "analyses": {"core", "methods", "tasks", "bench"},
-    "cli": {"core", "methods", "tasks", "bench", "analyses", "leaderboard"},
+    "analyses": {"core", "methods", "tasks", "leaderboard"},
+    "bench": {"core", "methods", "tasks", "leaderboard", "analyses"},
+    "studies": {"core", "methods", "tasks", "leaderboard", "analyses", "bench"},
+    "cli": {"core", "methods", "tasks", "leaderboard", "analyses", "bench", "studies"},
 }
 
 
@@ -116,9 +117,25 @@ def test_the_checker_sees_a_violation(tmp_path):
     assert imports_of(f, "methods.x") >= {"bench", "bench.runner", "leaderboard.report"}
 
 
-def test_only_the_cli_imports_analyses():
+def test_the_order_is_total_and_matches_the_docstring():
+    """Each layer may import exactly the layers below it: the allowed sets nest, so no arrow can run back up."""
+    order = ["core", "methods", "analyses", "bench", "studies", "cli"]
+    for lower, upper in zip(order, order[1:]):
+        assert ALLOWED[lower] | {lower} <= ALLOWED[upper], (lower, upper)
+        assert upper not in ALLOWED[lower]
+    assert ALLOWED["methods"] == ALLOWED["tasks"] == ALLOWED["leaderboard"] == {"core"}
+
+
+def test_no_analysis_imports_the_harness():
+    """An analysis is what a sweep runs: it gets the harness's context, never imports bench (or a study)."""
     bad = [f"{mod} imports {t}" for mod, targets in project_graph().items() for t in targets
-           if layer(t) == "analyses" and layer(mod) not in ("analyses", "cli")]
+           if layer(mod) == "analyses" and layer(t) in ("bench", "studies", "cli")]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_studies_are_imported_only_by_the_cli():
+    bad = [f"{mod} imports {t}" for mod, targets in project_graph().items() for t in targets
+           if layer(t) == "studies" and layer(mod) not in ("studies", "cli")]
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -139,17 +156,19 @@ def _names_in(path: Path) -> list[tuple[int, str]]:
 
 def plugin_names() -> set[str]:
     import analyses
+    import studies
     import tasks
 
     # "lm-eval" is also the library whose version the leaderboard header reports, not only the bridge task
-    return (set(tasks.known_tasks()) | set(analyses.known_analyses())) - {"lm-eval"}
+    names = set(tasks.known_tasks()) | set(analyses.known_analyses()) | set(studies.report_sections())
+    return names - {"lm-eval"}
 
 
 def test_leaderboard_names_no_task_or_analysis():
     import re
 
     names = plugin_names()
-    assert {"mmlu", "lama", "ppl-token", "rho"} <= names
+    assert {"mmlu", "lama", "ppl-token", "rho", "emerge"} <= names
     bad = []
     for path in sorted((ROOT / "leaderboard").rglob("*.py")):
         for line, text in _names_in(path):

@@ -52,13 +52,14 @@ def test_mmlu_native_equals_lm_eval_on_smollm2(smol):
 
 def test_lama_equals_brute_force_on_default_model(gemma):
     from tasks.data.lama_data import build_embedded
-    from tasks.lama import candidate_ids, score_candidates, score_candidates_reference
+    from tasks.lama import candidate_ids, score_probes
+    from tests.lama_reference import score_candidates_reference
 
     ls = build_embedded()
     for rel in ("capital-of", "currency"):
         probe = next(p for p in ls.probes if p.relation == rel)
         cands = candidate_ids(gemma.tokenizer, ls.candidates[rel][:12])
-        fast = score_candidates(gemma.model, gemma.tokenizer, probe.prompt, cands, chunk=5)
+        fast = score_probes(gemma.model, gemma.tokenizer, [probe.prompt], [cands], pair_chunk=5)[0]
         ref = score_candidates_reference(gemma.model, gemma.tokenizer, probe.prompt, cands)
         assert (fast - ref).abs().max().item() < 1e-4
 

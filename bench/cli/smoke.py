@@ -51,7 +51,6 @@ def tiny_checkpoint() -> Path:
 
 
 def smoke(output: str | None = None) -> int:
-    import analyses
     from bench.config import RunConfig, resolve_run
     from bench.execute import sweep
     from leaderboard.report import write_report
@@ -66,7 +65,7 @@ def smoke(output: str | None = None) -> int:
         task_options={"mmlu": {"limit": 1}, "lama": {"per_relation": 1, "max_candidates": 8},
                       "ppl-token": {"max_windows": 2, "seq_len": 64}},
         analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False)
-    run = resolve_run(config, analyses.from_config(config))
+    run = resolve_run(config)
     sweep(run)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
     cells = [c for c in cells if isinstance(c, dict) and "cell" in c]

@@ -1,5 +1,5 @@
-"""The N:M activation-sparsity study (arXiv 2509.22166) on our models, from stored cells: `python
-benchmarks/sparsity_study.py RESULTS_DIR` prints the README's tables and the three claims with paired intervals.
+"""The N:M activation-sparsity study (arXiv 2509.22166) on our models, from stored cells:
+`python -m studies.nm_sparsity RESULTS_DIR` prints the README's tables and the three claims with paired intervals.
 
 Produce the cells with (per model):
   bench run --model M --tasks ppl-token lama --methods act-sparse --sparsity 2:4 4:8 8:16 16:32 0.5
@@ -11,7 +11,6 @@ Produce the cells with (per model):
 
 from __future__ import annotations
 
-import math
 import sys
 
 from tabulate import tabulate

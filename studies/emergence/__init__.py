@@ -1,10 +1,11 @@
 """Knowledge emergence (DESIGN.md section 14): does rho rise only once a model has internalised facts?
 
-`bench emerge` builds the synthetic fact corpus, trains a small Llama on it per seed (analyses.emergence_train),
+`bench emerge` builds the synthetic fact corpus, trains a small Llama on it per seed (studies.emergence.train),
 and runs the harness's own sweep on every checkpoint: dense, pca and fasc-kfac at one rank with LAMA on the held-
 out probes, perplexity on held-out text, and the rho analysis, unchanged. The series is read back from those
 cells and summarised here (onsets, correlations, the FASC-over-pca gap), stored as one cell of its own
-(kind "analysis", task "emerge") and rendered by `Emergence.report_section`.
+(kind "analysis", task "emerge") and rendered by `report_section`. A study above the harness: it calls bench as
+the CLI does (config -> resolve_run -> prepare -> execute); nothing below imports it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import UserError
 from core.record import ANALYSIS_CELL, DENSE, CellId, CellRecord
-from core.significance import ALPHA, above_chance, compare
+from core.significance import above_chance, compare
 
-from .base import Analysis
-from .dependence import correlations
-from .emergence_train import TrainConfig
+from analyses.dependence import correlations
 
+from .train import TrainConfig
+
+NAME = "emerge"  # the task of its summary cell, and the leaderboard section that renders it
+VERSION = 1  # the summary's formulas: stored with the cell
 METHODS = ("pca", "fasc-kfac")  # the variance baseline and the Fisher-aligned projection, paired per probe
 
 
@@ -207,13 +209,13 @@ def summary_cell(cfg: EmergeConfig, summary: dict, seconds: dict, checkpoints: l
     metrics = {"recall_onset_step": first.get("recall_onset"), "mean_spearman_rho_p1": float(np.mean(sp)) if sp else None,
                "final_fasc_over_pca": last_gap}
     key = settings_hash(asdict(cfg), checkpoints)
-    return CellRecord(cell=CellId(f"emerge-{key[:6]}", "emerge-analysis", cfg.rank, "rank", "emerge", key,
+    return CellRecord(cell=CellId(f"emerge-{key[:6]}", f"{NAME}-analysis", cfg.rank, "rank", NAME, key,
                                   kind=ANALYSIS_CELL),
                       metrics=metrics, primary_metric="mean_spearman_rho_p1",
                       higher_is_better={k: None for k in metrics},
                       details={"summary": _json_keys(summary), "config": asdict(cfg), "seconds": seconds,
                                "checkpoints": checkpoints},
-                      versions={"analysis": Emergence.version}, env=environment("cpu"))
+                      versions={"analysis": VERSION}, env=environment("cpu"))
 
 
 def _json_keys(obj):
@@ -225,21 +227,11 @@ def _json_keys(obj):
     return obj
 
 
-class Emergence(Analysis):
-    name = "emerge"
-    description = ("knowledge emergence: rho, recall and the FASC-over-pca gap over training checkpoints "
-                   "(`bench emerge`; not a task of bench run)")
-    runs_in_sweep = False
-    primary_metric = "mean_spearman_rho_p1"
+def report_section(cell, plot_dir, stem, title):
+    """The emerge cell's leaderboard section (the display of `bench report` names it by the cell's task)."""
+    from .report import report_section as section
 
-    def run(self, ctx, rank):
-        raise UserError("emerge trains its own checkpoints: run `bench emerge`, not `bench run --tasks emerge`")
-
-    @classmethod
-    def report_section(cls, cell, plot_dir, stem, title):
-        from .emergence_report import report_section
-
-        return report_section(cell.details["summary"], cell.details.get("config", {}), plot_dir, stem, title)
+    return section(cell.details["summary"], cell.details.get("config", {}), plot_dir, stem, title)
 
 
 # ---------------------------------------------------------------- the experiment
@@ -274,16 +266,13 @@ def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, ou
     from bench.config import resolve_run
     from bench.execute import LocalExecutor, execute, prepare
 
-    from . import from_config
-
     out = []
     for path in paths:
         config = checkpoint_config(path, sources, cfg, output, seed, seq_len, n_blocks, progress)
-        prepared = prepare(resolve_run(config, from_config(config)))
+        prepared = prepare(resolve_run(config))
         execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
         src = prepared.source
-        every = plan(prepared.run, ModelInfo(src.name, src.fingerprint, len({g.block for g in src.input_groups()})),
-                     overwrite=True)
+        every = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.n_blocks), overwrite=True)
         out.append([c.path for c in every])
     return out
 
@@ -295,7 +284,7 @@ def train_seed(cfg: EmergeConfig, seed: int, work: Path, progress: bool) -> tupl
 
     from tasks.data.facts import build_corpus
 
-    from .emergence_train import train, word_tokenizer
+    from .train import train, word_tokenizer
 
     tag = cfg.tag(seed)
     folder = Path(work) / tag
@@ -314,7 +303,7 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
 
     from bench.store import cell_path, write_cell
 
-    from .emergence_train import checkpoint_steps
+    from .train import checkpoint_steps
 
     series, seconds = {}, {}
     for seed in cfg.seeds:

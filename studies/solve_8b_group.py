@@ -8,7 +8,7 @@ the weight error ||W - A B|| / ||W|| in each precision. The methods in --host ar
 and compared with the device's float64 solve (pca by default: one eigh at d = 14,336, a minute or two on 16
 cores). Prints one JSON line per result; --out writes them all.
 
-    .venv/bin/python benchmarks/solve_8b_group.py --device cuda --out solve_8b_group.json
+    .venv/bin/python -m studies.solve_8b_group --device cuda --out solve_8b_group.json
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def principal_angles(B1: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:

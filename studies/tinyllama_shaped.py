@@ -4,7 +4,7 @@
 4.4 GB in float32; no download). The tokenizer is a byte-level BPE of exactly that size trained on the embedded wiki
 text's calibration articles (a few seconds), so the token ids fit the embedding. Then, on a quiet machine:
 
-    .venv/bin/python benchmarks/tinyllama_shaped.py --out /tmp/tinyllama-shaped
+    .venv/bin/python -m studies.tinyllama_shaped --out /tmp/tinyllama-shaped
     .venv/bin/bench plan --model /tmp/tinyllama-shaped --methods pca whitened-svd fasc-kfac fasc --rank 0.5 \\
         --stats-memory 6GB
     /usr/bin/time -v .venv/bin/bench run --model /tmp/tinyllama-shaped --methods pca whitened-svd fasc-kfac fasc \\
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rope_theta=10000.0,

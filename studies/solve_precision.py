@@ -7,7 +7,7 @@ the row space of B, where a site computes A B x) and by what the angles cost: ea
 angles and the same error). The model compressed both ways is evaluated on ppl-token as the default run sizes it.
 Also the fallbacks each precision recorded and the solve seconds. Run it on a quiet machine:
 
-    .venv/bin/python benchmarks/solve_precision.py --out solve_precision.json
+    .venv/bin/python -m studies.solve_precision --out solve_precision.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import analyses
     import methods
     from bench.apply import apply_compression, restore
     from bench.config import RunConfig, resolve_run
@@ -43,7 +42,7 @@ def main() -> None:
 
     config = RunConfig(methods=["all"], ranks=[args.rank], tasks=["ppl-token"], progress=False,
                        output="/tmp/acbench-solve-precision")
-    run = resolve_run(config, analyses.from_config(config))
+    run = resolve_run(config)
     p = prepare(run)
     worker = Worker(p.run, p.source, p.calib_windows)
     lm = worker.model()

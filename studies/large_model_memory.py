@@ -5,8 +5,8 @@ parameters, no download), calibrates the statistics fasc-kfac needs (C and F, 4.
 or without --stats-memory, then reads every group back through the StatsStore as compression does. Run it under
 /usr/bin/time -v, once per budget, on a quiet machine:
 
-    /usr/bin/time -v .venv/bin/python benchmarks/large_model_memory.py --stats-memory 4GB
-    /usr/bin/time -v .venv/bin/python benchmarks/large_model_memory.py
+    /usr/bin/time -v .venv/bin/python -m studies.large_model_memory --stats-memory 4GB
+    /usr/bin/time -v .venv/bin/python -m studies.large_model_memory
 """
 
 from __future__ import annotations
