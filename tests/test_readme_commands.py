@@ -1,0 +1,190 @@
+"""Every `bench` command line of the README passes the command's own checks as written, without computing.
+
+A command is a line of a code block that starts with `bench` plus its indented continuation lines (or `\\`
+continuations); `# ...` ends it. Notation, as the README's synopsis uses it: `a|b` (or `a | b`) is a list of
+alternatives and `[...]` an optional group: every alternative, and each optional group present and absent, must
+pass (one choice point varied at a time, the others at their first choice); `N` stands for a count and `...` for
+more of the same. `bench run` and `bench plan` lines are resolved by `resolve_run` (every user error of a run is
+found there, before a model is opened), `bench compress` by its config check as well, `bench emerge` by its own,
+and the rest by the argument parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from core.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands(text: str) -> list[tuple[int, str]]:
+    """(line number, command) of every `bench` command in the README's code blocks."""
+    out: list[tuple[int, str]] = []
+    in_block, current = False, None
+    for number, raw in enumerate(text.splitlines(), 1):
+        if raw.startswith("```"):
+            in_block, current = not in_block, None
+            continue
+        if not in_block:
+            continue
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if current is not None and (raw[:1].isspace() or out[current][1].endswith("\\")):
+            if line.strip():  # a comment-only continuation line adds nothing
+                n, cmd = out[current]
+                out[current] = (n, cmd.removesuffix("\\").rstrip() + " " + line.strip())
+            continue
+        if re.match(r"(\$ )?bench\s", line):
+            out.append((number, line.removeprefix("$ ")))
+            current = len(out) - 1
+        else:
+            current = None
+    return [(n, cmd.removesuffix("\\").strip()) for n, cmd in out]
+
+
+def choice_points(cmd: str) -> list[list[list[str]]]:
+    """The command as a list of choice points, each a list of token sequences (one sequence: no choice)."""
+    cmd = re.sub(r"\s*\|\s*", "|", cmd)
+    points: list[list[list[str]]] = []
+    tokens = shlex.split(cmd)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("["):
+            group = [tok[1:]]
+            while not group[-1].endswith("]"):
+                i += 1
+                group.append(tokens[i])
+            group[-1] = group[-1][:-1]
+            points.append([[t for t in group if t], []])
+        elif tok == "...":
+            pass
+        elif "|" in tok:
+            points.append([[alt] for alt in tok.split("|")])
+        else:
+            points.append([["2" if tok == "N" else tok]])
+        i += 1
+    return points
+
+
+def variants(cmd: str) -> list[list[str]]:
+    points = choice_points(cmd)
+    first = [p[0] for p in points]
+    out = [sum(first, [])]
+    for i, p in enumerate(points):
+        for alt in p[1:]:
+            out.append(sum(first[:i] + [alt] + first[i + 1:], []))
+    return out
+
+
+def check(argv: list[str]) -> None:
+    """The command's own checks, short of opening a model: raises UserError or SystemExit (the parser's)."""
+    import studies
+    from bench.cli import _parser
+    from bench.config import resolve_run
+
+    args = _parser().parse_args(argv[1:])
+    if args.cmd == "run":
+        from bench.cli.run import config_from_args
+
+        config = config_from_args(args)
+        studies.check_not_a_task(config.tasks)
+        resolve_run(config, writes=False)
+    elif args.cmd == "plan":
+        from bench.cli.run import config_from_args
+
+        resolve_run(dataclasses.replace(config_from_args(args), tasks=[]), writes=False)
+    elif args.cmd == "compress":
+        from bench.cli.compress import compress_config
+
+        resolve_run(compress_config(args)[0], writes=False)
+    elif args.cmd == "emerge":
+        from bench.cli.emerge import _config
+
+        _config(args)
+
+
+COMMANDS = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def test_the_readme_has_its_commands():
+    cmds = [c for _, c in COMMANDS]
+    assert len(cmds) >= 20
+    assert any(c.startswith("bench run") and "--executor" in c for c in cmds)  # the synopsis is read
+    assert {c.split()[1] for c in cmds} >= {"run", "plan", "compress", "emerge", "ls", "report", "smoke", "prepare"}
+
+
+@pytest.mark.parametrize("line,cmd", COMMANDS, ids=[f"README:{n}" for n, _ in COMMANDS])
+def test_readme_command_passes_its_checks(line, cmd, monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.chdir(ROOT)  # relative paths (examples/run.yaml) as a reader in the clone types them
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
+    # the GPU examples are checked as a GPU machine would check them (here, --device cuda is refused for the machine)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    bad = []
+    for argv in variants(cmd):
+        try:
+            check(argv)
+        except UserError as e:
+            bad.append(f"{' '.join(argv)}\n    -> {e}")
+        except SystemExit as e:
+            bad.append(f"{' '.join(argv)}\n    -> the parser refused it (exit {e.code})")
+    assert not bad, f"README line {line}:\n" + "\n".join(bad)
+
+
+def test_the_checker_refuses_a_wrong_line():
+    """A line that breaks a rule fails, so a passing README means something."""
+    for cmd in ("bench run --rank 0.5 --rank-align 8 --allocate fisher",
+                "bench run --ray-address auto",
+                "bench run --methods wanda --rank 0.5",
+                "bench run --tasks emerge",
+                "bench run --no-such-flag"):
+        with pytest.raises((UserError, SystemExit)):
+            for argv in variants(cmd):
+                check(argv)
+
+
+def test_notation():
+    assert variants("bench ls methods | tasks") == [["bench", "ls", "methods"], ["bench", "ls", "tasks"]]
+    assert variants("bench run --budget rank|params [--merged] --limit N") == [
+        ["bench", "run", "--budget", "rank", "--merged", "--limit", "2"],
+        ["bench", "run", "--budget", "params", "--merged", "--limit", "2"],
+        ["bench", "run", "--budget", "rank", "--limit", "2"]]
+    text = "x\n```text\nbench run --a 1   # note\n          --b 2\nbench ls x\n```\n```bash\nbench plan \\\n  --c 3\n```\n"
+    assert readme_commands(text) == [(3, "bench run --a 1 --b 2"), (5, "bench ls x"), (8, "bench plan --c 3")]
+
+
+def test_the_example_sources_run(tmp_path, monkeypatch, capsys):
+    """Each file of examples/sources/ through `bench run`, as the README shows it, on a tiny model: every question,
+    probe and word of the files is read."""
+    import json
+
+    from bench.cli import main
+    from bench.cli.smoke import tiny_checkpoint
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
+    src = "examples/sources"
+    common = ["--model", str(tiny_checkpoint()), "--methods", "dense", "--no-latency", "--no-report", "--quiet"]
+    runs = {"files": ["--tasks", "mmlu", "lama", "ppl-token", "--mmlu-source", f"{src}/mmlu", "--mmlu-limit", "0",
+                      "--lama-source", f"lama:{src}/lama/TREx:{src}/lama/relations.jsonl", "--lama-limit", "0",
+                      "--text-source", f"file:{src}/text.txt", "--ppl-seq-len", "32"],
+            "qa": ["--tasks", "lama", "--lama-source", f"qa_wikidata:{src}/qa_wikidata/task.json", "--lama-limit", "0"]}
+    cells = {}
+    for name, argv in runs.items():
+        assert main(["run", *common, *argv, "--output", str(tmp_path / name)]) == 0, capsys.readouterr().err
+        for path in (tmp_path / name).rglob("*.json"):
+            if not path.name.startswith("."):
+                cell = json.loads(path.read_text())
+                cells[(name, cell["cell"]["task"])] = cell
+    assert cells[("files", "mmlu")]["task_config"]["n_questions"] == 3
+    assert cells[("files", "lama")]["task_config"]["n_probes"] == 8
+    assert cells[("qa", "lama")]["task_config"]["n_probes"] == 3
+    assert cells[("files", "ppl-token")]["metrics"]["ppl"] > 1
