@@ -212,7 +212,7 @@ class LAMA(Task):
                     if o not in token_ids:
                         token_ids[o] = candidate_ids(tokenizer, [o])[0]
             scores = score_probes(model, tokenizer, [p.prompt for p in batch],
-                                          [[token_ids[o] for o in os_] for os_ in objs])
+                                  [[token_ids[o] for o in os_] for os_ in objs])
             for probe, os_, sc in zip(batch, objs, scores):
                 ranking = sc.argsort(descending=True, stable=True).tolist()
                 gold = [i for i, o in enumerate(os_) if o in probe.objects]

@@ -68,3 +68,21 @@ def test_threshold_in_a_single_bin():
 ])
 def test_divisor_hint_offers_the_same_density_at_an_m_that_divides(d_in, n, m, hint):
     assert _divisor_hint(d_in, n, m) == hint
+
+
+@pytest.mark.parametrize("density, position", [
+    (0.75, 1000.5),      # tails 1.0, 0.5, 0.4, 0.3: (0.75 - 0.5) / 0.5 of bin 1000, from its top
+    (0.45, 1001.5),      # (0.45 - 0.4) / 0.1 of bin 1001
+    (0.9, 1000.2),       # (0.9 - 0.5) / 0.5 of bin 1000
+])
+def test_threshold_counts_only_the_bins_above_its_own(density, position):
+    """Adjacent occupied bins: the tail above the threshold's bin is the next bin's tail, not one further."""
+    hist = _hist({1000: 5, 1001: 1, 1002: 1, 1003: 3})  # fractions 0.5, 0.1, 0.1, 0.3
+    assert magnitude_threshold(hist, density) == pytest.approx(_edge(position), rel=1e-9)
+
+
+def test_threshold_in_the_bin_below_the_top_one():
+    """The top bin occupied too: the tail above the second-highest bin is the top bin's mass, not nothing."""
+    hist = _hist({HIST_BINS - 2: 3, HIST_BINS - 1: 1})  # 0.75, 0.25
+    assert magnitude_threshold(hist, 0.625) == pytest.approx(_edge(HIST_BINS - 1.5), rel=1e-9)
+    assert magnitude_threshold(hist, 0.125) == pytest.approx(_edge(HIST_BINS - 0.5), rel=1e-9)

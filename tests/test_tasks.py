@@ -289,3 +289,124 @@ def test_ppl_word_is_the_rolling_log_likelihood_by_hand(small_model, tokenizer, 
     assert got.details["n_words"] == words
     assert got.metrics["word_ppl"] == pytest.approx(math.exp(-total / words), rel=1e-4)
     assert got.metrics["byte_ppl"] == pytest.approx(math.exp(-total / nbytes), rel=1e-4)
+
+
+def test_ppl_word_reads_the_eval_split_keeps_max_docs_and_records_its_settings(small_model, tokenizer, monkeypatch):
+    """ppl-word scores the evaluation part of its source (never the calibration text), keeps the first max_docs
+    documents, and stores its protocol, sizes and settings."""
+    import tasks.perplexity as perplexity
+
+    parts = {"eval": "one two three four five six\n\nseven eight nine\n\nten eleven", "calib": "calibration words only"}
+    seen = []
+
+    def load_text(source, part):
+        seen.append((source, part))
+        return parts[part]
+
+    monkeypatch.setattr(perplexity, "load_text", load_text)
+    task = perplexity.PPLWord.from_options({"source": "wiki", "max_docs": 2})
+    got = task.evaluate(small_model, tokenizer, progress=False)
+    assert seen == [("wiki", "eval")]
+    assert got.details == {"protocol": "ppl-word (lm-eval loglikelihood_rolling)", "n_docs": 2, "n_words": 9}
+    assert got.config == {"source": "wiki", "max_docs": 2, "max_length": 512, "batch_size": 1}
+    everything = perplexity.PPLWord.from_options({"source": "wiki", "max_docs": 0}).evaluate(small_model, tokenizer)
+    assert everything.details["n_docs"] == 3 and everything.details["n_words"] == 11
+
+
+def test_ppl_word_windows_are_max_length_tokens(small_model, tokenizer, tmp_path):
+    """A document longer than max_length is scored in lm-eval's rolling windows of max_length tokens, each token
+    with less context than one long window gives it: the perplexity changes with max_length."""
+    from tasks.perplexity import PPLWord
+
+    f = tmp_path / "long.txt"
+    f.write_text(" ".join(f"word{i % 7} and then" for i in range(20)))
+    n_tokens = len(tokenizer(f.read_text(), add_special_tokens=False).input_ids)
+    assert n_tokens > 3 * 8
+    short, full = (PPLWord.from_options({"source": f"file:{f}", "max_length": n}).evaluate(small_model, tokenizer)
+                   for n in (8, 512))
+    assert short.details["n_words"] == full.details["n_words"] == 60
+    assert abs(math.log(short.metrics["word_ppl"]) - math.log(full.metrics["word_ppl"])) > 1e-3
+
+
+def test_lama_vocab_protocol_counts_the_top_ranked_gold_and_only_it(small_model, tokenizer, monkeypatch):
+    """With the next-token scores set by hand: a gold ranked first is correct, one ranked second is not; no probe is
+    listed as missing its gold; a set with no one-token object is refused in one line naming the fix."""
+    import tasks.lama as lama
+    from core.errors import UserError
+
+    paris, rome = (candidate_ids(tokenizer, [o])[0] for o in ("Paris", "Rome"))
+    assert len(paris) == len(rome) == 1
+
+    def next_token_logprobs(model, tok, prompts):
+        rows = torch.zeros(len(prompts), small_model.config.vocab_size)
+        for r, p in enumerate(prompts):
+            rows[r, paris[0]] = 2.0  # France's gold first; Italy's gold (Rome) second, behind Paris
+            rows[r, rome[0]] = 1.0
+        return torch.log_softmax(rows, -1)
+
+    monkeypatch.setattr(lama, "next_token_logprobs", next_token_logprobs)
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."}, candidates={"capital": ("Paris", "Rome")},
+                 probes=[Probe("France", "capital", "The capital of France is", ("Paris",)),
+                         Probe("Italy", "capital", "The capital of Italy is", ("Rome",))])
+    res = LAMA.from_options({"protocol": "vocab", "per_relation": 0}).evaluate(small_model, tokenizer, progress=False,
+                                                                               lama_set=ls)
+    by = {r["subject"]: r for r in res.records}
+    assert (by["France"]["rank"], by["France"]["correct"]) == (0, 1)
+    assert (by["Italy"]["rank"], by["Italy"]["correct"]) == (1, 0)
+    assert by["Italy"]["pred"] == tokenizer.decode(paris)
+    assert res.metrics["p@1"] == 0.5 and res.details["missing_gold"] == []
+    none = LamaSet(templates={"capital": "The capital of [X] is [Y] ."}, candidates={"capital": ("Ulaanbaatar",)},
+                   probes=[Probe("Mongolia", "capital", "The capital of Mongolia is", ("Ulaanbaatar",))])
+    with pytest.raises(UserError) as e:
+        LAMA.from_options({"protocol": "vocab"}).evaluate(small_model, tokenizer, progress=False, lama_set=none)
+    assert str(e.value) == ("LAMA vocab protocol: none of the 1 probes has an object that is one token of this "
+                            "tokenizer: use --task-option lama.protocol=candidates")
+
+
+def test_lama_candidate_draw_is_pinned():
+    """The distractors drawn for a probe are part of every LAMA result: pinned for two seeds and subjects (a change
+    here is a change of LAMA's version). A relation with no more objects than max_candidates keeps them all in its
+    own order; a probe with more gold objects than max_candidates keeps its golds and draws no distractor."""
+    from tasks.lama import probe_candidates
+
+    caps = ("Paris", "Rome", "Madrid", "Berlin", "Tokyo", "Cairo", "Lima", "Oslo")
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."}, candidates={"capital": caps}, probes=[])
+    assert probe_candidates(ls, Probe("France", "capital", "x", ("Paris",)), 4, 0) == ("Cairo", "Madrid", "Oslo", "Paris")
+    assert probe_candidates(ls, Probe("France", "capital", "x", ("Paris",)), 4, 1) == ("Oslo", "Paris", "Rome", "Tokyo")
+    assert probe_candidates(ls, Probe("Peru", "capital", "x", ("Lima",)), 4, 0) == ("Berlin", "Lima", "Oslo", "Rome")
+    assert probe_candidates(ls, Probe("France", "capital", "x", ("Paris",)), 8, 0) == caps  # unsorted, as given
+    assert probe_candidates(ls, Probe("France", "capital", "x", ("Paris",)), 0, 0) == caps
+    assert probe_candidates(ls, Probe("Two", "capital", "x", ("Rome", "Oslo", "Lima")), 2, 0) == ("Lima", "Oslo", "Rome")
+
+
+def test_lama_ranks_each_probe_against_its_seeded_candidates(small_model, tokenizer, monkeypatch):
+    """evaluate samples per_relation probes per relation and hands each its probe_candidates(max_candidates, seed)
+    set; the best-scored candidate is the prediction."""
+    import tasks.lama as lama
+    from tasks.data.lama_data import sample_probes
+    from tasks.lama import probe_candidates
+
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] .", "lang": "People in [X] speak [Y] ."},
+                 candidates={"capital": ("Paris", "Rome", "Madrid", "Berlin", "Tokyo", "Cairo"),
+                             "lang": ("French", "Italian", "Spanish", "German", "Japanese")},
+                 probes=[Probe("France", "capital", "The capital of France is", ("Paris",)),
+                         Probe("Italy", "capital", "The capital of Italy is", ("Rome",)),
+                         Probe("Japan", "capital", "The capital of Japan is", ("Tokyo",)),
+                         Probe("Spain", "lang", "People in Spain speak", ("Spanish",)),
+                         Probe("Germany", "lang", "People in Germany speak", ("German",))])
+    handed = []
+
+    def score_probes(model, tok, prompts, cands):
+        handed.extend(cands)
+        return [torch.arange(len(c), dtype=torch.float64) for c in cands]  # the last candidate scores highest
+
+    monkeypatch.setattr(lama, "score_probes", score_probes)
+    res = LAMA.from_options({"per_relation": 1, "max_candidates": 3, "seed": 7}).evaluate(small_model, tokenizer,
+                                                                                          progress=False, lama_set=ls)
+    probes = sample_probes(ls, 1, 7)
+    assert [(r["subject"], r["relation"]) for r in res.records] == [(p.subject, p.relation) for p in probes]
+    assert len(probes) == 2
+    for probe, record, ids in zip(probes, res.records, handed):
+        want = probe_candidates(ls, probe, 3, 7)
+        assert ids == candidate_ids(tokenizer, want) and record["n_candidates"] == 3
+        assert record["pred"] == want[-1]
