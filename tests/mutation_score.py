@@ -4,6 +4,9 @@ Killed: a test failed (or the mutant timed out: it ran away). Survived: every te
 passed. A survivor listed in tests/mutation_equivalent.txt (mutant name, then why it cannot change a result) is
 left out of the score; the others are printed, one per line, to be killed by a test or added there with a reason.
 Usage: python tests/mutation_score.py [--survivors]
+       python tests/mutation_score.py --list survived|not-run [module path prefix ...]
+The --list form prints mutant names, one per line, for `mutmut run` to retest or finish exactly those (mutmut reruns
+every mutant a pattern names, the finished ones included).
 """
 
 from __future__ import annotations
@@ -47,12 +50,22 @@ def collect(mutants: Path = ROOT / "mutants") -> dict[str, dict[str, str]]:
     return out
 
 
+def listed(by_module: dict, what: str, prefixes: list[str], equiv: dict) -> list[str]:
+    want = {"survived": SURVIVED, "not-run": OTHER}[what]
+    return [n for module, statuses in by_module.items() if not prefixes or module.startswith(tuple(prefixes))
+            for n, s in statuses.items() if s == want and n not in equiv]
+
+
 def main(argv: list[str]) -> int:
     by_module = collect()
     if not by_module:
         print("no mutation results under mutants/: run `make mutate` first")
         return 1
     equiv = equivalents()
+    if "--list" in argv:
+        i = argv.index("--list")
+        print("\n".join(listed(by_module, argv[i + 1], argv[i + 2:], equiv)))
+        return 0
     rows, survivors = [], []
     totals = Counter()
     for module, statuses in by_module.items():

@@ -280,3 +280,23 @@ def test_keep_top_equals_the_mask_times_x():
     score = x.abs() * torch.rand(32, generator=gen)
     for n, m in ((2, 4), (8, 16), (5, 0)):
         assert torch.equal(keep_top(x, score, n, m), x * topk_mask(score, n, m))
+
+
+def test_index_bits_by_hand():
+    """Mask metadata per token: ceil(log2 C(M, N)) bits per block of M (an integer count), or ceil(log2 C(d, k)) for
+    k kept of d; one channel or none needs no bits."""
+    from core.stats import SparsitySpec
+
+    two_four = SparsitySpec.parse("2:4")
+    assert two_four.index_bits(12) == 3 * 3 and type(two_four.index_bits(12)) is int  # C(4, 2) = 6: 3 bits a block
+    half = SparsitySpec.parse("0.5")
+    assert half.index_bits(2) == 1  # C(2, 1) = 2
+    assert SparsitySpec.parse("0.25").index_bits(8) == 5  # C(8, 2) = 28
+    assert half.index_bits(1) == 0
+
+
+def test_a_bool_sparsity_is_refused_naming_it():
+    from core.stats import SparsitySpec
+
+    with pytest.raises(ValueError, match=r"^sparsity True is neither an N:M pattern nor a density: pass e.g. 2:4 or 0\.5$"):
+        SparsitySpec.parse(True)

@@ -133,3 +133,36 @@ def test_mmlu_settings_spell_all_one_way_and_refuse_a_batch_below_one():
     assert mmlu.MMLUSettings(batch_size=1).minimums() == {"batch_size": (1, 1)}
     with pytest.raises(ValueError, match="batch_size"):
         mmlu.MMLU.from_options({"batch_size": 0})
+
+
+def test_lama_metrics_at_their_boundaries_with_sources():
+    """Ranks on the cut-offs (1 is not a hit at 1, 10 is not within the top 10, 9 is), a relation with one probe
+    (no variance of its own: left out of the macro standard error), P@1 per source (the mean over a source's
+    relations; a relation without a source of its own takes the set's kind) and the details each cell stores."""
+    ranks = {"r0": [0, 1, None], "r1": [0, 1, 10, 10, 10], "r2": [9]}
+    n_cands = {"r0": [20, 25, 20], "r1": [20] * 5, "r2": [20]}
+    records = [{"relation": rel, "subject": f"{rel}-{i}", "rank": r, "n_candidates": n_cands[rel][i]}
+               for rel, rs in ranks.items() for i, r in enumerate(rs)]
+    ls = SimpleNamespace(relation_source={"r0": "T-REx", "r1": "T-REx"}, source="lama:fixture")
+    missing = [{"subject": "x", "relation": "r0", "objects": ("y",)}]
+    res = LAMA._aggregate(records, missing, ls, SimpleNamespace())
+    m, se, d = res.metrics, res.stderr, res.details
+    assert m["p@1"] == pytest.approx(float((Fr(1, 3) + Fr(1, 5) + 0) / 3))
+    assert m["p@1_micro"] == pytest.approx(2 / 9)
+    assert m["p@10"] == pytest.approx(5 / 9)
+    rr = [1, Fr(1, 2), 0, 1, Fr(1, 2), Fr(1, 11), Fr(1, 11), Fr(1, 11), Fr(1, 10)]
+    assert m["mrr"] == pytest.approx(float(sum(rr) / 9))
+    assert se["mrr"] == pytest.approx(_se(rr))
+    assert se["p@1"] == pytest.approx(math.sqrt(_se([1, 0, 0]) ** 2 + _se([1, 0, 0, 0, 0]) ** 2) / 3)
+    assert d["p@1_per_source"] == pytest.approx({"T-REx": float((Fr(1, 3) + Fr(1, 5)) / 2), "lama": 0.0})
+    assert d["n_per_relation"] == {"r0": 3, "r1": 5, "r2": 1}
+    assert d["n_candidates"] == {"r0": 25, "r1": 20, "r2": 20}
+    assert d["missing_gold"] == missing and d["source"] == "lama:fixture"
+
+
+def test_lama_macro_mean_of_one_relation():
+    """One relation of two probes: the macro P@1 is its P@1 and its standard error the relation's own."""
+    records = [{"relation": "r", "subject": f"s{i}", "rank": r, "n_candidates": 5} for i, r in enumerate([0, 4])]
+    res = LAMA._aggregate(records, [], SimpleNamespace(relation_source={}, source="embedded"), SimpleNamespace())
+    assert res.metrics["p@1"] == 0.5 and res.stderr["p@1"] == pytest.approx(_se([1, 0]))
+    assert res.details["p@1_per_source"] == {"embedded": 0.5}

@@ -409,4 +409,58 @@ def test_lama_ranks_each_probe_against_its_seeded_candidates(small_model, tokeni
     for probe, record, ids in zip(probes, res.records, handed):
         want = probe_candidates(ls, probe, 3, 7)
         assert ids == candidate_ids(tokenizer, want) and record["n_candidates"] == 3
-        assert record["pred"] == want[-1]
+        assert record["pred"] == want[-1] and record["gold"] == list(probe.objects)
+        rank = len(want) - 1 - want.index(probe.objects[0])  # scores rise with the index: the last ranks first
+        assert record["rank"] == rank and record["correct"] == int(rank == 0) and record["chance"] == 1 / 3
+
+
+def test_lama_ties_rank_in_candidate_order(small_model, tokenizer, monkeypatch):
+    """Equal scores keep the candidates' order (a stable sort): the first candidate is the prediction, and a gold
+    tied with the ones before it ranks behind them."""
+    import tasks.lama as lama
+
+    monkeypatch.setattr(lama, "score_probes", lambda m, t, prompts, cands: [torch.zeros(len(c)) for c in cands])
+    ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."},
+                 candidates={"capital": tuple(f"City{i}" for i in range(40))},
+                 probes=[Probe("Here", "capital", "The capital of Here is", ("City37",))])
+    res = LAMA.from_options({"per_relation": 0, "max_candidates": 0}).evaluate(small_model, tokenizer, progress=False,
+                                                                               lama_set=ls)
+    assert res.records[0]["pred"] == "City0" and res.records[0]["rank"] == 37
+
+
+def test_lama_candidates_are_tokenized_without_special_tokens():
+    """A tokenizer that adds BOS by default (Gemma's) must not put it inside a candidate's tokens."""
+    class AddsBos:
+        def encode(self, text, add_special_tokens=True):
+            ids = [ord(c) for c in text]
+            return [1] + ids if add_special_tokens else ids
+
+    assert candidate_ids(AddsBos(), ["Rome", "Oslo"]) == [[32, 82, 111, 109, 101], [32, 79, 115, 108, 111]]
+
+
+def test_ppl_token_check_reads_the_eval_split_under_its_bos_protocol(tokenizer, monkeypatch):
+    """check() refuses a text too short for one window before any model runs, on the evaluation split and under
+    the task's BOS protocol: a text one window long under `window` (BOS + seq_len - 1 tokens) is one token short
+    without it."""
+    import tasks.perplexity as perplexity
+    from core.errors import UserError
+
+    text = "the river runs south through the farmland to the sea"
+    n = len(tokenizer(text, add_special_tokens=False).input_ids)
+    seen = []
+
+    def load_text(source, part):
+        seen.append(part)
+        return {"eval": text}[part]
+
+    monkeypatch.setattr(perplexity, "load_text", load_text)
+    perplexity.PPLToken.from_options({"seq_len": n + 1, "bos": "window", "max_windows": 1}).check(tokenizer)
+    assert seen == ["eval"]
+    with pytest.raises(UserError, match="fewer than one window"):
+        perplexity.PPLToken.from_options({"seq_len": n + 1, "bos": "none"}).check(tokenizer)
+    perplexity.PPLToken.from_options({"seq_len": n, "bos": "auto"}).check(tokenizer)  # auto asks the tokenizer
+
+
+def test_ppl_token_size_note():
+    assert PPLToken.from_options({"max_windows": 4, "seq_len": 128}).size_note() == "ppl-token 4 x 128 tokens"
+    assert PPLToken(PPLToken.Settings(max_windows=None)).size_note() == "ppl-token all x 256 tokens"
