@@ -300,3 +300,36 @@ def test_a_bool_sparsity_is_refused_naming_it():
 
     with pytest.raises(ValueError, match=r"^sparsity True is neither an N:M pattern nor a density: pass e.g. 2:4 or 0\.5$"):
         SparsitySpec.parse(True)
+
+
+def test_sparsity_parse_accepts_the_edges_and_names_each_problem():
+    """1, '1' and 1:M are valid (everything kept; one of M); an integer above 1 is YAML's reading of an unquoted
+    N:M; each refusal is its own line with the fix."""
+    from core.stats import SparsitySpec
+
+    assert SparsitySpec.parse(1).density == 1.0 and SparsitySpec.parse("1").density == 1.0
+    one_of_four = SparsitySpec.parse("1:4")
+    assert (one_of_four.n, one_of_four.m, one_of_four.density) == (1, 4, 0.25)
+    refusals = {
+        2: "sparsity 2 is not a density in (0, 1]: an N:M pattern in a YAML file must be quoted ('2:4')",
+        124: "sparsity 124 is not a density in (0, 1]: an N:M pattern in a YAML file must be quoted ('2:4')",
+        "4:4": "sparsity 4:4: N:M needs 0 < N < M (keep N of every M channels), e.g. 2:4 or 8:16",
+        "0:4": "sparsity 0:4: N:M needs 0 < N < M (keep N of every M channels), e.g. 2:4 or 8:16",
+        "half": "sparsity 'half' is neither an N:M pattern nor a density: pass e.g. 2:4, 16:32 or 0.5 (the fraction "
+                "of channels kept per token)",
+        "1.5": "sparsity density 1.5 is outside (0, 1]: it is the fraction of channels kept per token, e.g. 0.5",
+        "0": "sparsity density 0 is outside (0, 1]: it is the fraction of channels kept per token, e.g. 0.5",
+    }
+    for text, message in refusals.items():
+        with pytest.raises(ValueError) as e:
+            SparsitySpec.parse(text)
+        assert str(e.value) == message
+
+
+def test_kept_channels_per_token():
+    from core.stats import SparsitySpec
+
+    assert SparsitySpec.parse("2:4").keep(12) == 6 and type(SparsitySpec.parse("2:4").keep(12)) is int
+    assert SparsitySpec.parse("0.1").keep(8) == 1  # round(0.8)
+    assert SparsitySpec.parse("0.01").keep(8) == 1  # never none
+    assert SparsitySpec.parse("0.3").keep(10) == 3

@@ -464,3 +464,15 @@ def test_ppl_token_check_reads_the_eval_split_under_its_bos_protocol(tokenizer, 
 def test_ppl_token_size_note():
     assert PPLToken.from_options({"max_windows": 4, "seq_len": 128}).size_note() == "ppl-token 4 x 128 tokens"
     assert PPLToken(PPLToken.Settings(max_windows=None)).size_note() == "ppl-token all x 256 tokens"
+
+
+def test_a_task_for_a_run_takes_the_runs_sizes_under_its_own_options():
+    """for_run: the run's shared settings (ppl-token: at most 2 windows a forward, the run's BOS), then the task's
+    options on top, where None means "the default"."""
+    from tasks.base import RunShared
+
+    t = PPLToken.for_run({"seq_len": 64, "max_windows": None}, RunShared(seed=3, batch_size=8, bos="window"))
+    assert (t.settings.seq_len, t.settings.max_windows, t.settings.batch_size, t.settings.bos) == (64, 16, 2, "window")
+    assert PPLToken.for_run(None, RunShared(seed=0, batch_size=3, bos="none")).settings.batch_size == 2
+    assert PPLToken.for_run({}, RunShared(seed=0, batch_size=1, bos="none")).settings.batch_size == 1
+    assert PPLToken.for_run({"batch_size": 1}, RunShared(seed=0, batch_size=8, bos="none")).settings.batch_size == 1
