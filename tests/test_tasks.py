@@ -476,3 +476,30 @@ def test_a_task_for_a_run_takes_the_runs_sizes_under_its_own_options():
     assert PPLToken.for_run(None, RunShared(seed=0, batch_size=3, bos="none")).settings.batch_size == 2
     assert PPLToken.for_run({}, RunShared(seed=0, batch_size=1, bos="none")).settings.batch_size == 1
     assert PPLToken.for_run({"batch_size": 1}, RunShared(seed=0, batch_size=8, bos="none")).settings.batch_size == 1
+
+
+def test_ppl_token_scores_the_eval_split_in_its_bos_windows(small_model, tokenizer, monkeypatch):
+    """ppl-token tiles the evaluation text into windows under its BOS protocol (window: BOS + seq_len - 1 tokens)
+    and scores each; the protocol it resolved is stored."""
+    import tasks.perplexity as perplexity
+    from tasks.data.text_data import evaluation_windows, resolve_bos
+
+    text = " ".join(f"the word {i} goes by" for i in range(40))
+    monkeypatch.setattr(perplexity, "load_text", lambda source, part: {"eval": text}[part])
+    for bos in ("window", "auto"):
+        task = perplexity.PPLToken.from_options({"seq_len": 16, "max_windows": 3, "bos": bos})
+        got = task.evaluate(small_model, tokenizer, progress=False)
+        resolved = resolve_bos(tokenizer, bos)
+        windows = evaluation_windows(tokenizer, text, 16, 3, resolved)
+        want = window_nll(small_model, windows, 2, progress=False) / 15
+        assert got.details["bos"] == resolved and got.details["n_windows"] == len(windows) == 3
+        assert [r["nll"] for r in got.records] == pytest.approx(want.tolist(), rel=1e-6)
+    assert resolve_bos(tokenizer, "window") == "window"
+
+
+def test_ppl_token_settings_floors():
+    for bad, floor in (({"seq_len": 1}, "seq_len must be >= 2"), ({"batch_size": 0}, "batch_size must be >= 1"),
+                       ({"max_windows": 0}, "max_windows must be >= 1")):
+        with pytest.raises(ValueError, match=floor):
+            PPLToken.from_options(bad)
+    assert PPLToken.from_options({"seq_len": 2, "batch_size": 1, "max_windows": 1}).settings.seq_len == 2
