@@ -503,3 +503,18 @@ def test_ppl_token_settings_floors():
         with pytest.raises(ValueError, match=floor):
             PPLToken.from_options(bad)
     assert PPLToken.from_options({"seq_len": 2, "batch_size": 1, "max_windows": 1}).settings.seq_len == 2
+
+
+@pytest.mark.parametrize("nll", [699.0, 700.0, 700.5, 800.0])
+def test_ppl_token_stores_an_overflowing_perplexity_as_infinite(small_model, tokenizer, monkeypatch, nll):
+    """A destroyed model's mean NLL of 700 nats or more is an infinite perplexity (stored as null), never an
+    overflow error or a huge finite number; below that, exp(nll)."""
+    import tasks.perplexity as perplexity
+
+    monkeypatch.setattr(perplexity, "load_text", lambda source, part: " ".join(["word"] * 200))
+    monkeypatch.setattr(perplexity, "window_nll",
+                        lambda model, windows, batch, progress=True: torch.full((len(windows),), nll * 15))
+    got = perplexity.PPLToken.from_options({"seq_len": 16, "max_windows": 2, "bos": "none"}).evaluate(
+        small_model, tokenizer, progress=False)
+    assert got.metrics["nll"] == pytest.approx(nll)
+    assert got.metrics["ppl"] == (math.exp(nll) if nll < 700 else math.inf)
