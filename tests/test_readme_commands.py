@@ -188,3 +188,31 @@ def test_the_example_sources_run(tmp_path, monkeypatch, capsys):
     assert cells[("files", "lama")]["task_config"]["n_probes"] == 8
     assert cells[("qa", "lama")]["task_config"]["n_probes"] == 3
     assert cells[("files", "ppl-token")]["metrics"]["ppl"] > 1
+
+
+def test_the_readme_plan_block_is_what_bench_plan_prints(capsys):
+    """The 8B plan in the README is the command's output (its memory numbers; the time estimate is the machine's)."""
+    from tests.readme_numbers import main
+
+    assert main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_readme_numbers_copies_a_stored_runs_tables(tmp_path, capsys):
+    import shutil
+
+    from tests.readme_numbers import first_table, leaderboard, main
+
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "results", results)
+    readme = tmp_path / "README.md"
+    readme.write_text('intro\n<!-- generated: leaderboard "### rank ratio 0.25" -->\n| typed | by hand |\n'
+                      "<!-- end generated -->\nafter\n")
+    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 1
+    assert "is stale" in capsys.readouterr().out
+    assert main(["--readme", str(readme), "--results", str(results)]) == 0
+    table = first_table(leaderboard(results), "### rank ratio 0.25")
+    assert table.startswith("| method") and "pca (ref)" in table and "typed" not in readme.read_text()
+    assert readme.read_text() == ('intro\n<!-- generated: leaderboard "### rank ratio 0.25" -->\n' + table
+                                  + "<!-- end generated -->\nafter\n")
+    assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
+    assert not (results / "LEADERBOARD.readme.md").exists()

@@ -493,6 +493,7 @@ def test_ppl_token_scores_the_eval_split_in_its_bos_windows(small_model, tokeniz
         windows = evaluation_windows(tokenizer, text, 16, 3, resolved)
         want = window_nll(small_model, windows, 2, progress=False) / 15
         assert got.details["bos"] == resolved and got.details["n_windows"] == len(windows) == 3
+        assert got.details["n_tokens"] == 3 * 15  # scored tokens: all but each window's first
         assert [r["nll"] for r in got.records] == pytest.approx(want.tolist(), rel=1e-6)
         se = float(want.double().std() / math.sqrt(3))  # the per-window NLLs' standard error; ppl's by the delta method
         assert got.stderr["nll"] == pytest.approx(se, rel=1e-5)
