@@ -188,3 +188,12 @@ def test_small_samples_get_the_exact_permutation_p_value():
     x9 = [0.3, 1.2, 0.7, 2.2, 1.9, 3.1, 2.5, 4.0, 3.3]
     y9 = [0.1, 0.9, 1.1, 1.8, 2.4, 2.6, 3.5, 3.2, 4.4]
     assert correlations(x9, y9)["spearman"]["p"] == pytest.approx(stats.spearmanr(x9, y9)[1])
+
+
+def test_rho_cost_is_two_grams_and_the_projections():
+    """Multiply-adds of rho_scores, by hand: two N x N Gram matrices over d (2 N^2 d) and the m directional
+    projections of x and g (2 N d m)."""
+    from analyses.dependence import cost_flops
+
+    assert cost_flops(3, 4, 5) == 2 * 9 * 4 + 2 * 3 * 4 * 5 == 192
+    assert cost_flops(512, 640, 64) == 2 * 512 ** 2 * 640 + 2 * 512 * 640 * 64

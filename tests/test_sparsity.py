@@ -333,3 +333,28 @@ def test_kept_channels_per_token():
     assert SparsitySpec.parse("0.1").keep(8) == 1  # round(0.8)
     assert SparsitySpec.parse("0.01").keep(8) == 1  # never none
     assert SparsitySpec.parse("0.3").keep(10) == 3
+
+
+def test_act_sparse_settings_name_every_choice_when_refused():
+    from core.sparsity import MITIGATIONS
+    from methods.act_sparse import SCORES, ActSparseSettings
+
+    with pytest.raises(ValueError) as e:
+        ActSparseSettings(score="bogus")
+    assert str(e.value) == f"act-sparse score 'bogus' is unknown: use one of {', '.join(SCORES)}"
+    with pytest.raises(ValueError) as e:
+        ActSparseSettings(mitigation="bogus")
+    assert str(e.value) == f"act-sparse mitigation 'bogus' is unknown: use one of {', '.join(MITIGATIONS)}"
+
+
+def test_act_sparse_deploys_a_mean_only_under_the_shift_mitigation():
+    """Statistics shared with another method may carry E[x]; only `shift` deploys it (as the bias W mu)."""
+    from core.stats import GroupStats, SparsitySpec
+    from methods.act_sparse import ActSparse, ActSparseSettings
+
+    stats = GroupStats(mean=torch.ones(8, dtype=torch.float64), abs_mean=torch.ones(8, dtype=torch.float64))
+    weights = {"s": torch.randn(4, 8)}
+    pattern = SparsitySpec.parse("2:4")
+    assert ActSparse(ActSparseSettings()).solve(weights, stats, pattern).mu is None
+    shifted = ActSparse(ActSparseSettings(mitigation="shift")).solve(weights, stats, pattern).mu
+    assert torch.equal(shifted, torch.ones(8))
