@@ -61,7 +61,6 @@ class Prepared:
     source: ModelSource
     cells: list[Cell]
     calib_windows: torch.Tensor | None = None  # tokenized once, for the calibration
-    n_blocks: int = 0
 
 
 def check_groups(run: Run, groups: list) -> list:
@@ -138,14 +137,14 @@ def open_checked(run: Run) -> Prepared:
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)
     windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
-    return Prepared(run, source, [], windows, run.n_blocks)
+    return Prepared(run, source, [], windows)
 
 
 def prepare(run: Run) -> Prepared:
     """`open_checked`, then plan the cells that are missing."""
     prepared = open_checked(run)
     run, source = prepared.run, prepared.source
-    cells = plan(run, ModelInfo(source.name, source.fingerprint, prepared.n_blocks))
+    cells = plan(run, ModelInfo(source.name, source.fingerprint, run.n_blocks))
     for cell in cells:
         if cell.why not in ("missing", "overwrite"):
             log(f"recomputing {cell.path}: {cell.why}")

@@ -272,7 +272,7 @@ def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, ou
         prepared = prepare(resolve_run(config))
         execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
         src = prepared.source
-        every = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.n_blocks), overwrite=True)
+        every = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.run.n_blocks), overwrite=True)
         out.append([c.path for c in every])
     return out
 
