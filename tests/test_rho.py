@@ -1,5 +1,7 @@
 """rho: the Gram-trick estimator, its behaviour under independence and dependence, and its correlations."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -197,3 +199,97 @@ def test_rho_cost_is_two_grams_and_the_projections():
 
     assert cost_flops(3, 4, 5) == 2 * 9 * 4 + 2 * 3 * 4 * 5 == 192
     assert cost_flops(512, 640, 64) == 2 * 512 ** 2 * 640 + 2 * 512 * 640 * 64
+
+
+def _brute_exact_p(x, y):
+    """Two-sided permutation p by brute force: the share of the n! orderings of y whose |Pearson r| with x reaches
+    the observed one, each r computed from its definition."""
+    from itertools import permutations
+
+    def r(a, b):
+        ma, mb = sum(a) / len(a), sum(b) / len(b)
+        num = sum((u - ma) * (v - mb) for u, v in zip(a, b))
+        return num / math.sqrt(sum((u - ma) ** 2 for u in a) * sum((v - mb) ** 2 for v in b))
+
+    r0 = abs(r(x, y))
+    orders = list(permutations(y))
+    return sum(abs(r(x, o)) >= r0 - 1e-12 for o in orders) / len(orders)
+
+
+def test_correlations_guards_and_missing_values():
+    from analyses.dependence import correlations
+
+    none = {"spearman": None, "pearson": None, "note": "fewer than 3 points or a constant variable"}
+    assert correlations([1, 2], [3, 4]) == {"n": 2, **none}
+    assert correlations([1, 1, 1, 1], [1, 2, 3, 4]) == {"n": 4, **none}  # x constant alone
+    assert correlations([1, 2, 3, 4], [5, 5, 5, 5]) == {"n": 4, **none}  # y constant alone
+    # a range of exactly 1 is not constant; 3 points are enough: 2 of the 3! orderings are as extreme, p = 1/3
+    c = correlations([0.0, 0.5, 1.0], [2.0, 2.25, 3.0])
+    assert c["n"] == 3 and c["spearman"]["r"] == 1.0 and c["spearman"]["p"] == pytest.approx(1 / 3)
+    assert c["pearson"]["p"] == pytest.approx(_brute_exact_p([0.0, 0.5, 1.0], [2.0, 2.25, 3.0]))
+    assert correlations([2.0, 2.25, 3.0], [0.0, 0.5, 1.0])["pearson"] is not None
+    # a pair with a missing side (NaN, inf or None) is dropped, whichever side it is on
+    x, y = [0.3, 1.2, 0.7, 2.2, 1.9], [0.1, 0.9, 1.1, 1.8, 2.4]
+    full = correlations(x, y, n_boot=0)
+    for xs, ys in ((x + [5.0], y + [math.nan]), (x + [None], y + [3.0]), (x + [math.inf], y + [None])):
+        got = correlations(xs, ys, n_boot=0)
+        assert got["n"] == 5 and got["spearman"]["r"] == full["spearman"]["r"]
+        assert got["pearson"]["p"] == full["pearson"]["p"]
+
+
+def test_exact_p_up_to_eight_points_ranks_for_spearman_values_for_pearson():
+    """At 8 points (EXACT_MAX_N) both p-values are exact permutation p's: Spearman's over the ranks, Pearson's
+    over the values; scipy's asymptotic p differs from both here, so the cut-over is pinned at 8 exactly."""
+    from scipy import stats
+
+    from analyses.dependence import EXACT_MAX_N, correlations
+
+    assert EXACT_MAX_N == 8
+    x = [0.3, 1.2, 0.7, 2.2, 1.9, 3.1, 2.5, 4.0]
+    y = [0.1, 1.6, 0.4, 1.2, 3.0, 1.4, 2.2, 1.9]
+    c = correlations(x, y, n_boot=0)
+    p_rank = _brute_exact_p(list(stats.rankdata(x)), list(stats.rankdata(y)))
+    p_value = _brute_exact_p(x, y)
+    assert abs(p_rank - p_value) > 0.005  # the data tell ranks from values apart
+    assert c["spearman"]["p"] == pytest.approx(p_rank, abs=1e-12)
+    assert c["pearson"]["p"] == pytest.approx(p_value, abs=1e-12)
+    assert abs(c["spearman"]["p"] - stats.spearmanr(x, y)[1]) > 0.002
+    assert abs(c["pearson"]["p"] - stats.pearsonr(x, y)[1]) > 1e-4
+
+
+def test_bootstrap_interval_by_hand():
+    """The 95 % interval is the 2.5th and 97.5th percentile of r over resamples drawn with replacement (1000 by
+    default, seed 0, one generator shared by Spearman then Pearson), skipping a resample where either side is
+    constant; with no resample the interval is NaN."""
+    import numpy as np
+    from scipy import stats
+
+    from analyses.dependence import correlations
+
+    def by_hand(x, y):
+        rng, xa, ya, out = np.random.default_rng(0), np.array(x), np.array(y), {}
+        for name, fn in (("spearman", stats.spearmanr), ("pearson", stats.pearsonr)):
+            rs = []
+            for _ in range(1000):
+                idx = [int(i) for i in rng.integers(0, len(x), len(x))]
+                xs, ys = xa[idx], ya[idx]
+                if len(set(xs.tolist())) > 1 and len(set(ys.tolist())) > 1:
+                    rs.append(float(fn(xs, ys)[0]))
+            out[name] = (len(rs), [float(np.percentile(rs, 2.5)), float(np.percentile(rs, 97.5))])
+        return out
+
+    # continuous values: every percentile, draw count and seed shows in the interval
+    xc, yc = [0.12, 0.47, 0.31, 0.93, 0.58, 0.77, 0.05], [0.2, 0.61, 0.15, 0.88, 0.79, 0.42, 0.33]
+    gotc = correlations(xc, yc)
+    for name, (_, want) in by_hand(xc, yc).items():
+        assert gotc[name]["ci95"] == pytest.approx(want, abs=1e-12), name
+    x = [0.1, 0.1, 0.1, 0.6, 0.3]  # ties: many resamples have a constant x or y
+    y = [0.0, 0.5, 0.5, 0.8, 0.8]  # a range under 1: resamples with a range below 1 still count
+    got = correlations(x, y)
+    for name, (kept, want) in by_hand(x, y).items():
+        assert 500 < kept < 1000  # some resamples were constant and skipped
+        assert got[name]["ci95"] == pytest.approx(want, abs=1e-12), name
+    assert correlations(x, y, seed=1)["pearson"]["ci95"] != got["pearson"]["ci95"]
+    empty = correlations(x, y, n_boot=0)
+    assert all(math.isnan(v) for v in empty["spearman"]["ci95"] + empty["pearson"]["ci95"])
+    assert empty["spearman"]["r"] == got["spearman"]["r"]
