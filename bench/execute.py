@@ -231,7 +231,6 @@ class Worker:
     lm: LoadedModel | None = None
     groups: list = field(default_factory=list)  # every input group of the loaded model (analyses read them all)
     selected: list = field(default_factory=list)  # those the run compresses
-    scope: str = ALL
     stats: Mapping = field(default_factory=dict)
     calib_info: dict | None = None
     allocations: dict = field(default_factory=dict)
@@ -265,8 +264,11 @@ class Worker:
         if self.run.n_blocks is None:
             raise ValueError("a Worker computes a prepared run (its selection resolved by open_checked)")
         self.selected = [g for g in self.groups if self.run.selection.includes(g)]
-        self.scope = self.run.selection.scope
         return self.lm
+
+    @property
+    def scope(self) -> str:
+        return self.run.selection.scope
 
     @property
     def solve_device(self) -> str:

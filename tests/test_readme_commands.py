@@ -11,7 +11,6 @@ and the rest by the argument parser.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -84,21 +83,18 @@ def variants(cmd: str) -> list[list[str]]:
 
 def check(argv: list[str]) -> None:
     """The command's own checks, short of opening a model: raises UserError or SystemExit (the parser's)."""
-    import studies
     from bench.cli import _parser
     from bench.config import resolve_run
 
     args = _parser().parse_args(argv[1:])
     if args.cmd == "run":
-        from bench.cli.run import config_from_args
+        from bench.cli.run import run_config
 
-        config = config_from_args(args)
-        studies.check_not_a_task(config.tasks)
-        resolve_run(config, writes=False)
+        resolve_run(run_config(args), writes=False)
     elif args.cmd == "plan":
-        from bench.cli.run import config_from_args
+        from bench.cli.plan import plan_config
 
-        resolve_run(dataclasses.replace(config_from_args(args), tasks=[]), writes=False)
+        resolve_run(plan_config(args), writes=False)
     elif args.cmd == "compress":
         from bench.cli.compress import compress_config
 

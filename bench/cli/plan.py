@@ -23,17 +23,21 @@ def add_plan_parser(sub):
                    measure_latency=None, report=None, progress=None)
 
 
-def cmd_plan(args) -> int:
-    """The run these flags describe, validated as `bench run` validates it (one validator), then costed; the model
-    may be a bare config.json, which only the plan reads."""
+def plan_config(args):
+    """The RunConfig a plan costs: bench run's, without its tasks (a plan evaluates nothing)."""
     import dataclasses
-
-    from bench.config import resolve_run
 
     from .run import config_from_args
 
-    config = dataclasses.replace(config_from_args(args), tasks=[])
-    run = resolve_run(config, writes=False)
+    return dataclasses.replace(config_from_args(args), tasks=[])
+
+
+def cmd_plan(args) -> int:
+    """The run these flags describe, validated as `bench run` validates it (one validator), then costed; the model
+    may be a bare config.json, which only the plan reads."""
+    from bench.config import resolve_run
+
+    run = resolve_run(plan_config(args), writes=False)
     c = run.config
     est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
                          run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),

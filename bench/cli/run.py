@@ -291,18 +291,25 @@ def config_from_args(args) -> RunConfig:
         raise UserError(f"bad run settings ({e}): check --config") from None
 
 
-def cmd_run(args) -> int:
+def run_config(args) -> RunConfig:
+    """bench run's own checks of its flags and config file, short of opening the model or writing anything."""
     import studies
-    from bench.config import resolve_run
 
     config = config_from_args(args)
     if not config.tasks:
         raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
+    studies.check_not_a_task(config.tasks)
+    return config
+
+
+def cmd_run(args) -> int:
+    from bench.config import resolve_run
+
+    config = run_config(args)
     if config.executor == "ray":
         from .ray_executor import _import_ray
 
         _import_ray()  # a missing Ray is said before anything is written
-    studies.check_not_a_task(config.tasks)
     run = resolve_run(config)
     failed = []
     if config.executor == "ray":
