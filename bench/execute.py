@@ -473,6 +473,23 @@ def stage_table(stages: dict[str, float], total: float) -> str:
                                                 disable_numparse=True)
 
 
+STAGE_LOG = ".runs"  # hidden: the leaderboard reads cells, and skips what a dot hides
+
+
+def write_stage_log(run: Run, stages: dict[str, float], total: float, written: int) -> Path:
+    """The run's stage table as data (JSON, in results/.runs/<UTC time>-<pid>.stages), so a report of where a
+    run's time went is rebuilt from what the run stored rather than copied from its log."""
+    from core.io import atomic_write_json
+
+    env = environment(run.config.device)
+    stamp = env["date"].replace(":", "")
+    path = Path(run.output) / STAGE_LOG / f"{stamp}-{os.getpid()}.stages"  # JSON, named apart from the cells
+    atomic_write_json(path, {"schema": 1, "date": env["date"], "git_commit": env["git_commit"], "host": env["host"],
+                             "cpu_threads": env["cpu_threads"], "cells_written": written, "seconds": total,
+                             "stages": [[name, sec] for name, sec in stages.items()]})  # in the order they ran
+    return path
+
+
 @dataclass
 class LocalExecutor:
     """The cells in this process, in plan order; the prepared model source and calibration windows are reused."""
@@ -493,6 +510,7 @@ class LocalExecutor:
         elapsed = time.perf_counter() - t0
         if written:
             log(stage_table(worker.stages, elapsed))
+            write_stage_log(run, worker.stages, elapsed, written)
         log(f"done: {written} cell(s) written in {elapsed:.0f} s")
         return {"written": written, "seconds": elapsed, "output": str(run.output),
                 "elsewhere": [str(p) for p in worker.elsewhere], "failed": []}

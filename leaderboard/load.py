@@ -44,8 +44,8 @@ def load_results(*roots) -> ResultSet:
     best: dict[tuple, dict] = {}
     for root in roots:
         for path in sorted(Path(root).rglob("*.json")):
-            if path.name.startswith("."):
-                continue
+            if any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue  # hidden files and folders (a run's stage log, claims) are not cells
             shown = f"{Path(root).name}/{path.relative_to(root)}"
             try:
                 rec = json.loads(path.read_text(encoding="utf-8"))

@@ -11,6 +11,7 @@ and the rest by the argument parser.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -212,3 +213,41 @@ def test_readme_numbers_copies_a_stored_runs_tables(tmp_path, capsys):
                                   + "<!-- end generated -->\nafter\n")
     assert main(["--readme", str(readme), "--results", str(results), "--check"]) == 0
     assert not (results / "LEADERBOARD.readme.md").exists()
+
+
+def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
+    """A stages block is the Nth stored run's stage log: compress stages summed into one row naming the largest,
+    what no stage covers as its own row, shares of the run's total; the leaderboard does not read the log."""
+    import shutil
+    from types import SimpleNamespace
+
+    from bench.execute import write_stage_log
+    from leaderboard.load import load_results
+    from tests.readme_numbers import main
+
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "results", results)
+    run = SimpleNamespace(config=SimpleNamespace(device="cpu"), output=results)
+    first = {"model load": 2.0, "calibration": 30.0, "compress pca": 5.0, "compress fasc": 25.0,
+             "evaluate lama": 20.0, "latency": 10.0}
+    write_stage_log(run, first, 100.0, 7)
+    log = next((results / ".runs").glob("*.stages"))
+    stored = json.loads(log.read_text())
+    assert stored["stages"] == [list(kv) for kv in first.items()] and stored["cells_written"] == 7
+    log.with_name("later.stages").write_text(json.dumps({**stored, "date": "2999-01-01T00:00:00Z", "seconds": 50.0}))
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- generated: stages 1 -->\nold\n<!-- end generated -->\nb\n")
+    assert main(["--readme", str(readme), "--results", str(results)]) == 0
+    body = readme.read_text().split("-->\n")[1].split("<!--")[0]
+    assert body.splitlines()[:9] == [
+        "| stage | seconds | share |", "|---|---|---|", "| model load | 2.0 | 2% |", "| calibration | 30.0 | 30% |",
+        "| compress, 2 methods (fasc 25.0 of it) | 30.0 | 30% |", "| evaluate lama | 20.0 | 20% |",
+        "| latency | 10.0 | 10% |", "| other: planning, cell files, report | 8.0 | 8% |", "| total | 100.0 | 100% |"]
+    assert "7 cells" in body
+    readme.write_text("a\n<!-- generated: stages 2 -->\nold\n<!-- end generated -->\nb\n")
+    assert main(["--readme", str(readme), "--results", str(results)]) == 0
+    assert "| total | 50.0 | 100% |" in readme.read_text()
+    readme.write_text("a\n<!-- generated: stages 3 -->\nold\n<!-- end generated -->\nb\n")
+    with pytest.raises(SystemExit, match="wants run 3 .* which stored 2"):
+        main(["--readme", str(readme), "--results", str(results)])
+    assert not [p for p in load_results(results).problems if ".runs" in p]  # the hidden logs are not cells

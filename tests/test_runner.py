@@ -99,6 +99,14 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
     table = (r.stderr + r.stdout).split("where the time went:")[1]  # the run's stages, each with its share
     for stage in ("model load", "calibration", "compress pca", "evaluate ppl-token", "total"):
         assert f"| {stage}" in table, table
+    logs = list((tmp_path / "clean" / ".runs").glob("*.stages"))  # the same table, stored
+    assert len(logs) == 1
+    log = json.loads(logs[0].read_text())
+    stages = dict(log["stages"])
+    assert log["cells_written"] == len(final) and {"model load", "calibration", "compress pca"} <= set(stages)
+    names = [name for name, _ in log["stages"]]  # in the order they ran, as the printed table
+    assert [n for n in names if f"| {n}" in table] == names and names.index("calibration") < names.index("compress pca")
+    assert 0 < sum(stages.values()) <= log["seconds"]
     clean = cells(tmp_path / "clean")
     assert set(clean) == set(final)
     for name in final:
