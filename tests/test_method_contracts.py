@@ -57,6 +57,7 @@ def test_a_non_finite_statistic_is_refused_naming_the_method_and_the_statistic(m
     with pytest.raises(NumericError) as e:
         comp.compress(FakeGroup({"s": _w().float()}), _poisoned(_stats(), stat), RankSpec(0.4))
     assert f"non-finite {stat} statistics in {WHERE.get(method, 'the group')}:" in str(e.value)
+    assert str(e.value).endswith(": recalibrate in float32 (--dtype float32) or with fewer/shorter calibration windows")
 
 
 @pytest.mark.parametrize("method", methods.known_methods("low-rank"))
@@ -199,3 +200,29 @@ def test_whitened_svd_records_a_rank_deficient_C(per_site):
     comp = methods.get_method("whitened-svd").from_options({"per_site": per_site})
     res = comp.compress(FakeGroup({"s": _w().float()}), st, RankSpec(0.4))
     assert [f["kind"] for f in res.fallbacks][:1] == ["rank-deficient"] and res.fallbacks[0]["rank"] == 6
+
+
+def test_shared_solves_are_memoised_under_the_names_the_plan_prices():
+    """bench plan prices each memoised per-group solve once, by its memo key (methods.base.basis_ops); the solves
+    must store themselves under those keys, or a sweep would be priced for one solve and pay another."""
+    from core.linalg import fisher_basis, group_whitening, pca_basis
+    from methods.base import basis_ops
+
+    st = _stats()
+    first = {"pca_basis": pca_basis(st), "whitening": group_whitening(st), "fisher_basis": fisher_basis(st)}
+    assert set(st.memo) == set(first)
+    assert {key.split()[0] for key in basis_ops(D)} == set(first)
+    for key, value in first.items():
+        assert st.memo[key] is value
+    assert pca_basis(st) is first["pca_basis"] and fisher_basis(st) is first["fisher_basis"]
+
+
+def test_pca_basis_solves_in_the_stats_precision_whatever_c_holds():
+    from core.linalg import pca_basis
+
+    st = _stats()
+    st32 = GroupStats(n_tokens=st.n_tokens, C=st.C.float())  # a float32 C handed in: solved in float64 all the same
+    sol = pca_basis(st32)
+    assert sol["lam"].dtype == torch.float64 and sol["U"].dtype == torch.float64
+    ref = torch.linalg.eigvalsh(st.C.float().double()).flip(0)
+    assert torch.allclose(sol["lam"], ref, rtol=1e-12, atol=1e-12)

@@ -293,3 +293,24 @@ def test_bootstrap_interval_by_hand():
     empty = correlations(x, y, n_boot=0)
     assert all(math.isnan(v) for v in empty["spearman"]["ci95"] + empty["pearson"]["ci95"])
     assert empty["spearman"]["r"] == got["spearman"]["r"]
+
+
+def test_rho_scores_when_the_pair_moment_vanishes_and_its_invariances():
+    """Tokens whose x are mutually orthogonal make every distinct pair's (x_i . x_j)^2 zero, so the U-statistic of
+    ||M||^2 is 0: rho is undefined and said so. rho is a ratio of norms (unchanged when x is scaled), rho_dir is
+    reported for one discarded direction and not for none."""
+    X = torch.eye(4, dtype=torch.float64)
+    G = torch.randn(4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = rho_scores(X, G)
+    assert set(got) == {"rho", "rho_cos", "n_tokens", "debiased", "note"}
+    assert math.isnan(got["rho"]) and math.isnan(got["rho_cos"])
+    assert (got["n_tokens"], got["debiased"], got["note"]) == (4, True, "||M||^2 estimate <= 0: increase --pair-tokens")
+    xs, gs = pairs(200, 6, 3, coupled=True)
+    full = rho_scores(xs, gs)
+    small = rho_scores(1e-3 * xs, gs)  # every moment tiny: no floor may enter
+    assert small["rho"] == pytest.approx(full["rho"], rel=1e-9) and 0 < full["rho"] < 1
+    plug_in = rho_scores(1e-3 * xs, gs, debias=False)["rho"]
+    assert plug_in == pytest.approx(rho_explicit(1e-3 * xs, gs)["rho"], rel=1e-6)
+    U = torch.linalg.qr(torch.randn(6, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64))[0]
+    assert "rho_dir" not in rho_scores(xs, gs, discard=U[:, :0])
+    assert rho_scores(xs, gs, discard=U[:, :1])["rho_dir"] == pytest.approx(rho_directional(xs, gs, U[:, :1]))
