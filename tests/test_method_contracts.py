@@ -226,3 +226,28 @@ def test_pca_basis_solves_in_the_stats_precision_whatever_c_holds():
     assert sol["lam"].dtype == torch.float64 and sol["U"].dtype == torch.float64
     ref = torch.linalg.eigvalsh(st.C.float().double()).flip(0)
     assert torch.allclose(sol["lam"], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_rank_spec_refusals_floor_and_alignment():
+    with pytest.raises(ValueError, match=r"^budget 'flops' is unknown: use rank or params$"):
+        RankSpec(0.5, budget="flops")
+    with pytest.raises(ValueError, match=r"^rank alignment must be >= 1$"):
+        RankSpec(0.5, align=0)
+    assert RankSpec(0.01).k_group(10, (10,)) == 1  # round(0.1) = 0, floored at one direction
+    assert RankSpec(0.3).k_group(10, (10,)) == 3
+    assert RankSpec(0.3, align=2).k_group(10, (10,)) == 4  # 3 rounded up to a multiple of 2
+    assert RankSpec(0.3, align=4).k_group(10, (10,)) == 4 and RankSpec(0.9, align=4).k_group(10, (10,)) == 10
+
+
+def test_stats_on_a_float32_solve_recasts_the_moments_not_the_token_sample():
+    st = _stats()
+    st.xs = torch.randn(5, D, dtype=torch.float32)
+    assert st.on("cpu") is st  # float64 on the host: nothing to move
+    st32 = st.on("cpu", torch.float32)
+    assert st32 is not st and st32.solve_dtype == torch.float32
+    assert st32.C.dtype == torch.float32 and st32.F.dtype == torch.float32 and st32.xs.dtype == torch.float32
+    assert all(t.dtype == torch.float32 for t in st32.row_fisher.values())
+    assert torch.equal(st32.C, st.C.float()) and st.C.dtype == torch.float64  # the original is untouched
+    assert st32.memo is st.memo["on cpu torch.float32"]
+    with pytest.raises(ValueError, match=r"^solves run in float64 or float32, not torch.float16$"):
+        st.on("cpu", torch.float16)
