@@ -251,3 +251,5 @@ def test_stats_on_a_float32_solve_recasts_the_moments_not_the_token_sample():
     assert st32.memo is st.memo["on cpu torch.float32"]
     with pytest.raises(ValueError, match=r"^solves run in float64 or float32, not torch.float16$"):
         st.on("cpu", torch.float16)
+    st.xs = st.xs.double()  # a token sample is never recast, whatever precision it holds
+    assert st.on("cpu", torch.float32).xs.dtype == torch.float64
