@@ -253,3 +253,24 @@ def test_stats_on_a_float32_solve_recasts_the_moments_not_the_token_sample():
         st.on("cpu", torch.float16)
     st.xs = st.xs.double()  # a token sample is never recast, whatever precision it holds
     assert st.on("cpu", torch.float32).xs.dtype == torch.float64
+
+
+def test_weighted_subspace_passes_its_damping_on_and_solves_in_the_whitening_precision():
+    """eps reaches the whitening it builds; F and a factor of F given in float32 are solved in float64 all the same
+    (the whitening factor's dtype), equal to the float64 solve to float32 rounding."""
+    from core.linalg import weighted_subspace, whitening_factor
+
+    st = _stats()
+    damped = weighted_subspace(st.C, F=st.F, eps=0.1)
+    ref = weighted_subspace(st.C, F=st.F, whitening=whitening_factor(st.C, 0.1))
+    assert torch.equal(damped["lam"], ref["lam"]) and torch.equal(damped["U"], ref["U"])
+    assert not torch.allclose(damped["lam"], weighted_subspace(st.C, F=st.F)["lam"], rtol=1e-4)
+    base = weighted_subspace(st.C, F=st.F)
+    f32 = weighted_subspace(st.C, F=st.F.float())
+    assert f32["lam"].dtype == torch.float64 and torch.allclose(f32["lam"], base["lam"], rtol=1e-5)
+    R = torch.linalg.cholesky(st.F).T  # F = R^T R
+    for m_rows in (R, R[:6]):  # square (m = d) and wide (m < d) factors
+        by_factor = weighted_subspace(st.C, F_factor=m_rows.float())
+        by_f = weighted_subspace(st.C, F=(m_rows.T @ m_rows))
+        assert by_factor["lam"].dtype == torch.float64
+        assert torch.allclose(by_factor["lam"], by_f["lam"], rtol=1e-4, atol=1e-6 * float(by_f["lam"][0]))
