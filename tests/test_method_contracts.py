@@ -274,3 +274,30 @@ def test_weighted_subspace_passes_its_damping_on_and_solves_in_the_whitening_pre
         by_f = weighted_subspace(st.C, F=(m_rows.T @ m_rows))
         assert by_factor["lam"].dtype == torch.float64
         assert torch.allclose(by_factor["lam"], by_f["lam"], rtol=1e-4, atol=1e-6 * float(by_f["lam"][0]))
+
+
+def test_damping_whitening_and_rank_tolerance_by_hand():
+    """damp adds eps times C's mean diagonal (1 where that is not positive) to the diagonal, in C's precision;
+    the whitening factor satisfies S S^T = C + that damping in the requested precision; an eigenvalue at the rank
+    tolerance (eps of the dtype times d, at least 1e-10, relative to the top one) counts as zero."""
+    from core.linalg import damp, rank_tolerance, whitening_factor
+
+    C = _stats().C
+    scale = float(torch.trace(C)) / D
+    assert scale != 1.0
+    assert torch.equal(damp(C, 1e-6), C + (1e-6 * scale) * torch.eye(D, dtype=torch.float64))
+    half = torch.diag(torch.full((D,), 0.5, dtype=torch.float64))  # mean diagonal 0.5: below 1, still positive
+    assert torch.equal(damp(half, 0.1), half + 0.05 * torch.eye(D, dtype=torch.float64))
+    zero = torch.zeros(D, D, dtype=torch.float64)
+    assert torch.equal(damp(zero, 1e-3), 1e-3 * torch.eye(D, dtype=torch.float64))
+    assert rank_tolerance(torch.float64, 10) == 1e-10
+    assert rank_tolerance(torch.float32, 100) == pytest.approx(torch.finfo(torch.float32).eps * 100, rel=1e-12)
+    S, Sinv, fallbacks = whitening_factor(C.float())  # a float32 C is whitened in float64
+    assert S.dtype == torch.float64 and fallbacks == []
+    C64 = C.float().double()
+    assert torch.allclose(S @ S.T, damp(C64, 1e-6), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(Sinv @ S, torch.eye(D, dtype=torch.float64), atol=1e-10)
+    two = torch.diag(torch.tensor([1.0, 1e-10], dtype=torch.float64))
+    _, _, fb = whitening_factor(two, evals=torch.tensor([1e-10, 1.0], dtype=torch.float64))
+    assert fb[0] == {"op": "whiten", "kind": "rank-deficient", "rank": 1, "d": 2,
+                     "note": "C has numerical rank 1 < d; directions outside its range are set by damping eps=1e-06"}
