@@ -301,3 +301,17 @@ def test_damping_whitening_and_rank_tolerance_by_hand():
     _, _, fb = whitening_factor(two, evals=torch.tensor([1e-10, 1.0], dtype=torch.float64))
     assert fb[0] == {"op": "whiten", "kind": "rank-deficient", "rank": 1, "d": 2,
                      "note": "C has numerical rank 1 < d; directions outside its range are set by damping eps=1e-06"}
+
+
+@pytest.mark.parametrize("neg,eps_at", [(-1e-5, 1e-4), (-0.03, 0.1)])
+def test_cholesky_damping_escalates_by_tens_up_to_max_eps(neg, eps_at):
+    """An indefinite C: the damping grows tenfold from eps until Cholesky succeeds, MAX_EPS (0.1) included, and the
+    eps it took is recorded."""
+    from core.linalg import MAX_EPS, damp, whitening_factor
+
+    assert MAX_EPS == 0.1
+    C = torch.diag(torch.tensor([1.0, neg], dtype=torch.float64))
+    S, _, fallbacks = whitening_factor(C)
+    assert [f for f in fallbacks if f["op"] == "cholesky"] == [
+        {"op": "cholesky", "kind": "damping-escalated", "eps": pytest.approx(eps_at, rel=1e-9)}]
+    assert torch.allclose(S @ S.T, damp(C, eps_at), rtol=1e-12, atol=1e-15)
