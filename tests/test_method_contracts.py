@@ -315,3 +315,16 @@ def test_cholesky_damping_escalates_by_tens_up_to_max_eps(neg, eps_at):
     assert [f for f in fallbacks if f["op"] == "cholesky"] == [
         {"op": "cholesky", "kind": "damping-escalated", "eps": pytest.approx(eps_at, rel=1e-9)}]
     assert torch.allclose(S @ S.T, damp(C, eps_at), rtol=1e-12, atol=1e-15)
+
+
+def test_eigh_fallback_floors_eigenvalues_at_eps_times_the_mean_diagonal():
+    """Cholesky fails at every damping up to MAX_EPS: S = U sqrt(w) from eigh, each eigenvalue floored at eps times
+    C's mean diagonal (here 4.5e-6), and the fallback is recorded."""
+    from core.linalg import whitening_factor
+
+    C = torch.diag(torch.tensor([10.0, -1.0], dtype=torch.float64))
+    S, Sinv, fallbacks = whitening_factor(C)
+    assert fallbacks[-1] == {"op": "cholesky", "kind": "eigh-fallback", "eps": 1e-6}
+    w = torch.linalg.eigvalsh(S @ S.T)
+    assert float(w[0]) == pytest.approx(1e-6 * 4.5, rel=1e-9) and float(w[1]) == pytest.approx(10 + 1e-6 * 4.5)
+    assert torch.allclose(Sinv @ S, torch.eye(2, dtype=torch.float64), atol=1e-9)
