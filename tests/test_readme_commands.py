@@ -239,14 +239,16 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     readme.write_text("a\n<!-- generated: stages 1 -->\nold\n<!-- end generated -->\nb\n")
     assert main(["--readme", str(readme), "--results", str(results)]) == 0
     body = readme.read_text().split("-->\n")[1].split("<!--")[0]
-    assert body.splitlines()[:9] == [
-        "| stage | seconds | share |", "|---|---|---|", "| model load | 2.0 | 2% |", "| calibration | 30.0 | 30% |",
-        "| compress, 2 methods (fasc 25.0 of it) | 30.0 | 30% |", "| evaluate lama | 20.0 | 20% |",
-        "| latency | 10.0 | 10% |", "| other: planning, cell files, report | 8.0 | 8% |", "| total | 100.0 | 100% |"]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in body.splitlines()[:9]]
+    assert rows[0] == ["stage", "seconds", "share"] and set("".join(rows[1])) <= set("-:")
+    assert rows[2:] == [
+        ["model load", "2.0", "2%"], ["calibration", "30.0", "30%"],
+        ["compress, 2 methods (fasc 25.0 of it)", "30.0", "30%"], ["evaluate lama", "20.0", "20%"],
+        ["latency", "10.0", "10%"], ["other (planning, cell files, reports)", "8.0", "8%"], ["total", "100.0", "100%"]]
     assert "7 cells" in body
     readme.write_text("a\n<!-- generated: stages 2 -->\nold\n<!-- end generated -->\nb\n")
     assert main(["--readme", str(readme), "--results", str(results)]) == 0
-    assert "| total | 50.0 | 100% |" in readme.read_text()
+    assert re.search(r"\| total +\| 50\.0 +\| 100% +\|", readme.read_text())
     readme.write_text("a\n<!-- generated: stages 3 -->\nold\n<!-- end generated -->\nb\n")
     with pytest.raises(SystemExit, match="wants run 3 .* which stored 2"):
         main(["--readme", str(readme), "--results", str(results)])
