@@ -3,20 +3,28 @@
 Killed: a test failed (or the mutant timed out: it ran away). Survived: every test that exercises the function
 passed. A survivor listed in tests/mutation_equivalent.txt (mutant name, then why it cannot change a result) is
 left out of the score; the others are printed, one per line, to be killed by a test or added there with a reason.
-Usage: python tests/mutation_score.py [--survivors]
+Usage: python tests/mutation_score.py [--survivors] [--record]
        python tests/mutation_score.py --list survived|not-run [module path prefix ...]
 The --list form prints mutant names, one per line, for `mutmut run` to retest or finish exactly those (mutmut reruns
 every mutant a pattern names, the finished ones included).
+
+mutmut forgets every result when its test list or arguments change, and a full run takes nights here, so verdicts
+are also kept in tests/mutation_record.json (`--record` merges this run's into it, dated): a mutant without a
+result in mutants/ takes its recorded verdict while the function it mutates is unchanged (mutmut's hash of the
+function's source), and a changed function's record no longer counts.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RECORD = ROOT / "tests" / "mutation_record.json"
 KILLED, SURVIVED, UNTESTED, OTHER = "killed", "survived", "not exercised", "not run"
 
 
@@ -40,14 +48,85 @@ def equivalents(path: Path = ROOT / "tests" / "mutation_equivalent.txt") -> dict
     return out
 
 
-def collect(mutants: Path = ROOT / "mutants") -> dict[str, dict[str, str]]:
-    """{module path: {mutant name: status}}."""
-    out = {}
+def function_of(module: str, name: str) -> tuple[str, int]:
+    """('methods/pca.py', 'methods.pca.xǁPCAǁsolve__mutmut_3') -> ('xǁPCAǁsolve', 3)."""
+    dotted = module[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+    head, _, number = name.rpartition("__mutmut_")
+    return head[len(dotted) + 1:], int(number)
+
+
+def collect_runs(mutants: Path = ROOT / "mutants") -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """({module path: {mutant name: status}}, {mutant name: hash of its function}) from mutmut's records."""
+    out, hashes = {}, {}
     for meta in sorted(mutants.rglob("*.py.meta")):
         data = json.loads(meta.read_text())
         module = str(meta.relative_to(mutants))[: -len(".meta")]
         out[module] = {name: status(code) for name, code in data.get("exit_code_by_key", {}).items()}
-    return out
+        fn_hash = data.get("hash_by_function_name", {})
+        hashes.update({name: fn_hash.get(function_of(module, name)[0], "") for name in out[module]})
+    return out, hashes
+
+
+def load_record(path: Path = RECORD) -> dict:
+    """{module: {function: {"hash", "date", status: [mutant numbers]}}}."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def recorded(record: dict, module: str, name: str, fn_hash: str) -> tuple[str, str] | None:
+    """(status, date) recorded for this mutant of this version of its function, or None."""
+    function, number = function_of(module, name)
+    entry = record.get(module, {}).get(function)
+    if not entry or not fn_hash or entry["hash"] != fn_hash:
+        return None
+    return next(((s, entry["date"]) for s in (KILLED, SURVIVED, UNTESTED) if number in entry.get(s, [])), None)
+
+
+def merged(runs: dict, hashes: dict, record: dict) -> tuple[dict, dict[str, set[str]]]:
+    """This run's verdicts, a mutant it did not run taking its recorded one; and per module the dates used."""
+    out, dates = {}, {}
+    for module, statuses in runs.items():
+        out[module], dates[module] = {}, set()
+        for name, s in statuses.items():
+            old = recorded(record, module, name, hashes.get(name, "")) if s == OTHER else None
+            out[module][name] = old[0] if old else s
+            dates[module].add(old[1] if old else ("today" if s != OTHER else ""))
+        dates[module].discard("")
+    return out, dates
+
+
+def update_record(runs: dict, hashes: dict, record: dict, today: str) -> dict:
+    """The record with this run's verdicts merged in: a function whose hash changed starts a new entry."""
+    new = {m: {f: dict(e) for f, e in fns.items()} for m, fns in record.items()}
+    for module, statuses in runs.items():
+        for name, s in statuses.items():
+            if s == OTHER or not hashes.get(name):
+                continue
+            function, number = function_of(module, name)
+            entry = new.setdefault(module, {}).get(function)
+            if entry is None or entry["hash"] != hashes[name]:
+                entry = new[module][function] = {"hash": hashes[name], "date": today}
+            for key in (KILLED, SURVIVED, UNTESTED):
+                if number in entry.get(key, []):
+                    entry[key].remove(number)
+            entry.setdefault(s, []).append(number)
+            entry[s].sort()
+            entry["date"] = today
+            for key in (KILLED, SURVIVED, UNTESTED):
+                if key in entry and not entry[key]:
+                    del entry[key]
+    return new
+
+
+def write_record(record: dict, path: Path = RECORD) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def collect(mutants: Path = ROOT / "mutants", record: dict | None = None) -> dict[str, dict[str, str]]:
+    """{module path: {mutant name: status}}: mutmut's results, completed from the record."""
+    runs, hashes = collect_runs(mutants)
+    return merged(runs, hashes, load_record() if record is None else record)[0]
 
 
 def listed(by_module: dict, what: str, prefixes: list[str], equiv: dict) -> list[str]:
@@ -57,10 +136,15 @@ def listed(by_module: dict, what: str, prefixes: list[str], equiv: dict) -> list
 
 
 def main(argv: list[str]) -> int:
-    by_module = collect()
-    if not by_module:
+    runs, hashes = collect_runs()
+    if not runs:
         print("no mutation results under mutants/: run `make mutate` first")
         return 1
+    record = load_record()
+    if "--record" in argv:
+        record = update_record(runs, hashes, record, datetime.datetime.now(datetime.timezone.utc).date().isoformat())
+        write_record(record)
+    by_module, dates = merged(runs, hashes, record)
     equiv = equivalents()
     if "--list" in argv:
         i = argv.index("--list")
@@ -73,13 +157,13 @@ def main(argv: list[str]) -> int:
         totals.update(c)
         scored = c[KILLED] + c[SURVIVED]
         rows.append((module, c[KILLED], c[SURVIVED], c["equivalent"], c[UNTESTED], c[OTHER],
-                     f"{100 * c[KILLED] / scored:.1f} %" if scored else "-"))
+                     f"{100 * c[KILLED] / scored:.1f} %" if scored else "-", ", ".join(sorted(dates[module]))))
         survivors += [n for n, s in statuses.items() if s == SURVIVED and n not in equiv]
     scored = totals[KILLED] + totals[SURVIVED]
     rows.append(("all", totals[KILLED], totals[SURVIVED], totals["equivalent"], totals[UNTESTED], totals[OTHER],
-                 f"{100 * totals[KILLED] / scored:.1f} %" if scored else "-"))
-    print("| module | killed | survived | equivalent | not exercised | not run | score |")
-    print("|---|---|---|---|---|---|---|")
+                 f"{100 * totals[KILLED] / scored:.1f} %" if scored else "-", ""))
+    print("| module | killed | survived | equivalent | not exercised | not run | score | run on |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(map(str, r)) + " |")
     if "--survivors" in argv:
