@@ -181,3 +181,150 @@ def test_fasc_method_swaps_and_beats_fasc_kfac_held_out_where_kfac_misranks(seed
         return float(((gh * e).sum(1) ** 2).mean())
 
     assert held_out(fa) < 0.9 * held_out(kf)  # 0.63 and 0.57 of it when written
+
+
+def _direct(Q: torch.Tensor, in_D: torch.Tensor) -> float:
+    ones = in_D.double()
+    return float(ones @ Q @ ones)
+
+
+def _scores(seed: int, n: int = 240, d: int = 24, coupling: float = 0.8, spread: float = 1.0) -> torch.Tensor:
+    """Per-direction scores z (n x d) whose K-FAC discard set (the last half) is some swaps from the optimum
+    (spread 0: every direction alike, so that swaps fit the sample's noise)."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = spread * torch.rand(d, generator=gen, dtype=torch.float64) + 0.1
+    z = torch.randn(n, d, generator=gen, dtype=torch.float64) * scale
+    z[:, :4] += coupling * z[:, d // 2:d // 2 + 4]
+    return z
+
+
+def test_path_values_are_the_surrogate_after_each_swap_on_another_sample():
+    from methods.fasc import path_values
+
+    z, other = _scores(0), _scores(1)
+    d, discard = z.shape[1], torch.arange(12, 24)
+    path = swap_path(z.T @ z / len(z), discard, 50)
+    assert len(path) >= 3
+    Q = other.T @ other / len(other)
+    got = path_values(Q, discard, path)
+    want = torch.tensor([_direct(Q, _apply(d, discard, path[:t])) for t in range(len(path) + 1)], dtype=torch.float64)
+    assert got.dtype == Q.dtype and got.shape == want.shape and torch.allclose(got, want, rtol=1e-12, atol=0)
+    assert torch.equal(_apply(d, discard, []), torch.arange(d) >= 12)
+
+
+def reference_cross_validation(z: torch.Tensor, discard: torch.Tensor, max_swaps: int, folds: int, seed: int = 0):
+    """K-fold cross-validation of the swap path's length, written out: token t is in fold (its place in a seeded
+    permutation) mod folds; each fold's path is fitted on the other folds and scored on its own, relative to no
+    swap; a length qualifies only if every fold's held-out surrogate is below its K-FAC value; the qualifying length
+    (or 0) of least mean wins, the shorter on a tie."""
+    n, d = z.shape
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    fold_of = [0] * n
+    for place, token in enumerate(perm):
+        fold_of[token] = place % folds
+    curves = []
+    for f in range(folds):
+        fit = z[[t for t in range(n) if fold_of[t] != f]]
+        held = z[[t for t in range(n) if fold_of[t] == f]]
+        path = reference_swap_path(fit.T @ fit / len(fit), discard, max_swaps)
+        Qh = held.T @ held / len(held)
+        values = [_direct(Qh, _apply(d, discard, path[:t])) for t in range(len(path) + 1)]
+        values += [values[-1]] * (max_swaps + 1 - len(values))
+        curves.append([v / values[0] for v in values])
+    mean = [sum(c[t] for c in curves) / folds for t in range(max_swaps + 1)]
+    qualify = [0] + [t for t in range(1, max_swaps + 1) if all(c[t] < 1 for c in curves)]
+    best = min(qualify, key=lambda t: (mean[t], t))
+    return best, mean
+
+
+# coupled directions, where every fold keeps all 6 swaps or 5; directions alike, where the swaps fit noise: some
+# fold disagrees with the best mean (0 swaps kept although 4, 2 or 3 have the least mean), the path ends early and
+# the mean is flat from 4 swaps on (the shortest is kept), a single swap generalises
+CASES = [(0, 240, 0.8, 1.0), (3, 240, 0.0, 1.0), (0, 60, 0.0, 0.0), (7, 240, 0.0, 0.0), (11, 240, 0.0, 0.0),
+         (1, 60, 0.0, 0.0), (6, 60, 0.0, 0.0)]
+
+
+@pytest.mark.parametrize("seed, n, coupling, spread", CASES)
+def test_cross_validated_swaps_equal_the_written_out_validation(seed, n, coupling, spread):
+    from methods.fasc import cross_validated_swaps
+
+    z = _scores(seed, n=n, coupling=coupling, spread=spread)
+    discard = torch.arange(12, 24)
+    max_swaps = 6
+    got = cross_validated_swaps(z, discard, max_swaps, folds=3, seed=seed)
+    best, mean = reference_cross_validation(z, discard, max_swaps, 3, seed)
+    assert got["swaps"] == best
+    assert got["heldout_ratio"] == pytest.approx(mean[best], rel=1e-10)
+    assert torch.allclose(got["curve"], torch.tensor(mean, dtype=torch.float64), rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("seed, n, coupling, spread, folds", [(0, 240, 0.8, 1.0, 3), (0, 60, 0.0, 0.0, 3),
+                                                              (1, 60, 0.0, 0.0, 4), (0, 240, 0.8, 1.0, 1)])
+def test_select_discard_records_each_surrogate_as_written_out(seed, n, coupling, spread, folds):
+    """select_discard against its description: the in-sample path from K-FAC's discard set, cut to the validated
+    length (folds > 1), and every surrogate it records computed directly."""
+    z = _scores(seed, n=n, coupling=coupling, spread=spread)
+    d, kfac = z.shape[1], torch.arange(12, 24)
+    Q = z.T @ z / n
+    path = reference_swap_path(Q, kfac, 512)
+    assert path
+    in_D, extras = select_discard(z, kfac, 512, folds)
+    want = {"swaps_in_sample": len(path), "pair_tokens": n, "folds": folds}
+    if folds > 1:
+        best, mean = reference_cross_validation(z, kfac, len(path), folds)
+        want.update(swaps=best, surrogate_heldout_ratio=pytest.approx(mean[best], rel=1e-10),
+                    surrogate_heldout_ratio_all_swaps=pytest.approx(mean[len(path)], rel=1e-10))
+    else:
+        want["swaps"] = len(path)
+    chosen = _apply(d, kfac, path[:want["swaps"]])
+    want.update(surrogate_tokens=pytest.approx(_direct(Q, chosen), rel=1e-10),
+                surrogate_tokens_kfac_choice=pytest.approx(_direct(Q, torch.arange(d) >= 12), rel=1e-10))
+    assert torch.equal(in_D, chosen)
+    assert extras == want
+
+
+def test_select_discard_without_a_swap_keeps_kfac_and_skips_the_validation():
+    z = _scores(0, spread=0.0, coupling=0.0)
+    z[:, 12:] *= 1e-3  # the discarded directions carry next to nothing: no swap improves
+    in_D, extras = select_discard(z, torch.arange(12, 24), 512, 4)
+    assert torch.equal(in_D, torch.arange(24) >= 12)
+    assert extras["swaps"] == extras["swaps_in_sample"] == 0 and "surrogate_heldout_ratio" not in extras
+
+
+def test_fasc_solve_reports_the_kfac_surrogate_of_its_own_discard_set():
+    """fasc-kfac records tr of the discarded eigenvalues, sum lam[k:]; fasc the same sum over the set it discards
+    after its swaps; the projection keeps the complementary directions of the K-FAC basis."""
+    from core.linalg import fisher_basis, fisher_scores
+    from core.stats import GroupStats
+    from methods.fasc import FASC, FASCKFAC
+
+    d, n = 32, 2048
+    x, g = Distribution("B", d, 0).sample(n)
+    st = GroupStats(n_tokens=n, C=x.T @ x / n, F=g.T @ g / n, xs=x.float(), gs=g.float())
+    W = {"w": torch.randn(20, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)}
+    sol = fisher_basis(st)
+    factors, shared, fallbacks, extras = FASCKFAC().solve(W, st, 16)
+    assert shared and fallbacks == sol["fallbacks"]
+    assert extras == {"surrogate_kfac": pytest.approx(float(sol["lam"][16:].sum()), rel=1e-12)}
+    A, B = factors["w"]
+    assert torch.allclose(B, sol["Wt"][:16]) and torch.allclose(A, W["w"] @ sol["U"][:, :16])
+    factors, shared, _, extras = FASC().solve(W, st, 16)
+    in_D, _ = select_discard(fisher_scores(st), torch.arange(16, d), 512, 4)  # pinned above
+    assert extras["swaps"] > 0 and int(in_D.sum()) == 16
+    assert extras["surrogate_kfac"] == pytest.approx(float(sol["lam"][in_D].sum()), rel=1e-12)
+    assert extras["surrogate_kfac"] > float(sol["lam"][16:].sum())  # the swaps give up some K-FAC surrogate
+    keep = (~in_D).nonzero().squeeze(1)
+    assert torch.allclose(factors["w"][1], sol["Wt"][keep]) and torch.allclose(factors["w"][0],
+                                                                                W["w"] @ sol["U"][:, keep])
+
+
+def test_fasc_settings_floor_and_cost_declaration():
+    from methods.fasc import FASC, FASCKFAC, FASCSettings
+    from methods.base import basis_ops, projection_ops
+
+    assert FASCSettings(folds=3).minimums() == {"folds": (3, 1)}
+    kfac = FASCKFAC().solve_ops(64, (32, 96), 16, 500)
+    assert kfac == [*basis_ops(64).values(), *projection_ops(64, (32, 96), 16)]
+    fasc = FASC.from_options({"folds": 3}).solve_ops(64, (32, 96), 16, 500)
+    assert fasc == kfac + [("fisher_scores", "flops", 4 * 500 * 64 * 64), ("", "flops", 4 * 500 * 64 * 64),
+                           ("", "bytes", 4 * 50 * 4 * 8 * 16 * 48)]
