@@ -166,3 +166,42 @@ def test_lama_macro_mean_of_one_relation():
     res = LAMA._aggregate(records, [], SimpleNamespace(relation_source={}, source="embedded"), SimpleNamespace())
     assert res.metrics["p@1"] == 0.5 and res.stderr["p@1"] == pytest.approx(_se([1, 0]))
     assert res.details["p@1_per_source"] == {"embedded": 0.5}
+
+
+def test_mean_stderr_by_hand():
+    from tasks.base import mean_stderr
+
+    nan = lambda v: v != v  # noqa: E731
+    m, se = mean_stderr([])
+    assert nan(m) and nan(se)
+    m, se = mean_stderr([3.0])
+    assert m == 3.0 and nan(se)
+    # mean 3, sample variance (4 + 1 + 0 + 9) / 3, standard error its root over root 4
+    assert mean_stderr([1.0, 2.0, 3.0, 6.0]) == pytest.approx((3.0, math.sqrt(14 / 3 / 4)), rel=1e-12)
+    assert mean_stderr([0, 1]) == pytest.approx((0.5, 0.5))  # variance 1/2 over 2 tokens
+
+
+@pytest.mark.parametrize("chunk, cap", [(5, None), (5, 2.0), (23, None), (64, 2.0)])
+def test_target_logprobs_through_a_biased_capped_head(chunk, cap):
+    """A head with a bias, sliced with the weights (slices of 5 of 23 words: the last one partial), and the
+    soft-capping, against the float64 log-softmax of the whole logits."""
+    from tasks.base import base_model, target_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(6, 23, bias=True)
+    with torch.no_grad():
+        head.bias.copy_(torch.randn(23, generator=gen) * 3)
+    model = SimpleNamespace(get_output_embeddings=lambda: head, config=SimpleNamespace(final_logit_softcapping=cap))
+    hidden = torch.randn(4, 6, generator=gen)
+    targets = torch.tensor([[0, 22, 5], [4, 4, 10], [11, 15, 20], [21, 1, 9]])
+    with torch.no_grad():
+        logits = (hidden.double() @ head.weight.double().T + head.bias.double())
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        want = torch.log_softmax(logits, -1).gather(1, targets)
+        got = target_logprobs(model, hidden, targets, vocab_chunk=chunk)
+    assert got.dtype == torch.float64 and got.shape == (4, 3)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    decoder = object()
+    assert base_model(SimpleNamespace(get_decoder=lambda: decoder, model="inner")) is decoder
+    assert base_model(SimpleNamespace(model="inner")) == "inner"

