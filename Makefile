@@ -45,7 +45,7 @@ MUTANTS ?=
 mutate: setup
 	$(PIP) install -q mutmut==3.8.1
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run $(MUTANTS)
-	$(PY) tests/mutation_score.py --survivors
+	$(PY) tests/mutation_score.py --survivors --record
 
 report: setup
 	$(VENV)/bin/bench report --results results

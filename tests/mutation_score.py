@@ -118,8 +118,14 @@ def update_record(runs: dict, hashes: dict, record: dict, today: str) -> dict:
 
 
 def write_record(record: dict, path: Path = RECORD) -> None:
+    """Atomically, one line per function (a diff shows which functions a run changed)."""
+    modules = []
+    for module in sorted(record):
+        fns = [f"  {json.dumps(f, ensure_ascii=False)}: {json.dumps(e, sort_keys=True, ensure_ascii=False)}"
+               for f, e in sorted(record[module].items())]
+        modules.append(f" {json.dumps(module)}: {{\n" + ",\n".join(fns) + "\n }")
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    tmp.write_text("{\n" + ",\n".join(modules) + "\n}\n")
     os.replace(tmp, path)
 
 
