@@ -16,6 +16,7 @@ def test_parse_variant_strips_and_reads_yaml_scalars():
     assert name == "x"
     assert opts == {"a": 1, "b": True, "c": 0.5, "d": "hi", "e": None}
     assert [type(v) for v in opts.values()] == [int, bool, float, str, type(None)]
+    assert methods.parse_variant("x:path=a=b") == ("x", {"path": "a=b"})  # the first '=' ends the name
 
 
 @pytest.mark.parametrize("variant, message", [

@@ -205,3 +205,52 @@ def test_target_logprobs_through_a_biased_capped_head(chunk, cap):
     decoder = object()
     assert base_model(SimpleNamespace(get_decoder=lambda: decoder, model="inner")) is decoder
     assert base_model(SimpleNamespace(model="inner")) == "inner"
+
+
+def test_check_limit_refuses_a_limit_above_every_group():
+    from core.errors import UserError
+    from tasks.base import check_limit
+
+    check_limit(None, [3, 5], "--limit", "subject")
+    check_limit(0, [3, 5], "--limit", "subject")  # 0 means all
+    check_limit(5, [3, 5], "--limit", "subject")  # the largest group's size is allowed
+    with pytest.raises(UserError) as err:
+        check_limit(6, [3, 5], "--lama-limit", "relation")
+    assert str(err.value) == ("--lama-limit 6 exceeds the largest relation (5 items): pass 0 for all, or at most 5")
+    with pytest.raises(UserError, match=r"largest subject \(0 items\)"):
+        check_limit(1, [], "--limit", "subject")
+
+
+def test_a_task_without_overrides_takes_nothing_from_the_run():
+    from tasks.base import RunShared, Task
+
+    class Bare(Task):
+        name = "bare"
+
+    t = Bare.for_run({"ignored": None}, RunShared(seed=3, batch_size=8))
+    assert Bare.run_settings(RunShared(seed=3)) == {} and t.size_note() == "" and t.check(None) is None
+    with pytest.raises(NotImplementedError):
+        t.evaluate(None, None)
+
+
+def test_a_linear_head_is_read_in_slices_never_whole(monkeypatch):
+    """A plain Linear head is never called on the whole hidden state (that would materialise the N x V logits):
+    its weight is read in slices; and next_token_nll passes its slice width on."""
+    import tasks.base as base
+
+    head = torch.nn.Linear(6, 23, bias=False)
+    head.register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(AssertionError("the whole head was called")))
+    model = SimpleNamespace(get_output_embeddings=lambda: head, config=SimpleNamespace())
+    hidden = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(0))
+    targets = torch.tensor([[1, 2, 22], [0, 7, 9]])
+    with torch.no_grad():
+        got = base.next_token_nll(model, hidden, targets, vocab_chunk=5)
+        want = -torch.log_softmax(hidden.double() @ head.weight.double().T, -1).gather(-1, targets[..., None])[..., 0]
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    seen = []
+    real = base.target_logprobs
+    monkeypatch.setattr(base, "target_logprobs", lambda m, h, t, chunk: seen.append(chunk) or real(m, h, t, chunk))
+    with torch.no_grad():
+        base.next_token_nll(model, hidden, targets, vocab_chunk=5)
+        base.next_token_nll(model, hidden, targets)
+    assert seen == [5, base.VOCAB_CHUNK]
