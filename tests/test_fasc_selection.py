@@ -259,7 +259,8 @@ def test_cross_validated_swaps_equal_the_written_out_validation(seed, n, couplin
 
 
 @pytest.mark.parametrize("seed, n, coupling, spread, folds", [(0, 240, 0.8, 1.0, 3), (0, 60, 0.0, 0.0, 3),
-                                                              (1, 60, 0.0, 0.0, 4), (0, 240, 0.8, 1.0, 1)])
+                                                              (1, 60, 0.0, 0.0, 4), (0, 240, 0.8, 1.0, 1),
+                                                              (0, 60, 0.0, 0.0, 2)])
 def test_select_discard_records_each_surrogate_as_written_out(seed, n, coupling, spread, folds):
     """select_discard against its description: the in-sample path from K-FAC's discard set, cut to the validated
     length (folds > 1), and every surrogate it records computed directly."""
@@ -328,3 +329,48 @@ def test_fasc_settings_floor_and_cost_declaration():
     fasc = FASC.from_options({"folds": 3}).solve_ops(64, (32, 96), 16, 500)
     assert fasc == kfac + [("fisher_scores", "flops", 4 * 500 * 64 * 64), ("", "flops", 4 * 500 * 64 * 64),
                            ("", "bytes", 4 * 50 * 4 * 8 * 16 * 48)]
+
+
+def test_a_fold_whose_held_out_surrogate_stays_put_vetoes_every_swap():
+    """Nine sparse tokens in three folds: one fold's curve stays exactly at its K-FAC value (1.0: no swap changes its
+    held-out surrogate) while the other two fall. A length qualifies only where every fold is strictly below K-FAC,
+    so no swap is kept, although the mean curve falls."""
+    from methods.fasc import cross_validated_swaps
+
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(9, 4, generator=gen, dtype=torch.float64)
+    z = z * (torch.rand(9, 4, generator=gen) < 0.4)
+    got = cross_validated_swaps(z, torch.arange(2, 4), 3, 3, seed=0)
+    best, mean = reference_cross_validation(z, torch.arange(2, 4), 3, 3, 0)
+    assert got["swaps"] == best == 0 and min(mean[1:]) < 1
+    assert torch.allclose(got["curve"], torch.tensor(mean, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_least_swap_gain_per_precision():
+    """1e-12 of tr Q in float64; in float32, 64 times its machine epsilon (7.6e-6), above its round-off."""
+    from methods.fasc import _improvement
+
+    assert _improvement(torch.float64) == 1e-12
+    assert _improvement(torch.float32) == 64 * 2.0 ** -23
+
+
+def test_a_gain_at_the_least_swap_gain_is_not_taken():
+    """d = 2, D = {1}: swapping 1 for 0 changes 1_D^T Q 1_D by Q00 - Q11 + 2 (Q01 - Q10), here exactly -2e-12, and
+    the least gain taken is 1e-12 of sum |Q_ii| = 2: a gain exactly there is not taken, a larger one is."""
+    at = torch.tensor([[1.0, 0.0], [1e-12, 1.0]], dtype=torch.float64)
+    assert swap_path(at, torch.tensor([1]), 5) == []
+    above = torch.tensor([[1.0, 0.0], [1.5e-12, 1.0]], dtype=torch.float64)
+    assert swap_path(above, torch.tensor([1]), 5) == [(1, 0)]
+
+
+def test_first_minimum_takes_the_smallest_index_pair_not_the_first_slot():
+    """After swaps the slots of D and K no longer hold their indices in order: slot 0 of D holds direction 5 and
+    slot 1 direction 2. Of the tied minima (5, 7), (2, 7) and (2, 3), the pair first in index order is (2, 3)."""
+    from methods.fasc import _first_minimum
+
+    D, K = torch.tensor([5, 2]), torch.tensor([7, 3])
+    delta = torch.tensor([[-1.0, 0.0], [-1.0, -1.0]])
+    row_low = delta.amin(1)
+    assert _first_minimum(delta, row_low, row_low.min(), D, K, 8) == (1, 1)
+    D = torch.tensor([2, 5])  # the same pairs, slots the other way round
+    assert _first_minimum(delta.flip(0), row_low.flip(0), -1.0, D, K, 8) == (0, 1)

@@ -205,3 +205,17 @@ def test_stacked_column_norms_by_hand():
     a = torch.tensor([[3.0, 0.0], [0.0, 1.0]])
     b = torch.tensor([[4.0, 2.0]])
     assert torch.allclose(stacked_column_norms({"a": a, "b": b}), torch.tensor([5.0, 5.0 ** 0.5]))
+
+
+def test_cost_declarations_by_hand():
+    """What `bench plan` prices a solve by (methods/base.py's helpers), on d_in 8, sites of 4 and 12, k 2."""
+    from methods.base import basis_ops, factor_svd_ops, projection_ops, site_svd_ops
+
+    assert projection_ops(8, (4, 12), 2) == [("", "flops", 2 * 16 * 8 * 2)]  # A_i = W_i U_k, a multiply-add 2 flops
+    assert site_svd_ops(8, (4, 12)) == [("", "truncated_svd", 4, 8), ("", "truncated_svd", 12, 8)]
+    assert basis_ops(9) == {"pca_basis": ("pca_basis", "eigh", 9), "whitening": ("whitening", "flops", 486),
+                            "fisher_basis products": ("fisher_basis products", "flops", 8 * 729),
+                            "fisher_basis eigh": ("fisher_basis eigh", "eigh", 9)}
+    assert factor_svd_ops(10, 10, 5) == [("", "truncated_svd", 10, 10)]  # m >= d: R^T R's eigh
+    assert factor_svd_ops(6, 10, 6) == [("", "svd", 6, 10)]  # keep inside R's row space: the thin SVD
+    assert factor_svd_ops(6, 10, 7) == [("", "svd", 6, 10), ("", "flops", 4 * 100 * 6)]  # and the square V
