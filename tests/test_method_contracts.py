@@ -280,8 +280,11 @@ def test_damping_whitening_and_rank_tolerance_by_hand():
     """damp adds eps times C's mean diagonal (1 where that is not positive) to the diagonal, in C's precision;
     the whitening factor satisfies S S^T = C + that damping in the requested precision; an eigenvalue at the rank
     tolerance (eps of the dtype times d, at least 1e-10, relative to the top one) counts as zero."""
-    from core.linalg import damp, rank_tolerance, whitening_factor
+    from core.linalg import damp, rank_tolerance, tiny, whitening_factor
 
+    # the divisor floor: 1e-300 in float64; in float32, where 1e-300 rounds to 0, its smallest normal number
+    assert tiny(torch.float64) == 1e-300 and tiny(torch.float32) == torch.finfo(torch.float32).tiny
+    assert float(torch.zeros(1).clamp_min(tiny(torch.float32))) > 0
     C = _stats().C
     scale = float(torch.trace(C)) / D
     assert scale != 1.0

@@ -213,9 +213,11 @@ def test_cost_declarations_by_hand():
 
     assert projection_ops(8, (4, 12), 2) == [("", "flops", 2 * 16 * 8 * 2)]  # A_i = W_i U_k, a multiply-add 2 flops
     assert site_svd_ops(8, (4, 12)) == [("", "truncated_svd", 4, 8), ("", "truncated_svd", 12, 8)]
-    assert basis_ops(9) == {"pca_basis": ("pca_basis", "eigh", 9), "whitening": ("whitening", "flops", 486),
-                            "fisher_basis products": ("fisher_basis products", "flops", 8 * 729),
-                            "fisher_basis eigh": ("fisher_basis eigh", "eigh", 9)}
+    # a Cholesky and its triangular inverse: 2 d^3 / 3 flops, a whole number
+    assert basis_ops(10) == {"pca_basis": ("pca_basis", "eigh", 10), "whitening": ("whitening", "flops", 666),
+                             "fisher_basis products": ("fisher_basis products", "flops", 8000),
+                             "fisher_basis eigh": ("fisher_basis eigh", "eigh", 10)}
+    assert type(basis_ops(10)["whitening"][2]) is int
     assert factor_svd_ops(10, 10, 5) == [("", "truncated_svd", 10, 10)]  # m >= d: R^T R's eigh
     assert factor_svd_ops(6, 10, 6) == [("", "svd", 6, 10)]  # keep inside R's row space: the thin SVD
     assert factor_svd_ops(6, 10, 7) == [("", "svd", 6, 10), ("", "flops", 4 * 100 * 6)]  # and the square V
