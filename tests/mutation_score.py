@@ -95,8 +95,10 @@ def merged(runs: dict, hashes: dict, record: dict) -> tuple[dict, dict[str, set[
 
 
 def update_record(runs: dict, hashes: dict, record: dict, today: str) -> dict:
-    """The record with this run's verdicts merged in: a function whose hash changed starts a new entry."""
-    new = {m: {f: dict(e) for f, e in fns.items()} for m, fns in record.items()}
+    """The record with this run's verdicts merged in (a copy: `record` is left as it was); a function whose hash
+    changed starts a new entry."""
+    new = {m: {f: {k: list(v) if isinstance(v, list) else v for k, v in e.items()} for f, e in fns.items()}
+           for m, fns in record.items()}
     for module, statuses in runs.items():
         for name, s in statuses.items():
             if s == OTHER or not hashes.get(name):
@@ -104,16 +106,14 @@ def update_record(runs: dict, hashes: dict, record: dict, today: str) -> dict:
             function, number = function_of(module, name)
             entry = new.setdefault(module, {}).get(function)
             if entry is None or entry["hash"] != hashes[name]:
-                entry = new[module][function] = {"hash": hashes[name], "date": today}
-            for key in (KILLED, SURVIVED, UNTESTED):
+                entry = new[module][function] = {"hash": hashes[name]}
+            for key in (KILLED, SURVIVED, UNTESTED):  # the mutant's previous verdict, if any, gives way
                 if number in entry.get(key, []):
                     entry[key].remove(number)
-            entry.setdefault(s, []).append(number)
-            entry[s].sort()
+                    if not entry[key]:
+                        del entry[key]
+            entry[s] = sorted(entry.get(s, []) + [number])
             entry["date"] = today
-            for key in (KILLED, SURVIVED, UNTESTED):
-                if key in entry and not entry[key]:
-                    del entry[key]
     return new
 
 
@@ -127,12 +127,6 @@ def write_record(record: dict, path: Path = RECORD) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("{\n" + ",\n".join(modules) + "\n}\n")
     os.replace(tmp, path)
-
-
-def collect(mutants: Path = ROOT / "mutants", record: dict | None = None) -> dict[str, dict[str, str]]:
-    """{module path: {mutant name: status}}: mutmut's results, completed from the record."""
-    runs, hashes = collect_runs(mutants)
-    return merged(runs, hashes, load_record() if record is None else record)[0]
 
 
 def listed(by_module: dict, what: str, prefixes: list[str], equiv: dict) -> list[str]:

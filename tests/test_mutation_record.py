@@ -42,7 +42,9 @@ def test_a_recorded_verdict_counts_while_its_function_is_unchanged(tmp_path):
     assert by_module["core/m.py"] == {f + "1": ms.KILLED, f + "2": ms.KILLED, f + "3": ms.UNTESTED,
                                       g + "1": ms.OTHER, g + "2": ms.OTHER}
     assert dates["core/m.py"] == {"2026-12-01", "today"}
+    before = json.dumps(record, sort_keys=True)
     again = ms.update_record(runs, hashes, record, "2026-12-03")
+    assert json.dumps(record, sort_keys=True) == before  # the record given is not changed in place
     assert again["core/m.py"]["x_f"] == {"hash": "aaa", "date": "2026-12-03", ms.KILLED: [1, 2], ms.UNTESTED: [3]}
     assert again["core/m.py"]["x_g"]["hash"] == "bbb"  # nothing of g's new version ran: its old entry stays, unused
     assert ms.recorded(again, "core/m.py", g + "1", "ccc") is None
