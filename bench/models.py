@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from huggingface_hub.errors import StrictDataclassError  # a config field of the wrong type
 
+from core.compressed_layers import decode_kernel
 from core.io import atomic_write_json, cache_dir, sha256_file
 from core.errors import UserError
 
@@ -365,6 +366,10 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     if not source.device_map:
         model.to(device)
     model.eval()
+    try:  # ACBENCH_DECODE_KERNEL read and checked here, before any cell, not at a sparse site's first decode step
+        decode_kernel(next(model.parameters()).device.type)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name)
 
 

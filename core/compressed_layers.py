@@ -1,6 +1,6 @@
 """The modules a compressed model runs, and how to build them from the layout its config records.
 
-This file imports torch and `.sparsity` only: a checkpoint written by `bench compress` carries a copy of both as
+This file imports torch and `.sparsity` only (and triton, where the CUDA decode kernel runs): a checkpoint written by `bench compress` carries a copy of both as
 its custom code (transformers loads them through the config's `auto_map`), so the code a sweep evaluates is the
 code a saved model runs, with or without acbench installed.
 
@@ -13,6 +13,9 @@ A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import torch
 import torch.nn.functional as Fn
@@ -108,6 +111,112 @@ def bag_offsets(rows: int, per_row: int, parts: int, device) -> tuple[torch.Tens
 GATHER_MAX_ROWS = 1
 
 
+# The gathered product's kernel. On CPU: embedding_bag. On CUDA: a Triton kernel where triton imports (TEAL's
+# sparse GEMV: every program reads a tile of the kept channels' weight rows, contiguous along the outputs), else
+# embedding_bag. ACBENCH_DECODE_KERNEL (auto, embedding_bag, triton) chooses, read once per device type; triton on
+# CPU runs only under triton's interpreter (TRITON_INTERPRET=1), which is how the CPU tests check the kernel.
+DECODE_KERNELS = ("auto", "embedding_bag", "triton")
+_CHOSEN: dict[str, str] = {}
+
+
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def choose_decode_kernel(device_type: str, requested: str | None = None) -> str:
+    """The kernel the gathered product runs on `device_type` ("cpu", "cuda"): `requested`, else
+    ACBENCH_DECODE_KERNEL, else auto (triton on CUDA where it imports, embedding_bag elsewhere). One line naming
+    the fix where the request cannot be met."""
+    requested = requested or os.environ.get("ACBENCH_DECODE_KERNEL") or "auto"
+    if requested not in DECODE_KERNELS:
+        raise ValueError(f"ACBENCH_DECODE_KERNEL={requested!r} is not a decode kernel: set it to one of "
+                         f"{', '.join(DECODE_KERNELS)}, or unset it")
+    if requested == "embedding_bag":
+        return requested
+    if requested == "triton":
+        if not triton_importable():
+            raise ValueError("ACBENCH_DECODE_KERNEL=triton, but triton does not import: install it (a CUDA build "
+                             "of torch brings it) or set ACBENCH_DECODE_KERNEL=embedding_bag")
+        if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"ACBENCH_DECODE_KERNEL=triton needs a CUDA device (this model is on {device_type}), "
+                             "or TRITON_INTERPRET=1 to run it in triton's interpreter (slow; for tests)")
+        return requested
+    return "triton" if device_type == "cuda" and triton_importable() else "embedding_bag"
+
+
+def decode_kernel(device_type: str) -> str:
+    if device_type not in _CHOSEN:
+        _CHOSEN[device_type] = choose_decode_kernel(device_type)
+    return _CHOSEN[device_type]
+
+
+# The Triton kernel's tiles, and how many programs per streaming multiprocessor it aims for (splitting the kept
+# channels when the outputs alone give too few programs: a 4096-wide output is 32 tiles of 128, and an H200 has
+# 132 SMs). Not tuned on a GPU yet: benchmarks/gpu_check.sh measures it against embedding_bag.
+TRITON_BLOCK_N, TRITON_BLOCK_K, TRITON_PROGRAMS_PER_SM = 128, 32, 4
+_TRITON_KERNEL: list = []
+
+
+def _triton_kernel():
+    """The kernel, defined on first use, so triton is imported only where it runs. (Triton's interpreter needs
+    TRITON_INTERPRET=1 before triton is first imported: the CPU tests' conftest sets it.)"""
+    if not _TRITON_KERNEL:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def gathered_rows(idx_ptr, val_ptr, w_ptr, part_ptr, per_row, d_out, per_split,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+            # program (row, output tile, split): sum over this split's kept channels j of val_j * W^T[idx_j, tile]
+            row, tile, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+            cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < d_out
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(0, per_split, BLOCK_K):
+                pos = split * per_split + k0 + tl.arange(0, BLOCK_K)
+                ok = pos < per_row  # per_split is whole tiles: only the last split runs past the kept channels
+                chan = tl.load(idx_ptr + row * per_row + pos, mask=ok, other=0)
+                val = tl.load(val_ptr + row * per_row + pos, mask=ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + chan[:, None] * d_out + cols[None, :], mask=ok[:, None] & col_ok[None, :],
+                            other=0.0)
+                acc += tl.sum(w.to(tl.float32) * val[:, None], axis=0)
+            tl.store(part_ptr + (split * tl.num_programs(0) + row) * d_out + cols, acc, mask=col_ok)
+
+        _TRITON_KERNEL.append(gathered_rows)
+    return _TRITON_KERNEL[0]
+
+
+def triton_splits(programs: int, per_row: int, sms: int) -> int:
+    """Into how many parts the kept channels are cut: enough for TRITON_PROGRAMS_PER_SM programs per SM, never a
+    part shorter than one tile of TRITON_BLOCK_K channels."""
+    want = -(-TRITON_PROGRAMS_PER_SM * sms // max(programs, 1))
+    return max(1, min(want, -(-per_row // TRITON_BLOCK_K)))
+
+
+def _sm_count(device: torch.device) -> int:
+    # the interpreter on CPU: a small GPU's count, so the CPU tests cut the kept channels too
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def triton_gathered_product(idx: torch.Tensor, vals: torch.Tensor, weight_t: torch.Tensor, rows: int,
+                            per_row: int) -> torch.Tensor:
+    """rows x d_out: row r is sum_j vals[r, j] W^T[idx[r, j]] (flat idx and vals, per_row of them per row),
+    accumulated in float32, each split's partial sums added after (no atomics: the same bits every run)."""
+    d_out = weight_t.shape[1]
+    if per_row == 0:
+        return torch.zeros(rows, d_out, dtype=weight_t.dtype, device=weight_t.device)
+    kernel = _triton_kernel()
+    tiles = -(-d_out // TRITON_BLOCK_N)
+    splits = triton_splits(rows * tiles, per_row, _sm_count(weight_t.device))
+    per_split = -(-per_row // splits)
+    per_split = -(-per_split // TRITON_BLOCK_K) * TRITON_BLOCK_K  # whole tiles, so the last split may be short
+    splits = -(-per_row // per_split)
+    part = torch.empty(splits, rows, d_out, dtype=torch.float32, device=weight_t.device)
+    kernel[(rows, tiles, splits)](idx, vals, weight_t, part, per_row, d_out, per_split,
+                                  BLOCK_N=TRITON_BLOCK_N, BLOCK_K=TRITON_BLOCK_K)
+    return (part[0] if splits == 1 else part.sum(0)).to(weight_t.dtype)
+
+
 class InputSparsifier(ReadOnce, nn.Module):
     """The sparse x of one input group, computed once per input tensor and read by every site of the group (as an
     accelerator reads the sparse activation once). scale, mu: per-channel score factors and calibrated mean.
@@ -167,7 +276,8 @@ class SparseInputLinear(nn.Module):
 
     The weight is held once, input-major (`weight_t` = W^T, d_in x d_out, contiguous), the layout both products
     read: at decode the kept channels' rows are read and summed in one fused gather-multiply (embedding_bag with
-    the kept values as per-sample weights, mode sum), so the zeroed channels' weights are never touched; with more
+    the kept values as per-sample weights, mode sum; on CUDA a Triton kernel reading the same rows, where triton
+    imports), so the zeroed channels' weights are never touched; with more
     rows the masked x goes through one dense product with W^T's transpose view (no copy)."""
 
     def __init__(self, dense: nn.Linear, sparsifier: InputSparsifier, owner: bool):
@@ -192,12 +302,15 @@ class SparseInputLinear(nn.Module):
         form, *value = sp(x) if sp._forward_pre_hooks or sp._forward_hooks else sp.forward(x)
         if form == "gathered":
             idx, vals, eta, rows, per_row = value
-            parts = torch.get_num_threads() if (x.device.type == "cpu"
-                                                and per_row * self.out_features >= SPLIT_MIN_PRODUCT) else 1
-            offsets, per = bag_offsets(rows, per_row, parts, x.device)
-            y = Fn.embedding_bag(idx, self.weight_t, offsets, per_sample_weights=vals, mode="sum")
-            if per > 1:
-                y = y.view(rows, per, self.out_features).sum(1)
+            if decode_kernel(x.device.type) == "triton":
+                y = triton_gathered_product(idx, vals, self.weight_t, rows, per_row)
+            else:
+                parts = torch.get_num_threads() if (x.device.type == "cpu"
+                                                    and per_row * self.out_features >= SPLIT_MIN_PRODUCT) else 1
+                offsets, per = bag_offsets(rows, per_row, parts, x.device)
+                y = Fn.embedding_bag(idx, self.weight_t, offsets, per_sample_weights=vals, mode="sum")
+                if per > 1:
+                    y = y.view(rows, per, self.out_features).sum(1)
             if self.bias is not None:
                 y = y + self.bias
             y = y.reshape(*x.shape[:-1], self.out_features)

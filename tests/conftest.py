@@ -5,6 +5,11 @@ import tempfile
 
 import pytest
 import torch
+
+# Without CUDA, the decode path's Triton kernel is tested in triton's interpreter, which must be on before triton is
+# first imported (its language functions are built for one mode at import).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS
 

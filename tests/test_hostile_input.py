@@ -442,3 +442,21 @@ def test_weights_that_do_not_fit_the_config_are_one_line_not_a_load_report(tmp_p
         assert main(base(folder, tmp_path / f"out-{folder.name}", **{"--methods": "dense", "--rank": None})) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("tritn", "ACBENCH_DECODE_KERNEL='tritn' is not a decode kernel: set it to one of auto, embedding_bag, triton"),
+    ("triton", "ACBENCH_DECODE_KERNEL=triton needs a CUDA device (this model is on cpu)"),
+])
+def test_a_decode_kernel_that_cannot_run_is_refused_when_the_model_loads(tmp_path, tiny, capsys, monkeypatch, value,
+                                                                         needle):
+    import core.compressed_layers as layers
+
+    monkeypatch.setattr(layers, "_CHOSEN", {})  # read once per process: this test's setting, not an earlier one's
+    monkeypatch.setattr(layers, "triton_importable", lambda: True)
+    monkeypatch.setenv("ACBENCH_DECODE_KERNEL", value)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = tmp_path / "out"
+    expect_one_line(capsys, base(tiny, out, **{"--methods": "act-sparse", "--rank": None, "--sparsity": "2:4"}),
+                    needle)
+    assert no_cells(out)

@@ -3,6 +3,7 @@ the interleaved latency rides on, the speedup interval, and the leaderboard's fr
 
 import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -39,11 +40,16 @@ def _site(n, m, mitigation, scaled, bias, d=64, d_out=24, seed=0):
     return lin, sp, SparseInputLinear(lin, sp, owner=True), gen
 
 
-@pytest.fixture(params=[1, 3], ids=["one-bag", "split-in-3"])
+@pytest.fixture(params=[1, 3, "triton"], ids=["one-bag", "split-in-3", "triton-interpreted"])
 def bag_parts(request, monkeypatch):
     """The gathered product in one bag, and cut into 3 bags per row (as it is on a 3-thread CPU for large sites;
-    3 does not divide the kept counts, so the last bag is shorter)."""
-    if request.param > 1:
+    3 does not divide the kept counts, so the last bag is shorter); and CUDA's Triton kernel, run by triton's
+    interpreter on CPU, with tiles small enough that the tests' sites have a partial output tile and cut their
+    kept channels into several splits."""
+    if request.param == "triton":
+        use_triton_interpreter(monkeypatch)
+        yield "triton"
+    elif request.param > 1:
         monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 0)
         threads = torch.get_num_threads()
         torch.set_num_threads(request.param)
@@ -52,6 +58,18 @@ def bag_parts(request, monkeypatch):
     else:
         monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 1 << 62)
         yield 1
+
+
+def use_triton_interpreter(monkeypatch, block_n=16, block_k=8):
+    """The Triton kernel on CPU tensors, in triton's interpreter (conftest turns it on where CUDA is absent)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CUDA is present, so triton's interpreter is off: test_the_compiled_triton_kernel_on_cuda "
+                    "tests the kernel there")
+    pytest.importorskip("triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]'; "
+                                         ".ci/run installs it)")
+    monkeypatch.setitem(layers._CHOSEN, "cpu", "triton")
+    monkeypatch.setattr(layers, "TRITON_BLOCK_N", block_n)
+    monkeypatch.setattr(layers, "TRITON_BLOCK_K", block_k)
 
 
 @pytest.mark.parametrize("pattern,mitigation,scaled,bias", list(itertools.product(PATTERNS, MITIGATIONS, [False, True],
@@ -116,7 +134,10 @@ def test_one_weight_copy_input_major():
 
 @pytest.mark.parametrize("variant", ["act-sparse", "act-sparse:mitigation=median", "act-sparse:mitigation=variance",
                                      "act-sparse:mitigation=shift,score=fisher"])
-def test_a_cached_decode_step_of_a_whole_model_matches_the_masked_reference(windows, variant):
+@pytest.mark.parametrize("kernel", ["embedding_bag", "triton"])
+def test_a_cached_decode_step_of_a_whole_model_matches_the_masked_reference(windows, variant, kernel, monkeypatch):
+    if kernel == "triton":
+        use_triton_interpreter(monkeypatch)
     model = tiny_model("llama", hidden=32, inter=48)
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(), progress=False)
     with compressed(model, variant, SparsitySpec.parse("2:4"), stats, progress=False) as (m, _):
@@ -167,6 +188,7 @@ def test_compare_latency_stores_ratios_intervals_and_conditions(windows):
             assert torch.equal(m(windows).logits, want)  # left in the variant's state
     assert got["protocol"] == "interleaved" and got["rounds"] >= 3
     assert got["conditions"]["threads"] == torch.get_num_threads() and got["conditions"]["new_tokens"] == 3
+    assert got["conditions"]["decode_kernel"] == "embedding_bag"
     for name in ("decode_body", "decode", "prefill_body"):
         s = got["speedup"][name]
         assert s["n"] == got["rounds"] and s["ci95"][0] <= s["ratio"] <= s["ci95"][1]
@@ -175,6 +197,8 @@ def test_compare_latency_stores_ratios_intervals_and_conditions(windows):
         assert d["decode_ms_per_token"] == pytest.approx(d["decode_body_ms_per_token"] +
                                                          d["decode_outside_ms_per_token"], rel=0.5)
         assert d["decode_body_ms_per_token"] > 0 and d["prefill_body_tokens_per_s"] > 0
+    with torch.no_grad(), compressed(model, "svd", RankSpec(0.5), {}, progress=False) as (m, _):
+        assert compare_latency(m, dense_switch(m), spec)["conditions"]["decode_kernel"] is None  # no sparse site
     alone = latency(model, spec)
     assert alone["protocol"] == "alone" and "speedup" not in alone and alone["rounds"] == 3
 
@@ -313,3 +337,98 @@ def test_histogram_statistics_survive_the_cache(tmp_path):
     assert group_problem(tmp_path, "g", 7) is None
     back = read_group(tmp_path, "g")
     assert torch.allclose(back.abs_hist, hist / hist.sum(), rtol=1e-6)
+
+
+def test_the_triton_kernel_equals_a_loop_over_rows_and_splits(monkeypatch):
+    """The kernel itself, interpreted: several rows, an output width no tile divides, kept counts cut into splits
+    with a short last one, none kept (zeros), and half precision (float32 accumulation, rounded once)."""
+    use_triton_interpreter(monkeypatch, block_n=32, block_k=8)
+    gen = torch.Generator().manual_seed(3)
+    for d_in, d_out, rows, keep, dtype in [(300, 70, 3, 37, torch.float32), (64, 24, 1, 0, torch.float32),
+                                           (96, 40, 1, 48, torch.float16)]:
+        W = torch.randn(d_in, d_out, generator=gen).to(dtype)
+        idx = torch.stack([torch.randperm(d_in, generator=gen)[:keep] for _ in range(rows)])
+        vals = torch.randn(rows, keep, generator=gen).to(dtype)
+        got = layers.triton_gathered_product(idx.reshape(-1), vals.reshape(-1), W, rows, keep)
+        want = torch.stack([vals[r].double() @ W[idx[r]].double() for r in range(rows)])
+        assert got.dtype == dtype and got.shape == (rows, d_out)
+        tol = 1e-5 if dtype == torch.float32 else 1e-3
+        assert float((got.double() - want).abs().max()) <= tol * max(float(want.abs().max()), 1.0)
+        if keep == 0:
+            assert not got.any()
+
+
+def test_triton_splits_fill_the_sms_and_never_cut_below_one_tile():
+    k = layers.TRITON_BLOCK_K
+    per_sm = layers.TRITON_PROGRAMS_PER_SM
+    assert layers.triton_splits(32, 2048, 132) == -(-per_sm * 132 // 32)  # an 8B's 4096 outputs on an H200
+    assert layers.triton_splits(32, 3 * k, 132) == 3  # no split shorter than a tile
+    assert layers.triton_splits(1000, 2048, 132) == 1  # enough output tiles already
+    assert layers.triton_splits(1, 0, 4) == 1
+
+
+def test_the_decode_kernel_is_chosen_per_device_and_refused_in_one_line(monkeypatch):
+    monkeypatch.delenv("ACBENCH_DECODE_KERNEL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(layers, "triton_importable", lambda: True)
+    assert layers.choose_decode_kernel("cpu") == "embedding_bag"
+    assert layers.choose_decode_kernel("cuda") == "triton"
+    assert layers.choose_decode_kernel("cuda", "embedding_bag") == "embedding_bag"
+    monkeypatch.setenv("ACBENCH_DECODE_KERNEL", "embedding_bag")
+    assert layers.choose_decode_kernel("cuda") == "embedding_bag"
+    monkeypatch.setenv("ACBENCH_DECODE_KERNEL", "tritn")
+    with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL='tritn' is not a decode kernel: set it to one of "
+                                         r"auto, embedding_bag, triton, or unset it$"):
+        layers.choose_decode_kernel("cpu")
+    with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL=triton needs a CUDA device \(this model is on "
+                                         r"cpu\), or TRITON_INTERPRET=1"):
+        layers.choose_decode_kernel("cpu", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert layers.choose_decode_kernel("cpu", "triton") == "triton"
+    monkeypatch.setattr(layers, "triton_importable", lambda: False)
+    assert layers.choose_decode_kernel("cuda", "auto") == "embedding_bag"
+    with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL=triton, but triton does not import: install it"):
+        layers.choose_decode_kernel("cuda", "triton")
+
+
+def test_the_chosen_kernel_is_the_one_that_runs(monkeypatch):
+    """Per device type, once: the Triton kernel where chosen (embedding_bag never called), embedding_bag else."""
+    use_triton_interpreter(monkeypatch)
+    bags, kernels = [], []
+    real_bag, real_triton = layers.Fn.embedding_bag, layers.triton_gathered_product
+    monkeypatch.setattr(layers.Fn, "embedding_bag", lambda *a, **k: bags.append(1) or real_bag(*a, **k))
+    monkeypatch.setattr(layers, "triton_gathered_product", lambda *a: kernels.append(1) or real_triton(*a))
+    _, _, site, gen = _site(8, 16, "none", False, True)
+    with torch.no_grad():
+        site(torch.randn(1, 1, 64, generator=gen))
+        assert (len(bags), len(kernels)) == (0, 1)
+        monkeypatch.setitem(layers._CHOSEN, "cpu", "embedding_bag")
+        site(torch.randn(1, 1, 64, generator=gen))
+        assert (len(bags), len(kernels)) == (1, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the kernel is tested in triton's "
+                                                         "interpreter above (benchmarks/gpu_check.sh runs this)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_triton_kernel_on_cuda(dtype, monkeypatch):
+    """One token at an 8B's and Gemma's shapes on the GPU: the compiled kernel equals embedding_bag and the masked
+    dense product (to 1e-5 relative in float32; bfloat16 rounds the output once)."""
+    pytest.importorskip("triton", reason="a CUDA build of torch brings triton")
+    monkeypatch.setitem(layers._CHOSEN, "cuda", "triton")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for d_in, d_out in [(640, 2048), (2048, 640), (4096, 14336), (14336, 4096)]:
+        lin = torch.nn.Linear(d_in, d_out, bias=True, device="cuda", dtype=dtype)
+        for keep, block in [(d_in // 2, 0), (2, 4)]:
+            sp = InputSparsifier(keep, block, "none", None, None, dtype=dtype, device="cuda")
+            site = SparseInputLinear(lin, sp, owner=True)
+            x = torch.randn(1, 1, d_in, generator=gen, device="cuda", dtype=dtype)
+            with torch.no_grad():
+                got = site(x)
+                monkeypatch.setitem(layers._CHOSEN, "cuda", "embedding_bag")
+                bag = site(x)
+                monkeypatch.setitem(layers._CHOSEN, "cuda", "triton")
+                want = lin(sparsify(x, keep, block, None, "none", None)[0])
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            scale = float(want.abs().max())
+            assert float((got - want).abs().max()) <= tol * scale, (d_in, d_out, keep, block)
+            assert float((got - bag).abs().max()) <= tol * scale, (d_in, d_out, keep, block)
