@@ -14,6 +14,8 @@ from core.compressed_layers import LAYOUT_KEY, InputSparsifier, SparseInputLinea
 from core.compressed_layers import set_module as _set_module
 from methods.base import GroupCompression, MaskedWeights, SparseActivation
 
+from . import semi_structured
+
 @dataclass
 class Undo:
     """What one group's deployment replaced, held by reference (never copied), to put the dense model back."""
@@ -87,13 +89,16 @@ def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) 
 
 
 def _apply_masked_weights(model: nn.Module, group, result: MaskedWeights) -> Undo:
-    """Each site gets a new weight W * mask (dense shape); the original weight is kept by reference."""
+    """Each site gets a new weight W * mask: a semi-structured sparse tensor where sparse tensor cores run it (2:4
+    on CUDA), else dense-shaped with zeros. The original is kept by reference."""
     undo = _new_undo(model)
     with torch.no_grad():
         for name, site in zip(group.site_names, group.sites):
             mask = result.masks[name].to(site.weight.device)
             undo.weights.append((site, site.weight))
-            site.weight = nn.Parameter(site.weight.detach() * mask.to(site.weight.dtype), requires_grad=False)
+            weight = semi_structured.deploy(site.weight.detach() * mask.to(site.weight.dtype), result.pattern.n,
+                                            result.pattern.m)
+            site.weight = nn.Parameter(weight, requires_grad=False)
     _record_layout(model, {n: {"form": result.form, "pattern": result.pattern.budget} for n in group.site_names})
     return undo
 

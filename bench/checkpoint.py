@@ -28,6 +28,7 @@ from core.errors import UserError
 from core.io import atomic_write_json, readable_as_umask, sha256_file, unwritable
 
 from . import __version__
+from .semi_structured import densified
 
 PROVENANCE_FILE = "compression.json"
 PROVENANCE_SCHEMA = 2  # 2: a model type of its own, the record's digest in config.json, code digests, versions
@@ -168,7 +169,8 @@ def write_checkpoint(model, tokenizer, out: Path, provenance: dict, overwrite: b
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp)
+        with densified(model):  # 2:4 weights on sparse tensor cores are stored as the plain tensors they stand for
+            model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         cfg_path = tmp / "config.json"

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 from scipy.stats import t as scipy_t
 
+from core.compressed_layers import LAYOUT_KEY, SparseInputLinear, decode_kernel
+from core.stats import SparsitySpec
+
+from . import semi_structured
+
 LATENCY_VERSION = 2  # 2: interleaved with dense, body apart from the head, speedups with intervals
 
 
@@ -224,6 +229,20 @@ def _medians(rounds: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
 
 
+def masked_weight_kernel(model) -> str | None:
+    """What the variant's masked-weight sites (wanda, magnitude-prune) run, as semi_structured.describe says it
+    (the distinct descriptions, joined); None where it has none."""
+    layout = getattr(model.config, LAYOUT_KEY, None) or {}
+    seen = []
+    for site, spec in layout.items():
+        if spec.get("form") == "masked-weights":
+            pattern = SparsitySpec.parse(spec["pattern"]) if ":" in str(spec["pattern"]) else SparsitySpec()
+            text = semi_structured.describe(model.get_submodule(site).weight, pattern.n, pattern.m)
+            if text not in seen:
+                seen.append(text)
+    return "; ".join(seen) or None
+
+
 @torch.no_grad()
 def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: torch.Tensor | None = None) -> dict:
     """Dense against the variant in one process, interleaved: `use_dense(True)` puts the dense modules in place,
@@ -247,6 +266,10 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
                     break
     finally:
         use_dense(False)
+    # which kernel the variant's gathered decode products ran (none: no sparse-activation site), and its masked
+    # weights' products
+    kernel = decode_kernel(probe.device.type) if any(isinstance(m, SparseInputLinear) for m in model.modules()) \
+        else None
     # the embedding and the head are the same modules in both: their time is pooled over both models' rounds, so
     # the end-to-end ratio carries the body's difference and not the head's single-step noise
     outside = statistics.median(r["decode_outside_ms_per_token"] for pair in rounds for r in pair)
@@ -258,7 +281,9 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
         speedups[name] = ratio_interval([(v[key] / d[key]) if rate else (d[key] / v[key]) for d, v in rounds])
     variant = _medians([v for _, v in rounds])
     return {"protocol": "interleaved", "version": LATENCY_VERSION, "rounds": len(rounds), "converged": converged,
-            "seconds": time.perf_counter() - t_start, "conditions": {**spec.conditions(), "fed_tokens": probe.fed},
+            "seconds": time.perf_counter() - t_start,
+            "conditions": {**spec.conditions(), "fed_tokens": probe.fed, "decode_kernel": kernel,
+                           "weight_kernel": masked_weight_kernel(model)},
             "dense": _medians([d for d, _ in rounds]), "variant": variant, "speedup": speedups,
             # the older cells' two numbers, the variant's own
             "prefill_ms_per_token": 1e3 / variant["prefill_body_tokens_per_s"],

@@ -28,8 +28,10 @@ LATENCY_NOTE = ("- speedups: dense time / the row's time, measured in one proces
                 "decoder layers alone, without the embedding and the head no method compresses; prefill (body): "
                 "tokens per second at the evaluation batch. Activation-sparsity rows decode through the gathered "
                 "product (only the kept channels' weights are read) and prefill as a masked dense product. "
-                "wanda / magnitude-prune keep dense-shaped weights with zeros: no CPU kernel exploits them, so their "
-                "speed is dense's.")
+                "wanda / magnitude-prune keep dense-shaped weights with zeros where no kernel exploits them (on every "
+                "CPU, and for any pattern but 2:4), so their speed there is dense's; on a CUDA GPU with sparse tensor "
+                "cores their 2:4 weights run as torch's semi-structured sparse tensors (a cell's conditions say which "
+                "ran).")
 COMPUTE_NOTE = "- compute ratio (theory): multiply-adds per token vs dense, not a measured speedup."
 
 
