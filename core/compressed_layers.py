@@ -165,7 +165,7 @@ def _triton_kernel():
         import triton.language as tl
 
         @triton.jit
-        def gathered_rows(idx_ptr, val_ptr, w_ptr, part_ptr, per_row, d_out, per_split,
+        def gathered_rows(idx_ptr, val_ptr, w_ptr, part_ptr, per_row, d_out, w_stride, per_split,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
             # program (row, output tile, split): sum over this split's kept channels j of val_j * W^T[idx_j, tile]
             row, tile, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -177,7 +177,7 @@ def _triton_kernel():
                 ok = pos < per_row  # per_split is whole tiles: only the last split runs past the kept channels
                 chan = tl.load(idx_ptr + row * per_row + pos, mask=ok, other=0)
                 val = tl.load(val_ptr + row * per_row + pos, mask=ok, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + chan[:, None] * d_out + cols[None, :], mask=ok[:, None] & col_ok[None, :],
+                w = tl.load(w_ptr + chan[:, None] * w_stride + cols[None, :], mask=ok[:, None] & col_ok[None, :],
                             other=0.0)
                 acc += tl.sum(w.to(tl.float32) * val[:, None], axis=0)
             tl.store(part_ptr + (split * tl.num_programs(0) + row) * d_out + cols, acc, mask=col_ok)
@@ -186,11 +186,15 @@ def _triton_kernel():
     return _TRITON_KERNEL[0]
 
 
-def triton_splits(programs: int, per_row: int, sms: int) -> int:
-    """Into how many parts the kept channels are cut: enough for TRITON_PROGRAMS_PER_SM programs per SM, never a
-    part shorter than one tile of TRITON_BLOCK_K channels."""
+def triton_splits(programs: int, per_row: int, sms: int) -> tuple[int, int]:
+    """How the kept channels are cut: (parts, channels per part). Enough parts for TRITON_PROGRAMS_PER_SM programs
+    per SM, each a whole number of TRITON_BLOCK_K-channel tiles, so only the last may be short and none is
+    empty."""
     want = -(-TRITON_PROGRAMS_PER_SM * sms // max(programs, 1))
-    return max(1, min(want, -(-per_row // TRITON_BLOCK_K)))
+    parts = max(1, min(want, -(-per_row // TRITON_BLOCK_K)))
+    per_part = -(-per_row // parts)
+    per_part = -(-per_part // TRITON_BLOCK_K) * TRITON_BLOCK_K
+    return max(1, -(-per_row // per_part)), per_part
 
 
 def _sm_count(device: torch.device) -> int:
@@ -207,13 +211,12 @@ def triton_gathered_product(idx: torch.Tensor, vals: torch.Tensor, weight_t: tor
         return torch.zeros(rows, d_out, dtype=weight_t.dtype, device=weight_t.device)
     kernel = _triton_kernel()
     tiles = -(-d_out // TRITON_BLOCK_N)
-    splits = triton_splits(rows * tiles, per_row, _sm_count(weight_t.device))
-    per_split = -(-per_row // splits)
-    per_split = -(-per_split // TRITON_BLOCK_K) * TRITON_BLOCK_K  # whole tiles, so the last split may be short
-    splits = -(-per_row // per_split)
+    splits, per_split = triton_splits(rows * tiles, per_row, _sm_count(weight_t.device))
     part = torch.empty(splits, rows, d_out, dtype=torch.float32, device=weight_t.device)
-    kernel[(rows, tiles, splits)](idx, vals, weight_t, part, per_row, d_out, per_split,
-                                  BLOCK_N=TRITON_BLOCK_N, BLOCK_K=TRITON_BLOCK_K)
+    if weight_t.stride(1) != 1:  # the kernel reads each kept row's outputs as one contiguous run
+        weight_t = weight_t.contiguous()
+    kernel[(rows, tiles, splits)](idx.contiguous(), vals.contiguous(), weight_t, part, per_row, d_out,
+                                  weight_t.stride(0), per_split, BLOCK_N=TRITON_BLOCK_N, BLOCK_K=TRITON_BLOCK_K)
     return (part[0] if splits == 1 else part.sum(0)).to(weight_t.dtype)
 
 

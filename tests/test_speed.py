@@ -345,8 +345,11 @@ def test_the_triton_kernel_equals_a_loop_over_rows_and_splits(monkeypatch):
     use_triton_interpreter(monkeypatch, block_n=32, block_k=8)
     gen = torch.Generator().manual_seed(3)
     for d_in, d_out, rows, keep, dtype in [(300, 70, 3, 37, torch.float32), (64, 24, 1, 0, torch.float32),
-                                           (96, 40, 1, 48, torch.float16)]:
-        W = torch.randn(d_in, d_out, generator=gen).to(dtype)
+                                           (96, 40, 1, 48, torch.float16), (50, 33, 2, 20, "a row-strided view")]:
+        if dtype == "a row-strided view":  # the outputs of a wider matrix: rows d_out + 7 apart
+            dtype, W = torch.float32, torch.randn(d_in, d_out + 7, generator=gen)[:, :d_out]
+        else:
+            W = torch.randn(d_in, d_out, generator=gen).to(dtype)
         idx = torch.stack([torch.randperm(d_in, generator=gen)[:keep] for _ in range(rows)])
         vals = torch.randn(rows, keep, generator=gen).to(dtype)
         got = layers.triton_gathered_product(idx.reshape(-1), vals.reshape(-1), W, rows, keep)
@@ -358,13 +361,18 @@ def test_the_triton_kernel_equals_a_loop_over_rows_and_splits(monkeypatch):
             assert not got.any()
 
 
-def test_triton_splits_fill_the_sms_and_never_cut_below_one_tile():
-    k = layers.TRITON_BLOCK_K
-    per_sm = layers.TRITON_PROGRAMS_PER_SM
-    assert layers.triton_splits(32, 2048, 132) == -(-per_sm * 132 // 32)  # an 8B's 4096 outputs on an H200
-    assert layers.triton_splits(32, 3 * k, 132) == 3  # no split shorter than a tile
-    assert layers.triton_splits(1000, 2048, 132) == 1  # enough output tiles already
-    assert layers.triton_splits(1, 0, 4) == 1
+def test_triton_splits_fill_the_sms_in_whole_tiles_and_none_is_empty():
+    assert (layers.TRITON_BLOCK_K, layers.TRITON_PROGRAMS_PER_SM) == (32, 4)
+    # an 8B's 4096 outputs (32 tiles) at density 0.5 on an H200 (132 SMs): 17 parts wanted, of 121 channels;
+    # rounded up to whole tiles of 32 that is 128 channels, so 16 parts
+    assert layers.triton_splits(32, 2048, 132) == (16, 128)
+    assert layers.triton_splits(32, 96, 132) == (3, 32)  # no part shorter than a tile
+    assert layers.triton_splits(32, 100, 132) == (4, 32)  # the last part short (4 channels)
+    assert layers.triton_splits(1000, 2048, 132) == (1, 2048)  # enough output tiles already
+    for programs in (1, 7, 32, 200):
+        for per_row in (1, 31, 33, 100, 2048, 7168):
+            parts, per_part = layers.triton_splits(programs, per_row, 132)
+            assert per_part % 32 == 0 and (parts - 1) * per_part < per_row <= parts * per_part
 
 
 def test_the_decode_kernel_is_chosen_per_device_and_refused_in_one_line(monkeypatch):
