@@ -1,6 +1,6 @@
 """Masked 2:4 weights (wanda, magnitude-prune) on sparse tensor cores: torch's semi-structured sparse tensors,
-where they apply. Elsewhere the dense-shaped weight with zeros stays, and the layout records why: no CPU kernel in
-torch exploits 2:4 weights, so there they run, and measure, as dense."""
+where they apply. Elsewhere the dense-shaped weight with zeros stays, and each cell's latency conditions record why
+(bench.measure): no CPU kernel in torch exploits 2:4 weights, so there they run, and measure, as dense."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def describe(weight: torch.Tensor, n: int, m: int) -> str:
     """What a masked site's product runs, for a cell's conditions: "semi-structured (<backend>)", or "dense:
     <why not>"."""
     if is_semi_structured(weight):
-        return f"{SEMI_STRUCTURED} ({getattr(weight, 'BACKEND', backend().BACKEND)})"
+        return f"{SEMI_STRUCTURED} ({weight.BACKEND})"  # each backend's subclass names itself
     return f"{DENSE}: {refusal(weight, n, m) or 'not converted'}"
 
 

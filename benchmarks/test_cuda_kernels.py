@@ -64,12 +64,11 @@ def test_gathered_decode_on_cuda(benchmark, shape, kernel, monkeypatch):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_semi_structured_2_4_on_cuda(benchmark, shape, tokens):
     import bench.semi_structured as ss
+    from core.sparsity import topk_mask
 
     d_in, d_out = shape
     w = torch.randn(d_out, d_in, device="cuda", dtype=torch.bfloat16)
-    keep = w.abs().view(d_out, d_in // 4, 4).topk(2, dim=-1).indices
-    mask = torch.zeros(d_out, d_in // 4, 4, device="cuda", dtype=torch.bool).scatter_(-1, keep, True)
-    masked = w * mask.view(d_out, d_in).to(w.dtype)
+    masked = w * topk_mask(w.abs(), 2, 4).to(w.dtype)  # magnitude-prune's 2:4: the larger 2 of every 4 inputs
     why = ss.refusal(masked, 2, 4)
     if why is not None:
         pytest.skip(why)

@@ -14,6 +14,7 @@ A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -154,36 +155,34 @@ def decode_kernel(device_type: str) -> str:
 # channels when the outputs alone give too few programs: a 4096-wide output is 32 tiles of 128, and an H200 has
 # 132 SMs). Not tuned on a GPU yet: benchmarks/gpu_check.sh measures it against embedding_bag.
 TRITON_BLOCK_N, TRITON_BLOCK_K, TRITON_PROGRAMS_PER_SM = 128, 32, 4
-_TRITON_KERNEL: list = []
 
 
+@functools.cache
 def _triton_kernel():
     """The kernel, defined on first use, so triton is imported only where it runs. (Triton's interpreter needs
     TRITON_INTERPRET=1 before triton is first imported: the CPU tests' conftest sets it.)"""
-    if not _TRITON_KERNEL:
-        import triton
-        import triton.language as tl
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def gathered_rows(idx_ptr, val_ptr, w_ptr, part_ptr, per_row, d_out, w_stride, per_split,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-            # program (row, output tile, split): sum over this split's kept channels j of val_j * W^T[idx_j, tile]
-            row, tile, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-            cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < d_out
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k0 in range(0, per_split, BLOCK_K):
-                pos = split * per_split + k0 + tl.arange(0, BLOCK_K)
-                ok = pos < per_row  # per_split is whole tiles: only the last split runs past the kept channels
-                chan = tl.load(idx_ptr + row * per_row + pos, mask=ok, other=0)
-                val = tl.load(val_ptr + row * per_row + pos, mask=ok, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + chan[:, None] * w_stride + cols[None, :], mask=ok[:, None] & col_ok[None, :],
-                            other=0.0)
-                acc += tl.sum(w.to(tl.float32) * val[:, None], axis=0)
-            tl.store(part_ptr + (split * tl.num_programs(0) + row) * d_out + cols, acc, mask=col_ok)
+    @triton.jit
+    def gathered_rows(idx_ptr, val_ptr, w_ptr, part_ptr, per_row, d_out, w_stride, per_split,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # program (row, output tile, split): sum over this split's kept channels j of val_j * W^T[idx_j, tile]
+        row, tile, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < d_out
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, per_split, BLOCK_K):
+            pos = split * per_split + k0 + tl.arange(0, BLOCK_K)
+            ok = pos < per_row  # per_split is whole tiles: only the last split runs past the kept channels
+            chan = tl.load(idx_ptr + row * per_row + pos, mask=ok, other=0)
+            val = tl.load(val_ptr + row * per_row + pos, mask=ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + chan[:, None] * w_stride + cols[None, :], mask=ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            acc += tl.sum(w.to(tl.float32) * val[:, None], axis=0)
+        tl.store(part_ptr + (split * tl.num_programs(0) + row) * d_out + cols, acc, mask=col_ok)
 
-        _TRITON_KERNEL.append(gathered_rows)
-    return _TRITON_KERNEL[0]
+    return gathered_rows
 
 
 def triton_splits(programs: int, per_row: int, sms: int) -> tuple[int, int]:

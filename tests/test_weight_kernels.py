@@ -22,8 +22,7 @@ BACKEND = SimpleNamespace(_DTYPE_SHAPE_CONSTRAINTS=LIMITS, BACKEND="cutlass")
 
 
 def weight(device="cuda", dtype=torch.float16, shape=(64, 128)):
-    return SimpleNamespace(device=torch.device(device) if device != "cuda" else SimpleNamespace(type="cuda"),
-                           dtype=dtype, shape=shape)
+    return SimpleNamespace(device=torch.device(device), dtype=dtype, shape=shape)
 
 
 @pytest.mark.parametrize("w,n,m,capability,why", [
