@@ -358,7 +358,7 @@ def check_allocation(config: RunConfig, names) -> None:
                         "a rank: add uniform (or fisher / variance with --budget params) to --allocate, or run them "
                         "in another command")
     if density_rules:
-        patterns = parse_sparsity(config.sparsity)
+        patterns = parse_sparsity(config.sparsity or [])
         if not sparse or not any(not p.structured for p in patterns):
             raise UserError(f"--allocate {density_rules[0]} sets a density per input group for activation sparsity: "
                             "name a sparsity method with an unstructured density (e.g. --methods teal --sparsity 0.5)")
@@ -525,15 +525,21 @@ def build_analyses(config: RunConfig) -> dict:
     return registry.build(names, config.analysis_options)
 
 
-def resolve_run(config: RunConfig, writes: bool = True) -> Run:
-    """Every user error is found here, before the model loads: one line, and the fix. The analyses among
-    config.tasks are built here too. `writes`: the run writes results (False for `bench plan`, which only reads the
-    model's config)."""
+def check_config_types(config: RunConfig) -> None:
+    """Every setting of the type its field declares, or one line naming it: the first check a config meets, so that
+    no later one reads a mapping where a list of names belongs."""
     check_option_blocks(config)  # first: its message names the flag and the block (the type check names neither)
     problems = type_problems(config)
     if problems:
         name = problems[0].split(" ", 1)[0]
         raise UserError(f"run setting {problems[0]}: fix --{name.replace('_', '-')} or that key in the --config file")
+
+
+def resolve_run(config: RunConfig, writes: bool = True) -> Run:
+    """Every user error is found here, before the model loads: one line, and the fix. The analyses among
+    config.tasks are built here too. `writes`: the run writes results (False for `bench plan`, which only reads the
+    model's config)."""
+    check_config_types(config)
     analyses = build_analyses(config)
     names, ranks, patterns = resolve_budgets(config)
     check_methods(config, names)

@@ -97,7 +97,7 @@ def check_lengths(run: Run, config) -> None:
         return
     lengths = [("--calib-seq-len", run.calibration.seq_len)] if run.stats_needs() else []
     lengths += [(f"{name}'s seq_len (--ppl-seq-len)" if name == "ppl-token" else f"{name}'s seq_len",
-                 getattr(task.settings, "seq_len")) for name, task in run.tasks.items()
+                 task.settings.seq_len) for name, task in run.tasks.items()
                 if isinstance(getattr(task.settings, "seq_len", None), int)]
     for what, n in lengths:
         if n > limit:
@@ -169,10 +169,12 @@ def summary_line(records: list[CellRecord]) -> str:
         v = r.metrics.get(r.primary_metric)
         parts.append(f"{r.cell.task} {r.primary_metric}=" + (f"{v:.4g}" if isinstance(v, (int, float))
                                                               and math.isfinite(v) else "undefined"))
-    c = records[0].compression if records else None
-    if c:
+    c = (records[0].compression if records else None) or {}
+    if "param_ratio" in c:  # a compression this run made (a checkpoint run as dense carries only its density)
         compute = f", compute {c['compute_ratio']:.3f}x" if c.get("compute_ratio") is not None else ""
         parts.append(f"params {c['param_ratio']:.3f}x{compute}, {c['n_fallbacks']} fallbacks")
+    if c.get("measured_density") is not None:
+        parts.append(f"measured density {c['measured_density']:.3f}")
     return ", ".join(parts)
 
 
@@ -354,8 +356,10 @@ class Worker:
                 s.reset_counts()
             with peak_memory(torch.device(run.config.device)) as mem:
                 result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
-            density = measured_density(model)  # thresholds: the density this task's tokens kept
-            comp = compression if density is None else {**compression, "measured_density": density}
+            # thresholds: the density this task's tokens kept (a threshold checkpoint run as dense has no
+            # compression summary of this run, but its layers still keep a measured density)
+            density = measured_density(model)
+            comp = compression if density is None else {**(compression or {}), "measured_density": density}
             record = cell_record(
                 task, result, **common, cell=cell.id, versions={"method": method_version, "task": task.version},
                 compression=comp, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},

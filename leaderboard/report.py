@@ -235,7 +235,7 @@ def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> l
     cal = next((c.calibration for c in cells if c.calibration), None)
     env = next((c.env for c in cells if c.env), {}) or {}
     dates = sorted(cell_date(c) for c in cells)
-    lines = [f"- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items())
+    lines = ["- model fingerprint: " + ", ".join(f"{k}={str(v)[:16]}" for k, v in sorted(fp.items())
                                                  if k != "compressed")]
     if fp.get("compressed"):  # a checkpoint bench compress wrote: where it came from
         lines.append(f"- compressed checkpoint: {fp['compressed']}")
@@ -321,7 +321,7 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
     points: dict[str, list] = {}
     col = next((c for c in columns if c.higher is False), columns[0] if columns else None)
     dense_row = rows[0] if rows and rows[0]["method"] == "dense" else {}
-    for (budget, rank, scope), shown in section_rows.items():
+    for (budget, _rank, scope), shown in section_rows.items():
         if scope != ALL_GROUPS:
             continue
         for r in shown:
@@ -376,7 +376,7 @@ def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: 
     p = plots.quality_vs_speed(panels, f"{model}: quality against measured decode speed",
                                plot_dir / f"{_slug(model)}_quality_vs_speed.png")
     written.append(p)
-    return [f"### Quality against measured speed", "",
+    return ["### Quality against measured speed", "",
             "- each row measured against dense in one process (decode at batch 1, end to end, [95 % interval]); "
             "up and to the right is better for accuracy, down and to the right for Δ NLL", "",
             f"![quality vs measured decode speedup](plots/{p.name})", ""]
@@ -387,6 +387,10 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
     """One table per (budget, ratio, scope); returns the lines, the rows each table showed, and the low-rank rows
     by method and ratio (for the across-ranks table)."""
     md, section_rows, cross = [], {}, {}
+    if g["dense"] and not g["ranks"]:  # a model evaluated as it is (e.g. a saved checkpoint): its own row
+        rows = rank_table(g["dense"], {}, ref, columns)
+        md += ["### As loaded (no compression in this run)", "", markdown_table(rows, ref, columns), ""]
+        flat_rows += [{"model": model, "budget": None, "rank": None, "scope": None, **r} for r in rows]
     for key in sorted(g["ranks"], key=section_order):
         budget, rank, scope = key
         rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns)
@@ -493,7 +497,10 @@ def write_tables(out_md: Path, md: list[str], flat_rows: list[dict]) -> None:
     atomic_write_text(out_md.with_suffix(".json"), json.dumps(flat_rows, indent=2, default=str) + "\n")
 
 
-def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = Display()) -> dict:
+DEFAULT_DISPLAY = Display()  # frozen: one instance serves every call
+
+
+def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     from core.errors import UserError
 
@@ -533,7 +540,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
             "duplicates": rs.duplicates}
 
 
-def write_report(results, out: str | None = None, ref: str = REFERENCE, display: Display = Display()) -> Path:
+def write_report(results, out: str | None = None, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
     from core.errors import UserError  # only for the error type users see
 

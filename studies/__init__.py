@@ -3,7 +3,8 @@
 A study calls bench as the CLI does (RunConfig -> resolve_run -> prepare -> execute) and reads back the cells it
 stored; nothing in core, methods, tasks, leaderboard, analyses or bench imports a study.
 
-- `emergence/`: knowledge emergence over training checkpoints (`bench emerge`), with its leaderboard section.
+- `emergence/`: knowledge emergence over training checkpoints, with its leaderboard section; its command,
+  `bench emerge`, plugs into the CLI through the `acbench.commands` entry point (`emergence/command.py`).
 - `nm_sparsity.py`: the N:M activation-sparsity study's tables and paired claims, from stored cells.
 - `solve_precision.py`: float32 against float64 solves on the default model's real statistics.
 - `solve_8b_group.py`: one Llama-3-8B-shaped group solved on a GPU against the host (benchmarks/gpu_check.sh).
@@ -14,24 +15,3 @@ Each script runs as `python -m studies.<name>`; figures the README shows are in 
 """
 
 from __future__ import annotations
-
-
-def report_sections() -> dict:
-    """{cell task: section renderer} for the summary cells studies store (the leaderboard's display adds them
-    beside the analyses' sections)."""
-    from . import emergence
-
-    return {emergence.NAME: emergence.report_section}
-
-
-COMMANDS = {"emerge": "bench emerge"}  # studies with a command of their own
-
-
-def check_not_a_task(names) -> None:
-    """A study named as a task of bench run gets its own command named, not a did-you-mean over tasks."""
-    from core.errors import UserError
-
-    for name in names if isinstance(names, (list, tuple)) else ():
-        if name in COMMANDS:
-            raise UserError(f"{name} is not a task of bench run: it is a study with its own command, "
-                            f"`{COMMANDS[name]}`")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from studies.emergence import bootstrap_mean, recall_onset, rise_onset, summarize
-from studies.emergence.train import TrainConfig, batch_at, checkpoint_steps, token_stream, train, word_tokenizer
+from studies.emergence.train import TrainConfig, batch_at, checkpoint_steps, train, word_tokenizer
 from tasks.data.facts import RELATIONS, build_corpus
 
 
@@ -19,7 +19,7 @@ def test_corpus_is_deterministic_and_probe_sentences_never_occur_in_training():
     assert a.train_documents == b.train_documents and a.facts == b.facts and a.heldout_text == b.heldout_text
     assert build_corpus(entities=60, seed=4).facts != a.facts
     text = "\n".join(a.train_documents)
-    for rel, per in a.facts.items():
+    for rel in a.facts:
         head = RELATIONS[rel][2].split("[Y]")[0]
         for e in a.probed:
             assert head.replace("[X]", e).strip() not in text  # a probed fact's probe prompt is never read
@@ -209,7 +209,7 @@ def test_emerge_sizes_and_folders_it_cannot_use_are_one_line(tmp_path, capsys, a
 
 
 def test_checkpoint_series_are_ordered_by_step_and_never_repeat_one(tmp_path):
-    from bench.cli.emerge import _steps_of
+    from studies.emergence.command import _steps_of
     from core.errors import UserError
 
     names = [str(tmp_path / n) for n in ("step64", "step0", "checkpoint-16")]

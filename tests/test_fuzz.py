@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.cli import main
@@ -503,3 +503,148 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
         return
     with torch.no_grad():
         assert torch.equal(lm.model(x).logits, reference), (tamper, target.name)
+
+
+# ---------------------------------------------------------------- saved checkpoints, run as the dense model
+
+def _saved_cases():
+    """Every built-in method at a budget it takes (2:4, or a density for a method that keeps thresholds), the
+    threshold method under its per-group allocation, and one merged low-rank form."""
+    import methods
+    from core.stats import SPARSITY_FAMILY, SparsitySpec
+
+    cases = []
+    for m in methods.known_methods():
+        if methods.family_of(m) != SPARSITY_FAMILY:
+            cases.append((m, ["--rank", "0.5"]))
+        elif methods.get_method(m).pattern_problem(SparsitySpec.parse("2:4")):
+            cases.append((m, ["--sparsity", "0.5"]))
+        else:
+            cases.append((m, ["--sparsity", "2:4"]))
+    return cases + [("teal", ["--sparsity", "0.5", "--allocate", "greedy"]), ("pca", ["--rank", "0.5", "--merged"])]
+
+
+@pytest.mark.parametrize("method,budget", _saved_cases(), ids=lambda c: c if isinstance(c, str) else " ".join(c))
+def test_every_saved_checkpoint_is_evaluated_by_bench_run_as_dense(tmp_path, tiny, method, budget):
+    """A checkpoint `bench compress` wrote is a model like any other: `bench run --model <ckpt> --methods dense`
+    writes its cell (a threshold checkpoint's with the density its tokens kept), never a traceback."""
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    calib = ["--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32"]
+    assert assert_clean(["compress", "--model", str(tiny), "--method", method, *budget, "--save", str(ck), *calib,
+                         "--quiet"]) == 0
+    rc = assert_clean(["run", "--model", str(ck), "--methods", "dense", "--tasks", "ppl-token", "--ppl-windows", "1",
+                       "--ppl-seq-len", "32", "--output", str(out), "--no-latency", "--no-report", "--quiet"])
+    assert rc == 0
+    (cell,) = out.rglob("ppl-token-*.json")
+    rec = json.loads(cell.read_text())
+    assert rec["cell"]["method"] == "dense" and rec["metrics"]["ppl"] > 0
+    thresholds = method == "teal"
+    density = (rec.get("compression") or {}).get("measured_density")
+    assert (density is not None) == thresholds, rec.get("compression")
+    if thresholds:
+        assert 0 < density < 1
+
+
+# ---------------------------------------------------------------- allocation rules with every method family
+
+@given(method=st.sampled_from(__import__("methods").known_methods()),
+       rules=st.lists(st.sampled_from(["uniform", "fisher", "variance", "greedy"]), min_size=1, max_size=3,
+                      unique=True),
+       budget=st.sampled_from(["rank", "params"]), sparsity=st.sampled_from([None, "0.5", "2:4", "0.25,2:4"]),
+       rank=st.booleans(), command=st.sampled_from(["run", "plan", "compress"]))
+def test_every_allocation_rule_with_every_method_family(tmp_path, tiny, checked_only, method, rules, budget,
+                                                        sparsity, rank, command):
+    """--allocate names rules of one family or the other; with any method, budget and pattern it runs or is one
+    line (greedy is for unstructured sparsity, fisher and variance for a parameter budget of projections)."""
+    argv = [command, "--model", str(tiny), "--allocate", *rules, "--budget", budget]
+    argv += ["--method" if command == "compress" else "--methods", method]
+    if command == "compress":
+        argv += ["--save", str(tmp_path / "ck")]
+    elif command == "run":
+        argv += ["--output", str(tmp_path / "out"), "--no-report", "--quiet"]
+    if sparsity:
+        argv += ["--sparsity", *sparsity.split(",")]
+    if rank:
+        argv += ["--rank", "0.5"]
+    assert_clean(argv)
+
+
+# ---------------------------------------------------------------- data sources: fields of every JSON type
+
+json_any = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
+                        | st.text(max_size=6) | st.sampled_from(["Paris", "[X] was born in [Y] .", "P19", ""]),
+                        lambda kids: st.lists(kids, max_size=2) | st.dictionaries(st.text(max_size=4), kids,
+                                                                                  max_size=2), max_leaves=4)
+
+
+def _refused_in_one_line_or_loaded(source: str) -> None:
+    from core.errors import UserError
+    from tasks.data.lama_data import load_lama
+
+    try:
+        ls = load_lama(source)
+    except UserError as e:
+        assert "\n" not in str(e).strip() and ("row" in str(e) or "does not exist" in str(e)), str(e)
+        return
+    for p in ls.probes:  # what loads is what a probe needs: text to prompt with and text to score
+        assert isinstance(p.prompt, str) and all(isinstance(o, str) and o for o in p.objects), p
+
+
+@given(sub=json_any, obj=json_any, relation=json_any, template=json_any,
+       drop=st.sampled_from([None, "sub_label", "obj_label"]))
+def test_lama_rows_with_fields_of_every_json_type(tmp_path, sub, obj, relation, template, drop):
+    """A LAMA folder whose rows hold any JSON value in any field loads as text or is refused naming the file and
+    the row (a number or list where a label belongs once ended in a TypeError)."""
+    folder = tmp_path / "lama"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    row = {"sub_label": sub, "obj_label": obj}
+    if drop:
+        del row[drop]
+    (folder / "P19.jsonl").write_text(json.dumps({"sub_label": "Ada", "obj_label": "London"}) + "\n"
+                                      + json.dumps(row) + "\n")
+    (tmp_path / "relations.jsonl").write_text(json.dumps({"relation": "P19", "template": "[X] was born in [Y] ."})
+                                              + "\n" + json.dumps({"relation": relation, "template": template}) + "\n")
+    _refused_in_one_line_or_loaded(f"lama:{folder}:{tmp_path / 'relations.jsonl'}")
+
+
+@given(question=json_any, target=json_any)
+def test_qa_wikidata_examples_with_fields_of_every_json_type(tmp_path, question, target):
+    task = tmp_path / "task.json"
+    task.write_text(json.dumps({"examples": [{"input": "The capital of France is", "target": "Paris"},
+                                             {"input": question, "target": target}]}))
+    _refused_in_one_line_or_loaded(f"qa_wikidata:{task}")
+
+
+# ---------------------------------------------------------------- config keys: values of every YAML type
+
+def _config_keys() -> list[str]:
+    from bench.cli.run import _NEGATED, shortcut_dest, task_shortcuts
+    from bench.config import RunConfig
+
+    return sorted(RunConfig.field_names() - set(_NEGATED.values()) - {"model", "output", "executor"}
+                  | set(_NEGATED) | {shortcut_dest(f) for f in task_shortcuts()} | {"rank", "method_option"})
+
+
+# every type YAML's safe loader produces: null, bool, int, float (nan, inf), str, binary, date, timestamp, lists
+# and mappings (keys that name tasks, methods and settings, so a mapping can look like what a key expects)
+yaml_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
+                      st.text(max_size=8), st.binary(max_size=4), st.dates(), st.datetimes(),
+                      st.sampled_from(["pca", "teal", "2:4", "0.5", "ppl-token", "lama", "fasc", "0-1", "uniform"]))
+yaml_value = st.recursive(yaml_leaf, lambda kids: st.one_of(
+    st.lists(kids, max_size=3),
+    st.dictionaries(st.sampled_from(["ppl-token", "lama", "rho", "pca", "fasc", "units", "max_swaps", "limit"])
+                    | st.text(max_size=4) | st.integers(0, 3), kids, max_size=3)), max_leaves=6)
+
+
+@given(key=st.sampled_from(_config_keys()), value=yaml_value, dashes=st.booleans())
+@example(key="tasks", value={"ppl-token": 1}, dashes=False)
+@example(key="methods", value={"pca": 1}, dashes=False)
+@example(key="allocate", value={"greedy": None}, dashes=False)
+def test_config_keys_with_values_of_every_yaml_type(tmp_path, tiny, checked_only, key, value, dashes):
+    """Every key a --config file may hold, with a value of any YAML type: the run goes on or it is one line (a
+    mapping where a list of task names belongs once ended in a TypeError)."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({key.replace("_", "-") if dashes else key: value}))
+    assert_clean(["run", "--config", str(cfg), "--model", str(tiny), "--output", str(tmp_path / "out"),
+                  "--no-report", "--quiet"])

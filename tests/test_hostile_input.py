@@ -65,9 +65,15 @@ def _bad_models(tmp: Path, tiny: Path) -> dict:
             "broken-config": (str(broken), "config.json is not valid JSON")}
 
 
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory, tiny):
+    """The five bad models, written once (one reads the SmolLM2 GGUF): each case only reads its own."""
+    return _bad_models(tmp_path_factory.mktemp("bad-models"), tiny)
+
+
 @pytest.mark.parametrize("case", ["random.gguf", "garbage.gguf", "truncated.gguf", "only-config", "broken-config"])
-def test_bad_models(tmp_path, tiny, capsys, case):
-    model, needle = _bad_models(tmp_path, tiny)[case]
+def test_bad_models(tmp_path, tiny, bad_models, capsys, case):
+    model, needle = bad_models[case]
     out = tmp_path / "out"
     expect_one_line(capsys, base(tiny, out, **{"--model": model}), needle)
     assert no_cells(out)
@@ -77,6 +83,7 @@ def test_bad_models(tmp_path, tiny, capsys, case):
     (b"\xff\xfe\x00bad", "not UTF-8"),
     (b"methods: 5\n", "methods must be list[str]"),
     (b"tasks: 5\n", "tasks must be list[str]"),
+    (b"tasks: {ppl-token: 1}\n", "tasks must be list[str], got [{'ppl-token': 1}]"),
     (b"seed: abc\n", "seed must be int"),
     (b"device: 5\n", "device must be str"),
     (b"method_options: 5\n", "method_options must be a mapping"),
@@ -110,6 +117,8 @@ def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
     (["--allocate", "fishr", "--budget", "params"], "Did you mean 'fisher'?"),
     (["--allocate", "fisher", "--budget", "params", "--methods", "svd"], "svd factorises each site on its own"),
     (["--allocate", "fisher", "--budget", "params", "--rank-align", "8"], "does not combine with --rank-align"),
+    (["--methods", "fasc-kfac", "--budget", "params", "--allocate", "greedy", "fisher"],
+     "--allocate greedy sets a density per input group for activation sparsity"),
     (["--allocate", "fisher", "--budget", "params", "--rank", "0.001"], "below the minimum ranks"),
     (["--groups", "mlp"], "unknown group kind 'mlp'"),
     (["--blocks", "0-x"], "'0-x' is not a block index"),
@@ -129,6 +138,10 @@ def _bad_data(tmp: Path) -> dict:
     lama = tmp / "lama"
     lama.mkdir()
     (lama / "P19.jsonl").write_text('{"sub_label": "a", "obj_label": "b"}\n')
+    typed = tmp / "lama-typed"
+    typed.mkdir()
+    (typed / "P19.jsonl").write_text('{"sub_label": 5, "obj_label": ["Paris"]}\n')
+    (tmp / "relations.jsonl").write_text('{"relation": "P19", "template": "[X] was born in [Y] ."}\n')
     (tmp / "empty.txt").write_text("")
     (tmp / "short.txt").write_text("Just a few words here.")
     (tmp / "binary.bin").write_bytes(bytes(range(256)) * 20)
@@ -137,6 +150,8 @@ def _bad_data(tmp: Path) -> dict:
         "mmlu-random-bytes": ({"--tasks": "mmlu", "--mmlu-source": str(mmlu)}, "not UTF-8"),
         "lama-missing-relations": ({"--tasks": "lama", "--lama-source": f"lama:{lama}:{tmp / 'nope.jsonl'}"},
                                    "nope.jsonl does not exist"),
+        "lama-number-label": ({"--tasks": "lama", "--lama-source": f"lama:{typed}:{tmp / 'relations.jsonl'}"},
+                              "P19.jsonl, row 1: field sub_label must be a non-empty string, got 5"),
         "qa-wikidata-missing": ({"--tasks": "lama", "--lama-source": f"qa_wikidata:{tmp / 'task.json'}"},
                                 "task.json does not exist"),
         "text-empty": ({"--text-source": f"file:{tmp / 'empty.txt'}"}, "empty.txt"),
@@ -148,8 +163,8 @@ def _bad_data(tmp: Path) -> dict:
     }
 
 
-@pytest.mark.parametrize("case", ["mmlu-random-bytes", "lama-missing-relations", "qa-wikidata-missing", "text-empty",
-                                  "text-short", "text-binary", "limit-huge", "calib-folder", "calib-bare-folder"])
+@pytest.mark.parametrize("case", ["mmlu-random-bytes", "lama-missing-relations", "lama-number-label",
+                                  "qa-wikidata-missing", "text-empty", "text-short", "text-binary", "limit-huge", "calib-folder", "calib-bare-folder"])
 def test_bad_data_refused_before_the_model_loads(tmp_path, tiny, capsys, monkeypatch, case):
     replace, needle = _bad_data(tmp_path)[case]
     import transformers

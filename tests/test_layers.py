@@ -1,7 +1,8 @@
 """The package layers import only downward, and no module imports itself back through others.
 
-core < methods, tasks, leaderboard < analyses < bench (the harness) < studies < the CLI (bench/cli/: the argument
-parser, the commands and the executors). Every import counts, including those inside functions.
+core < methods, tasks, leaderboard < analyses < bench (the harness and its CLI) < studies. A study's command plugs
+into the CLI by entry point (`acbench.commands`), so the CLI imports no study. Every import counts, including those
+inside functions.
 Beside the imports: the leaderboard names no task, analysis or study, the harness has no field named after a task, and
 no function is longer than 80 lines.
 """
@@ -13,7 +14,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard", "studies")
-CLI_PACKAGE = "bench.cli"
 # what each layer may import besides itself
 ALLOWED = {
     "core": set(),
@@ -23,7 +23,6 @@ ALLOWED = {
     "analyses": {"core", "methods", "tasks", "leaderboard"},
     "bench": {"core", "methods", "tasks", "leaderboard", "analyses"},
     "studies": {"core", "methods", "tasks", "leaderboard", "analyses", "bench"},
-    "cli": {"core", "methods", "tasks", "leaderboard", "analyses", "bench", "studies"},
 }
 
 
@@ -35,7 +34,7 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> str:
-    return "cli" if module == CLI_PACKAGE or module.startswith(CLI_PACKAGE + ".") else module.split(".")[0]
+    return module.split(".")[0]
 
 
 def imports_of(path: Path, module: str) -> set[str]:
@@ -76,13 +75,29 @@ def project_graph() -> dict[str, set[str]]:
     return graph
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{mod} ({layer(mod)}) imports {t} ({layer(t)})" for mod, targets in graph.items() for t in targets
+                  if layer(t) != layer(mod) and layer(t) not in ALLOWED[layer(mod)])
+
+
 def test_layers_import_only_downward():
-    bad = []
-    for mod, targets in project_graph().items():
-        for t in targets:
-            if layer(t) != layer(mod) and layer(t) not in ALLOWED[layer(mod)]:
-                bad.append(f"{mod} ({layer(mod)}) imports {t} ({layer(t)})")
-    assert not bad, "\n".join(sorted(bad))
+    bad = upward_imports(project_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_a_back_arrow_from_the_cli_to_a_study_fails():
+    """The CLI is part of bench: were it to import a study again (as it once did), the check names the arrow."""
+    graph = {**project_graph(), "bench.cli.emerge": {"studies.emergence"}}
+    assert upward_imports(graph) == ["bench.cli.emerge (bench) imports studies.emergence (studies)"]
+
+
+def test_the_study_command_is_plugged_in_by_entry_point():
+    from bench.cli import _parser
+    from bench.commands import plugged_commands
+
+    assert list(plugged_commands()) == ["emerge"]
+    sub = next(a for a in _parser()._actions if a.dest == "cmd")
+    assert "emerge" in sub.choices
 
 
 def test_no_import_cycles():
@@ -119,7 +134,7 @@ def test_the_checker_sees_a_violation(tmp_path):
 
 def test_the_order_is_total_and_matches_the_docstring():
     """Each layer may import exactly the layers below it: the allowed sets nest, so no arrow can run back up."""
-    order = ["core", "methods", "analyses", "bench", "studies", "cli"]
+    order = ["core", "methods", "analyses", "bench", "studies"]
     for lower, upper in zip(order, order[1:]):
         assert ALLOWED[lower] | {lower} <= ALLOWED[upper], (lower, upper)
         assert upper not in ALLOWED[lower]
@@ -129,13 +144,13 @@ def test_the_order_is_total_and_matches_the_docstring():
 def test_no_analysis_imports_the_harness():
     """An analysis is what a sweep runs: it gets the harness's context, never imports bench (or a study)."""
     bad = [f"{mod} imports {t}" for mod, targets in project_graph().items() for t in targets
-           if layer(mod) == "analyses" and layer(t) in ("bench", "studies", "cli")]
+           if layer(mod) == "analyses" and layer(t) in ("bench", "studies")]
     assert not bad, "\n".join(sorted(bad))
 
 
-def test_studies_are_imported_only_by_the_cli():
+def test_no_package_but_studies_imports_a_study():
     bad = [f"{mod} imports {t}" for mod, targets in project_graph().items() for t in targets
-           if layer(t) == "studies" and layer(mod) not in ("studies", "cli")]
+           if layer(t) == "studies" and layer(mod) != "studies"]
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -156,11 +171,11 @@ def _names_in(path: Path) -> list[tuple[int, str]]:
 
 def plugin_names() -> set[str]:
     import analyses
-    import studies
     import tasks
+    from bench.commands import report_sections
 
     # "lm-eval" is also the library whose version the leaderboard header reports, not only the bridge task
-    names = set(tasks.known_tasks()) | set(analyses.known_analyses()) | set(studies.report_sections())
+    names = set(tasks.known_tasks()) | set(analyses.known_analyses()) | set(report_sections())
     return names - {"lm-eval"}
 
 

@@ -17,8 +17,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "results"
 EXPECTED = Path(__file__).parent / "fixtures" / "expected_leaderboard.md"
 
 
-@pytest.fixture
-def rendered(tmp_path):
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """The fixture tree's leaderboard, rendered once: every test that takes it only reads it."""
+    tmp_path = tmp_path_factory.mktemp("rendered")
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
@@ -95,9 +97,28 @@ def test_several_result_dirs_merge(tmp_path):
     text = (tmp_path / "merged.md").read_text()
     assert "## model-a" in text and "## model-b" in text
     assert info["duplicates"] == 3  # the three copied dense cells (the fixture's own older copy is in older-run/)
-    single = build([FIXTURE], tmp_path / "single.md")
+    build([FIXTURE], tmp_path / "single.md")
     assert (tmp_path / "merged.md").read_text().split("## Cells with other")[0] == \
         (tmp_path / "single.md").read_text().split("## Cells with other")[0]
+
+
+def test_a_model_evaluated_only_as_loaded_gets_its_own_table(tmp_path):
+    """Dense cells alone (a saved checkpoint run with --methods dense) are a table, with the density a threshold
+    checkpoint's tokens kept; the compressed sections stay away."""
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE / "model-b" / "dense", root / "model-b" / "dense")
+    cell = root / "model-b" / "dense" / "ppl-token-k1.json"
+    rec = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**rec, "compression": {"measured_density": 0.4375}}))
+    build([root], tmp_path / "lb.md")
+    text = (tmp_path / "lb.md").read_text()
+    table = text.split("### As loaded (no compression in this run)")[1].split("\n\n")[1]
+    header, _, dense = table.splitlines()
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    vals = dict(zip(cols, (c.strip() for c in dense.strip("|").split("|"))))
+    assert vals["method"] == "dense" and vals["measured density"] == "0.438"
+    assert next(v for k, v in vals.items() if "ppl" in k).startswith("22.27"), vals
+    assert "### Rank ratio" not in text and "Sparsity" not in text
 
 
 def test_cells_with_other_settings_are_named_not_merged(rendered):

@@ -12,11 +12,11 @@ import signal
 import sys
 import threading
 
+from bench.commands import plugged_commands
 from bench.models import ALIASES
 from core.errors import UserError
 
 from .compress import add_compress_parser, cmd_compress
-from .emerge import add_emerge_parser, cmd_emerge
 from .plan import add_plan_parser, cmd_plan
 from .run import add_run_parser, cmd_run, config_from_args, split_list
 
@@ -143,7 +143,8 @@ def _parser() -> _Parser:
     p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
     p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
     add_plan_parser(sub)
-    add_emerge_parser(sub)
+    for command in plugged_commands().values():  # a study's own command (bench emerge), by entry point
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
     p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
@@ -171,8 +172,8 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
-               "plan": cmd_plan, "emerge": cmd_emerge,
-               "compress": cmd_compress}[args.cmd]
+               "plan": cmd_plan, "compress": cmd_compress,
+               **{name: c.run for name, c in plugged_commands().items()}}[args.cmd]
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:

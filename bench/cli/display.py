@@ -6,8 +6,8 @@ from __future__ import annotations
 
 def report_display():
     import analyses
-    import studies
     import tasks
+    from bench.commands import report_sections
     from leaderboard.tables import Display
 
     labels, order = {}, {}
@@ -17,5 +17,5 @@ def report_display():
             labels[name] = cls.label
         order[name] = cls.order
     sections = {name: analyses.get_analysis(name).report_section for name in analyses.known_analyses()}
-    sections.update(studies.report_sections())  # the summary cells studies store (emerge)
+    sections.update(report_sections())  # the summary cells plugged commands store (bench emerge)
     return Display(labels=labels, order=order, sections=sections)

@@ -7,7 +7,7 @@ import dataclasses
 
 from core.errors import UserError
 
-from bench.config import RunConfig, split_method_names
+from bench.config import RunConfig, check_config_types, split_method_names
 from bench.models import ALIASES, DEFAULT_MODEL
 
 
@@ -286,19 +286,23 @@ def config_from_args(args) -> RunConfig:
         data["analysis_options"] = _merge_options(data.get("analysis_options"),
                                                   kv_options(args.analysis_option, "analysis"))
     try:
-        return RunConfig(**data)
+        config = RunConfig(**data)
     except TypeError as e:
         raise UserError(f"bad run settings ({e}): check --config") from None
+    check_config_types(config)
+    return config
 
 
 def run_config(args) -> RunConfig:
     """bench run's own checks of its flags and config file, short of opening the model or writing anything."""
-    import studies
+    from bench.commands import plugged_commands
 
     config = config_from_args(args)
     if not config.tasks:
         raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
-    studies.check_not_a_task(config.tasks)
+    for name in config.tasks:  # a study named as a task gets its own command named, not a did-you-mean over tasks
+        if name in plugged_commands():
+            raise UserError(f"{name} is not a task of bench run: it is a study with its own command, `bench {name}`")
     return config
 
 

@@ -1,4 +1,4 @@
-"""Knowledge emergence (DESIGN.md section 14): does rho rise only once a model has internalised facts?
+"""Knowledge emergence (docs/design.md, section 10): does rho rise only once a model has internalised facts?
 
 `bench emerge` builds the synthetic fact corpus, trains a small Llama on it per seed (studies.emergence.train),
 and runs the harness's own sweep on every checkpoint: dense, pca and fasc-kfac at one rank with LAMA on the held-

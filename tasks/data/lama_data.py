@@ -138,6 +138,15 @@ def _read_jsonl(path: Path, what: str = "LAMA file"):
             raise DataError(path, row, f"not valid JSON ({e.msg})") from None
 
 
+def _text_field(path: Path, row, rec: dict, name: str) -> str:
+    """rec[name] as a non-empty string, or one line naming the file, the row and the field (a number or a list
+    where a label belongs would otherwise fail far from the file)."""
+    value = rec[name]
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(path, row, f"field {name} must be a non-empty string, got {json.dumps(value)[:40]}")
+    return value
+
+
 def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
     """Original LAMA: one jsonl per relation (T-REx `P19.jsonl`, Google-RE `place_of_birth_test.jsonl`) with
     sub_label and obj_label, plus a templates jsonl with `relation` and `template` per line."""
@@ -147,7 +156,7 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
     for row, rec in _read_jsonl(Path(templates_file), "LAMA relations file"):
         if not isinstance(rec, dict) or "relation" not in rec or "template" not in rec:
             raise DataError(templates_file, row, "missing field relation or template")
-        templates[rec["relation"]] = rec["template"]
+        templates[_text_field(templates_file, row, rec, "relation")] = _text_field(templates_file, row, rec, "template")
     files = sorted(Path(data_dir).glob("*.jsonl"))
     if not files:
         raise UserError(f"no .jsonl files in {data_dir}: pass the LAMA relation folder (e.g. data/TREx)")
@@ -170,7 +179,8 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
         for row, rec in rows:
             if not isinstance(rec, dict) or "sub_label" not in rec or "obj_label" not in rec:
                 raise DataError(path, row, "missing field sub_label or obj_label")
-            by_subject.setdefault(rec["sub_label"], []).append(rec["obj_label"])
+            by_subject.setdefault(_text_field(path, row, rec, "sub_label"), []).append(
+                _text_field(path, row, rec, "obj_label"))
         facts[rel] = [(s, tuple(dict.fromkeys(o))) for s, o in by_subject.items()]
     ls = _assemble(templates, facts, f"lama:{data_dir}")
     ls.relation_source = origin
@@ -190,7 +200,10 @@ def load_qa_wikidata(task_json: Path) -> LamaSet:
         if not isinstance(ex, dict) or "input" not in ex or "target" not in ex:
             raise DataError(task_json, row, "example without input or target")
         targets = ex["target"] if isinstance(ex["target"], list) else [ex["target"]]
-        items.append((ex["input"], tuple(targets)))
+        if not targets:
+            raise DataError(task_json, row, "field target is an empty list: give the answer (or a list of answers)")
+        targets = [_text_field(task_json, row, {"target": t}, "target") for t in targets]
+        items.append((_text_field(task_json, row, ex, "input"), tuple(targets)))
     if not items:
         raise DataError(task_json, None, "no examples")
     facts = {"qa_wikidata": items}

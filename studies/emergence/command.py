@@ -1,16 +1,17 @@
 """`bench emerge`: train a small model on synthetic facts, checkpoint it, and track rho, recall and the
-FASC-over-pca gap over training (or over a user's own checkpoint series)."""
+FASC-over-pca gap over training (or over a user's own checkpoint series). Plugged into the CLI as the entry point
+`emerge` of `acbench.commands` (pyproject.toml): the CLI, below the studies, never imports this module."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from bench.commands import Command
 from core.errors import UserError
 
 
-def add_emerge_parser(sub):
-    p = sub.add_parser("emerge", help="knowledge emergence: rho and recall over training checkpoints")
+def add_arguments(p):
     p.add_argument("--layers", type=int, default=4)
     # d = 128 and 32 x 64-token batches: one seed in about 9 minutes on 2 cores (d = 256 with 16 x 128 tokens
     # trains at 0.38 s a step there, 19 minutes for 3000 steps before any checkpoint is evaluated)
@@ -38,8 +39,8 @@ def add_emerge_parser(sub):
 
 
 def _config(args):
-    from studies.emergence import EmergeConfig
-    from studies.emergence.train import TrainConfig
+    from . import EmergeConfig
+    from .train import TrainConfig
 
     for name in ("layers", "d_model", "entities", "steps", "batch_size", "seq_len"):
         if getattr(args, name) < 1:
@@ -86,7 +87,7 @@ def _steps_of(paths: list[str]) -> tuple[list[Path], list[int]]:
 
 
 def cmd_emerge(args) -> int:
-    from studies.emergence import Sources, report_section, run_emergence, run_on_checkpoints
+    from . import Sources, report_section, run_emergence, run_on_checkpoints
     from bench.store import check_writable
     from core.io import atomic_write_text, unwritable
     from core.record import CellRecord
@@ -118,3 +119,13 @@ def cmd_emerge(args) -> int:
     atomic_write_text(md, "\n".join([f"# acbench: knowledge emergence ({cell.cell.model})", ""] + lines) + "\n")
     print(f"report: {md} (and in `bench report`'s leaderboard)")
     return 0
+
+
+def _report_sections() -> dict:
+    from . import NAME, report_section
+
+    return {NAME: report_section}
+
+
+COMMAND = Command(name="emerge", help="knowledge emergence: rho and recall over training checkpoints",
+                  add_arguments=add_arguments, run=cmd_emerge, report_sections=_report_sections)
