@@ -1,4 +1,4 @@
-"""Rank allocation across input groups under one parameter budget (DESIGN.md section 12).
+"""Rank allocation across input groups under one parameter budget (docs/design.md, section 6).
 
 Under the K-FAC surrogate, discarding direction j of group g raises the loss by lambda_gj, the j-th eigenvalue of
 C^1/2 F C^1/2, and these rises add over directions and (to second order) over groups. `fisher` keeps, across the

@@ -1,9 +1,9 @@
-"""FASC: Fisher-aligned subspace compression (a reconstruction; see README "What FASC computes here").
+"""FASC: Fisher-aligned subspace compression (a reconstruction; docs/methods.md says what is computed).
 
 `fasc-kfac` keeps the top-k eigen-directions of C^1/2 F C^1/2, the exact minimiser of the K-FAC surrogate
 tr((I-P)^T F (I-P) C). `fasc` starts from that choice and swaps directions to minimise the per-token surrogate
 E[(g^T (I-P) x)^2] = 1_D^T Q 1_D measured on the (x, g) token sample, keeping only as many swaps as K-fold
-cross-validation on that sample says lower the surrogate on held-out tokens (DESIGN.md section 10).
+cross-validation on that sample says lower the surrogate on held-out tokens (docs/design.md, section 4).
 """
 
 from dataclasses import dataclass
@@ -139,7 +139,7 @@ def cross_validated_swaps(z: torch.Tensor, discard: torch.Tensor, max_swaps: int
 class FASCSettings:
     max_swaps: int = 512
     # Cross-validation folds that decide how many swaps generalise beyond the (x, g) sample; 1 switches the
-    # validation off (the unconstrained in-sample search, which fits noise: DESIGN.md section 10).
+    # validation off (the unconstrained in-sample search, which fits noise: docs/design.md, section 4).
     folds: int = 4
 
     def minimums(self):

@@ -2,6 +2,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,15 +14,32 @@ if not torch.cuda.is_available():
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS
 
-# The statistics cache is the suite's own, never the user's: one folder for module- and session-scoped fixtures,
-# and one per test (private_stats_cache), so no test reads statistics another wrote or a user's run left.
+# A parallel worker (pytest-xdist) runs on one CPU of its own with one thread: two workers each running torch on
+# both cores slow each other's linear algebra tenfold. The affinity is what the harness reads as the CPUs it may use
+# (bench.execute.available_cpus), and the processes a test starts inherit it.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and hasattr(os, "sched_setaffinity"):
+    _cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cpus[int(_WORKER.removeprefix("gw")) % len(_cpus)]})
+    torch.set_num_threads(1)
+
+# The statistics cache is the suite's own, never the user's: one folder per test process, shared by the tests that
+# do not test the cache itself (a CLI test reads the calibration another test of the same model and sizes stored,
+# as a user's second run does), and a private one for the tests that do (`private_stats_cache`).
 _SESSION_STATS = tempfile.mkdtemp(prefix="acbench-test-stats-")
 os.environ["ACBENCH_STATS_CACHE"] = _SESSION_STATS
 atexit.register(shutil.rmtree, _SESSION_STATS, True)
 
 
 @pytest.fixture(autouse=True)
+def shared_stats_cache(monkeypatch):
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", _SESSION_STATS)  # whatever an earlier test left in the environment
+    return Path(_SESSION_STATS)
+
+
+@pytest.fixture
 def private_stats_cache(tmp_path_factory, monkeypatch):
+    """An empty statistics cache of this test's own: for tests of the cache (what it stores, reuses, rejects)."""
     folder = tmp_path_factory.mktemp("stats-cache")
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(folder))
     return folder
@@ -72,13 +90,25 @@ def windows():
     return torch.randint(0, 101, (8, 24), generator=gen)
 
 
-def readme_example(first_line: str) -> dict:
-    """Run the README's python block that starts with `first_line`; its namespace (the README's code is real)."""
-    import re
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parent.parent
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    code = re.search(r"```python\n(" + re.escape(first_line) + r".*?)```", readme, re.S).group(1)
+
+def doc_pages() -> dict[str, str]:
+    """{path: text} of the documentation a user reads: README.md and every page of docs/."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {str(f.relative_to(ROOT)): f.read_text(encoding="utf-8") for f in files}
+
+
+def docs_text() -> str:
+    """README.md and docs/ as one text, for the checks that a flag, a block or an example is documented somewhere."""
+    return "\n".join(doc_pages().values())
+
+
+def readme_example(first_line: str) -> dict:
+    """Run the documentation's python block that starts with `first_line`; its namespace (the code shown is real)."""
+    import re
+
+    code = re.search(r"```python\n(" + re.escape(first_line) + r".*?)```", docs_text(), re.S).group(1)
     ns: dict = {}
     exec(compile(code, "README example", "exec"), ns)
     return ns

@@ -1,4 +1,4 @@
-"""The two synthetic activation/gradient distributions of DESIGN.md section 10, for testing FASC's selection rule.
+"""The two synthetic activation/gradient distributions of docs/design.md, section 4, for testing FASC's selection rule.
 
 A: K-FAC already ranks the directions right (g = (A x) eta + noise); B: per-direction coupling makes K-FAC misrank
 them. Both return float64 (x, g) tokens; weights are the identity.

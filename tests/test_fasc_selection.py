@@ -1,4 +1,6 @@
-"""FASC's coupling correction generalises: synthetic distributions of DESIGN.md section 10, mean of 5 seeds."""
+"""FASC's coupling correction generalises: synthetic distributions of docs/design.md, section 4, mean of 5 seeds."""
+
+import functools
 
 import pytest
 import torch
@@ -11,25 +13,33 @@ from coupling_synthetic import Distribution
 SEEDS = range(5)
 
 
-def heldout_change(kind: str, d: int, N: int, seed: int, folds: int = 4) -> tuple[float, float]:
-    """(fasc's, an oracle's) held-out surrogate change vs fasc-kfac: C, F from 8,192 tokens, the pair sample their
-    first N, held-out surrogate on 40,000 fresh tokens; the oracle searches swaps on another 40,000 tokens."""
+@functools.cache
+def _distribution_reference(kind: str, d: int, seed: int):
+    """What a held-out comparison on one (kind, d, seed) shares whatever N and folds are: the 8,192 calibration
+    tokens and their solve, Q on 40,000 held-out tokens, fasc-kfac's surrogate there, and an oracle's change (swaps
+    searched on another 40,000 tokens). Computed once per distribution, in the order the draws were always made."""
     dist = Distribution(kind, d, seed)
     x, g = dist.sample(8192)
     sol = weighted_subspace(x.T @ x / len(x), F=g.T @ g / len(g))
     kfac = torch.arange(d // 2, d)
-    D, extras = select_discard(direction_scores(sol, x[:N], g[:N]), kfac, 512, folds)
-    assert extras["swaps"] <= extras["swaps_in_sample"]
 
     def Q_of(n):
         z = direction_scores(sol, *dist.sample(n))
         return z.T @ z / n
 
     Qh, Qo = Q_of(40_000), Q_of(40_000)
-    f = lambda in_D: float(in_D.double() @ Qh @ in_D.double())
-    base = f(_apply(d, kfac, []))
+    base = float(_apply(d, kfac, []).double() @ Qh @ _apply(d, kfac, []).double())
     oracle = _apply(d, kfac, swap_path(Qo, kfac, 10_000))
-    return f(D) / base - 1, f(oracle) / base - 1
+    return x, g, sol, kfac, Qh, base, float(oracle.double() @ Qh @ oracle.double()) / base - 1
+
+
+def heldout_change(kind: str, d: int, N: int, seed: int, folds: int = 4) -> tuple[float, float]:
+    """(fasc's, an oracle's) held-out surrogate change vs fasc-kfac: C, F from 8,192 tokens, the pair sample their
+    first N, held-out surrogate on 40,000 fresh tokens; the oracle searches swaps on another 40,000 tokens."""
+    x, g, sol, kfac, Qh, base, oracle_change = _distribution_reference(kind, d, seed)
+    D, extras = select_discard(direction_scores(sol, x[:N], g[:N]), kfac, 512, folds)
+    assert extras["swaps"] <= extras["swaps_in_sample"]
+    return float(D.double() @ Qh @ D.double()) / base - 1, oracle_change
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ import pytest
 from bench.cli import main
 from bench.cli.smoke import tiny_checkpoint
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+README = __import__("conftest").docs_text()  # README.md and docs/, where the plugin examples live
 
 
 def readme_block(lang: str, first_line: str) -> str:
@@ -77,7 +77,7 @@ def test_readme_lm_eval_yaml_task_runs_end_to_end(tmp_path, monkeypatch):
             ("Peru", "Lima")]
     cities = [c for _, c in docs]
     with open(tmp_path / "capitals.jsonl", "w") as f:
-        for i, (country, city) in enumerate(docs):
+        for country, city in docs:
             choices = [city] + [c for c in cities if c != city][:2]
             f.write(json.dumps({"question": f"What is the capital of {country}?", "choices": choices,
                                 "answer": 0}) + "\n")

@@ -1,4 +1,5 @@
-"""Every `bench` command line of the README passes the command's own checks as written, without computing.
+"""Every `bench` command line of the README and of docs/ passes the command's own checks as written, without
+computing.
 
 A command is a line of a code block that starts with `bench` plus its indented continuation lines (or `\\`
 continuations); `# ...` ends it. Notation, as the README's synopsis uses it: `a|b` (or `a | b`) is a list of
@@ -101,12 +102,18 @@ def check(argv: list[str]) -> None:
 
         resolve_run(compress_config(args)[0], writes=False)
     elif args.cmd == "emerge":
-        from bench.cli.emerge import _config
+        from studies.emergence.command import _config
 
         _config(args)
 
 
-COMMANDS = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+def _doc_commands() -> list[tuple[str, str]]:
+    from conftest import doc_pages
+
+    return [(f"{page}:{n}", cmd) for page, text in doc_pages().items() for n, cmd in readme_commands(text)]
+
+
+COMMANDS = _doc_commands()
 
 
 def test_the_readme_has_its_commands():
@@ -116,7 +123,7 @@ def test_the_readme_has_its_commands():
     assert {c.split()[1] for c in cmds} >= {"run", "plan", "compress", "emerge", "ls", "report", "smoke", "prepare"}
 
 
-@pytest.mark.parametrize("line,cmd", COMMANDS, ids=[f"README:{n}" for n, _ in COMMANDS])
+@pytest.mark.parametrize("line,cmd", COMMANDS, ids=[where for where, _ in COMMANDS])
 def test_readme_command_passes_its_checks(line, cmd, monkeypatch, tmp_path):
     import torch
 
@@ -133,7 +140,7 @@ def test_readme_command_passes_its_checks(line, cmd, monkeypatch, tmp_path):
             bad.append(f"{' '.join(argv)}\n    -> {e}")
         except SystemExit as e:
             bad.append(f"{' '.join(argv)}\n    -> the parser refused it (exit {e.code})")
-    assert not bad, f"README line {line}:\n" + "\n".join(bad)
+    assert not bad, f"{line}:\n" + "\n".join(bad)
 
 
 def test_the_checker_refuses_a_wrong_line():

@@ -1,4 +1,4 @@
-"""A synthetic fact corpus for the knowledge-emergence experiment (DESIGN.md section 14): seeded, built in
+"""A synthetic fact corpus for the knowledge-emergence experiment (docs/design.md, section 10): seeded, built in
 seconds, nothing downloaded.
 
 Entities (made-up two-word names) get one random value per relation; each fact is written in several training
