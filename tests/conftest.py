@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 # Without CUDA, the decode path's Triton kernel is tested in triton's interpreter, which must be on before triton is
 # first imported (its language functions are built for one mode at import).
@@ -22,6 +23,18 @@ if _WORKER and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {_cpus[int(_WORKER.removeprefix("gw")) % len(_cpus)]})
     torch.set_num_threads(1)
+
+# Hypothesis profiles: `fast` (default, bounded examples); `ci` (HYPOTHESIS_PROFILE=ci, which .ci/run sets for `make
+# test`, so the fuzz targets run once there, at 150 examples each). Both are derandomized, so that a red run names a
+# case that fails again on a rerun; `explore` draws new cases every run, to go looking for crashes by hand.
+settings.register_profile("fast", max_examples=25, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=150, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.register_profile("explore", max_examples=1000, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
 
 # The statistics cache is the suite's own, never the user's: one folder per test process, shared by the tests that
 # do not test the cache itself (a CLI test reads the calibration another test of the same model and sizes stored,
@@ -112,3 +125,30 @@ def readme_example(first_line: str) -> dict:
     ns: dict = {}
     exec(compile(code, "README example", "exec"), ns)
     return ns
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The smoke check's tiny random Llama with SmolLM2's tokenizer, saved once in the cache."""
+    from bench.cli.smoke import tiny_checkpoint
+
+    return tiny_checkpoint()
+
+
+@pytest.fixture
+def checked_only(monkeypatch):
+    """bench run / compress stop once everything is validated and planned (no weights, no cells): the fuzz targets
+    explore the checks, not the compute."""
+    import bench.execute
+    import bench.save
+    from bench.cli import ray_executor
+
+    monkeypatch.setattr(bench.execute, "sweep", lambda run: bench.execute.prepare(run) and None)
+    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (bench.execute.prepare(run), {"failed": []})[1])
+
+    def checked_save(run, out, merge=False, overwrite=False):
+        bench.execute.open_checked(run)
+        return {"weight_bytes": 1, "dense_bytes": 1, "seconds": 0.0, "custom_code": False,
+                "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
+
+    monkeypatch.setattr(bench.save, "save_compressed", checked_save)

@@ -322,7 +322,7 @@ def test_save_targets_that_would_replace_the_source_or_the_current_folder_are_re
     src = tmp_path / "src"
     shutil.copytree(tiny_checkpoint(), src)
     for target in (src, src / "inner", tmp_path):
-        line = _one_line(capsys, ["compress", "--model", str(src), "--save", str(target), *CALIB, "--method", "pca",
+        _one_line(capsys, ["compress", "--model", str(src), "--save", str(target), *CALIB, "--method", "pca",
                                   "--rank", "0.5", "--overwrite"], "source model")
     monkeypatch.chdir(src / "..")
     for target in (".", ".."):

@@ -221,3 +221,32 @@ def test_bos_default_follows_the_tokenizer():
         from tasks.data.text_data import evaluation_windows
 
         evaluation_windows(StreamTok(), "", 1000, None, "none")
+
+
+def test_a_text_is_encoded_once_per_tokenizer_and_read_back_unchanged():
+    """The memo of token ids gives exactly the tokenizer's own ids, keys by the tokenizer's whole backend and the
+    text (another tokenizer or text is encoded afresh), and hands out copies (a caller's edit never reaches it)."""
+    from transformers import AutoTokenizer
+
+    from bench.cli.smoke import tiny_checkpoint
+    from tasks.data import text_data
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint()))
+    text = "The capital of France is Paris. " * 40
+    direct = tok(text, return_tensors="pt", add_special_tokens=False).input_ids[0]
+    text_data._ENCODED.clear()
+    first = text_data.text_ids(tok, text, "none")
+    assert torch.equal(first, direct) and len(text_data._ENCODED) == 1
+    first[:] = 0  # a caller's edit
+    again = text_data.text_ids(tok, text, "none")
+    assert torch.equal(again, direct) and len(text_data._ENCODED) == 1  # read back, not encoded again
+    stream = text_data.text_ids(tok, text, "stream")
+    assert stream[0] == tok.bos_token_id and torch.equal(stream[1:], direct)
+    text_data.text_ids(tok, text + " More.", "none")
+    assert len(text_data._ENCODED) == 2  # another text
+    other = AutoTokenizer.from_pretrained(str(tiny_checkpoint()))
+    other.backend_tokenizer.normalizer = __import__("tokenizers").normalizers.Lowercase()
+    lowered = text_data.text_ids(other, text, "none")
+    assert len(text_data._ENCODED) == 3  # another backend: its own entry
+    assert torch.equal(lowered, other(text, return_tensors="pt", add_special_tokens=False).input_ids[0])
+    assert not torch.equal(lowered, direct)

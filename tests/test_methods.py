@@ -12,7 +12,7 @@ from bench.checkpoint import load_checkpoint, write_checkpoint
 from bench.calibrate import CalibSpec, calibrate, next_token_loss_sum
 from core.errors import did_you_mean
 from bench.groups import find_input_groups
-from core.linalg import NumericError, direction_scores, whitening_factor
+from core.linalg import NumericError, whitening_factor
 from core.stats import GroupStats, RankSpec
 from methods.fasc import coupled_selection
 

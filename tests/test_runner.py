@@ -21,7 +21,8 @@ def tiny_args(out: Path) -> list[str]:
     return ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc", "svd", "--rank", "0.5", "0.25",
             "--tasks", "mmlu", "lama", "ppl-token", "--calib-samples", "4", "--calib-seq-len", "64",
             "--pair-tokens", "64", "--mmlu-limit", "1", "--lama-limit", "1", "--lama-candidates", "6",
-            "--ppl-windows", "2", "--ppl-seq-len", "64", "--output", str(out), "--no-report", "--quiet"]
+            "--ppl-windows", "2", "--ppl-seq-len", "64", "--output", str(out), "--no-report", "--quiet",
+            "--no-latency"]  # no test here reads a speed: the latency protocol has its own tests
 
 
 def cells(out: Path) -> dict[str, dict]:
@@ -33,7 +34,7 @@ def run_bench(args, **kw):
     return subprocess.run(BENCH + args, capture_output=True, text=True, timeout=600, **kw)
 
 
-@pytest.mark.parametrize("args,needle", [
+REFUSALS = [
     (["--methods", "fsac"], "unknown method 'fsac'. Did you mean 'fasc'?"),
     (["--rank", "0"], "rank ratio 0.0 is outside (0, 1]"),
     (["--rank", "1.5"], "rank ratio 1.5 is outside (0, 1]"),
@@ -44,8 +45,26 @@ def run_bench(args, **kw):
     (["--output", "/proc/acbench-results"], "is not writable"),
     (["--rank", "abc"], "--rank: 'abc' is not a number"),
     (["--method-option", "fasc.bogus=1"], "method 'fasc' has no setting bogus"),
-])
-def test_bad_input_one_line_exit_2(args, needle):
+]
+
+
+@pytest.mark.parametrize("args,needle", REFUSALS)
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    """In this process, through the CLI's own entry (the same main a `bench` process runs)."""
+    from bench.cli import main
+
+    rc = main(["run"] + args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert needle in lines[0] and "Traceback" not in err
+
+
+def test_a_bench_process_refuses_in_one_line_and_exit_2():
+    """One real `bench` process: its exit status and stderr are what a shell sees (the refusals themselves are
+    checked in this process above)."""
+    args, needle = REFUSALS[0]
     r = run_bench(["run"] + args)
     assert r.returncode == 2, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip()]
@@ -78,7 +97,7 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         done = cells(out)
-        for name, rec in done.items():
+        for rec in done.values():
             assert rec["schema_version"] == SCHEMA_VERSION and "metrics" in rec  # no partial or corrupt cell
         for earlier in snapshots:
             for name, rec in earlier.items():

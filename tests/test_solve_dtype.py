@@ -117,7 +117,7 @@ def test_solve_dtype_keys_low_rank_cells_apart_and_float64_keeps_the_default_key
     assert low_rank and low_rank.isdisjoint(f32)  # new keys: a float32 cell never stands in for a float64 one
     same = set(default) - low_rank  # the dense model and the sparsity family: their keys do not move
     assert same and same <= set(f32) and all(default[p]["metrics"] == f32[p]["metrics"] for p in same)
-    for p, c in f32.items():
+    for c in f32.values():
         if c["cell"]["method"] in ("pca", "fasc"):
             assert c["compression"]["solve_dtype"] == "float32"
             # (how near float64's its numbers are is the well-conditioned test's and the README's business: these

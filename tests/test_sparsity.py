@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import methods
-from bench.apply import apply_compression, restore, sparsifier_for
+from bench.apply import sparsifier_for
 from core.compressed_layers import InputSparsifier, SparseInputLinear
 from bench.calibrate import CalibSpec, calibrate
 from bench.compress import compressed, compression_summary

@@ -12,6 +12,7 @@ from bench.stats_store import StatsStore, nbytes, read_group, write_group
 from tests.conftest import tiny_model
 
 NEEDS = frozenset({"C", "F", "abs_mean", "pairs"})
+pytestmark = pytest.mark.usefixtures("private_stats_cache")  # tests of the cache: each starts from an empty one
 
 
 def _close(a, b):

@@ -352,7 +352,7 @@ def test_lama_vocab_protocol_counts_the_top_ranked_gold_and_only_it(small_model,
 
     def next_token_logprobs(model, tok, prompts):
         rows = torch.zeros(len(prompts), small_model.config.vocab_size)
-        for r, p in enumerate(prompts):
+        for r in range(len(prompts)):
             rows[r, paris[0]] = 2.0  # France's gold first; Italy's gold (Rome) second, behind Paris
             rows[r, rome[0]] = 1.0
         return torch.log_softmax(rows, -1)

@@ -64,7 +64,8 @@ def smoke(output: str | None = None) -> int:
         calib_seq_len=64, pair_tokens=64, tasks=["mmlu", "lama", "ppl-token", "rho"],
         task_options={"mmlu": {"limit": 1}, "lama": {"per_relation": 1, "max_candidates": 8},
                       "ppl-token": {"max_windows": 2, "seq_len": 64}},
-        analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False)
+        analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False,
+        latency_seconds=1.0)  # every variant's latency path runs (4 rounds), but a smoke check measures no speed
     run = resolve_run(config)
     sweep(run)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]

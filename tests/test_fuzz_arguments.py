@@ -1,0 +1,100 @@
+"""Fuzz: generated command lines of bench run, plan and compress, and every --allocate rule with every method
+family; each ends in exit 0 or one line with exit 2 (tests/fuzz_common.py)."""
+
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzz_common import assert_clean
+
+
+# ---------------------------------------------------------------- CLI arguments
+
+WEIRD = st.sampled_from(["", "abc", "-1", "0", "nan", "inf", "1e309", "99999999999999999999", "é", " ", "0.5,",
+                         ",", "1.5", "-0"])
+VALUES = {
+    "--methods": ["pca", "fasc-kfac", "all", "dense", "pcaa", "pca,act-sparse", "act-sparse:score=bogus", "wanda"],
+    "--rank": ["0.5", "0.25,0.5", "1", "0", "1.5", "-0.5"],
+    "--sparsity": ["2:4", "8:16", "0.5", "5:4", "0:4", "2:3", "3"],
+    "--budget": ["rank", "params", "flops"],
+    "--rank-align": ["1", "8", "0", "-3"],
+    "--allocate": ["uniform", "fisher", "variance", "fishr"],
+    "--groups": ["mlp_in", "attn_in,attn_out", "bogus"],
+    "--blocks": ["0", "0-1", "999", "-1", "1-0", "a-b", "0,0"],
+    "--tasks": ["ppl-token", "lama", "mmlu", "rho", "bogus", "ppl-token,lama"],
+    "--calib-samples": ["1", "2", "0", "-5"],
+    "--calib-seq-len": ["1", "2", "32"],
+    "--pair-tokens": ["1", "32", "0"],
+    "--bos": ["auto", "window", "stream", "none", "always"],
+    "--seed": ["0", "3", "-1", "4294967296"],
+    "--device": ["cpu", "cuda", "cuda:7", "tpu"],
+    "--solve-device": ["auto", "cpu", "cuda", "cuda:3", "gpu"],
+    "--dtype": ["float32", "bfloat16", "int8"],
+    "--batch-size": ["1", "4", "0"],
+    "--stats-memory": ["1GB", "1KB", "0", "-5GB", "12XB", "1e3MB"],
+    "--executor": ["local", "ray", "spark"],
+    "--ray-address": ["127.0.0.1:1", "bogus:99999", "auto"],
+    "--ray-timeout": ["1", "0", "-2"],
+    "--threads": ["1", "0", "-1"],
+    "--limit": ["1", "0", "-1", "1000000"],
+    "--ppl-windows": ["1", "0", "-2"],
+    "--ppl-seq-len": ["1", "32", "0"],
+    "--lama-candidates": ["1", "2", "8", "0"],
+    "--mmlu-shots": ["0", "5", "1000", "-1"],
+    "--text-source": ["wiki", "file:/nonexistent", "file:/etc/hostname", "file:/", "hub:nothing"],
+    "--method-option": ["fasc.max_swaps=-5", "pca.bogus=1", "fasc.folds=abc", "bogus", "fasc.folds=[1", "a.b=c"],
+    "--task-option": ["lama.per_relation=0", "mmlu.shots=x", "bogus.a=1", "ppl-token.max_windows=[]"],
+    "--analysis-option": ["rho.units=0", "rho.per_group=maybe", "rho.units=2"],
+}
+flag_value = st.sampled_from(sorted(VALUES)).flatmap(
+    lambda flag: st.tuples(st.just(flag), st.one_of(st.sampled_from(VALUES[flag]), WEIRD)))
+
+
+@given(pairs=st.lists(flag_value, max_size=5))
+def test_generated_run_arguments_end_in_one_line_or_run(tmp_path, tiny, checked_only, pairs):
+    argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet",
+            "--calib-samples", "2", "--calib-seq-len", "32"]
+    for flag, value in pairs:
+        argv += [flag, value] if not value.startswith("-") else [f"{flag}={value}"]
+    assert_clean(argv)
+
+
+PLAN_FLAGS = ["--methods", "--rank", "--sparsity", "--budget", "--rank-align", "--dtype", "--stats-memory",
+              "--calib-samples", "--calib-seq-len", "--batch-size", "--pair-tokens", "--allocate", "--groups", "--blocks"]
+
+
+@given(pairs=st.lists(st.sampled_from(PLAN_FLAGS).flatmap(
+    lambda f: st.tuples(st.just(f), st.one_of(st.sampled_from(VALUES[f]), WEIRD))), max_size=5),
+    compress=st.booleans())
+def test_generated_plan_and_compress_arguments(tmp_path, tiny, checked_only, pairs, compress):
+    argv = (["compress", "--method", "pca", "--save", str(tmp_path / "ck")] if compress else ["plan"]) + \
+        ["--model", str(tiny)]
+    for flag, value in pairs:
+        if compress and flag == "--methods":
+            flag = "--method"
+        argv += [flag, value] if not value.startswith("-") else [f"{flag}={value}"]
+    assert_clean(argv)
+
+
+# ---------------------------------------------------------------- allocation rules with every method family
+
+@given(method=st.sampled_from(__import__("methods").known_methods()),
+       rules=st.lists(st.sampled_from(["uniform", "fisher", "variance", "greedy"]), min_size=1, max_size=3,
+                      unique=True),
+       budget=st.sampled_from(["rank", "params"]), sparsity=st.sampled_from([None, "0.5", "2:4", "0.25,2:4"]),
+       rank=st.booleans(), command=st.sampled_from(["run", "plan", "compress"]))
+def test_every_allocation_rule_with_every_method_family(tmp_path, tiny, checked_only, method, rules, budget,
+                                                        sparsity, rank, command):
+    """--allocate names rules of one family or the other; with any method, budget and pattern it runs or is one
+    line (greedy is for unstructured sparsity, fisher and variance for a parameter budget of projections)."""
+    argv = [command, "--model", str(tiny), "--allocate", *rules, "--budget", budget]
+    argv += ["--method" if command == "compress" else "--methods", method]
+    if command == "compress":
+        argv += ["--save", str(tmp_path / "ck")]
+    elif command == "run":
+        argv += ["--output", str(tmp_path / "out"), "--no-report", "--quiet"]
+    if sparsity:
+        argv += ["--sparsity", *sparsity.split(",")]
+    if rank:
+        argv += ["--rank", "0.5"]
+    assert_clean(argv)

@@ -1,0 +1,124 @@
+"""Fuzz: a tampered statistics cache never changes a number, and a change that matters is said."""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.cli.smoke import tiny_checkpoint
+
+
+# ---------------------------------------------------------------- the statistics cache
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """The tiny model's statistics in a cache of their own, and the values a clean read gives."""
+    import os
+
+    from bench.calibrate import CalibSpec
+    from bench.groups import find_input_groups
+    from bench.models import load_model
+    from bench.statistics import calibration_windows, load_or_calibrate, stats_folder
+
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("ACBENCH_CACHE"), os.environ.get("ACBENCH_STATS_CACHE")
+    os.environ["ACBENCH_CACHE"] = str(cache)
+    os.environ["ACBENCH_STATS_CACHE"] = str(cache / "stats")
+    try:
+        lm = load_model(str(tiny_checkpoint()), progress=False)
+        groups = find_input_groups(lm.model)
+        cspec, needs = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none"), frozenset({"C", "F", "pairs"})
+        windows = calibration_windows(lm.tokenizer, cspec)  # tokenized once: recomputing a group is then quick
+        store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
+        reference = {g.name: store[g.name] for g in groups}
+        yield lm, groups, cspec, needs, stats_folder(lm.fingerprint, cspec, needs), reference, cache, windows
+    finally:
+        for name, value in zip(("ACBENCH_CACHE", "ACBENCH_STATS_CACHE"), old):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _header(path: Path) -> tuple[int, dict]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return n, json.loads(raw[8:8 + n])
+
+
+def _with_header(path: Path, header: dict, n_old: int) -> None:
+    raw = path.read_bytes()
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n_old:])
+
+
+TAMPERS = ["flip", "dtype", "shape", "drop_meta", "scalars", "token_count", "add_meta", "truncate", "garbage_info",
+           "swap_files"]
+
+
+@given(tamper=st.sampled_from(TAMPERS), which=st.integers(0, 7), where=st.floats(0, 1))
+def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, where, monkeypatch):
+    from bench.statistics import load_or_calibrate
+    from bench.stats_store import group_file, group_problem
+
+    lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
+    monkeypatch.setenv("ACBENCH_CACHE", str(cache))
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(cache / "stats"))
+    g = groups[which % len(groups)]
+    path = group_file(folder, g.name)
+    before = path.read_bytes()
+    n, header = _header(path)
+    tensors = [k for k in header if k != "__metadata__"]
+    key = tensors[int(where * (len(tensors) - 1))]
+    if tamper == "flip":
+        data = bytearray(before)
+        data[8 + n + int(where * (len(data) - 9 - n))] ^= 0x10
+        path.write_bytes(bytes(data))
+    elif tamper == "dtype":  # same byte count, another meaning (the issue's F32 -> I32)
+        header[key]["dtype"] = "I32"
+        _with_header(path, header, n)
+    elif tamper == "shape":
+        shape = header[key]["shape"]
+        header[key]["shape"] = [shape[-1], shape[0]] if len(shape) == 2 and shape[0] != shape[-1] else [1] + shape
+        _with_header(path, header, n)
+    elif tamper == "drop_meta":
+        header["__metadata__"].pop(["scalars", "group", "digest", "tensors"][which % 4])
+        _with_header(path, header, n)
+    elif tamper == "scalars":
+        header["__metadata__"]["scalars"] = json.dumps({"n_tokens": "many", "extra": 1})
+        _with_header(path, header, n)
+    elif tamper == "token_count":  # a plausible count, off by a little: only the digest can tell
+        scalars = json.loads(header["__metadata__"]["scalars"])
+        header["__metadata__"]["scalars"] = json.dumps({**scalars, "n_tokens": scalars["n_tokens"] + 1 + which})
+        _with_header(path, header, n)
+    elif tamper == "add_meta":
+        header["__metadata__"]["group"] = groups[(which + 1) % len(groups)].name
+        _with_header(path, header, n)
+    elif tamper == "truncate":
+        path.write_bytes(before[: int(where * (len(before) - 1))])
+    elif tamper == "garbage_info":
+        (folder / "info.json").write_text("{garbage")
+    elif tamper == "swap_files":
+        other = group_file(folder, groups[(which + 1) % len(groups)].name)
+        path.write_bytes(other.read_bytes())
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
+        got = {name: store[name] for name in reference}
+    for name, ref in reference.items():  # recomputed or untouched: the same numbers either way
+        for f in ("C", "F", "xs", "gs"):
+            assert torch.equal(getattr(got[name], f), getattr(ref, f)), (tamper, name, f)
+        assert got[name].n_tokens == ref.n_tokens, (tamper, name)
+    said = log.getvalue()
+    if tamper == "garbage_info":
+        assert "info.json" in said and "unreadable" in said
+        (folder / "info.json").write_text("{}")
+    else:  # every change to a group file is seen, said, and the file replaced
+        assert f"recomputing calibration statistics of {g.name}" in said and str(path) in said, said
+        assert group_problem(folder, g.name, g.d_in) is None
