@@ -83,6 +83,55 @@ def git_commit() -> str | None:
     return _GIT or None
 
 
+# CPU flags that decide how fast a batch-1 product can stream weights, as /proc/cpuinfo names them
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu_description(cpuinfo: str) -> dict:
+    """The processor model and its vector extensions from /proc/cpuinfo's text (the first processor's lines)."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("model name", "flags", "Features") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"cpu_model": fields.get("model name") or platform.processor() or None,
+            "cpu_vector_extensions": " ".join(f for f in VECTOR_FLAGS if f in flags) or None}
+
+
+def torch_build(config: str) -> dict:
+    """The BLAS torch was built with and its oneDNN version, from `torch.__config__.show()`'s text."""
+    import re
+
+    blas = re.search(r"BLAS_INFO=([^,\s]+)", config)
+    onednn = re.search(r"(?:oneDNN|MKL-DNN) (v[\d.]+)", config)
+    return {"torch_blas": blas.group(1) if blas else None, "torch_onednn": onednn.group(1) if onednn else None}
+
+
+_MACHINE = None
+
+
+def machine() -> dict:
+    """What a speed depends on besides the code: the processor, its vector extensions, the CPUs this process may use,
+    torch's kernel capability, BLAS and oneDNN. Read once per process."""
+    global _MACHINE
+    if _MACHINE is None:
+        import torch
+
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count()
+        capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+        _MACHINE = {**cpu_description(cpuinfo), "cpus_available": cpus, "torch_cpu_capability": capability,
+                    **torch_build(torch.__config__.show())}
+    return dict(_MACHINE)
+
+
 def environment(device: str) -> dict:
     import torch
     import transformers
@@ -99,7 +148,7 @@ def environment(device: str) -> dict:
         "acbench": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
         "lm_eval": lm_eval_version, "python": platform.python_version(), "git_commit": git_commit(),
         "device": device, "cpu_threads": torch.get_num_threads(), "host": platform.node(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **machine(),
     }
 
 

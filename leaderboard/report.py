@@ -254,11 +254,27 @@ def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> l
                      + f" (total {sec(sum(spent.values()))})")
     seeds = sorted({c.seed for c in cells if c.seed is not None})
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
+    if env.get("cpu_model"):  # the machine the speeds were measured on (cells written since the machine was stored)
+        lines.append(machine_line(env))
     lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
                  f"{env.get('transformers')}, lm-eval {env.get('lm_eval')}, commit {env.get('git_commit')}, "
                  f"device {env.get('device')}")
     lines.append(f"- results dated {dates[0][:10]} to {dates[-1][:10]}" if dates and dates[0] else "- results undated")
     return lines
+
+
+def machine_line(env: dict) -> str:
+    """- machine: the processor, its vector extensions, CPUs and threads, torch's kernels, BLAS and oneDNN."""
+    parts = [str(env["cpu_model"])]
+    if env.get("cpus_available") is not None:
+        parts.append(f"{env['cpus_available']} CPUs available, {env.get('cpu_threads')} threads used")
+    if env.get("cpu_vector_extensions"):
+        parts.append(f"vector extensions {env['cpu_vector_extensions']}")
+    torch_parts = [f"{k} {env[key]}" for k, key in (("kernels", "torch_cpu_capability"), ("BLAS", "torch_blas"),
+                                                    ("oneDNN", "torch_onednn")) if env.get(key)]
+    if torch_parts:
+        parts.append("torch " + ", ".join(torch_parts))
+    return "- machine: " + "; ".join(parts)
 
 
 def _slug(s: str) -> str:

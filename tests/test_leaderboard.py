@@ -121,6 +121,23 @@ def test_a_model_evaluated_only_as_loaded_gets_its_own_table(tmp_path):
     assert "### Rank ratio" not in text and "Sparsity" not in text
 
 
+def test_the_header_names_the_machine_its_cells_measured_on(tmp_path):
+    """Cells that store the machine get a "machine" line in their model's header; cells written before that (the
+    fixture tree, as the golden leaderboard shows) get none."""
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE / "model-b" / "dense", root / "model-b" / "dense")
+    machine = {"cpu_model": "AMD EPYC 7B13", "cpus_available": 2, "cpu_vector_extensions": "avx2 fma",
+               "torch_cpu_capability": "AVX2", "torch_blas": "mkl", "torch_onednn": "v3.12.0"}
+    for cell in (root / "model-b" / "dense").glob("*.json"):
+        rec = json.loads(cell.read_text())
+        cell.write_text(json.dumps({**rec, "env": {**rec["env"], **machine, "cpu_threads": 2}}))
+    build([root], tmp_path / "lb.md")
+    text = (tmp_path / "lb.md").read_text()
+    assert ("- machine: AMD EPYC 7B13; 2 CPUs available, 2 threads used; vector extensions avx2 fma; torch kernels "
+            "AVX2, BLAS mkl, oneDNN v3.12.0") in text
+    assert "- machine:" not in EXPECTED.read_text()
+
+
 def test_cells_with_other_settings_are_named_not_merged(rendered):
     """Two cells at one table position whose settings keys differ (other shots, a new method version): the newer
     is shown and the older is named under the tables, never averaged or silently dropped."""
