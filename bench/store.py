@@ -122,10 +122,9 @@ def machine() -> dict:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
         except OSError:
             cpuinfo = ""
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count()
+        from .execute import available_cpus  # (execute imports this module: read at call time)
+
+        cpus = available_cpus()
         capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
         _MACHINE = {**cpu_description(cpuinfo), "cpus_available": cpus, "torch_cpu_capability": capability,
                     **torch_build(torch.__config__.show())}

@@ -11,12 +11,6 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main, run_config_from_argv
-from bench.cli.smoke import tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_checkpoint()
 
 
 def base(tiny, out, **replace):
