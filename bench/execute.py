@@ -36,15 +36,7 @@ from .measure import LatencySpec, compare_latency, latency, measured_density, pe
 from .models import LoadedModel, ModelSource, load_weights, open_model
 from .selection import ALL
 from .statistics import calibration_windows, load_or_calibrate
-from .store import cell_status, claim_cell, environment, release_cell, write_cell
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (a container's or a scheduler's share, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+from .store import available_cpus, cell_status, claim_cell, environment, release_cell, write_cell
 
 
 def log(msg: str) -> None:

@@ -108,6 +108,14 @@ def torch_build(config: str) -> dict:
     return {"torch_blas": blas.group(1) if blas else None, "torch_onednn": onednn.group(1) if onednn else None}
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (a container's or a scheduler's share, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 _MACHINE = None
 
 
@@ -122,8 +130,6 @@ def machine() -> dict:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
         except OSError:
             cpuinfo = ""
-        from .execute import available_cpus  # (execute imports this module: read at call time)
-
         cpus = available_cpus()
         capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
         _MACHINE = {**cpu_description(cpuinfo), "cpus_available": cpus, "torch_cpu_capability": capability,

@@ -17,7 +17,7 @@ from core.stats import ACTIVATION_STATS, GRADIENT_STATS
 
 # A parallel worker (pytest-xdist) runs on one CPU of its own with one thread: two workers each running torch on
 # both cores slow each other's linear algebra tenfold. The affinity is what the harness reads as the CPUs it may use
-# (bench.execute.available_cpus), and the processes a test starts inherit it.
+# (bench.store.available_cpus), and the processes a test starts inherit it.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))
