@@ -15,6 +15,7 @@ import methods
 from core.errors import UserError
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
+from core.registry import code_provenance
 from core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
 from methods.base import GroupCompression
 
@@ -103,7 +104,7 @@ def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, me
         "compute_ratio": macs / dense if dense else None, "activation_ratio": kept / width if width else None,
         "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
         "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
-        "method_version": comp.version, "capabilities": comp.capabilities(), "scope": scope,
+        "method_version": comp.version, "method_code": code_provenance(type(comp)), "capabilities": comp.capabilities(), "scope": scope,
         "allocation": allocation or {"rule": UNIFORM}, "solve_device": solve_device,
         "solve_dtype": solve_dtype if comp.family == methods.LOW_RANK_FAMILY else "float64",
     }

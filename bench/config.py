@@ -18,6 +18,7 @@ import methods
 import tasks as task_registry
 from core.errors import UserError, did_you_mean
 from core.record import DENSE, UNIFORM
+from core.registry import code_key
 from core.settings import type_problems
 from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
@@ -164,6 +165,9 @@ class Run:
         comp = self.compressor(variant)
         key = {"settings": comp.settings_dict(), "version": comp.version,
                "calibration": self.calibration.as_dict() if comp.required_stats() or RULES[allocation] else None}
+        code = code_key(type(comp))  # a plugin's code digest: an edit without a version bump still recomputes
+        if code is not None:
+            key["code"] = code
         if isinstance(budget, SparsitySpec):  # the pattern is the cell's budget; a rank alignment does not apply
             return {**key, "budget": budget.budget}
         key.update(budget=self.config.budget, align=self.config.rank_align)

@@ -30,6 +30,27 @@ def stats_folder(fingerprint: dict, cspec: CalibSpec, needed: frozenset[str]) ->
     return stats_cache_dir() / key
 
 
+def stats_base(fingerprint: dict, cspec: CalibSpec) -> str:
+    """The part of a statistics folder's key that is not the statistics collected: two folders with the same base
+    hold the same tokens' statistics of the same model, so one whose statistics include another's serves it."""
+    return settings_hash(fingerprint, cspec.as_dict(), __version__, STATS_VERSION)
+
+
+def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:
+    """A complete cached calibration of the same base whose statistics include `needed` (a sweep's C, F and pairs
+    serve a later `bench compress` that needs C alone), or None. Its files are only read, never moved."""
+    for info_path in sorted(stats_cache_dir().glob("*/info.json")):
+        folder = info_path.parent
+        try:
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get("base") == base and needed <= set(info.get("stats") or ()) and \
+                all(group_problem(folder, g.name, g.d_in) is None for g in groups):
+            return folder
+    return None
+
+
 def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:
     from tasks.data.text_data import calibration_windows as windows, load_text
 
@@ -76,7 +97,15 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
     """Statistics from the cache, calibrating (in as many passes as `stats_memory` asks) the groups it lacks."""
     folder = stats_folder(lm.fingerprint, cspec, needed)
     budget = stats_memory or default_stats_memory()
-    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": folder.name}
+    base = stats_base(lm.fingerprint, cspec)
+    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": folder.name, "base": base}
+    if any(group_problem(folder, g.name, g.d_in) is not None for g in groups):
+        wider = superset_folder(base, needed, groups)
+        if wider is not None:
+            saved = _saved_info(wider)
+            tqdm.write(f"calibration statistics from cache ({wider.name}, which holds {', '.join(saved['stats'])})")
+            return StatsStore(wider, [g.name for g in groups], budget), {**saved, "cached": True,
+                                                                          "needed": sorted(needed)}
     pending = _claimed_pending(folder, groups)
     if not pending:
         tqdm.write(f"calibration statistics from cache ({folder.name})")

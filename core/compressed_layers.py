@@ -236,7 +236,8 @@ class InputSparsifier(ReadOnce, nn.Module):
         as_buffer = lambda t: None if t is None else t.to(dtype=dtype, device=device)
         self.register_buffer("scale", as_buffer(scale))
         self.register_buffer("mu", as_buffer(mu))
-        # a static magnitude threshold (TEAL) replaces the top-k: keep |x_j| > threshold
+        # a static magnitude threshold (TEAL) replaces the top-k: keep |x_j| * scale_j > threshold (scale_j = 1 when
+        # None); no mitigation applies to it (SparseActivation refuses the combination)
         self.register_buffer("threshold", None if threshold is None else
                              torch.tensor(float(threshold), dtype=dtype, device=device))
         self.reset_counts()
@@ -248,7 +249,7 @@ class InputSparsifier(ReadOnce, nn.Module):
     def _sparsify(self, x: torch.Tensor):
         decode = self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]
         if self.threshold is not None:
-            keep = x.abs() > self.threshold
+            keep = (x.abs() if self.scale is None else x.abs() * self.scale) > self.threshold
             if decode:  # one bag of however many channels pass: 1-d indices with one offset
                 idx = keep.reshape(-1).nonzero().squeeze(1)
                 return "gathered", idx, x.reshape(-1)[idx], None, 1, idx.numel()
@@ -268,7 +269,8 @@ class InputSparsifier(ReadOnce, nn.Module):
 
     def extra_repr(self) -> str:
         if self.threshold is not None:
-            return f"keep |x| > {float(self.threshold):.4g}, readers={self.n_readers}"
+            score = "|x|" if self.scale is None else "|x| * scale"
+            return f"keep {score} > {float(self.threshold):.4g}, readers={self.n_readers}"
         return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
 
 

@@ -9,10 +9,15 @@ every module of its own package (a new file there is registered with no list to 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import importlib
+import inspect
 import pkgutil
+import sys
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, packages_distributions, version as dist_version
+from pathlib import Path
 from typing import ClassVar
 
 from .errors import UserError, did_you_mean
@@ -51,6 +56,48 @@ class Plugin:
 
     def settings_dict(self) -> dict:
         return dataclasses.asdict(self.settings)
+
+
+# packages whose modules each hold their own plugins: a plugin there is keyed by its own file; a plugin elsewhere
+# (an installed distribution) by every Python file of its top-level package, since it may import its helpers
+PROJECT_PACKAGES = ("methods", "tasks", "analyses")
+
+
+def _digest(files: list[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def code_provenance(cls: type) -> dict:
+    """Where a plugin's code comes from and a digest of it: the key of its results includes the digest, so an edit
+    recomputes them even when `version` was not bumped. {module, files, code_digest, distribution,
+    distribution_version}; the distribution is None for the project's own plugins and for a module on the path."""
+    module = sys.modules[cls.__module__]
+    top = cls.__module__.partition(".")[0]
+    try:
+        source = Path(inspect.getfile(cls)).resolve()
+    except (TypeError, OSError):  # defined in __main__ or an interactive session: no file to read
+        return {"module": cls.__module__, "files": 0, "code_digest": None, "distribution": None,
+                "distribution_version": None}
+    if top in PROJECT_PACKAGES or not hasattr(sys.modules[top], "__path__"):
+        files, root = [source], source.parent
+    else:  # a plugin package: all of it
+        root = Path(next(iter(sys.modules[top].__path__))).resolve()
+        files = [f for f in root.rglob("*.py") if "__pycache__" not in f.parts]
+    dists = [] if top in PROJECT_PACKAGES else packages_distributions().get(top, [])
+    dist = dists[0] if dists else None
+    return {"module": module.__name__, "files": len(files), "code_digest": _digest(files, root),
+            "distribution": dist, "distribution_version": dist_version(dist) if dist else None}
+
+
+def code_key(cls: type) -> str | None:
+    """The code digest a plugin's result keys carry, or None for the project's own plugins: those are keyed by
+    `version` alone, which their pinned-key and golden tests hold to the code (and a refactor of a built-in does
+    not recompute every stored result); an installed plugin's author gets an edit recomputed without a bump."""
+    return None if cls.__module__.partition(".")[0] in PROJECT_PACKAGES else code_provenance(cls)["code_digest"]
 
 
 class UnknownName(UserError, KeyError):

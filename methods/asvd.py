@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from core.linalg import check_finite
 
 from .base import Compressor, site_svd_ops
-from .svd import truncated_factors
+from .svd import scaled_truncated_factors
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,4 @@ class ASVD(Compressor):
         s = stats.abs_mean.to(stats.solve_dtype)
         check_finite("asvd", abs_mean=s)
         scale = s.clamp_min(0) ** self.settings.alpha + 1e-6
-        factors = {}
-        for n, W in weights.items():
-            A, B = truncated_factors(W * scale, k[n])
-            factors[n] = (A, B / scale)
-        return factors, False, [], {}
+        return {n: scaled_truncated_factors(W, k[n], inputs=scale) for n, W in weights.items()}, False, [], {}

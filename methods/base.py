@@ -15,7 +15,9 @@ from typing import ClassVar
 
 import torch
 
+from core.errors import UserError
 from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
+from core.sparsity import MITIGATIONS
 from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, SPARSITY_FAMILY,  # noqa: F401 (method API)
                         GroupStats, RankSpec, SparsitySpec, check_pattern_widths)
 
@@ -129,8 +131,25 @@ class SparseActivation(SparseResult):
     scale: torch.Tensor | None = None
     mitigation: str = "none"
     mu: torch.Tensor | None = None
-    threshold: float | None = None  # keep |x_j| > threshold instead of a top-k (the density then varies per token)
+    threshold: float | None = None  # keep |x_j| * scale_j > threshold instead of a top-k (density varies per token)
     form: str = "sparse-activation"
+
+    def deployment_problem(self) -> str | None:
+        """Why a deployed layer could not honour every field of this result (one line naming the fix), or None: a
+        layer never keeps part of a result and drops the rest in silence."""
+        if self.mitigation not in MITIGATIONS:
+            return f"mitigation {self.mitigation!r} is not one of {', '.join(MITIGATIONS)}"
+        if self.threshold is not None and self.mitigation != "none":
+            return (f"a threshold together with mitigation {self.mitigation!r}: a threshold keeps "
+                    f"|x_j| * scale_j > threshold and applies no mitigation; return mitigation='none' with the "
+                    f"threshold, or a top-k pattern without it")
+        if self.mitigation == "shift" and self.mu is None:
+            return "mitigation 'shift' without mu: return the calibrated per-channel mean as mu"
+        for name in ("scale", "mu"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != (self.d_in,):
+                return f"{name} has shape {tuple(value.shape)}, not ({self.d_in},): one factor per input channel"
+        return None
 
     def summary(self) -> dict:
         # every weight is kept and n/m of them are read per token; the mask metadata is reported beside
@@ -172,6 +191,9 @@ class Compressor(Plugin):
     # Rank semantics of a per-site weight factorisation: k is computed for each site from its own shape and
     # `solve` receives {site: k_i} instead of one int.
     per_site: ClassVar[bool] = False
+    # A control (the random subspace): the floor other methods must beat, not a method expected to keep the model;
+    # `bench smoke` reports its perplexity without calling it broken.
+    control: ClassVar[bool] = False
 
     def required_stats(self) -> frozenset[str]:
         """The statistics this instance reads; a method whose needs depend on its settings overrides it."""
@@ -271,6 +293,9 @@ class SparsityMethod(Compressor):
         weights, stats = _on_solve_device(group, stats, device)
         res = self.solve(weights, stats, pattern)
         res.group, res.method, res.d_in, res.d_outs = group.name, self.name, group.d_in, group.d_outs
+        problem = res.deployment_problem() if isinstance(res, SparseActivation) else None
+        if problem:
+            raise UserError(f"method {self.name} (group {group.name}) returned {problem}")
         return res
 
 

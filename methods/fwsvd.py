@@ -1,10 +1,10 @@
 """FWSVD: per site, SVD of diag(r) W with r_i = sqrt(sum_j I_ij), I the diagonal weight Fisher."""
 
 
-from core.linalg import check_finite, tiny
+from core.linalg import check_finite
 
 from .base import Compressor, site_svd_ops
-from .svd import truncated_factors
+from .svd import floored, scaled_truncated_factors
 
 
 class FWSVD(Compressor):
@@ -21,11 +21,6 @@ class FWSVD(Compressor):
         for n, W in weights.items():
             I_row = stats.row_fisher[n].to(W.dtype)
             check_finite("fwsvd", row_fisher=I_row)
-            r = I_row.clamp_min(0).sqrt()
-            floor = 1e-6 * r.mean().clamp_min(tiny(W.dtype))
-            if (r < floor).any():
-                fallbacks.append({"op": "fwsvd", "kind": "row-weight-floor", "rows": int((r < floor).sum())})
-            r = r.clamp_min(floor)
-            A, B = truncated_factors(r[:, None] * W, k[n])
-            factors[n] = (A / r[:, None], B)
+            r = floored(I_row.clamp_min(0).sqrt(), "fwsvd", "row-weight-floor", "rows", fallbacks)
+            factors[n] = scaled_truncated_factors(W, k[n], outputs=r)
         return factors, False, fallbacks, {}

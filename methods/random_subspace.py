@@ -16,6 +16,7 @@ class RandomSubspace(Compressor):
     name = "random"
     description = "orthogonal projection on a random k-dim subspace (seeded)"
     Settings = RandomSettings
+    control = True
 
     def solve_ops(self, d_in, d_outs, k, pair_tokens):
         return [("", "flops", 4 * d_in * k * k), *projection_ops(d_in, d_outs, k)]

@@ -2,7 +2,7 @@
 
 import torch
 
-from core.linalg import gram_eigh
+from core.linalg import gram_eigh, tiny
 
 from .base import Compressor, site_svd_ops
 
@@ -20,6 +20,28 @@ def truncated_factors(M: torch.Tensor, k: int):
     # a zero singular value (rank below k) contributes nothing either way: its direction is kept unscaled
     r = torch.where(r > 0, r, torch.ones_like(r))
     return ((M @ E) / r, r[:, None] * E.T) if tall else (E * r, (E.T @ M) / r[:, None])
+
+
+def scaled_truncated_factors(W: torch.Tensor, k: int, inputs: torch.Tensor | None = None,
+                             outputs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rank-k truncated SVD of diag(outputs) W diag(inputs), the scalings undone on the factors: W ~= A B with
+    A = diag(outputs)^-1 U S^1/2 and B = S^1/2 V^T diag(inputs)^-1. The core of the weighted SVDs (asvd scales
+    the inputs by E|x|^alpha, fwsvd the outputs by the row Fisher); the scalings must be positive (see `floored`)."""
+    M = W if inputs is None else W * inputs
+    M = M if outputs is None else outputs[:, None] * M
+    A, B = truncated_factors(M, k)
+    return (A if outputs is None else A / outputs[:, None]), (B if inputs is None else B / inputs)
+
+
+def floored(v: torch.Tensor, op: str, kind: str, unit: str, fallbacks: list, rel: float = 1e-6) -> torch.Tensor:
+    """v with every entry below rel * mean(v) raised to it, so a dead channel's scaling can be undone; where the
+    floor bites, a fallback record {"op", "kind", unit: how many} is appended to `fallbacks` (stored in the
+    result, counted in the leaderboard)."""
+    floor = rel * v.mean().clamp_min(tiny(v.dtype))
+    low = v < floor
+    if low.any():
+        fallbacks.append({"op": op, "kind": kind, unit: int(low.sum())})
+    return v.clamp_min(floor)
 
 
 class SVD(Compressor):

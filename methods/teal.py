@@ -9,6 +9,7 @@ the target fraction of the calibration values lies.
 
 from __future__ import annotations
 
+from core.linalg import check_finite
 from core.stats import magnitude_threshold
 
 from .base import SparseActivation, SparsityMethod
@@ -31,5 +32,6 @@ class Teal(SparsityMethod):
         problem = self.pattern_problem(pattern)
         if problem:
             raise ValueError(problem)
+        check_finite("teal", abs_hist=stats.abs_hist)
         threshold = magnitude_threshold(stats.abs_hist, pattern.density)
         return SparseActivation(pattern=pattern, threshold=threshold, extras={"threshold": threshold})

@@ -3,6 +3,7 @@ the top fraction of the row) by |W_ij| * ||X_j||, with ||X_j|| = sqrt(E[x_j^2]) 
 
 import torch
 
+from core.linalg import check_finite
 from core.sparsity import topk_mask
 
 from .base import MaskedWeights, SparsityMethod
@@ -24,5 +25,6 @@ class Wanda(SparsityMethod):
     needs = frozenset({"C"})
 
     def solve(self, weights, stats, pattern):
-        return MaskedWeights(pattern=pattern, masks=weight_masks(weights, pattern,
-                                                                 torch.diagonal(stats.C).clamp_min(0).sqrt()))
+        norms = torch.diagonal(stats.C)
+        check_finite("wanda", C=norms)
+        return MaskedWeights(pattern=pattern, masks=weight_masks(weights, pattern, norms.clamp_min(0).sqrt()))

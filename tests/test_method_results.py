@@ -221,3 +221,41 @@ def test_cost_declarations_by_hand():
     assert factor_svd_ops(10, 10, 5) == [("", "truncated_svd", 10, 10)]  # m >= d: R^T R's eigh
     assert factor_svd_ops(6, 10, 6) == [("", "svd", 6, 10)]  # keep inside R's row space: the thin SVD
     assert factor_svd_ops(6, 10, 7) == [("", "svd", 6, 10), ("", "flops", 4 * 100 * 6)]  # and the square V
+
+
+class ReturnsAsTold(SparsityMethod):
+    """A sparsity method returning whatever SparseActivation fields the test hands it."""
+
+    name = "as-told"
+    fields: dict = {}
+
+    def solve(self, weights, stats, pattern):
+        return SparseActivation(pattern=pattern, **type(self).fields)
+
+
+@pytest.mark.parametrize("fields,problem", [
+    ({"threshold": 0.5, "mitigation": "shift", "mu": torch.zeros(10)},
+     "a threshold together with mitigation 'shift': a threshold keeps |x_j| * scale_j > threshold and applies no "
+     "mitigation; return mitigation='none' with the threshold, or a top-k pattern without it"),
+    ({"threshold": 0.5, "mitigation": "median"}, "a threshold together with mitigation 'median'"),
+    ({"threshold": 0.5, "mitigation": "variance"}, "a threshold together with mitigation 'variance'"),
+    ({"mitigation": "shfit"}, "mitigation 'shfit' is not one of none, variance, shift, median"),
+    ({"mitigation": "shift"}, "mitigation 'shift' without mu: return the calibrated per-channel mean as mu"),
+    ({"scale": torch.ones(4)}, "scale has shape (4,), not (10,): one factor per input channel"),
+    ({"mitigation": "shift", "mu": torch.ones(10, 1)}, "mu has shape (10, 1), not (10,): one factor per input channel"),
+])
+def test_a_result_no_layer_can_deploy_whole_is_refused_in_one_line(fields, problem, monkeypatch):
+    monkeypatch.setattr(ReturnsAsTold, "fields", fields)
+    with pytest.raises(UserError) as err:
+        ReturnsAsTold().compress(_group(), GroupStats(), SparsitySpec.parse("0.5"))
+    line = str(err.value)
+    assert line.startswith(f"method as-told (group g) returned {problem}") and "\n" not in line
+
+
+@pytest.mark.parametrize("fields", [
+    {"threshold": 0.5}, {"threshold": 0.5, "scale": torch.ones(10)}, {"scale": torch.ones(10), "mitigation": "median"},
+    {"mitigation": "shift", "mu": torch.zeros(10), "scale": torch.ones(10)}, {"mitigation": "variance"}])
+def test_every_combination_a_layer_honours_is_accepted(fields, monkeypatch):
+    monkeypatch.setattr(ReturnsAsTold, "fields", fields)
+    res = ReturnsAsTold().compress(_group(), GroupStats(), SparsitySpec.parse("0.5"))
+    assert res.deployment_problem() is None and res.threshold == fields.get("threshold")

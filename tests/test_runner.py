@@ -1,5 +1,6 @@
 """`bench run` as a user runs it: bad input, interrupted sweeps, determinism, and the smoke check."""
 
+import re
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import pytest
 from core.record import SCHEMA_VERSION
 
 from bench.cli.smoke import tiny_checkpoint
+from methods.base import Compressor
 
 BENCH = [sys.executable, "-m", "bench.cli"]
 
@@ -135,11 +137,41 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
     assert "0 cell(s) to compute" in r.stderr + r.stdout
 
 
+@pytest.mark.slow  # trains the smoke model once per machine (cached), then about 90 s
 def test_smoke_passes(tmp_path):
     r = run_bench(["smoke", "--output", str(tmp_path / "smoke")])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "smoke OK" in r.stdout
     assert (tmp_path / "smoke" / "LEADERBOARD.md").exists()
+    # every method's perplexity against the dense model's, the random subspace as the control it is
+    assert re.search(r"control random @ rank 0.5: \d+ \(\d+\.\d\dx dense\)", r.stdout), r.stdout
+    assert "BROKEN" not in r.stdout and "ok      teal @ unstructured 0.5" in r.stdout
+
+
+class ZeroFactors(Compressor):
+    """A broken method: every factor zero (the body's products vanish)."""
+
+    name = "zero-factors"
+
+    def solve(self, weights, stats, k):
+        d = next(iter(weights.values())).shape[1]
+        return {n: (W[:, :k] * 0, W.new_zeros(k, d)) for n, W in weights.items()}, False, [], {}
+
+
+@pytest.mark.slow
+def test_smoke_calls_a_method_that_destroys_the_model_broken(tmp_path, capsys):
+    import methods
+    from bench.cli.smoke import broken_threshold, smoke
+
+    assert broken_threshold(100.0, 10_000) == pytest.approx(1000.0)  # halfway in logs from 100 to 10,000
+    methods.REGISTRY.register(ZeroFactors)
+    try:
+        rc = smoke(str(tmp_path / "smoke"), ["zero-factors", "svd"], latency=False)
+    finally:
+        methods.REGISTRY.unregister("zero-factors")
+    out = capsys.readouterr().out
+    assert rc == 1 and re.search(r"BROKEN  zero-factors @ rank 0.5: \d+", out) and "ok      svd @ rank 0.5" in out
+    assert "perplexity of a broken model: ['zero-factors']" in out
 
 
 def test_two_processes_building_the_smoke_model_at_once_both_get_it(tmp_path):

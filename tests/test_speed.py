@@ -278,24 +278,30 @@ def test_calibrated_histogram_equals_a_direct_count(windows):
         assert got.sum() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "scaled"])
 @pytest.mark.parametrize("threshold", [0.0, 0.7, 1e9])
-def test_threshold_site_gathered_equals_masked(threshold, bag_parts):
-    """One token through a threshold site: the gathered bag of the channels above t equals W (x masked) + b, for
-    every channel kept, about half, and none (then the bias alone)."""
+def test_threshold_site_gathered_equals_masked(threshold, scaled, bag_parts):
+    """One token through a threshold site: the gathered bag of the channels whose score |x_j| * s_j is above t
+    equals W (x masked) + b, for every channel kept, about half, and none (then the bias alone); with score
+    factors, the channels kept are the scored ones, not those of |x| alone."""
     gen = torch.Generator().manual_seed(5)
     lin = torch.nn.Linear(64, 24)
-    sp = InputSparsifier(0, 0, "none", None, None, threshold=threshold)
+    scale = torch.rand(64, generator=gen) * 4 if scaled else None
+    sp = InputSparsifier(0, 0, "none", scale, None, threshold=threshold)
     site = SparseInputLinear(lin, sp, owner=True)
     x = torch.randn(1, 1, 64, generator=gen)
+    score = x.abs() if scale is None else x.abs() * scale
+    if scaled and 0 < threshold < 1e8:  # the factors change which channels pass
+        assert not torch.equal(score > threshold, x.abs() > threshold)
     with torch.no_grad():
         got = site(x)
-        want = lin(torch.where(x.abs() > threshold, x, torch.zeros(())))
+        want = lin(torch.where(score > threshold, x, torch.zeros(())))
         sp.gather = False
         masked = site(x)
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
     assert float((masked - want).abs().max()) <= 1e-5 * float(want.abs().max())
     # counted on the masked (evaluation) path only: the decode step above is not
-    assert int(sp.seen) == 64 and int(sp.kept) == int((x.abs() > threshold).sum())
+    assert int(sp.seen) == 64 and int(sp.kept) == int((score > threshold).sum())
     if threshold > 1e8:
         assert torch.allclose(got.reshape(-1), lin.bias)
 

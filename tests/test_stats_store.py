@@ -162,3 +162,24 @@ def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, mon
     waiter.join(30)
     assert got["info"]["cached"]  # it read the other run's statistics instead of computing them again
     assert not (folder / ".calibration.lock").exists()
+
+
+def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monkeypatch):
+    """A sweep's C, F and pairs serve a later run (or `bench compress`) that needs C alone: nothing is calibrated,
+    the values are the sweep's; a calibration of other tokens (another seed) is not taken for it."""
+    import bench.statistics as statistics
+    from bench.cli.smoke import tiny_checkpoint
+    from bench.models import load_model
+
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    groups = find_input_groups(lm.model)
+    cspec = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
+    wide, _ = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C", "F", "pairs"}), progress=False)
+    wide_C = {g.name: wide[g.name].C.clone() for g in groups}
+    monkeypatch.setattr(statistics, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+    narrow, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
+    assert info["cached"] and info["needed"] == ["C"] and info["stats"] == ["C", "F", "pairs"]
+    assert all(torch.equal(narrow[g.name].C, wide_C[g.name]) for g in groups)
+    other = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none", seed=1)
+    with pytest.raises(pytest.fail.Exception, match="calibrated again"):
+        statistics.load_or_calibrate(lm, groups, other, frozenset({"C"}), progress=False)

@@ -16,6 +16,7 @@ from bench.commands import plugged_commands
 from bench.models import ALIASES
 from core.errors import UserError
 
+from .author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
 from .compress import add_compress_parser, cmd_compress
 from .plan import add_plan_parser, cmd_plan
 from .run import add_run_parser, cmd_run, config_from_args, split_list
@@ -91,7 +92,8 @@ def cmd_report(args) -> int:
 def cmd_smoke(args) -> int:
     from .smoke import smoke
 
-    return smoke(args.output)
+    return smoke(args.output, split_list(args.methods, str, "--methods") if args.methods else None,
+                 latency=not args.no_latency)
 
 
 def _prepare_model(name: str) -> str:
@@ -145,8 +147,12 @@ def _parser() -> _Parser:
     add_plan_parser(sub)
     for command in plugged_commands().values():  # a study's own command (bench emerge), by entry point
         command.add_arguments(sub.add_parser(command.name, help=command.help))
-    p = sub.add_parser("smoke", help="a seconds-long end-to-end run on a tiny random model")
+    add_new_parser(sub)
+    add_check_parser(sub)
+    p = sub.add_parser("smoke", help="an end-to-end run on a tiny trained model: the check after adding a method")
     p.add_argument("--output", default=None, help="where to keep its results (default: a temp dir)")
+    p.add_argument("--methods", nargs="+", default=None, help="the methods to check (default: every registered one)")
+    p.add_argument("--no-latency", action="store_true", help="skip the latency rounds (the slowest part)")
     p = sub.add_parser("prepare", help="convert the embedded models and parse the embedded data once")
     p.add_argument("--models", nargs="+", default=list(ALIASES))
     return parser
@@ -172,7 +178,8 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     handler = {"run": cmd_run, "ls": cmd_ls, "report": cmd_report, "smoke": cmd_smoke, "prepare": cmd_prepare,
-               "plan": cmd_plan, "compress": cmd_compress,
+               "plan": cmd_plan, "compress": cmd_compress, "new-method": cmd_new_method,
+               "check-method": cmd_check_method,
                **{name: c.run for name, c in plugged_commands().items()}}[args.cmd]
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None

@@ -12,6 +12,7 @@ import torch
 
 from core.io import cache_dir
 from core.errors import UserError
+from core.stats import SparsitySpec
 
 
 def tiny_checkpoint() -> Path:
@@ -50,32 +51,127 @@ def tiny_checkpoint() -> Path:
     return out
 
 
-def smoke(output: str | None = None) -> int:
-    from bench.config import RunConfig, resolve_run
+TRAIN_STEPS, TRAIN_BATCH, TRAIN_LEN, TRAIN_LR = 200, 8, 64, 3e-3
+
+
+def trained_tiny_checkpoint(progress: bool = True) -> Path:
+    """The tiny Llama of `tiny_checkpoint`, trained once on the embedded Wikipedia calibration articles
+    (TRAIN_STEPS steps of TRAIN_BATCH x TRAIN_LEN tokens, AdamW with warm-up and cosine decay) and cached: its
+    perplexity on the evaluation articles falls from the vocabulary's 49,152 to about a thousand, so a method that
+    destroys the model is told apart from one that keeps it, which a random model cannot show."""
+    out = cache_dir() / "models" / f"smoke-tiny-llama-trained-{TRAIN_STEPS}"
+    if (out / "config.json").exists():
+        return out
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together train it once; the others wait for it
+        if not (out / "config.json").exists():
+            _train_smoke_model(out, progress)
+    return out
+
+
+def _train_smoke_model(out: Path, progress: bool) -> None:
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.data.text_data import wiki_split
+
+    source = tiny_checkpoint()
+    tok = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).train()
+    ids = torch.tensor(tok(wiki_split("calib")[:1_000_000])["input_ids"])
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR, betas=(0.9, 0.95), weight_decay=0.0)
+    for step in tqdm(range(TRAIN_STEPS), desc="train the smoke model (once)", disable=not progress, leave=False):
+        warm = min(1.0, (step + 1) / 20)
+        for group in opt.param_groups:
+            group["lr"] = TRAIN_LR * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * step / TRAIN_STEPS)))
+        starts = torch.randint(0, len(ids) - TRAIN_LEN, (TRAIN_BATCH,), generator=gen)
+        batch = torch.stack([ids[i:i + TRAIN_LEN] for i in starts])
+        model(batch, labels=batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    try:
+        model.eval().save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConfig":  # noqa: F821
+    """What `bench smoke` runs: every method (or `names`) at rank 0.5 and at 2:4 and density 0.5 (the patterns
+    each keeps), on the trained tiny model, at small task sizes."""
+    import methods
+    from bench.config import RunConfig
+
+    families = {methods.family_of(n) for n in names} if names else {methods.LOW_RANK_FAMILY, methods.SPARSITY_FAMILY}
+    low_rank = methods.LOW_RANK_FAMILY in families
+    # named methods: 2:4 where every named sparsity method keeps it (a run refuses a named method's refused pattern;
+    # `all` leaves those cells out by itself)
+    nm = SparsitySpec.parse("2:4")
+    patterns = ["2:4", "0.5"] if not names or all(
+        methods.pattern_problem(n, nm) is None for n in names if methods.family_of(n) != methods.LOW_RANK_FAMILY) \
+        else ["0.5"]
+    return RunConfig(
+        model=str(trained_tiny_checkpoint()), methods=names or ["all"], ranks=[0.5] if low_rank else None,
+        sparsity=patterns if methods.SPARSITY_FAMILY in families else None, calib_samples=4,
+        calib_seq_len=64, pair_tokens=64, tasks=["mmlu", "lama", "ppl-token"] + ["rho"] * low_rank,
+        task_options={"mmlu": {"limit": 1}, "lama": {"per_relation": 1, "max_candidates": 8},
+                      "ppl-token": {"max_windows": 2, "seq_len": 64}},
+        analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False,
+        # with latency, every variant's latency path runs (4 rounds), but a smoke check measures no speed
+        latency_seconds=1.0, measure_latency=latency)
+
+
+def broken_threshold(dense_ppl: float, vocab: int) -> float:
+    """The perplexity a variant must stay below: halfway, in log terms, from the dense model's to a uniform guess
+    over the vocabulary's. A right method at the smoke budgets loses far less; a wrong formula more."""
+    return math.exp((math.log(dense_ppl) + math.log(vocab)) / 2)
+
+
+def smoke(output: str | None = None, names: list[str] | None = None, latency: bool = True) -> int:
+    import methods
+    from bench.cells import variants
+    from bench.config import resolve_run
     from bench.execute import sweep
     from leaderboard.report import write_report
 
     from .display import report_display
 
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
-    # both families: every low-rank method at rank 0.5 and every sparsity method at 2:4
-    config = RunConfig(
-        model=str(tiny_checkpoint()), methods=["all"], ranks=[0.5], sparsity=["2:4"], calib_samples=4,
-        calib_seq_len=64, pair_tokens=64, tasks=["mmlu", "lama", "ppl-token", "rho"],
-        task_options={"mmlu": {"limit": 1}, "lama": {"per_relation": 1, "max_candidates": 8},
-                      "ppl-token": {"max_windows": 2, "seq_len": 64}},
-        analysis_options={"rho": {"units": 2, "lama_limit": 1, "loss_windows": 1}}, output=str(root), progress=False,
-        latency_seconds=1.0)  # every variant's latency path runs (4 rounds), but a smoke check measures no speed
-    run = resolve_run(config)
+    run = resolve_run(smoke_config(root, names, latency))
     sweep(run)
     cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
     cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
     bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)
                                                 for v in c["metrics"].values())]
-    expected = 3 * (1 + len(run.methods)) + 1
+    expected = len(run.tasks) * (1 + len(variants(run))) + len(run.analyses) * len(run.ranks)
     md = write_report(str(root), display=report_display())
-    if bad or len(cells) != expected:
-        print(f"smoke FAILED: {len(cells)} cells (expected {expected}), non-finite metrics in {bad}")
+    ppl = {(c["cell"]["method"], c["cell"].get("allocation"), c["cell"].get("budget"), c["cell"].get("rank")):
+           c["metrics"].get("ppl") for c in cells if c["cell"]["task"] == "ppl-token"}
+    dense = next((v for (m, *_), v in ppl.items() if m == "dense"), None)
+    broken = []
+    if dense and not bad:
+        from transformers import AutoConfig
+
+        limit = broken_threshold(dense, AutoConfig.from_pretrained(run.config.model).vocab_size)
+        print(f"perplexity (ppl-token): dense {dense:.0f}; a variant above {limit:.0f} is broken")
+        for (m, _, budget, ratio), v in sorted((k, v) for k, v in ppl.items() if k[0] != "dense"):
+            verdict = "BROKEN" if v is None or v > limit else "ok"
+            if methods.get_method(methods.base_name(m)).control:
+                verdict = "control"  # expected to lose the model: the floor the others beat
+            label = budget if ":" in str(budget) else f"{budget} {ratio:g}"  # 2:4 names its density itself
+            print(f"  {verdict:7s} {m} @ {label}: {v:.0f} ({v / dense:.2f}x dense)")
+            if verdict == "BROKEN":
+                broken.append(m)
+    if bad or len(cells) != expected or broken or not dense:
+        print(f"smoke FAILED: {len(cells)} cells (expected {expected}), non-finite metrics in {bad}, "
+              f"perplexity of a broken model: {sorted(set(broken))}")
         return 1
     print(f"smoke OK: {len(cells)} cells, leaderboard {md}")
     return 0
