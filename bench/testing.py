@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import methods
+from bench.groups import InputGroup
 from core.errors import UserError
 from core.linalg import NumericError
 from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, GroupStats, RankSpec, SparsitySpec,
@@ -29,26 +30,17 @@ STAT_FIELDS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("me
 PATTERNS = ("2:4", "8:16", "0.5")  # what the sparsity checks try: two N:M patterns and an unstructured density
 
 
-class FakeGroup:
+class FakeGroup(InputGroup):
     """An input group without a model: named sites (nn.Linear, no bias) reading one input of width d_in."""
 
     def __init__(self, weights: dict[str, torch.Tensor], name: str = "g"):
-        self.name = name
-        self.site_names = tuple(weights)
-        self.sites = []
+        sites = []
         for W in weights.values():
             lin = nn.Linear(W.shape[1], W.shape[0], bias=False, dtype=W.dtype)
             with torch.no_grad():
                 lin.weight.copy_(W)
-            self.sites.append(lin)
-
-    @property
-    def d_in(self) -> int:
-        return self.sites[0].in_features
-
-    @property
-    def d_outs(self) -> tuple[int, ...]:
-        return tuple(s.out_features for s in self.sites)
+            sites.append(lin)
+        super().__init__(name, 0, "mlp_in", tuple(weights), tuple(sites))
 
 
 def random_weights(d_outs: tuple[int, ...] = (7, 5), d: int = 16, seed: int = 2) -> dict[str, torch.Tensor]:
@@ -120,7 +112,8 @@ def _compress(name, weights, stats, budget, **kw):
     return methods.build(name).compress(FakeGroup(weights), stats, budget, **kw)
 
 
-def _poisoned(st: GroupStats, field: str) -> GroupStats:
+def poisoned(st: GroupStats, field: str) -> GroupStats:
+    """A copy of `st` with a NaN in one statistic (the first entry of `field`)."""
     if field == "row_fisher":
         bad = {n: t.clone() for n, t in st.row_fisher.items()}
         next(iter(bad.values()))[0] = float("nan")
@@ -155,7 +148,7 @@ def check_non_finite_refused(name: str, d: int = 16) -> Check:
         for field in STAT_FIELDS[stat]:
             for budget in budgets(name)[:1]:
                 try:
-                    res = _compress(name, weights, _poisoned(stats, field), budget)
+                    res = _compress(name, weights, poisoned(stats, field), budget)
                 except (NumericError, UserError, ValueError) as e:
                     if "non-finite" not in str(e) or "\n" in str(e):
                         return Check("non-finite statistics refused", False,

@@ -216,8 +216,28 @@ def test_new_method_refuses_bad_names_and_existing_folders(tmp_path, capsys):
     assert "exists: remove it or pass --output elsewhere" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["low-rank", "sparsity"])
+def test_each_generated_template_meets_the_contract_and_its_own_reference(tmp_path, monkeypatch, family):
+    """The generated package's method, imported from the folder as written, passes the contract with the
+    reference its generated test holds; and that reference is not vacuous: it fails a different method."""
+    from bench.cli.author import new_method
+
+    name = f"gen-{family}"
+    module = name.replace("-", "_")
+    folder = new_method(name, family, tmp_path)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.syspath_prepend(str(folder / "tests"))
+    cls = importlib.import_module(f"{module}.method").__dict__["".join(p.capitalize() for p in name.split("-"))]
+    generated_test = importlib.import_module(f"test_{module}")
+    with Registered(cls):
+        assert _failed(name, generated_test.reference) == {}
+        generated_test.__dict__[f"test_{module}_meets_the_method_contract"]()
+    other = "svd" if family == "low-rank" else "act-sparse"
+    assert list(_failed(other, generated_test.reference)) == ["equals the author's reference"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["low-rank"])
 def test_a_generated_method_installs_lists_passes_its_checks_and_recomputes_after_an_edit(tmp_path, family):
     """`bench new-method` as a new author runs it: installed by pip (no index), listed, its contract and its own
     tests passing, `bench smoke --methods` passing, and an edit to its code without a version bump recomputing

@@ -12,6 +12,7 @@ import torch
 import methods
 from core.stats import GroupStats, RankSpec, SparsitySpec
 
+from bench.testing import poisoned
 from test_methods import FakeGroup, random_stats
 
 D = 10
@@ -25,18 +26,6 @@ def _stats(d=D):
     st = random_stats(d, seed=4)
     st.row_fisher = {"s": torch.rand(7, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.1}
     return st
-
-
-def _poisoned(st: GroupStats, name: str) -> GroupStats:
-    from dataclasses import replace
-
-    if name == "row_fisher":
-        bad = {n: t.clone() for n, t in st.row_fisher.items()}
-        next(iter(bad.values()))[0] = float("nan")
-        return replace(st, row_fisher=bad)
-    t = getattr(st, name).clone()
-    t.view(-1)[0] = float("nan")
-    return replace(st, **{name: t})
 
 
 def _reads(method):
@@ -55,7 +44,7 @@ def test_a_non_finite_statistic_is_refused_naming_the_method_and_the_statistic(m
 
     comp = methods.get_method(method)()
     with pytest.raises(NumericError) as e:
-        comp.compress(FakeGroup({"s": _w().float()}), _poisoned(_stats(), stat), RankSpec(0.4))
+        comp.compress(FakeGroup({"s": _w().float()}), poisoned(_stats(), stat), RankSpec(0.4))
     assert f"non-finite {stat} statistics in {WHERE.get(method, 'the group')}:" in str(e.value)
     assert str(e.value).endswith(": recalibrate in float32 (--dtype float32) or with fewer/shorter calibration windows")
 
@@ -331,3 +320,18 @@ def test_eigh_fallback_floors_eigenvalues_at_eps_times_the_mean_diagonal():
     w = torch.linalg.eigvalsh(S @ S.T)
     assert float(w[0]) == pytest.approx(1e-6 * 4.5, rel=1e-9) and float(w[1]) == pytest.approx(10 + 1e-6 * 4.5)
     assert torch.allclose(Sinv @ S, torch.eye(2, dtype=torch.float64), atol=1e-9)
+
+
+@pytest.mark.parametrize("method,stat", [("teal", "abs_hist"), ("wanda", "C")])
+def test_a_sparsity_method_refuses_a_non_finite_statistic_naming_itself(method, stat):
+    """teal's threshold and wanda's channel norms refuse a NaN in what they read, as the low-rank solves do."""
+    from core.linalg import NumericError
+    from core.stats import magnitude_histogram
+
+    st = _stats(16)
+    hist = magnitude_histogram(st.xs.reshape(-1))
+    st.abs_hist = hist / hist.sum()
+    with pytest.raises(NumericError) as e:
+        methods.get_method(method)().compress(FakeGroup({"s": _w(7, 16).float()}), poisoned(st, stat),
+                                              SparsitySpec.parse("0.5"))
+    assert str(e.value).startswith(f"non-finite {stat} statistics in {method}: recalibrate")

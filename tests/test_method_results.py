@@ -259,3 +259,35 @@ def test_every_combination_a_layer_honours_is_accepted(fields, monkeypatch):
     monkeypatch.setattr(ReturnsAsTold, "fields", fields)
     res = ReturnsAsTold().compress(_group(), GroupStats(), SparsitySpec.parse("0.5"))
     assert res.deployment_problem() is None and res.threshold == fields.get("threshold")
+
+
+def test_floored_raises_what_is_below_the_floor_and_records_how_many():
+    from methods.svd import floored
+
+    fallbacks = []
+    v = torch.tensor([0.0, 1e-7, 1e-6, 1.0, 2.0], dtype=torch.float64)  # mean 0.6000002: floor 6.000002e-7
+    floor = 1e-6 * float(v.mean())
+    got = floored(v, "op", "kind", "channels", fallbacks)
+    assert torch.equal(got, torch.tensor([floor, floor, 1e-6, 1.0, 2.0], dtype=torch.float64))
+    assert fallbacks == [{"op": "op", "kind": "kind", "channels": 2}]
+    at = torch.tensor([1.0, 1.0], dtype=torch.float64)  # an entry exactly at the floor (rel = 1) is not raised
+    assert torch.equal(floored(at, "op", "kind", "channels", fallbacks, rel=1.0), at) and len(fallbacks) == 1
+    zeros = torch.zeros(3, dtype=torch.float64)  # all zero: the floor is the dtype's tiny, never zero
+    assert float(floored(zeros, "op", "kind", "rows", fallbacks).min()) > 0 and fallbacks[-1]["rows"] == 3
+
+
+def test_scaled_truncated_factors_is_the_scaled_svd_unscaled():
+    from methods.svd import scaled_truncated_factors
+
+    gen = torch.Generator().manual_seed(3)
+    W = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    s, r = torch.rand(5, generator=gen, dtype=torch.float64) + 0.5, torch.rand(6, generator=gen, dtype=torch.float64) + 0.5
+    for inputs, outputs in ((s, None), (None, r), (s, r), (None, None)):
+        M = W * (1 if inputs is None else inputs)
+        M = M * (1 if outputs is None else outputs[:, None])
+        U, sig, Vh = torch.linalg.svd(M, full_matrices=False)
+        want = (U[:, :2] * sig[:2]) @ Vh[:2]
+        want = want / (1 if inputs is None else inputs) / (1 if outputs is None else outputs[:, None])
+        A, B = scaled_truncated_factors(W, 2, inputs=inputs, outputs=outputs)
+        assert A.shape == (6, 2) and B.shape == (2, 5)
+        assert torch.allclose(A @ B, want, atol=1e-12)

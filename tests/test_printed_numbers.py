@@ -38,3 +38,511 @@ def test_measured_density_is_kept_over_seen_pooled_over_the_threshold_sparsifier
         if isinstance(s, InputSparsifier):
             s.reset_counts()
     assert measured_density(model) is None  # nothing seen since the reset
+
+
+# ---------------------------------------------------------------- the rho section and its figure (analyses/rho_report.py)
+
+def _rho_cell():
+    from core.record import CellId, CellRecord
+
+    sp = lambda r, lo, hi, p: {"r": r, "ci95": [lo, hi], "p": p}
+    details = {
+        "correlations": {
+            "rho_vs_surrogate_gain_per_group": {"n": 8, "spearman": sp(0.5, 0.1, 0.8, 0.012),
+                                                "pearson": sp(0.4, -0.05, 0.7, 0.3)},
+            "rho_vs_loss_rise_per_group": {"n": 8, "spearman": sp(-0.25, -0.7, 0.3, 0.06), "pearson": None},
+            "gain_vs_rank_per_group": {"n": 8, "spearman": sp(0.9, 0.8, 0.95, 0.0001)},  # not rho's: no headline
+            "rho_vs_lama_drop": {"n": 2, "spearman": None, "note": "too few units"},
+        },
+        "units": [{"blocks": [0, 1], "loss_rise_pca": 0.5, "loss_rise_fasc": 0.25},
+                  {"blocks": [2, 3, 4], "loss_rise_pca": 0.75, "loss_rise_fasc": 0.5}],
+        "per_group": [{"group": "g0", "block": 3, "kind": "mlp_in", "rho": 0.2},
+                      {"group": "g1", "block": 1, "kind": "mlp_in", "rho": 0.1},
+                      {"group": "g2", "block": 2, "kind": "attn_in", "rho": 0.3}],
+        "highest_rho_groups": [{"group": "g2", "block": 0, "kind": "attn_in", "rho": 0.30049}],
+    }
+    return CellRecord(cell=CellId("m", "rho-analysis", 0.5, "rank", "rho", "k"), metrics={}, primary_metric="rho_mean",
+                      details=details)
+
+
+def test_rho_section_in_full():
+    from tabulate import tabulate
+
+    from analyses.rho_report import rho_section
+
+    assert rho_section(_rho_cell()) == [
+        "**Per group, n = 8: Spearman(rho, loss_rise) = -0.25 [-0.70, +0.30] p=0.06** (not significant at 0.05).",
+        "**Per group, n = 8: Spearman(rho, surrogate_gain) = +0.50 [+0.10, +0.80] p=0.012** (significant at 0.05).",
+        "",
+        "Correlations (r [bootstrap 95% CI] p); per group (surrogate gain, and loss rise with "
+        "`--analysis-option rho.per_group=true`) first, then per block range (2 ranges: a lead, not a finding):",
+        "",
+        tabulate([["gain vs rank_per_group", "+0.90 [+0.80, +0.95] p=0.0001", "", 8],
+                  ["rho vs loss_rise_per_group", "-0.25 [-0.70, +0.30] p=0.06", "", 8],
+                  ["rho vs surrogate_gain_per_group", "+0.50 [+0.10, +0.80] p=0.012", "+0.40 [-0.05, +0.70] p=0.3", 8],
+                  ["rho vs lama_drop", "too few units", "", 2]],
+                 headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
+        "",
+        "Highest-rho groups:",
+        "",
+        "| group   | block   | type    | rho   |\n|---------|---------|---------|-------|\n| g2      | 0       | attn_in | 0.300 |",
+    ]
+
+
+def test_the_rho_figure_plots_rho_per_block_and_each_methods_loss_rise(tmp_path, monkeypatch):
+    import analyses.rho_report as rho_report
+    import core.figures
+
+    seen = {}
+    monkeypatch.setattr(core.figures, "save_figure", lambda fig, path: seen.update(fig=fig, path=path) or path)
+    cell = _rho_cell()
+    lines, paths = rho_report.report_section(cell, tmp_path, "rho-0.5", "Title here")
+    assert paths == [tmp_path / "rho-0.5.png"] == [seen["path"]]
+    assert lines[-1] == "![rho and sensitivity by block](plots/rho-0.5.png)" and lines[-2] == ""
+    a, b = seen["fig"].axes
+    got = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in a.lines}
+    assert got == {"attn_in": ([2], [0.3]), "mlp_in": ([1, 3], [0.1, 0.2])}  # sorted by block within a kind
+    assert [ln.get_label() for ln in a.lines] == ["attn_in", "mlp_in"]
+    got = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in b.lines}
+    assert got == {"loss rise, pca": ([0.5, 3.0], [0.5, 0.75]), "loss rise, fasc": ([0.5, 3.0], [0.25, 0.5])}
+    assert (a.get_xlabel(), a.get_ylabel()) == ("block", "rho (relative Frobenius violation)")
+    assert (b.get_xlabel(), b.get_ylabel()) == ("block (centre of the compressed range)",
+                                                "held-out loss rise (nats/token)")
+    assert seen["fig"]._suptitle.get_text() == "Title here" and seen["fig"]._suptitle.get_fontsize() == 10
+    # the figure as designed: its size, markers, legends and grids
+    assert tuple(seen["fig"].get_size_inches()) == pytest.approx((11, 3.8))
+    assert {ln.get_marker() for ln in a.lines} == {"o"} and {ln.get_marker() for ln in b.lines} == {"s"}
+    for ax in (a, b):
+        assert {t.get_fontsize() for t in ax.get_legend().get_texts()} == {7}
+        assert ax.xaxis.get_gridlines()[0].get_visible() and ax.xaxis.get_gridlines()[0].get_alpha() == 0.3
+    assert a.get_position().x1 <= b.get_position().x0 and a.get_position().y0 == pytest.approx(b.get_position().y0)
+    # a method missing from any unit is not drawn
+    del cell.details["units"][1]["loss_rise_fasc"]
+    rho_report.report_section(cell, tmp_path, "rho-0.5", "t")
+    assert [ln.get_label() for ln in seen["fig"].axes[1].lines] == ["loss rise, pca"]
+
+
+# ---------------------------------------------------------------- latency (bench/measure.py) on a model whose times are known
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def perf_counter(self):
+        return self.t
+
+
+class _Body(torch.nn.Module):
+    """A decoder body whose calls advance a fake clock: a decode step and a prefill cost what `costs` says for the
+    current state (dense or the variant) and round."""
+
+    def __init__(self, clock, costs):
+        super().__init__()
+        self.clock, self.costs, self.dense, self.prefills, self.order = clock, costs, None, 0, []
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, inputs_embeds=None, input_ids=None, use_cache=False, past_key_values=None):
+        from types import SimpleNamespace
+
+        if input_ids is not None:  # prefill: one per model per round
+            self.clock.t += self.costs("prefill", self.dense, self.prefills // 2)
+            self.prefills += 1
+            self.order.append(self.dense)
+        elif past_key_values is not None:  # a decode step reads the prompt's cache (else it costs nothing here)
+            self.clock.t += self.costs("step", self.dense, self.prefills // 2)
+        # a cache only where one is asked for, as a transformers model returns it
+        return SimpleNamespace(last_hidden_state=torch.zeros(1, 1, 4), past_key_values=[] if use_cache is True else None)
+
+
+class _Head(torch.nn.Linear):
+    def __init__(self, clock):
+        super().__init__(4, 10)
+        self.clock = clock
+
+    def forward(self, x):
+        self.clock.t += 1e-3  # 1 ms outside the body per round and model
+        return super().forward(x)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, costs):
+        super().__init__()
+        self.clock = _Clock()
+        self.body, self.embed, self.head = _Body(self.clock, costs), torch.nn.Embedding(1000, 4), _Head(self.clock)
+        self.config = type("Config", (), {"vocab_size": 1000})()
+
+    def get_decoder(self):
+        return self.body
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def use_dense(self, state):
+        self.body.dense = state
+
+
+def _latency(costs, spec, monkeypatch):
+    import bench.measure as measure
+
+    model = _Model(costs)
+    monkeypatch.setattr(measure, "time", model.clock)
+    return measure.compare_latency(model, model.use_dense, spec), model
+
+
+def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monkeypatch):
+    import math
+    import statistics
+
+    from scipy.stats import t as student_t
+
+    from bench.measure import LatencySpec
+
+    # round 0 is the warm-up (ten times slower, dropped); then the variant's decode step is 2 ms * (1, 1.02, 0.98, 1.01)
+    wobble = [10.0, 1.0, 1.02, 0.98, 1.01, 1.0]
+    prefill = {True: 8e-3, False: 5e-3}
+
+    def costs(kind, dense, rnd):
+        if kind == "prefill":
+            return prefill[dense] * (10.0 if rnd == 0 else 1.0)
+        return (4e-3 if dense else 2e-3 * wobble[rnd]) * (10.0 if rnd == 0 else 1.0)
+
+    spec = LatencySpec(prompt_len=4, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.03, min_rounds=4, seconds=60)
+    got, model = _latency(costs, spec, monkeypatch)
+    # who prefills first alternates by round (the warm-up dense first), so a drift loads both alike
+    assert model.body.order == [True, False, True, False, False, True, True, False, False, True]
+    assert model.body.dense is False  # the variant left in place
+    ratios = [4e-3 / (2e-3 * w) for w in wobble[1:5]]  # per round, dense step over the variant's
+    logs = [math.log(r) for r in ratios]
+    half = student_t.ppf(0.975, 3) * statistics.stdev(logs) / 2
+    mean = statistics.fmean(logs)
+    assert got["rounds"] == 4 and got["converged"] is True  # within +-3 % at the fourth round
+    body = got["speedup"]["decode_body"]
+    assert body["n"] == 4 and body["ratio"] == pytest.approx(math.exp(mean))
+    assert body["ci95"] == pytest.approx([math.exp(mean - half), math.exp(mean + half)])
+    # end to end: the body plus the pooled 1 ms outside (the head, identical in both)
+    e2e = [(4.0 + 1.0) / (2.0 * w + 1.0) for w in wobble[1:5]]
+    assert got["speedup"]["decode"]["ratio"] == pytest.approx(math.exp(statistics.fmean(map(math.log, e2e))))
+    assert got["speedup"]["prefill_body"]["ratio"] == pytest.approx(8 / 5)  # a rate: the variant's over dense's
+    assert got["speedup"]["prefill_body"]["ci95"] == pytest.approx([8 / 5, 8 / 5])
+    assert got["dense"]["decode_body_ms_per_token"] == pytest.approx(4.0)
+    assert got["variant"]["decode_body_ms_per_token"] == pytest.approx(2.0 * statistics.median(wobble[1:5]))
+    assert got["dense"]["decode_outside_ms_per_token"] == pytest.approx(1.0)
+    assert got["variant"]["decode_ms_per_token"] == pytest.approx(2.0 * statistics.median(wobble[1:5]) + 1.0)
+    assert got["variant"]["prefill_body_tokens_per_s"] == pytest.approx(10 / 5e-3)  # 2 x 5 tokens in 5 ms
+    assert got["prefill_ms_per_token"] == pytest.approx(0.5) and got["decode_ms_per_token"] == \
+        got["variant"]["decode_ms_per_token"]
+    assert (got["protocol"], got["version"], got["conditions"]["fed_tokens"]) == ("interleaved", 2, "random ids")
+    assert got["conditions"]["decode_kernel"] is None and got["conditions"]["weight_kernel"] is None
+    total = sum(3 * (costs("step", d, r)) + costs("prefill", d, r) + 1e-3 for r in range(5) for d in (True, False))
+    assert got["seconds"] == pytest.approx(total)  # the warm-up and four rounds: every call the clock saw
+
+
+def test_compare_latency_stops_at_its_time_cap_and_says_it_did_not_converge(monkeypatch):
+    from bench.measure import LatencySpec
+
+    # the variant alternates 1 ms and 3 ms steps: the interval never narrows to +-3 %
+    costs = lambda kind, dense, rnd: 1e-3 if kind == "prefill" or dense else (1e-3 if rnd % 2 else 3e-3)
+    spec = LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=4, seconds=0.05)
+    got, _ = _latency(costs, spec, monkeypatch)
+    assert got["converged"] is False and got["rounds"] >= 4 and got["seconds"] > 0.05
+    per_round = 2 * 1e-3 + 2 * 1e-3 + 2 * 1e-3 + 2 * 1e-3  # at least: 2 + 2 steps, 2 prefills, 2 heads
+    assert got["rounds"] <= 0.05 / per_round  # stopped at the cap, not run on
+    assert got["speedup"]["decode_body"]["ci95"][1] / got["speedup"]["decode_body"]["ratio"] - 1 > 0.03
+
+
+def test_latency_spec_conditions_in_full():
+    from bench.measure import LatencySpec
+
+    assert LatencySpec(prompt_len=7, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.04, min_rounds=6,
+                       seconds=2.5).conditions() == {
+        "prompt_len": 7, "new_tokens": 3, "prefill_len": 5, "prefill_batch": 2, "target_halfwidth": 0.04,
+        "min_rounds": 6, "cap_seconds": 2.5, "threads": torch.get_num_threads()}
+
+
+def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):
+    import bench.measure as measure
+
+    steps = [9e-3, 2e-3, 3e-3, 1e-3, 5e-3]  # the warm-up's, then four rounds'
+    model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else steps[rnd])
+    monkeypatch.setattr(measure, "time", model.clock)
+    got = measure.latency(model, measure.LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=4))
+    # _Body counts a round per two prefills (dense's and the variant's); alone, one model prefills once a round, so
+    # the warm-up and rounds 1-4 step at steps[0], steps[0], steps[1], steps[1], steps[2]: 9, 2, 2 and 3 ms measured
+    assert (got["protocol"], got["rounds"], got["version"]) == ("alone", 4, 2)
+    assert got["variant"]["decode_body_ms_per_token"] == pytest.approx(2.5)  # the median of 9, 2, 2, 3
+    assert got["variant"]["decode_outside_ms_per_token"] == pytest.approx(1.0)
+    assert got["variant"]["prefill_body_tokens_per_s"] == pytest.approx(10 / 4e-3)
+    assert got["prefill_ms_per_token"] == pytest.approx(0.4)
+    assert got["decode_ms_per_token"] == pytest.approx(got["variant"]["decode_body_ms_per_token"] + 1.0)
+    assert got["seconds"] == pytest.approx(sum(2 * steps[r // 2] + 4e-3 + 1e-3 for r in range(5)))  # 2 steps a round
+
+
+def test_ratio_interval_with_one_and_with_two_rounds():
+    import math
+
+    from scipy.stats import t as student_t
+
+    from bench.measure import ratio_interval
+
+    assert ratio_interval([1.5]) == {"ratio": pytest.approx(1.5), "ci95": None, "n": 1}
+    got = ratio_interval([1.0, 4.0])  # logs 0 and ln 4: mean ln 2, sd ln 4 / sqrt 2, half t(0.975, 1) * sd / sqrt 2
+    half = student_t.ppf(0.975, 1) * math.log(4) / 2
+    assert got["ratio"] == pytest.approx(2.0) and got["n"] == 2
+    assert got["ci95"] == pytest.approx([2.0 * math.exp(-half), 2.0 * math.exp(half)])
+
+
+def test_the_probe_feeds_text_windows_or_seeded_random_ids():
+    from bench.measure import LatencySpec, _Probe
+
+    spec = LatencySpec(prompt_len=4, new_tokens=3, prefill_len=5, batch=2)
+    model = _Model(lambda *a: 0.0)
+    text = torch.arange(50).reshape(5, 10)  # 5 windows of 10 >= prompt + new tokens and >= prefill_len
+    probe = _Probe(model, spec, text)
+    assert probe.fed == "text" and probe.cache_arg == "past_key_values"
+    assert probe.prompt.tolist() == [[0, 1, 2, 3]] and probe.steps.tolist() == [[[4]], [[5]], [[6]]]
+    assert probe.batch.tolist() == [[10, 11, 12, 13, 14], [20, 21, 22, 23, 24]]
+    for short in (text[:2], text[:, :6]):  # too few windows for the batch, or windows too short: random ids
+        assert _Probe(model, spec, short).fed == "random ids"
+    probe = _Probe(model, spec, None)
+    gen = torch.Generator().manual_seed(0)
+    want = [torch.randint(3, 1000, shape, generator=gen) for shape in ((1, 4), (3, 1, 1), (2, 5))]
+    assert probe.fed == "random ids"
+    assert all(torch.equal(a, b) for a, b in zip((probe.prompt, probe.steps, probe.batch), want))
+    model.config.vocab_size = 50  # a small vocabulary bounds the draw
+    assert int(_Probe(model, spec, None).batch.max()) < 50
+    model.config.vocab_size = 5000  # and a large one is drawn from below 1000 (ids any tokenizer has)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(_Probe(model, spec, None).prompt, torch.randint(3, 1000, (1, 4), generator=gen))
+    exact = text[:3, :7]  # exactly prompt + new tokens long, and batch + 1 windows: text is used
+    assert _Probe(model, spec, exact).fed == "text"
+
+    class NamesItCache(_Body):  # transformers 5 names the KV cache argument `cache`
+        def forward(self, inputs_embeds=None, input_ids=None, use_cache=False, cache=None):
+            return super().forward(inputs_embeds, input_ids, use_cache, cache)
+
+    model.body = NamesItCache(model.clock, lambda *a: 0.0)
+    assert _Probe(model, spec, None).cache_arg == "cache"
+
+
+def test_masked_weight_kernel_names_each_distinct_description_once(monkeypatch):
+    import bench.measure as measure
+    from core.compressed_layers import LAYOUT_KEY
+
+    model = torch.nn.Module()
+    for name in ("a", "b", "c"):
+        model.add_module(name, torch.nn.Linear(8, 4))
+    model.config = type("Config", (), {})()
+    assert measure.masked_weight_kernel(model) is None  # no layout
+    layout = {"a": {"form": "masked-weights", "pattern": "2:4"}, "b": {"form": "masked-weights", "pattern": "2:4"},
+              "c": {"form": "masked-weights", "pattern": "unstructured"}}
+    setattr(model.config, LAYOUT_KEY, {**layout, "d": {"form": "factorised"}})
+    seen = []
+    monkeypatch.setattr(measure.semi_structured, "describe",
+                        lambda w, n, m: seen.append((tuple(w.shape), n, m)) or f"kernel {n}:{m}")
+    assert measure.masked_weight_kernel(model) == "kernel 2:4; kernel 0:0"
+    assert seen == [((4, 8), 2, 4), ((4, 8), 2, 4), ((4, 8), 0, 0)]
+
+
+def test_latency_alone_with_a_single_round(monkeypatch):
+    import bench.measure as measure
+
+    model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else 3e-3)
+    monkeypatch.setattr(measure, "time", model.clock)
+    got = measure.latency(model, measure.LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=1))
+    assert got["rounds"] == 1 and got["variant"]["decode_body_ms_per_token"] == pytest.approx(3.0)
+
+
+def test_rho_section_edges_p_at_the_threshold_a_bare_row_and_no_headline():
+    from analyses.rho_report import rho_section
+
+    cell = _rho_cell()
+    corr = cell.details["correlations"]
+    corr["rho_vs_loss_rise_per_group"]["spearman"]["p"] = 0.05
+    corr["rho_vs_empty"] = {"n": 0}  # no Spearman and no note: an empty cell, not "None"
+    lines = rho_section(cell)
+    assert lines[0].endswith("p=0.05** (not significant at 0.05).")  # significant means below 0.05
+    assert "| rho vs empty" in lines[5] and "None" not in lines[5]
+    for name in [k for k in corr if k.endswith("_per_group")]:
+        del corr[name]
+    lines = rho_section(cell)
+    assert lines[0].startswith("Correlations (r [bootstrap 95% CI] p)")  # no headline, no blank line before
+
+
+# ---------------------------------------------------------------- density allocation (bench/allocate.py) by hand
+
+def _two_bin_hist(i: int, j: int, pi: float = 0.5):
+    from core.stats import HIST_BINS
+
+    h = torch.zeros(HIST_BINS, dtype=torch.float64)
+    h[i], h[j] = pi, 1 - pi
+    return h
+
+
+def _centre(i: int) -> float:
+    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+
+    return 10.0 ** (HIST_LO + (i + 0.5) * (HIST_HI - HIST_LO) / HIST_BINS)
+
+
+def test_lost_energy_by_hand_on_two_bins():
+    from bench.allocate import lost_energy
+    from core.stats import HIST_BINS
+
+    i, j = 1000, 3000  # values at the two bins' centres, half the mass each
+    ei, ej = 0.5 * _centre(i) ** 2, 0.5 * _centre(j) ** 2
+    assert lost_energy(_two_bin_hist(i, j) * 7, 0.5) == pytest.approx(ei / (ei + ej), rel=1e-9)  # any scale
+    assert lost_energy(_two_bin_hist(i, j), 0.75) == pytest.approx(0.5 * ei / (ei + ej), rel=1e-9)  # half a bin
+    assert lost_energy(_two_bin_hist(i, j), 0.25) == pytest.approx((ei + 0.5 * ej) / (ei + ej), rel=1e-9)
+    assert lost_energy(_two_bin_hist(i, j), 1.0) == 0.0 and lost_energy(_two_bin_hist(i, j), 0.0) == \
+        pytest.approx(1.0)
+    last = HIST_BINS - 1  # mass in the last bin only: the total is there
+    assert lost_energy(_two_bin_hist(last, 0, 1.0), 0.5) == pytest.approx(0.5, rel=1e-9)
+    assert lost_energy(torch.zeros(HIST_BINS, dtype=torch.float64), 0.5) == 0.0  # nothing seen: nothing lost
+
+
+def test_allocate_density_returns_what_it_allocated_in_full():
+    from types import SimpleNamespace
+
+    from bench.allocate import DENSITY_STEP, allocate_density, lost_energy
+    from core.stats import GroupStats, SparsitySpec
+
+    # two groups of equal size: one whose values are all alike (costly to zero), one with a few large values
+    groups = [SimpleNamespace(name=n, d_in=8, d_outs=(8,)) for n in ("flat", "peaked")]
+    stats = {"flat": GroupStats(abs_hist=_two_bin_hist(2500, 2501)),
+             "peaked": GroupStats(abs_hist=_two_bin_hist(500, 3500, 0.9))}
+    a = allocate_density("greedy", groups, stats, SparsitySpec(density=0.5))
+    assert (a.rule, a.target) == ("greedy", 0.5)
+    assert a.allocated == pytest.approx(0.5)  # reachable exactly: the greedy stops there, not a step below
+    assert sum(a.densities.values()) / 2 == pytest.approx(0.5) and a.densities["peaked"] < a.densities["flat"]
+    assert a.lost_energy == {g: pytest.approx(lost_energy(stats[g].abs_hist, a.densities[g])) for g in stats}
+    assert set(a.seconds) == {"greedy_s"} and 0 <= a.seconds["greedy_s"] < 60
+    # a target below one step per group ends every group at one step: the floor, never a dense-free group
+    low = allocate_density("greedy", groups, stats, SparsitySpec(density=0.001))
+    assert low.densities == {"flat": DENSITY_STEP, "peaked": DENSITY_STEP} and low.allocated == DENSITY_STEP
+
+
+def test_allocate_density_refusals_in_full():
+    from types import SimpleNamespace
+
+    from bench.allocate import allocate_density
+    from core.errors import UserError
+    from core.stats import HIST_BINS, GroupStats, SparsitySpec
+
+    groups = [SimpleNamespace(name="g", d_in=8, d_outs=(8,))]
+    with pytest.raises(UserError) as e:
+        allocate_density("greedy", groups, {"g": GroupStats()}, SparsitySpec.parse("2:4"))
+    assert str(e.value) == ("--allocate greedy sets a density per group; 2:4 keeps one N:M pattern in every group: "
+                            "pass a density (--sparsity 0.5)")
+    for hist in (None, torch.zeros(HIST_BINS, dtype=torch.float64)):  # absent, or all zero
+        with pytest.raises(UserError) as e:
+            allocate_density("greedy", groups, {"g": GroupStats(abs_hist=hist)}, SparsitySpec(density=0.5))
+        assert str(e.value) == ("--allocate greedy: group g has no |x| histogram (abs_hist) in its statistics: "
+                                "recalibrate (delete its statistics cache folder)")
+
+
+# ---------------------------------------------------------------- memory (bench/measure.py): what the peak columns read
+
+def test_proc_status_fields_in_bytes_and_the_high_water_mark_reset():
+    from bench.measure import _proc_status_bytes, _reset_rss_hwm, peak_memory
+
+    want = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            want[key] = int(value.split()[0]) * 1024  # reported in kB
+    rss = _proc_status_bytes("VmRSS")
+    assert abs(rss - want["VmRSS"]) < 64 << 20 and rss % 1024 == 0
+    assert _proc_status_bytes("NoSuchField") is None
+    assert _reset_rss_hwm() is True  # Linux: the high-water mark restarts from the current RSS
+    assert _proc_status_bytes("VmHWM") <= rss + (64 << 20)
+    with peak_memory(torch.device("cpu")) as mem:
+        block = bytearray(64 << 20)
+        block[::4096] = b"x" * len(block[::4096])  # touched: resident
+    assert mem["kind"] == "rss_high_water" and mem["bytes"] >= mem["working_bytes"] >= 0
+    del block
+
+
+# ---------------------------------------------------------------- rank allocation (bench/allocate.py) by hand
+
+def test_allocation_floors_and_the_minimum_budget_by_hand():
+    from bench.allocate import _floors, _paid_minimum
+    from core.errors import UserError
+
+    shapes = {"a": (4, 4), "b": (300, 600), "c": (150, 50), "d": (50, 50)}
+    kmax, min_k = _floors(shapes)
+    # the largest k whose factors are smaller than dense: ceil(d D / (d + D)) - 1; at least 1 % of d, at least one
+    assert kmax == {"a": 1, "b": 199, "c": 37, "d": 24}
+    assert min_k == {"a": 1, "b": 3, "c": 2, "d": 1}
+    floor = 1 * 8 + 3 * 900 + 2 * 200 + 1 * 100
+    assert _paid_minimum(shapes, min_k, floor, 0.5) == floor  # a budget exactly at the floor pays it
+    with pytest.raises(UserError) as e:
+        _paid_minimum(shapes, min_k, floor - 1, 0.01)
+    assert str(e.value) == (f"--rank 0.01: a parameter budget of {floor - 1:,} is below the minimum ranks of the "
+                            f"selected groups ({floor:,} parameters at 1 % of each group's directions): raise --rank")
+
+
+def test_allocation_summary_in_full():
+    from bench.allocate import Allocation
+
+    a = Allocation("fisher", {"g0": 3, "g1": 8}, 600, 550, 1000, {"values_s": 0.5, "greedy_s": 0.25})
+    assert a.summary() == {"rule": "fisher", "budget_params": 600, "allocated_params": 550, "dense_params": 1000,
+                           "budget_ratio": 0.6, "allocated_ratio": 0.55,
+                           "seconds": {"values_s": 0.5, "greedy_s": 0.25}, "k": {"g0": 3, "g1": 8}}
+    assert a.compress_args() == {"ks": {"g0": 3, "g1": 8}}
+
+
+@pytest.mark.parametrize("rule", ["fisher", "variance"])
+def test_a_non_finite_statistic_stops_an_allocation_in_one_line(rule):
+    from types import SimpleNamespace
+
+    from bench.allocate import allocate
+    from bench.testing import random_stats
+    from core.errors import UserError
+    from core.stats import RankSpec
+
+    st = random_stats(8)
+    st.C[0, 0] = float("nan")
+    with pytest.raises(UserError) as e:
+        allocate(rule, [SimpleNamespace(name="g", d_in=8, d_outs=(8,))], {"g": st}, RankSpec(0.5, "params"))
+    assert str(e.value).startswith("non-finite C statistics in ") and "\n" not in str(e.value)
+
+
+def test_greedy_rank_split_by_hand():
+    """Two groups at their minimum k = 1 = kmax: each can only merge (keep everything) for the rest of dense.
+    a: (4, 4), merging costs 16 - 8 = 8 for the value 9; b: (6, 2), 12 - 8 = 4 for 6. Value per parameter: b 1.5,
+    a 1.125."""
+    from bench.allocate import _greedy
+    from core.errors import UserError
+
+    shapes = {"a": (4, 4), "b": (6, 2)}
+    values = {"a": torch.tensor([5.0, 3.0, 3.0, 3.0], dtype=torch.float64),
+              "b": torch.tensor([5.0, 2.0, 2.0, 1.0, 0.5, 0.5], dtype=torch.float64)}
+    assert _greedy(shapes, values, 24, 0.9) == ({"a": 1, "b": 6}, 20)  # b first; then a's 8 does not fit
+    assert _greedy(shapes, values, 28, 1.0) == ({"a": 4, "b": 6}, 28)  # both, exactly at the budget
+    assert _greedy(shapes, values, 20, 0.7) == ({"a": 1, "b": 6}, 20)  # b exactly fits
+    flipped = {"a": values["a"] * 2, "b": values["b"]}  # now a first (2.25 per parameter); b still fits after it
+    assert _greedy(shapes, flipped, 28, 1.0) == ({"a": 4, "b": 6}, 28)
+    assert _greedy(shapes, flipped, 24, 0.9) == ({"a": 4, "b": 1}, 24)
+    assert _greedy(shapes, flipped, 22, 0.8) == ({"a": 1, "b": 6}, 20)  # a does not fit, b still does
+    with pytest.raises(UserError, match=r"^--rank 0.5: a parameter budget of 15 is below"):
+        _greedy(shapes, values, 15, 0.5)
+
+
+def test_uniform_allocation_and_the_budget_check_by_hand():
+    from types import SimpleNamespace
+
+    from bench.allocate import allocate, check_budget
+    from core.errors import UserError
+    from core.stats import RankSpec
+
+    groups = [SimpleNamespace(name="a", d_in=20, d_outs=(10, 10)), SimpleNamespace(name="b", d_in=4, d_outs=(4,))]
+    a = allocate("uniform", groups, {}, RankSpec(0.5))
+    # k = round(0.5 * 20) = 10 costs 10 * 40 = 400 (dense 400: capped there); b: k 2 costs 16 (dense 16)
+    assert a.ks == {"a": 10, "b": 2} and (a.budget_params, a.allocated_params, a.dense_params) == (416, 416, 416)
+    a = allocate("uniform", groups, {}, RankSpec(0.25))
+    assert a.ks == {"a": 5, "b": 1} and (a.allocated_params, a.dense_params) == (5 * 40 + 8, 416)
+    with pytest.raises(UserError, match=r"^--rank 0.05: a parameter budget of 20 is below"):
+        check_budget(groups, RankSpec(0.05, "params"))
