@@ -300,13 +300,18 @@ def check_checkpoint(name: str) -> Check:
     budget = budgets(name)[-1]
     from transformers.utils import logging as hf_logging
 
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a check's report is its lines, not the loader's bars
-    with tempfile.TemporaryDirectory(prefix="acbench-check-") as tmp:
-        with compressed(model, name, budget, stats, progress=False) as (m, _), torch.no_grad():
-            want = m(ids).logits
-            write_checkpoint(m, None, Path(tmp) / "ckpt", {"method": name, "budget": budget.label})
-        with torch.no_grad():
-            got = load_checkpoint(Path(tmp) / "ckpt")(ids).logits
+    try:
+        with tempfile.TemporaryDirectory(prefix="acbench-check-") as tmp:
+            with compressed(model, name, budget, stats, progress=False) as (m, _), torch.no_grad():
+                want = m(ids).logits
+                write_checkpoint(m, None, Path(tmp) / "ckpt", {"method": name, "budget": budget.label})
+            with torch.no_grad():
+                got = load_checkpoint(Path(tmp) / "ckpt")(ids).logits
+    finally:
+        if bars:  # the caller's setting, as it was (an author's test session keeps its bars)
+            hf_logging.enable_progress_bar()
     err = float((got - want).abs().max())
     return Check("checkpoint reloads with equal logits", err <= 1e-4, f"{budget.label}: max |difference| {err:.1e}")
 

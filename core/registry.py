@@ -75,7 +75,6 @@ def code_provenance(cls: type) -> dict:
     """Where a plugin's code comes from and a digest of it: the key of its results includes the digest, so an edit
     recomputes them even when `version` was not bumped. {module, files, code_digest, distribution,
     distribution_version}; the distribution is None for the project's own plugins and for a module on the path."""
-    module = sys.modules[cls.__module__]
     top = cls.__module__.partition(".")[0]
     try:
         source = Path(inspect.getfile(cls)).resolve()
@@ -89,7 +88,7 @@ def code_provenance(cls: type) -> dict:
         files = [f for f in root.rglob("*.py") if "__pycache__" not in f.parts]
     dists = [] if top in PROJECT_PACKAGES else packages_distributions().get(top, [])
     dist = dists[0] if dists else None
-    return {"module": module.__name__, "files": len(files), "code_digest": _digest(files, root),
+    return {"module": cls.__module__, "files": len(files), "code_digest": _digest(files, root),
             "distribution": dist, "distribution_version": dist_version(dist) if dist else None}
 
 

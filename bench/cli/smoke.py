@@ -34,8 +34,14 @@ def tiny_checkpoint() -> Path:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = AutoModelForCausalLM.from_config(cfg)
-    # a folder of this process's own, renamed into place: two processes building it at once (parallel tests, two
-    # smoke runs) each write their own, and the second rename finds the first's and discards its copy
+    _save_whole(model, tok, out)
+    return out
+
+
+def _save_whole(model, tok, out: Path) -> None:
+    """The model and tokenizer into `out`, whole or not at all: written to a folder of this process's own and
+    renamed into place (two processes building it at once each write their own, and the second rename finds the
+    first's and discards its copy)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     try:
@@ -48,7 +54,6 @@ def tiny_checkpoint() -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 TRAIN_STEPS, TRAIN_BATCH, TRAIN_LEN, TRAIN_LR = 200, 8, 64, 3e-3
@@ -94,13 +99,7 @@ def _train_smoke_model(out: Path, progress: bool) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
-    try:
-        model.eval().save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _save_whole(model.eval(), tok, out)
 
 
 def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConfig":  # noqa: F821
@@ -166,7 +165,8 @@ def smoke(output: str | None = None, names: list[str] | None = None, latency: bo
             if methods.get_method(methods.base_name(m)).control:
                 verdict = "control"  # expected to lose the model: the floor the others beat
             label = budget if ":" in str(budget) else f"{budget} {ratio:g}"  # 2:4 names its density itself
-            print(f"  {verdict:7s} {m} @ {label}: {v:.0f} ({v / dense:.2f}x dense)")
+            shown = "no perplexity" if v is None else f"{v:.0f} ({v / dense:.2f}x dense)"
+            print(f"  {verdict:7s} {m} @ {label}: {shown}")
             if verdict == "BROKEN":
                 broken.append(m)
     if bad or len(cells) != expected or broken or not dense:
