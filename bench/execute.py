@@ -516,3 +516,17 @@ def sweep(run: Run) -> dict:
     """`bench run` on this machine: prepare, then execute locally."""
     prepared = prepare(run)
     return execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
+
+
+def sweep_models(runs: list[Run]) -> list[dict]:
+    """`bench run --model A B ...` on this machine: every model opened and checked, and its cells planned, before
+    any cell is computed (a model that cannot load stops the sweep before it starts); then each model's cells."""
+    prepared = []
+    for i, run in enumerate(runs):
+        log(f"model {i + 1} of {len(runs)}: {run.config.model}")
+        prepared.append(prepare(run))
+    out = []
+    for i, p in enumerate(prepared):
+        log(f"computing model {i + 1} of {len(prepared)}: {p.run.config.model}")
+        out.append(execute(p.cells, p.run, LocalExecutor(p.source, p.calib_windows)))
+    return out

@@ -108,3 +108,38 @@ def quality_vs_speed(panels: dict[str, dict[str, list[tuple]]], title: str, path
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def critical_difference(mean_ranks: dict[str, float], cd: float, bars: list[list[str]], title: str,
+                        path: Path) -> Path:
+    """Demsar's diagram: methods on an axis of mean rank (1, the best, on the left), the critical difference as a
+    bar above it, and a thick line joining each run of methods the test does not tell apart (`bars`)."""
+    order = sorted(mean_ranks, key=lambda m: (mean_ranks[m], m))
+    k = len(order)
+    left, right = order[: (k + 1) // 2], order[(k + 1) // 2:][::-1]  # the worst outermost on the right
+    depth = max(len(left), len(right)) + len(bars) * 0.25 + 1
+    fig, ax = plt.subplots(figsize=(8.0, 1.4 + 0.32 * depth))
+    ax.set_xlim(0.5, k + 0.5)
+    ax.set_ylim(depth, -1.6)  # rows go down
+    ax.axis("off")
+    ax.plot([1, k], [0, 0], color="black", linewidth=1)  # the rank axis
+    for r in range(1, k + 1):
+        ax.plot([r, r], [0, -0.15], color="black", linewidth=1)
+        ax.text(r, -0.25, str(r), ha="center", va="bottom", fontsize=8)
+    ax.plot([1, 1 + cd], [-1.0, -1.0], color="black", linewidth=2)
+    ax.text(1 + cd / 2, -1.1, f"CD = {cd:.2f}", ha="center", va="bottom", fontsize=8)
+    first = 1 + len(bars) * 0.25
+    for i, m in enumerate(left):  # the better half, labelled on the left
+        y = first + i
+        ax.plot([mean_ranks[m], mean_ranks[m], 0.5], [0, y, y], color="black", linewidth=0.8)
+        ax.text(0.45, y, f"{m} ({mean_ranks[m]:.2f})", ha="right", va="center", fontsize=8, clip_on=False)
+    for i, m in enumerate(right):
+        y = first + i
+        ax.plot([mean_ranks[m], mean_ranks[m], k + 0.5], [0, y, y], color="black", linewidth=0.8)
+        ax.text(k + 0.55, y, f"({mean_ranks[m]:.2f}) {m}", ha="left", va="center", fontsize=8, clip_on=False)
+    for j, bar in enumerate(bars):
+        y = 0.35 + 0.25 * j
+        ax.plot([mean_ranks[bar[0]] - 0.05, mean_ranks[bar[-1]] + 0.05], [y, y], color="tab:red", linewidth=3)
+    ax.set_title(title, fontsize=9)
+    fig.subplots_adjust(left=0.22, right=0.78)
+    return _save(fig, path)

@@ -14,6 +14,7 @@ from core.io import atomic_write_text
 from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
+from .across_models import across_models_section
 from .load import cell_date, load_results
 from core.significance import ALPHA
 from core.stats import is_sparsity_budget
@@ -544,6 +545,7 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
         md += frontier_section(g, section_rows, columns, model, plot_dir, written)
         md += analysis_sections(g, model, display, plot_dir, written)
+    md += across_models_section(grouped, ref, display, plot_dir, written, flat_rows)
     missing = missing_cells(grouped)
     if missing:
         md += ["## Missing cells", "", *[f"- {m}" for m in missing], ""]

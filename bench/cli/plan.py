@@ -23,28 +23,55 @@ def add_plan_parser(sub):
                    measure_latency=None, report=None, progress=None)
 
 
-def plan_config(args):
-    """The RunConfig a plan costs: bench run's, without its tasks (a plan evaluates nothing)."""
+def plan_configs(args) -> list:
+    """The RunConfigs a plan costs, one per model: bench run's, without its tasks (a plan evaluates nothing)."""
     import dataclasses
 
-    from .run import config_from_args
+    from .run import configs_from_args
 
-    return dataclasses.replace(config_from_args(args), tasks=[])
+    return [dataclasses.replace(c, tasks=[]) for c in configs_from_args(args)]
+
+
+def plan_config(args):
+    """The one RunConfig of a single-model plan."""
+    return plan_configs(args)[0]
 
 
 def cmd_plan(args) -> int:
-    """The run these flags describe, validated as `bench run` validates it (one validator), then costed; the model
-    may be a bare config.json, which only the plan reads."""
+    """The run these flags describe, validated as `bench run` validates it (one validator), then costed; a model
+    may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
+    total."""
     from bench.config import resolve_run
 
-    run = resolve_run(plan_config(args), writes=False)
-    c = run.config
-    est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
-                         run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
-                         c.pair_tokens, sparsity=list(run.patterns))
-    print(render(est))
-    print(render_times(*plan_times(run, est)))
+    runs = [resolve_run(c, writes=False) for c in plan_configs(args)]  # every model's settings before any costing
+    totals = []
+    for run in runs:
+        c = run.config
+        est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align,
+                             c.dtype, run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
+                             c.pair_tokens, sparsity=list(run.patterns))
+        if len(runs) > 1:
+            print(f"## {c.model}\n")
+        print(render(est))
+        times = plan_times(run, est)
+        print(render_times(*times))
+        totals.append((c.model, times[0]["total"], est.calibration_peak, est.evaluation_peak))
+    if len(runs) > 1:
+        print(render_sweep(totals))
     return 0
+
+
+def render_sweep(totals: list[tuple[str, float, int, int]]) -> str:
+    """The sweep over several models: each model's estimated seconds and peak memory, and their sum and maximum
+    (models run one after another)."""
+    from tabulate import tabulate
+
+    rows = [[m, f"{s:.0f}", human(cal), human(ev)] for m, s, cal, ev in totals]
+    rows.append(["sweep (models in turn)", f"{sum(t[1] for t in totals):.0f}", human(max(t[2] for t in totals)),
+                 human(max(t[3] for t in totals))])
+    return "\n".join(["", f"the sweep over {len(totals)} models (evaluation not included):", "",
+                      tabulate(rows, headers=["model", "seconds", "peak memory, calibration",
+                                              "peak memory, evaluation"], tablefmt="github", disable_numparse=True)])
 
 
 def plan_times(run, est: CostEstimate):

@@ -132,19 +132,26 @@ def _task_options(ray, config, n_tasks: int) -> tuple[dict, dict]:
     return options, dict(options, num_cpus=config.threads or (node_cpus if not cuda else cpus))
 
 
-def _first_task(ray, part, prep_opts, run, dense, common) -> int:
-    try:
-        return ray.get(part.options(**prep_opts).remote(run, dense, True, *common))["written"]
-    except Exception as e:  # noqa: BLE001 (Ray wraps the worker's exception)
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, UserError):
-            raise cause from None
-        raise UserError(f"the dense and calibration task failed after {run.config.retries} retries ({_short(e)}): "
-                        "nothing else was started") from None
+def _first_tasks(ray, part, prep_opts, firsts: list, common) -> int:
+    """Every model's dense and calibration task, started together; a failure in any stops the sweep before any
+    later task starts."""
+    refs = [(run, part.options(**prep_opts).remote(run, dense, True, *common)) for run, dense in firsts]
+    written = 0
+    for run, ref in refs:
+        try:
+            written += ray.get(ref)["written"]
+        except Exception as e:  # noqa: BLE001 (Ray wraps the worker's exception)
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, UserError):
+                raise cause from None
+            raise UserError(f"the dense and calibration task of {run.config.model} failed after "
+                            f"{run.config.retries} retries ({_short(e)}): no later task was started") from None
+    return written
 
 
-def run_on_ray(run) -> dict:
-    """The sweep of `run` on Ray; returns {"written", "failed": [one line per failed task], "seconds"}."""
+def run_on_ray(runs) -> dict:
+    """The sweep of one run, or of several (one per model: models x variants spread over the workers together),
+    on Ray; returns {"written", "failed": [one line per failed task], "seconds"}."""
     from dataclasses import replace
 
     from tqdm.auto import tqdm
@@ -152,21 +159,30 @@ def run_on_ray(run) -> dict:
     from bench.execute import prepare
     from core.io import cache_dir, stats_cache_dir
 
+    runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     ray = _import_ray()
     t0 = time.perf_counter()
-    prepared = prepare(run)  # every input error, and the plan, before a cluster starts
-    # workers get the resolved run (no progress bars) and cells whose paths mean the same on every node
-    run = replace(prepared.run, config=replace(prepared.run.config, progress=False))
-    cells = [replace(c, path=Path(c.path).resolve()) for c in prepared.cells]
-    dense, later = shares(cells)
-    _start_ray(ray, run.config)
-    options, prep_opts = _task_options(ray, run.config, len(later))
+    plans = []
+    for run in runs:
+        prepared = prepare(run)  # every input error, and the plan, before a cluster starts
+        # workers get the resolved run (no progress bars) and cells whose paths mean the same on every node
+        run = replace(prepared.run, config=replace(prepared.run.config, progress=False))
+        cells = [replace(c, path=Path(c.path).resolve()) for c in prepared.cells]
+        dense, later = shares(cells)
+        if len(runs) > 1:
+            later = [(f"{run.config.model}: {label}", cs) for label, cs in later]
+        plans.append((run, cells, dense, later))
+    config = runs[0].config
+    later = [item for *_, per in plans for item in per]
+    _start_ray(ray, config)
+    options, prep_opts = _task_options(ray, config, len(later))
     part = ray.remote(compute_share)
     common = (str(cache_dir()), str(stats_cache_dir()), os.getcwd())
-    bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=not prepared.run.config.progress)
-    written = _first_task(ray, part, prep_opts, run, dense, common)
-    bar.update(len(dense))
-    refs = {part.options(**options).remote(run, cs, False, *common): (label, len(cs)) for label, cs in later}
+    bar = tqdm(total=sum(len(p[1]) for p in plans), desc="cells", unit="cell", disable=not config.progress)
+    written = _first_tasks(ray, part, prep_opts, [(run, dense) for run, _, dense, _ in plans], common)
+    bar.update(sum(len(p[2]) for p in plans))
+    refs = {part.options(**options).remote(run, cs, False, *common): (label, len(cs))
+            for run, _, _, per in plans for label, cs in per}
     failed, pending = [], list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
@@ -178,9 +194,9 @@ def run_on_ray(run) -> dict:
         bar.update(n)
     bar.close()
     elapsed = time.perf_counter() - t0
-    print(f"done: {written} cell(s) written by {len(later) + 1} Ray task(s) in {elapsed:.0f} s", flush=True)
+    print(f"done: {written} cell(s) written by {len(later) + len(plans)} Ray task(s) in {elapsed:.0f} s", flush=True)
     if failed:
-        print(f"{len(failed)} task(s) failed after {run.config.retries} retries; their cells are missing (a rerun "
+        print(f"{len(failed)} task(s) failed after {config.retries} retries; their cells are missing (a rerun "
               "computes only those):", flush=True)
         for line in failed:
             print(f"  {line}", flush=True)

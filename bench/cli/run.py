@@ -50,8 +50,9 @@ def split_list(value, kind, where: str) -> list:
 
 RUN_FLAGS = [
     # (flag, dest, kwargs)
-    ("--model", "model", {"help": f"alias ({', '.join(ALIASES)}), .gguf file, checkpoint dir or hub id "
-                                  f"(default: {DEFAULT_MODEL})"}),
+    ("--model", "model", {"nargs": "+", "help": f"alias ({', '.join(ALIASES)}), .gguf file, checkpoint dir or hub "
+                                                f"id (default: {DEFAULT_MODEL}); several (spaces or commas): one "
+                                                "sweep over each, and the report's Across models section"}),
     ("--methods", "methods", {"nargs": "+", "help": "method names or 'all' (see `bench ls methods`)"}),
     ("--rank", "ranks", {"nargs": "+", "help": "rank ratio(s) in (0, 1] (default 0.5); spaces or commas"}),
     ("--sparsity", "sparsity", {"nargs": "+", "help": "sparsity budgets: N:M patterns (2:4 8:16 16:32; keep N of "
@@ -261,7 +262,21 @@ def _merge_options(*blocks) -> dict:
     return out
 
 
-def config_from_args(args) -> RunConfig:
+def models_of(value, where: str = "--model") -> list:
+    """The models a run sweeps: one, or several as spaces, commas or a YAML list; each named once, in order."""
+    if value is None:
+        return [DEFAULT_MODEL]
+    if not isinstance(value, (str, list)):
+        return [value]  # for the type check to name
+    models = list(dict.fromkeys(split_list(value, str, where)))
+    if not models:
+        raise UserError(f"{where} is empty: pass a model (alias, .gguf file, checkpoint dir or hub id), e.g. "
+                        f"--model {DEFAULT_MODEL}")
+    return models
+
+
+def configs_from_args(args) -> list[RunConfig]:
+    """One RunConfig per model the flags and config file name (they differ only in the model)."""
     data, file_shortcuts = read_config_file(args.config) if args.config else ({}, {})
     for _, dest, _ in RUN_FLAGS:
         if getattr(args, dest) is not None:
@@ -285,47 +300,75 @@ def config_from_args(args) -> RunConfig:
     if args.analysis_option:
         data["analysis_options"] = _merge_options(data.get("analysis_options"),
                                                   kv_options(args.analysis_option, "analysis"))
-    try:
-        config = RunConfig(**data)
-    except TypeError as e:
-        raise UserError(f"bad run settings ({e}): check --config") from None
-    check_config_types(config)
-    return config
+    configs = []
+    for model in models_of(data.pop("model", None), "--model" if args.model is not None else "'model' in --config"):
+        try:
+            config = RunConfig(model=model, **data)
+        except TypeError as e:
+            raise UserError(f"bad run settings ({e}): check --config") from None
+        check_config_types(config)
+        configs.append(config)
+    return configs
 
 
-def run_config(args) -> RunConfig:
-    """bench run's own checks of its flags and config file, short of opening the model or writing anything."""
+def config_from_args(args) -> RunConfig:
+    """The RunConfig of a command that takes one model (bench compress, a single-model run)."""
+    configs = configs_from_args(args)
+    if len(configs) > 1:
+        raise UserError(f"`bench {getattr(args, 'cmd', 'run')}` takes one model, and --model names {len(configs)} "
+                        f"({', '.join(c.model for c in configs)}): run it once per model")
+    return configs[0]
+
+
+
+
+def run_configs(args) -> list[RunConfig]:
+    """bench run's own checks of its flags and config file, short of opening a model or writing anything: one
+    config per model."""
     from bench.commands import plugged_commands
 
-    config = config_from_args(args)
+    configs = configs_from_args(args)
+    config = configs[0]
     if not config.tasks:
         raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
     for name in config.tasks:  # a study named as a task gets its own command named, not a did-you-mean over tasks
         if name in plugged_commands():
             raise UserError(f"{name} is not a task of bench run: it is a study with its own command, `bench {name}`")
-    return config
+    return configs
+
+
+def run_config(args) -> RunConfig:
+    """The one config of a single-model run."""
+    configs = run_configs(args)
+    if len(configs) > 1:
+        raise UserError(f"--model names {len(configs)} models: this entry point takes one")
+    return configs[0]
 
 
 def cmd_run(args) -> int:
     from bench.config import resolve_run
 
-    config = run_config(args)
+    configs = run_configs(args)
+    config = configs[0]
     if config.executor == "ray":
         from .ray_executor import _import_ray
 
         _import_ray()  # a missing Ray is said before anything is written
-    run = resolve_run(config)
+    runs = [resolve_run(c) for c in configs]  # every model's settings checked before any model is opened
     failed = []
     if config.executor == "ray":
         from .ray_executor import probe_ray_address, run_on_ray
 
         probe_ray_address(config.ray_address, config.ray_timeout)  # before the model is opened
 
-        failed = run_on_ray(run)["failed"]
+        failed = run_on_ray(runs if len(runs) > 1 else runs[0])["failed"]
     else:
-        from bench.execute import sweep
+        from bench.execute import sweep, sweep_models
 
-        sweep(run)
+        if len(runs) > 1:
+            sweep_models(runs)
+        else:
+            sweep(runs[0])
     if config.report:
         from leaderboard.report import write_report
 

@@ -1,0 +1,217 @@
+"""The leaderboard's "Across models" section: for each budget two or more models were run at, each method's paired
+difference to the reference pooled over the models, and the methods ranked over every (model, task) scenario.
+
+Built only from stored cells, as the per-model tables are: the per-model differences here are the ones those
+tables print, and a task a model is at chance on is left out of that model's accuracy verdicts, as recovery % leaves
+it out there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tabulate import tabulate
+
+from core.meta_analysis import (cliques, dersimonian_laird, friedman, nemenyi_cd, paired_effect, scenario_ranks,
+                                stratified_mcnemar, win_rates)
+from core.record import ALL_GROUPS, CellRecord
+from core.significance import ALPHA, compare, item_keys, item_scores
+
+from . import plots
+from .tables import Column, budget_title, chance_table, metric_columns, section_order
+
+MIN_CD_BLOCKS = 3  # the critical-difference figure needs at least this many (model, task) scenarios
+
+
+def _slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
+
+
+def _paired(ref: CellRecord | None, cell: CellRecord | None):
+    """(kind, reference scores, scores) of two cells scored on the same items in the same order, else None."""
+    if ref is None or cell is None:
+        return None
+    a, b = item_scores(ref), item_scores(cell)
+    if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or len(a[1]) < 2 or item_keys(ref) != item_keys(cell):
+        return None
+    return a[0], a[1], b[1]
+
+
+def shared_sections(grouped: dict) -> dict[tuple, list[str]]:
+    """{(budget, rank): models} for every budget (all groups compressed) that two or more models were run at."""
+    at: dict[tuple, list[str]] = {}
+    for model in sorted(grouped):
+        for budget, rank, scope in grouped[model]["ranks"]:
+            if scope == ALL_GROUPS:
+                at.setdefault((budget, rank), []).append(model)
+    return {k: v for k, v in sorted(at.items(), key=lambda kv: section_order((*kv[0], ALL_GROUPS)))
+            if len(v) >= 2}
+
+
+def at_chance(grouped: dict, models: list[str], columns: list[Column]) -> set[tuple[str, str]]:
+    """(model, task) pairs whose dense accuracy is not significantly above chance (as the per-model tables say)."""
+    out = set()
+    for model in models:
+        for task, info in chance_table(grouped[model]["dense"], columns).items():
+            if info is not None and not info["above"]:
+                out.add((model, task))
+    return out
+
+
+def _better(diff: float, higher: bool) -> bool:
+    return diff > 0 if higher else diff < 0
+
+
+def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Column], ref: str,
+                chance: set) -> list[dict]:
+    """Per (method, task): each model's paired difference to `ref`, the DerSimonian-Laird pooled difference, and for
+    accuracy the stratified exact test. A model whose cells cannot be paired, or that is at chance, is left out."""
+    budget, rank = key
+    sections = {m: grouped[m]["ranks"][(budget, rank, ALL_GROUPS)] for m in models}
+    names = sorted({n for s in sections.values() for n in s} - {ref})
+    rows = []
+    for col in columns:
+        if col.higher is None:
+            continue
+        for name in names:
+            per = {}
+            for model in models:
+                if (model, col.task) in chance:
+                    continue
+                ref_cell = next((c for c in sections[model].get(ref, []) if c.cell.task == col.task), None)
+                cell = next((c for c in sections[model].get(name, []) if c.cell.task == col.task), None)
+                pair = _paired(ref_cell, cell)
+                if pair:
+                    diff, var = paired_effect(pair[1], pair[2])
+                    per[model] = {"kind": pair[0], "ref": pair[1], "other": pair[2], "diff": diff, "var": var,
+                                  "shown": compare(ref_cell, cell)}
+            if len(per) < 2:
+                continue
+            pooled = dersimonian_laird([p["diff"] for p in per.values()], [p["var"] for p in per.values()])
+            exact = (stratified_mcnemar([(p["ref"], p["other"]) for p in per.values()])
+                     if all(p["kind"] == "accuracy" for p in per.values()) else None)
+            rows.append({"method": name, "column": col, "per_model": per, "pooled": pooled, "exact": exact,
+                         "better": sum(_better(p["diff"], col.higher) for p in per.values())})
+    return rows
+
+
+def _fmt_ci(d: float, lo: float, hi: float, p: float) -> str:
+    s = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
+    return s + " *" if p < ALPHA else s
+
+
+def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
+    body = []
+    for r in rows:
+        per = r["per_model"]
+        cells = []
+        for m in models:
+            shown = per[m]["shown"] if m in per else None
+            cells.append(_fmt_ci(shown["diff"], *shown["ci95"], shown["p"]) if shown else "")
+        signs = " ".join(("+" if _better(per[m]["diff"], r["column"].higher) else "=" if per[m]["diff"] == 0
+                          else "−") if m in per else "·" for m in models)
+        pl = r["pooled"]
+        ex = r["exact"]
+        kind = next(iter(per.values()))["kind"]
+        body.append([r["method"], r["column"].label + (" (Δ NLL)" if kind == "nll" else ""), *cells, f"{r['better']} of {len(per)} ({signs})",
+                     _fmt_ci(pl["estimate"], *pl["ci95"], pl["p"]), f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %",
+                     _fmt_ci(ex["diff"], *ex["ci95"], ex["p"]) if ex else ""])
+    headers = ["method", "task", *[f"Δ vs {ref}: {m}" for m in models], "better in", "pooled Δ (random effects)",
+               "τ² / I²", "all items (stratified exact)"]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def scenarios(grouped: dict, key: tuple, models: list[str], columns: list[Column], chance: set):
+    """([(scenario label, {method: value}, higher)], methods left out for missing a scenario): every (model, task)
+    with a better direction and not at chance, over the methods every one of them has."""
+    budget, rank = key
+    raw = []
+    for model in models:
+        section = grouped[model]["ranks"][(budget, rank, ALL_GROUPS)]
+        for col in columns:
+            if col.higher is None or (model, col.task) in chance:
+                continue
+            values = {}
+            for name, cells in section.items():
+                c = next((c for c in cells if c.cell.task == col.task), None)
+                v = c.metrics.get(col.metric) if c else None
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+                    values[name] = float(v)
+            if values:
+                raw.append((f"{model} / {col.label}", values, col.higher))
+    if not raw:
+        return [], []
+    common = set.intersection(*(set(v) for _, v, _ in raw))
+    left = sorted(set().union(*(set(v) for _, v, _ in raw)) - common)
+    return [(label, {m: v[m] for m in sorted(common)}, h) for label, v, h in raw], left
+
+
+def ranking_lines(key: tuple, scen: list, left: list[str], title: str, plot_dir: Path, written: list) -> list[str]:
+    """Win rate and mean rank per method, Friedman's test, and the critical-difference figure."""
+    methods = sorted(scen[0][1]) if scen else []
+    if len(methods) < 2:
+        return []
+    ranks = [scenario_ranks(v, h) for _, v, h in scen]
+    wins = win_rates([(v, h) for _, v, h in scen])
+    mean = {m: sum(r[m] for r in ranks) / len(ranks) for m in methods}
+    order = sorted(methods, key=lambda m: (-wins[m], mean[m], m))
+    body = [[m, f"{wins[m]:.3f}", f"{mean[m]:.2f}", *[f"{r[m]:g}" for r in ranks]] for m in order]
+    md = [f"Ranking over {len(scen)} (model, task) scenarios: win rate (the share of the other methods beaten, a "
+          "tie a half, averaged over scenarios; HELM's definition) and mean rank (1 = best, ties share ranks):", "",
+          tabulate(body, headers=["method", "win rate", "mean rank", *[label for label, _, _ in scen]],
+                   tablefmt="github", disable_numparse=True), ""]
+    if left:
+        md += [f"- left out of the ranking for lacking a scenario the others have: {', '.join(left)}", ""]
+    if len(methods) < 3:
+        md += ["- Friedman's test needs at least 3 methods; with 2, read the pooled differences above", ""]
+        return md
+    fr = friedman(ranks)
+    cd = nemenyi_cd(len(methods), len(scen))
+    verdict = "the mean ranks differ" if fr["p"] < ALPHA else "no difference between the mean ranks is shown"
+    md += [f"- Friedman χ² = {fr['statistic']:.2f} (df {fr['df']}, n = {fr['n']} scenarios), p = {fr['p']:.2g}: "
+           f"{verdict} at the {ALPHA:g} level; Nemenyi critical difference at {ALPHA:g}: {cd:.2f} mean ranks", ""]
+    if len(scen) >= MIN_CD_BLOCKS:
+        budget, rank = key
+        p = plots.critical_difference(mean, cd, cliques(mean, cd), f"{title}: mean rank over {len(scen)} scenarios",
+                                      plot_dir / f"across_models_cd_{_slug(budget)}_{rank:g}.png")
+        written.append(p)
+        md += [f"![critical difference diagram](plots/{p.name})", ""]
+    return md
+
+
+def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, written: list,
+                          flat_rows: list) -> list[str]:
+    """The section, or nothing when no budget was run on two or more models."""
+    shared = shared_sections(grouped)
+    if not shared:
+        return []
+    md = ["## Across models", "",
+          f"- per method and task: each model's paired difference to `{ref}` (as its own table has it), in how many "
+          "models it is better, and the DerSimonian-Laird random-effects pooled difference over the models [95 % "
+          "interval] with the between-model variance τ² and I² (the share of the spread beyond chance); accuracy "
+          "also over every model's items at once (McNemar's exact test on the pooled discordant pairs, stratified by "
+          f"model). * marks p < {ALPHA}.", ""]
+    for key, models in shared.items():
+        cells = [c for m in models for cs in grouped[m]["ranks"][(*key, ALL_GROUPS)].values() for c in cs]
+        columns = metric_columns(cells + [c for m in models for c in grouped[m]["dense"]], display)
+        chance = at_chance(grouped, models, columns)
+        title = budget_title(*key)
+        md += [f"### {title}: {len(models)} models ({', '.join(models)})", ""]
+        if chance:
+            md += ["- at chance, so left out of the pooled verdicts and the ranking: "
+                   + ", ".join(f"{t} on {m}" for m, t in sorted(chance)), ""]
+        rows = pooled_rows(grouped, key, models, columns, ref, chance)
+        if rows:
+            md += [pooled_table(rows, models, ref), ""]
+        else:
+            md += [f"- no method can be paired with `{ref}` on the same items in two or more models", ""]
+        for r in rows:
+            pl, ex = r["pooled"], r["exact"]
+            flat_rows.append({"model": "across models", "budget": key[0], "rank": key[1], "scope": ALL_GROUPS,
+                              "method": r["method"], "task": r["column"].task, "reference": ref,
+                              "models": len(r["per_model"]), "better in": r["better"],
+                              "pooled Δ": pl["estimate"], "pooled Δ lo": pl["ci95"][0], "pooled Δ hi": pl["ci95"][1],
+                              "pooled Δ p": pl["p"], "tau2": pl["tau2"], "I2": pl["i2"],
+                              "stratified Δ": ex["diff"] if ex else None, "stratified p": ex["p"] if ex else None})
+        scen, left = scenarios(grouped, key, models, columns, chance)
+        md += ranking_lines(key, scen, left, title, plot_dir, written)
+    return md

@@ -1,0 +1,298 @@
+"""Verdicts across models (core/meta_analysis.py, leaderboard/across_models.py) against references written here:
+DerSimonian-Laird by hand, Friedman against scipy's, Nemenyi against Demsar's published table, win rate and mean
+rank on a hand case with ties, and a three-model result tree the report renders."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from core.meta_analysis import (cliques, dersimonian_laird, friedman, nemenyi_cd, paired_effect, scenario_ranks,
+                                stratified_mcnemar, win_rates)
+from core.record import cell_relpath
+from leaderboard.report import build
+
+
+# ---------------------------------------------------------------- the statistics, by hand
+
+def test_dersimonian_laird_by_hand():
+    y, v = [0.10, 0.30, -0.05], [0.01, 0.02, 0.015]
+    w = [100.0, 50.0, 1 / 0.015]  # 1 / v
+    fixed = (100 * 0.10 + 50 * 0.30 - 0.05 / 0.015) / sum(w)
+    assert fixed == pytest.approx(0.1)
+    q = 100 * 0.0 ** 2 + 50 * 0.2 ** 2 + (1 / 0.015) * 0.15 ** 2  # = 2 + 1.5
+    assert q == pytest.approx(3.5)
+    c = sum(w) - (100 ** 2 + 50 ** 2 + (1 / 0.015) ** 2) / sum(w)
+    tau2 = (q - 2) / c
+    ws = [1 / (vi + tau2) for vi in v]
+    est = sum(wi * yi for wi, yi in zip(ws, y)) / sum(ws)
+    se = math.sqrt(1 / sum(ws))
+    got = dersimonian_laird(y, v)
+    assert got["q"] == pytest.approx(3.5)
+    assert got["df"] == 2 and got["k"] == 3
+    assert got["tau2"] == pytest.approx(tau2) and got["tau2"] == pytest.approx(0.0108333, rel=1e-4)
+    assert got["i2"] == pytest.approx(1.5 / 3.5)
+    assert got["estimate"] == pytest.approx(est) and got["estimate"] == pytest.approx(0.105708, rel=1e-4)
+    assert got["se"] == pytest.approx(se)
+    assert got["ci95"] == pytest.approx([est - 1.959964 * se, est + 1.959964 * se], rel=1e-6)
+    assert got["p"] == pytest.approx(2 * (1 - stats.norm.cdf(est / se)))
+    assert sum(got["weights"]) == pytest.approx(1.0)
+    assert got["weights"][0] == pytest.approx(ws[0] / sum(ws))
+
+
+def test_dersimonian_laird_homogeneous_is_the_fixed_effect():
+    """Q below its degrees of freedom: tau^2 is 0 and the estimate the inverse-variance mean."""
+    got = dersimonian_laird([0.1, 0.12], [0.01, 0.04])
+    q = 100 * (0.1 - 0.104) ** 2 + 25 * (0.12 - 0.104) ** 2  # fixed = (10 + 3) / 125 = 0.104
+    assert got["q"] == pytest.approx(q)
+    assert got["tau2"] == 0.0 and got["i2"] == 0.0
+    assert got["estimate"] == pytest.approx(0.104)
+    assert got["se"] == pytest.approx(math.sqrt(1 / 125))
+
+
+def test_dersimonian_laird_one_model_is_that_model():
+    got = dersimonian_laird([-0.2], [0.04])
+    assert (got["estimate"], got["se"], got["tau2"], got["df"]) == (pytest.approx(-0.2), pytest.approx(0.2), 0.0, 0)
+
+
+@pytest.mark.parametrize("y, v", [([], []), ([0.1], [0.0]), ([0.1, float("nan")], [0.1, 0.1]), ([0.1], [0.1, 0.2])])
+def test_dersimonian_laird_refuses_what_it_cannot_weigh(y, v):
+    with pytest.raises(ValueError):
+        dersimonian_laird(y, v)
+
+
+def test_paired_effect_by_hand():
+    ref, other = [1, 1, 0, 0, 1], [1, 0, 1, 1, 1]  # d = 0, -1, 1, 1, 0
+    diff, var = paired_effect(ref, other)
+    assert diff == pytest.approx(1 / 5)
+    # sample variance of d: (sum d^2 - n mean^2) / (n - 1) = (3 - 0.2) / 4 = 0.7; over n
+    assert var == pytest.approx(0.7 / 5)
+    same_diff, floor = paired_effect([0.0, 1.0, 2.0, 3.0], [0.5, 1.5, 2.5, 3.5])  # a constant difference
+    assert same_diff == pytest.approx(0.5) and floor == pytest.approx(1 / 16)
+    with pytest.raises(ValueError):
+        paired_effect([1.0], [0.0])
+
+
+def test_stratified_mcnemar_pools_the_discordant_pairs():
+    # model 1: 3 items only the other method gets right, 1 only the reference; model 2: 4 and 0
+    s2 = ([0, 0, 0, 0, 1], [1, 1, 1, 1, 1])
+    s1 = ([1, 0, 0, 0, 1, 0], [0, 1, 1, 1, 1, 0])
+    got = stratified_mcnemar([s1, s2])
+    b, c, n = 1, 7, 11
+    assert got["discordant"] == [b, c] and got["n"] == n and got["strata"] == 2
+    assert got["diff"] == pytest.approx((c - b) / n)
+    assert got["p"] == pytest.approx(stats.binomtest(c, b + c, 0.5).pvalue)
+    assert got["p"] == pytest.approx(2 * (1 + 8) / 2 ** 8)  # two-sided: P(X <= 1) + P(X >= 7), X ~ Bin(8, 1/2)
+    with pytest.raises(ValueError):
+        stratified_mcnemar([([1, 0], [1])])
+
+
+def test_ranks_and_win_rates_on_a_hand_case_with_ties():
+    acc = ({"a": 0.5, "b": 0.5, "c": 0.2}, True)  # a and b tie for first
+    ppl = ({"a": 30.0, "b": 20.0, "c": 40.0}, False)  # b best, c worst
+    assert scenario_ranks(*acc) == {"a": 1.5, "b": 1.5, "c": 3.0}
+    assert scenario_ranks(*ppl) == {"a": 2.0, "b": 1.0, "c": 3.0}
+    wr = win_rates([acc, ppl])
+    # a: (0.5 + 1) / 2 in acc, 1 / 2 in ppl -> (0.75 + 0.5) / 2; b: 0.75 and 1; c: 0 and 0
+    assert wr == {"a": pytest.approx(0.625), "b": pytest.approx(0.875), "c": 0.0}
+    assert win_rates([({"a": 1.0}, True)]) == {}  # a scenario of one method has nothing to win
+
+
+def test_friedman_equals_scipys_with_ties():
+    values = [[0.61, 0.55, 0.55, 0.40], [0.72, 0.70, 0.69, 0.50], [0.33, 0.35, 0.30, 0.30],
+              [0.80, 0.80, 0.80, 0.79], [0.52, 0.49, 0.51, 0.45]]
+    names = ["w", "x", "y", "z"]
+    rows = [scenario_ranks(dict(zip(names, v)), True) for v in values]
+    got = friedman(rows)
+    # scipy ranks ascending within blocks; the statistic is the same for ranks by -value
+    ref = stats.friedmanchisquare(*[[-v[j] for v in values] for j in range(4)])
+    assert got["statistic"] == pytest.approx(ref.statistic)
+    assert got["p"] == pytest.approx(ref.pvalue)
+    assert got["df"] == 3 and got["n"] == 5
+    assert got["mean_ranks"]["w"] == pytest.approx(sum(r["w"] for r in rows) / 5)
+    with pytest.raises(ValueError):
+        friedman([{"a": 1.0, "b": 2.0}])  # 2 methods
+
+
+def test_nemenyi_cd_matches_demsars_worked_example():
+    """Demsar (2006), section 3.2.2: four classifiers on 14 data sets, q_0.05 = 2.569 from his Table 5(a),
+    CD = 2.569 * sqrt(4 * 5 / (6 * 14)) = 1.25."""
+    cd = nemenyi_cd(4, 14)
+    assert cd / math.sqrt(4 * 5 / (6 * 14)) == pytest.approx(2.569, abs=5e-4)
+    assert cd == pytest.approx(1.25, abs=0.005)
+    # the rest of his Table 5(a) at 0.05: k = 2, 3, 5, 10
+    for k, q in ((2, 1.960), (3, 2.343), (5, 2.728), (10, 3.164)):
+        assert nemenyi_cd(k, 6) / math.sqrt(k * (k + 1) / 36) == pytest.approx(q, abs=1e-3)  # printed to 3 places
+
+
+def test_cliques_are_the_maximal_runs_within_the_cd():
+    ranks = {"a": 1.0, "b": 1.5, "c": 2.1, "d": 3.5, "e": 3.6}
+    assert cliques(ranks, 1.3) == [["a", "b", "c"], ["d", "e"]]
+    assert cliques(ranks, 0.05) == []
+    assert cliques(ranks, 10) == [["a", "b", "c", "d", "e"]]
+
+
+# ---------------------------------------------------------------- a three-model tree the report renders
+
+N = 40
+# correct items: the first k of each task's N (so the discordant pairs are known exactly)
+LAMA = {"model-x": {"dense": 30, "pca": 20, "fasc-kfac": 26, "svd": 10},
+        "model-y": {"dense": 28, "pca": 18, "fasc-kfac": 21, "svd": 19},
+        "model-z": {"dense": 5, "pca": 4, "fasc-kfac": 5, "svd": 3}}  # dense at chance (0.1): left out
+NLL = {"model-x": {"dense": 3.0, "pca": 3.4, "fasc-kfac": 3.3, "svd": 4.0},
+       "model-y": {"dense": 2.8, "pca": 3.1, "fasc-kfac": 3.05, "svd": 3.9},
+       "model-z": {"dense": 3.5, "pca": 3.9, "fasc-kfac": 3.95, "svd": 4.4}}
+WINDOWS = 6
+
+
+def window_nll(model, method):
+    return [NLL[model][method] + 0.01 * ((3 * i + len(model) + len(method)) % 5) for i in range(WINDOWS)]
+
+
+def write_cell(root: Path, model: str, method: str, task: str):
+    rank = None if method == "dense" else 0.5
+    if task == "lama":
+        k = LAMA[model][method]
+        records = [{"id": i, "correct": i < k, "chance": 0.1} for i in range(N)]
+        metrics, higher = {"p@1": k / N}, {"p@1": True}
+    else:
+        nll = window_nll(model, method)
+        records = [{"window": i, "nll": v} for i, v in enumerate(nll)]
+        metrics, higher = {"ppl": math.exp(sum(nll) / WINDOWS)}, {"ppl": False}
+    rec = {"schema_version": 2, "cell": {"model": model, "method": method, "rank": rank, "budget": "rank",
+                                         "task": task, "key": "k1"},
+           "higher_is_better": higher, "versions": {"task": 1, "method": None if method == "dense" else 1},
+           "model_fingerprint": {"source": "gguf", "sha256": f"{model}-sha", "dtype": "float32"}, "seed": 0,
+           "env": {"date": "2026-12-01T00:00:00Z"}, "metrics": metrics, "stderr": {}, "primary_metric": next(iter(metrics)),
+           "records": records, "details": {}, "compression": None if method == "dense" else {"param_ratio": 0.5}}
+    p = root / cell_relpath(model, method, rank, "rank", task, "k1")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(rec))
+
+
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory):
+    out = tmp_path_factory.mktemp("across")
+    root = out / "results"
+    for model in LAMA:
+        for method in LAMA[model]:
+            for task in ("lama", "ppl-token"):
+                write_cell(root, model, method, task)
+    info = build([root], out / "LEADERBOARD.md")
+    return info, out, (out / "LEADERBOARD.md").read_text()
+
+
+def _row(text: str, method: str, task: str) -> list[str]:
+    section = text[text.index("## Across models"):]
+    line = next(l for l in section.splitlines() if l.startswith(f"| {method} ") and f"| {task}" in l)
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_the_report_pools_each_method_over_the_models(three_models):
+    _, _, text = three_models
+    assert "### rank ratio 0.5: 3 models (model-x, model-y, model-z)" in text
+    assert "at chance, so left out of the pooled verdicts and the ranking: lama on model-z" in text
+    row = _row(text, "fasc-kfac", "lama p@1")
+    # per model (x, y; z at chance): 6 and 3 items only fasc-kfac gets right, none only pca
+    assert row[4] == "" and row[5] == "2 of 2 (+ + ·)"
+    effects = [paired_effect([i < LAMA[m]["pca"] for i in range(N)], [i < LAMA[m]["fasc-kfac"] for i in range(N)])
+               for m in ("model-x", "model-y")]
+    assert effects[0][0] == pytest.approx(6 / 40) and effects[1][0] == pytest.approx(3 / 40)
+    pooled = dersimonian_laird([e[0] for e in effects], [e[1] for e in effects])
+    lo, hi = pooled["ci95"]
+    assert row[6].startswith(f"{pooled['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    # over all 80 items: 9 discordant pairs, all for fasc-kfac
+    assert row[8].startswith(f"{9 / 80:+.3f}") and f"p={stats.binomtest(9, 9, 0.5).pvalue:.2g}" in row[8]
+    nll = _row(text, "fasc-kfac", "ppl-token ppl (Δ NLL)")
+    assert nll[5] == "2 of 3 (+ + −)" and nll[8] == ""  # worse than pca on model-z; no exact test for NLL
+    svd = _row(text, "svd", "lama p@1")
+    assert svd[5] == "1 of 2 (− + ·)"
+
+
+def test_the_report_ranks_the_methods_with_friedman_and_a_cd_figure(three_models):
+    info, out, text = three_models
+    section = text[text.index("Ranking over 5 (model, task) scenarios"):]
+    # per scenario (x/lama, x/ppl, y/lama, y/ppl, z/ppl): fasc-kfac ranks 1 1 1 1 2, pca 2 2 3 2 1, svd 3 3 2 3 3
+    fasc = next(l for l in section.splitlines() if l.startswith("| fasc-kfac"))
+    assert [c.strip() for c in fasc.strip("|").split("|")][1:4] == ["0.900", "1.20", "1"]
+    pca = next(l for l in section.splitlines() if l.startswith("| pca"))
+    assert [c.strip() for c in pca.strip("|").split("|")][1:3] == ["0.500", "2.00"]
+    ranks = [{"fasc-kfac": 1, "pca": 2, "svd": 3}] * 2 + [{"fasc-kfac": 1, "pca": 3, "svd": 2},
+                                                          {"fasc-kfac": 1, "pca": 2, "svd": 3},
+                                                          {"fasc-kfac": 2, "pca": 1, "svd": 3}]
+    fr = friedman(ranks)
+    assert f"Friedman χ² = {fr['statistic']:.2f} (df 2, n = 5 scenarios), p = {fr['p']:.2g}" in section
+    assert f"Nemenyi critical difference at 0.05: {nemenyi_cd(3, 5):.2f}" in section
+    figure = out / "plots" / "across_models_cd_rank_0.5.png"
+    assert figure in info["plots"] and figure.stat().st_size > 0
+    assert "![critical difference diagram](plots/across_models_cd_rank_0.5.png)" in section
+    rows = json.loads((out / "LEADERBOARD.json").read_text())
+    pooled = [r for r in rows if r["model"] == "across models"]
+    assert {(r["method"], r["task"]) for r in pooled} == {(m, t) for m in ("fasc-kfac", "svd")
+                                                         for t in ("lama", "ppl-token")}
+
+
+def test_one_model_has_no_across_models_section(tmp_path):
+    root = tmp_path / "results"
+    for method in LAMA["model-x"]:
+        write_cell(root, "model-x", method, "lama")
+    build([root], tmp_path / "LEADERBOARD.md")
+    assert "Across models" not in (tmp_path / "LEADERBOARD.md").read_text()
+    assert re.search(r"## model-x", (tmp_path / "LEADERBOARD.md").read_text())
+
+
+# ---------------------------------------------------------------- bench run --model A B
+
+def two_models(tmp_path) -> list[str]:
+    """The tiny checkpoint, and a copy under another name (a second model of the sweep)."""
+    import shutil
+
+    from bench.cli.smoke import tiny_checkpoint
+
+    first = Path(tiny_checkpoint())
+    second = tmp_path / "tiny-copy"
+    shutil.copytree(first, second)
+    return [str(first), str(second)]
+
+
+def sweep_args(models: list[str], out: Path) -> list[str]:
+    return ["run", "--model", *models, "--methods", "pca", "svd", "--rank", "0.5", "--tasks", "lama", "ppl-token",
+            "--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--lama-limit", "1",
+            "--lama-candidates", "6", "--ppl-windows", "2", "--ppl-seq-len", "32", "--output", str(out), "--quiet",
+            "--no-latency"]
+
+
+def test_a_model_that_cannot_load_stops_the_sweep_before_any_cell(tmp_path, capsys):
+    from bench.cli import main
+
+    models = two_models(tmp_path)[:1] + [str(tmp_path / "no-such-model")]
+    rc = main(sweep_args(models, tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "no-such-model does not exist" in err and "Traceback" not in err
+    assert not list((tmp_path / "out").rglob("*.json"))  # the first model's cells were not started
+
+
+def test_compress_takes_one_model(tmp_path, capsys):
+    from bench.cli import main
+
+    rc = main(["compress", "--model", "a", "b", "--method", "pca", "--save", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "takes one model, and --model names 2 (a, b)" in err
+
+
+def test_a_sweep_over_two_models_writes_both_and_pools_them(tmp_path):
+    from bench.cli import main
+
+    models = two_models(tmp_path)
+    out = tmp_path / "out"
+    assert main(sweep_args(models, out)) == 0
+    names = {p.relative_to(out).parts[0] for p in out.rglob("*.json") if p.parent != out}
+    assert len(names) == 2 and "tiny-copy" in names
+    text = (out / "LEADERBOARD.md").read_text()
+    assert "## Across models" in text and "### rank ratio 0.5: 2 models" in text
+    # the copy has the same weights: every paired difference is the same in both models, so no heterogeneity
+    row = _row(text, "svd", "PPL (ppl-token) (Δ NLL)")
+    assert row[2] == row[3] and row[6] == "0 / 0 %"
