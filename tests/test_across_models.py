@@ -296,3 +296,20 @@ def test_a_sweep_over_two_models_writes_both_and_pools_them(tmp_path):
     # the copy has the same weights: every paired difference is the same in both models, so no heterogeneity
     row = _row(text, "svd", "PPL (ppl-token) (Δ NLL)")
     assert row[2] == row[3] and row[6] == "0 / 0 %"
+
+
+def test_a_config_file_names_several_models(tmp_path):
+    """`model:` as a YAML list or a comma list gives one config per model; the command line's --model wins."""
+    from bench.cli import _parser
+    from bench.cli.run import configs_from_args
+
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text("model: [gemma-3-270m, smollm2-135m]\nmethods: pca\n")
+    configs = configs_from_args(_parser().parse_args(["run", "--config", str(cfg)]))
+    assert [c.model for c in configs] == ["gemma-3-270m", "smollm2-135m"]
+    assert all(c.methods == ["pca"] for c in configs)
+    cfg.write_text("model: gemma-3-270m, smollm2-135m, gemma-3-270m\n")
+    assert [c.model for c in configs_from_args(_parser().parse_args(["run", "--config", str(cfg)]))] == \
+        ["gemma-3-270m", "smollm2-135m"]  # each once
+    args = _parser().parse_args(["run", "--config", str(cfg), "--model", "x"])
+    assert [c.model for c in configs_from_args(args)] == ["x"]

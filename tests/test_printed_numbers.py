@@ -140,6 +140,7 @@ class _Body(torch.nn.Module):
         super().__init__()
         self.clock, self.costs, self.dense, self.prefills, self.order = clock, costs, None, 0, []
         self.w = torch.nn.Parameter(torch.zeros(1))
+        self.proj = _Proj(clock)  # a step spends LINEAR_SHARE of its cost in this linear product
 
     def forward(self, inputs_embeds=None, input_ids=None, use_cache=False, past_key_values=None):
         from types import SimpleNamespace
@@ -149,9 +150,27 @@ class _Body(torch.nn.Module):
             self.prefills += 1
             self.order.append(self.dense)
         elif past_key_values is not None:  # a decode step reads the prompt's cache (else it costs nothing here)
-            self.clock.t += self.costs("step", self.dense, self.prefills // 2)
+            cost = self.costs("step", self.dense, self.prefills // 2)
+            self.clock.t += (1 - LINEAR_SHARE) * cost
+            self.proj.pending = LINEAR_SHARE * cost
+            self.proj(torch.zeros(1, 1, 4))
         # a cache only where one is asked for, as a transformers model returns it
         return SimpleNamespace(last_hidden_state=torch.zeros(1, 1, 4), past_key_values=[] if use_cache is True else None)
+
+
+LINEAR_SHARE = 0.75
+
+
+class _Proj(torch.nn.Linear):
+    """The body's linear product: its share of a step's cost, charged only when it runs."""
+
+    def __init__(self, clock):
+        super().__init__(4, 4)
+        self.clock, self.pending = clock, 0.0
+
+    def forward(self, x):
+        self.clock.t += self.pending
+        return super().forward(x)
 
 
 class _Head(torch.nn.Linear):
@@ -236,8 +255,16 @@ def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monk
         got["variant"]["decode_ms_per_token"]
     assert (got["protocol"], got["version"], got["conditions"]["fed_tokens"]) == ("interleaved", 2, "random ids")
     assert got["conditions"]["decode_kernel"] is None and got["conditions"]["weight_kernel"] is None
+    # after the rounds, dense's overhead floor: 3 rounds of 3 steps with the products and 3 without, alternating
+    over = got["body_overhead"]
+    assert over["dense_body_ms"] == pytest.approx(4.0) and over["floor_ms"] == pytest.approx(1.0)
+    assert over["linear_share"] == pytest.approx(LINEAR_SHARE) and over["rounds"] == 3
+    assert model.body.proj.forward.__func__ is _Proj.forward  # the product restored after the floor's rounds
+    floor = 3 * ((3 * 4e-3 + 1e-3) + (3 * 1e-3 + 1e-3))
     total = sum(3 * (costs("step", d, r)) + costs("prefill", d, r) + 1e-3 for r in range(5) for d in (True, False))
-    assert got["seconds"] == pytest.approx(total)  # the warm-up and four rounds: every call the clock saw
+    assert got["seconds"] == pytest.approx(total + floor)  # the warm-up, four rounds, the floor: every call timed
+    assert set(got["conditions"]["memory_bandwidth"]) == {"copy_gb_s", "triad_gb_s", "array_mb", "threads"}
+    assert got["conditions"]["dense_product"]["shape"] == [4, 4]  # the body's largest (its only) linear
 
 
 def test_compare_latency_stops_at_its_time_cap_and_says_it_did_not_converge(monkeypatch):
@@ -245,12 +272,29 @@ def test_compare_latency_stops_at_its_time_cap_and_says_it_did_not_converge(monk
 
     # the variant alternates 1 ms and 3 ms steps: the interval never narrows to +-3 %
     costs = lambda kind, dense, rnd: 1e-3 if kind == "prefill" or dense else (1e-3 if rnd % 2 else 3e-3)
-    spec = LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=4, seconds=0.05)
+    spec = LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=4, seconds=0.05, cap_rounds=1)
     got, _ = _latency(costs, spec, monkeypatch)
     assert got["converged"] is False and got["rounds"] >= 4 and got["seconds"] > 0.05
     per_round = 2 * 1e-3 + 2 * 1e-3 + 2 * 1e-3 + 2 * 1e-3  # at least: 2 + 2 steps, 2 prefills, 2 heads
     assert got["rounds"] <= 0.05 / per_round  # stopped at the cap, not run on
     assert got["speedup"]["decode_body"]["ci95"][1] / got["speedup"]["decode_body"]["ratio"] - 1 > 0.03
+
+
+def test_the_time_cap_scales_with_the_time_of_one_round(monkeypatch):
+    """A round longer than `seconds` / `cap_rounds` moves the cap to `cap_rounds` warm-up rounds."""
+    from bench.measure import LatencySpec
+
+    costs = lambda kind, dense, rnd: 0.1 if kind == "prefill" or dense else (0.1 if rnd % 2 else 0.3)
+    spec = LatencySpec(prompt_len=4, new_tokens=2, prefill_len=5, batch=2, min_rounds=4, seconds=0.5, cap_rounds=12)
+    got, _ = _latency(costs, spec, monkeypatch)
+    warm_up = 2 * 0.1 + 2 * 0.3 + 2 * 0.1 + 2 * 1e-3  # two steps each (the variant's at 0.3 in round 0), 2 prefills, 2 heads
+    assert got["conditions"]["cap_seconds_used"] == pytest.approx(12 * warm_up)
+    elapsed, rounds = warm_up, 0
+    while elapsed <= 12 * warm_up:  # the rounds after the warm-up: the variant's steps 0.1 s in odd rounds, 0.3 s in even
+        rounds += 1
+        elapsed += 2 * 0.1 + 2 * (0.1 if rounds % 2 else 0.3) + 2 * 0.1 + 2 * 1e-3
+    assert got["converged"] is False and got["rounds"] == rounds == 14
+    assert got["conditions"]["cap_rounds"] == 12
 
 
 def test_latency_spec_conditions_in_full():
@@ -259,7 +303,7 @@ def test_latency_spec_conditions_in_full():
     assert LatencySpec(prompt_len=7, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.04, min_rounds=6,
                        seconds=2.5).conditions() == {
         "prompt_len": 7, "new_tokens": 3, "prefill_len": 5, "prefill_batch": 2, "target_halfwidth": 0.04,
-        "min_rounds": 6, "cap_seconds": 2.5, "threads": torch.get_num_threads()}
+        "min_rounds": 6, "cap_seconds": 2.5, "cap_rounds": 16, "threads": torch.get_num_threads()}
 
 
 def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):
@@ -277,7 +321,11 @@ def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):
     assert got["variant"]["prefill_body_tokens_per_s"] == pytest.approx(10 / 4e-3)
     assert got["prefill_ms_per_token"] == pytest.approx(0.4)
     assert got["decode_ms_per_token"] == pytest.approx(got["variant"]["decode_body_ms_per_token"] + 1.0)
-    assert got["seconds"] == pytest.approx(sum(2 * steps[r // 2] + 4e-3 + 1e-3 for r in range(5)))  # 2 steps a round
+    # then the floor, at steps[2]: 3 rounds of 2 steps with the product and 2 with only the rest (a quarter)
+    assert got["body_overhead"]["dense_body_ms"] == pytest.approx(3.0)
+    assert got["body_overhead"]["floor_ms"] == pytest.approx((1 - LINEAR_SHARE) * 3.0)
+    floor = 3 * ((2 * 3e-3 + 1e-3) + (2 * (1 - LINEAR_SHARE) * 3e-3 + 1e-3))
+    assert got["seconds"] == pytest.approx(sum(2 * steps[r // 2] + 4e-3 + 1e-3 for r in range(5)) + floor)
 
 
 def test_ratio_interval_with_one_and_with_two_rounds():
@@ -546,3 +594,72 @@ def test_uniform_allocation_and_the_budget_check_by_hand():
     assert a.ks == {"a": 5, "b": 1} and (a.allocated_params, a.dense_params) == (5 * 40 + 8, 416)
     with pytest.raises(UserError, match=r"^--rank 0.05: a parameter budget of 20 is below"):
         check_budget(groups, RankSpec(0.05, "params"))
+
+
+# ---------------------------------------------------------------- speed beside its bound and ceiling (leaderboard/)
+
+def test_bytes_bound_fraction_and_ceiling_on_hand_rows():
+    from leaderboard.tables import ceiling, speed_bounds
+
+    # act-sparse at density 0.5: bound 2; dense body 40 ms of which 16 ms outside the products:
+    # ceiling 40 / (16 + 24 / 2) = 40 / 28
+    row = {"decode speedup (body)": 1.25, "decode speedup (body) ci": (1.2, 1.3), "compute ratio": 0.5}
+    speed_bounds(row, {"dense_body_ms": 40.0, "floor_ms": 16.0})
+    assert row["bytes bound"] == pytest.approx(2.0) and row["of bound"] == pytest.approx(0.625)
+    assert row["ceiling (body)"] == pytest.approx(40 / 28) and row["of ceiling"] == pytest.approx(1.25 * 28 / 40)
+    # a threshold's measured density wins over its compute ratio; a low-rank row's param ratio stands in for an
+    # absent compute ratio; no overhead measured: no ceiling
+    teal = {"decode speedup (body)": 1.1, "decode speedup (body) ci": (1.0, 1.2), "compute ratio": 0.5,
+            "measured density": 0.4}
+    speed_bounds(teal, None)
+    assert teal["bytes bound"] == pytest.approx(2.5) and "ceiling (body)" not in teal
+    lowrank = {"decode speedup (body)": 1.0, "decode speedup (body) ci": (0.9, 1.1), "param ratio": 0.8}
+    speed_bounds(lowrank, {"dense_body_ms": 10.0, "floor_ms": 10.0})  # everything outside the products
+    assert lowrank["bytes bound"] == pytest.approx(1.25) and lowrank["ceiling (body)"] == pytest.approx(1.0)
+    for untimed in ({"compute ratio": 0.5}, {"decode speedup (body)": 1.2, "compute ratio": 0.5},  # no interval
+                    {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "compute ratio": 1.0}):
+        speed_bounds(untimed, {"dense_body_ms": 10.0, "floor_ms": 5.0})
+        assert "bytes bound" not in untimed
+    assert ceiling(10.0, 0.0, 4.0) == pytest.approx(4.0) and ceiling(10.0, 12.0, 4.0) == pytest.approx(10 / 12)
+
+
+def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
+    from leaderboard.report import _fmt_speedup
+
+    row = {"decode speedup": 1.05, "decode speedup ci": (0.97, 1.13), "decode converged": False}
+    assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13]) (not converged)"
+    row["decode converged"] = True
+    assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13])"
+
+
+def test_the_header_names_what_bounds_decode():
+    from core.record import CellRecord
+    from leaderboard.report import bounds_line
+
+    lat = {"conditions": {"memory_bandwidth": {"copy_gb_s": 14.04, "triad_gb_s": 15.96, "array_mb": 256, "threads": 2},
+                          "dense_product": {"shape": [640, 2048], "dtype": "float32", "gb_s": 12.34}},
+           "body_overhead": {"dense_body_ms": 42.0, "floor_ms": 17.25}}
+    cell = CellRecord.__new__(CellRecord)
+    cell.latency = lat
+    assert bounds_line([cell]) == [
+        "- what bounds decode here: memory copy 14.0 GB/s, triad 16.0 GB/s (256 MB arrays, 2 threads); a dense "
+        "batch-1 product of the largest site (640 x 2048 float32, weights cold) streams 12.3 GB/s; dense body decode "
+        "42.00 ms/token, of which 17.25 ms outside the linear products (the overhead floor)"]
+    cell.latency = {"conditions": {}}
+    assert bounds_line([cell]) == []
+
+
+def test_bandwidth_probes_and_the_skipped_products():
+    from bench.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
+
+    got = stream_bandwidth(8 * 2**20)
+    assert got["array_mb"] == 8 and got["copy_gb_s"] > 0 and got["triad_gb_s"] > 0
+    g = gemv_bandwidth(64, 32, cold_bytes=2**20)
+    assert g["shape"] == [64, 32] and g["dtype"] == "float32" and g["gb_s"] > 0
+    body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    body.get_decoder = lambda: body
+    assert largest_linear(body) == (16, 8, torch.float32)
+    x = torch.randn(3, 8)
+    with linear_products_skipped(body) as n:
+        assert n == 2 and torch.equal(body(x), torch.zeros(3, 4))
+    assert not torch.equal(body(x), torch.zeros(3, 4))  # restored
