@@ -107,7 +107,7 @@ class LatencySpec:
     Dense and the variant alternate decode step by step and prefill once each per round (the order flipped every
     step and every round, so a drift of the machine loads both alike); rounds go on until the body decode speedup's
     95 % interval is within +-`halfwidth` (at least `min_rounds`), or until the cap: `seconds`, or `cap_rounds`
-    times the warm-up round where that is longer (a model whose round takes 2 s still gets its rounds)."""
+    times the median round where that is longer (a model whose round takes 2 s still gets its rounds)."""
 
     prompt_len: int = 128
     new_tokens: int = 16
@@ -124,7 +124,7 @@ class LatencySpec:
                 "cap_seconds": self.seconds, "cap_rounds": self.cap_rounds, "threads": torch.get_num_threads()}
 
     def cap(self, round_seconds: float) -> float:
-        """The seconds of rounds a comparison may spend: `seconds`, or `cap_rounds` rounds where those are longer."""
+        """The seconds a comparison may spend: `seconds`, or `cap_rounds` rounds of `round_seconds` where longer."""
         return max(self.seconds, self.cap_rounds * round_seconds)
 
 
@@ -282,13 +282,16 @@ def compare_latency(model, use_dense, spec: LatencySpec = LatencySpec(), text: t
     prefills; without them, random ids (recorded in the conditions)."""
     probe = _Probe(model, spec, text)
     t_start = time.perf_counter()
-    probe.paired_round(use_dense, True)  # warm-up: both models once, times dropped
-    cap = spec.cap(time.perf_counter() - t_start)
+    probe.paired_round(use_dense, True)  # warm-up: both models once, times dropped (and not in the cap)
     rounds: list[tuple[dict, dict]] = []
+    durations: list[float] = []
     converged = False
     try:
         while True:
+            t_round = time.perf_counter()
             rounds.append(probe.paired_round(use_dense, dense_first=len(rounds) % 2 == 0))
+            durations.append(time.perf_counter() - t_round)
+            cap = spec.cap(statistics.median(durations))  # a first call's slowness moves no cap
             speed = ratio_interval([d["decode_body_ms_per_token"] / v["decode_body_ms_per_token"] for d, v in rounds])
             if speed["ci95"] and len(rounds) >= spec.min_rounds:
                 converged = speed["ci95"][1] / speed["ratio"] - 1 <= spec.halfwidth and \

@@ -51,6 +51,14 @@ def _speedups(terminalreporter, session) -> None:
         if "speedup_end_to_end" in b.extra_info:
             e = b.extra_info["speedup_end_to_end"]
             line += f"; end to end (embedding and head included) {e['ratio']:.2f}x"
+        if "bounds" in b.extra_info:
+            k = b.extra_info["bounds"]
+            mb, dp = k["memory_bandwidth"], k["dense_product"]
+            line += (f"; dense body {k['dense_body_ms']:.2f} ms/token, floor {k['floor_ms']:.2f} ms outside the "
+                     f"products; bytes bound {k['bound']:.2f}x, ceiling {k['ceiling']:.2f}x; "
+                     f"{'converged' if k['converged'] else 'NOT converged'} in {k['rounds']} rounds; memory copy "
+                     f"{mb['copy_gb_s']:.1f} / triad {mb['triad_gb_s']:.1f} GB/s, dense product "
+                     f"{'x'.join(map(str, dp['shape']))} {dp['gb_s']:.1f} GB/s")
         terminalreporter.write_line(line)
 
 

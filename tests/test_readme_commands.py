@@ -90,13 +90,15 @@ def check(argv: list[str]) -> None:
 
     args = _parser().parse_args(argv[1:])
     if args.cmd == "run":
-        from bench.cli.run import run_config
+        from bench.cli.run import run_configs
 
-        resolve_run(run_config(args), writes=False)
+        for config in run_configs(args):  # one per model
+            resolve_run(config, writes=False)
     elif args.cmd == "plan":
-        from bench.cli.plan import plan_config
+        from bench.cli.plan import plan_configs
 
-        resolve_run(plan_config(args), writes=False)
+        for config in plan_configs(args):
+            resolve_run(config, writes=False)
     elif args.cmd == "compress":
         from bench.cli.compress import compress_config
 
