@@ -105,10 +105,12 @@ def test_body_decode(benchmark, model, method, pattern):
         benchmark.extra_info["speedup_end_to_end"] = got["speedup"]["decode"]
         benchmark.extra_info["what"] = f"{model} body decode, {method} {pattern}"
         # what bounds it (as a run's cell stores it): the overhead floor, the bytes bound and the ceiling
+        from leaderboard.tables import ceiling
+
         over, bound = got["body_overhead"], 1 / SparsitySpec.parse(pattern).density
         benchmark.extra_info["bounds"] = {
             "dense_body_ms": over["dense_body_ms"], "floor_ms": over["floor_ms"], "bound": bound,
-            "ceiling": over["dense_body_ms"] / (over["floor_ms"] + (over["dense_body_ms"] - over["floor_ms"]) / bound),
+            "ceiling": ceiling(over["dense_body_ms"], over["floor_ms"], bound),
             "converged": got["converged"], "rounds": got["rounds"], **{k: got["conditions"][k] for k in
                                                                        ("memory_bandwidth", "dense_product")}}
         ids = torch.randint(3, 1000, (1, 1))

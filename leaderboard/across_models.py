@@ -17,13 +17,10 @@ from core.record import ALL_GROUPS, CellRecord
 from core.significance import ALPHA, compare, item_keys, item_scores
 
 from . import plots
-from .tables import Column, budget_title, chance_table, metric_columns, section_order
+from .report import _slug, fmt_interval
+from .tables import Column, budget_title, chance_table, is_number, metric_columns, section_order
 
 MIN_CD_BLOCKS = 3  # the critical-difference figure needs at least this many (model, task) scenarios
-
-
-def _slug(s: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
 
 
 def _paired(ref: CellRecord | None, cell: CellRecord | None):
@@ -94,11 +91,6 @@ def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Colu
     return rows
 
 
-def _fmt_ci(d: float, lo: float, hi: float, p: float) -> str:
-    s = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
-    return s + " *" if p < ALPHA else s
-
-
 def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
     body = []
     for r in rows:
@@ -106,15 +98,15 @@ def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
         cells = []
         for m in models:
             shown = per[m]["shown"] if m in per else None
-            cells.append(_fmt_ci(shown["diff"], *shown["ci95"], shown["p"]) if shown else "")
+            cells.append(fmt_interval(shown["diff"], *shown["ci95"], shown["p"]) if shown else "")
         signs = " ".join(("+" if _better(per[m]["diff"], r["column"].higher) else "=" if per[m]["diff"] == 0
                           else "−") if m in per else "·" for m in models)
         pl = r["pooled"]
         ex = r["exact"]
         kind = next(iter(per.values()))["kind"]
         body.append([r["method"], r["column"].label + (" (Δ NLL)" if kind == "nll" else ""), *cells, f"{r['better']} of {len(per)} ({signs})",
-                     _fmt_ci(pl["estimate"], *pl["ci95"], pl["p"]), f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %",
-                     _fmt_ci(ex["diff"], *ex["ci95"], ex["p"]) if ex else ""])
+                     fmt_interval(pl["estimate"], *pl["ci95"], pl["p"]), f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %",
+                     fmt_interval(ex["diff"], *ex["ci95"], ex["p"]) if ex else ""])
     headers = ["method", "task", *[f"Δ vs {ref}: {m}" for m in models], "better in", "pooled Δ (random effects)",
                "τ² / I²", "all items (stratified exact)"]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
@@ -134,7 +126,7 @@ def scenarios(grouped: dict, key: tuple, models: list[str], columns: list[Column
             for name, cells in section.items():
                 c = next((c for c in cells if c.cell.task == col.task), None)
                 v = c.metrics.get(col.metric) if c else None
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+                if is_number(v):
                     values[name] = float(v)
             if values:
                 raw.append((f"{model} / {col.label}", values, col.higher))

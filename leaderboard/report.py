@@ -14,7 +14,6 @@ from core.io import atomic_write_text
 from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
-from .across_models import across_models_section
 from .load import cell_date, load_results
 from core.significance import ALPHA
 from core.stats import is_sparsity_budget
@@ -146,12 +145,16 @@ def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
             f"(body {_fmt_speedup(best, key + ' (body)')}).", ""]
 
 
+def fmt_interval(diff: float, lo: float, hi: float, p: float) -> str:
+    """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA."""
+    s = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
+    return s + " *" if p < ALPHA else s
+
+
 def _fmt_delta(row: dict, key: str) -> str:
     if not is_number(row.get(key)):
         return ""
-    p = row[key + " p"]
-    s = f"{row[key]:+.3f} [{row[key + ' lo']:+.3f}, {row[key + ' hi']:+.3f}] p={p:.2g}"
-    return s + " *" if p < ALPHA else s
+    return fmt_interval(row[key], row[key + " lo"], row[key + " hi"], row[key + " p"])
 
 
 def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column] = ()) -> str:
@@ -584,6 +587,8 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
         md += frontier_section(g, section_rows, columns, model, plot_dir, written)
         md += analysis_sections(g, model, display, plot_dir, written)
+    from .across_models import across_models_section  # it formats as this module does: imported once both exist
+
     md += across_models_section(grouped, ref, display, plot_dir, written, flat_rows)
     missing = missing_cells(grouped)
     if missing:

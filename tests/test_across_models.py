@@ -313,3 +313,21 @@ def test_a_config_file_names_several_models(tmp_path):
         ["gemma-3-270m", "smollm2-135m"]  # each once
     args = _parser().parse_args(["run", "--config", str(cfg), "--model", "x"])
     assert [c.model for c in configs_from_args(args)] == ["x"]
+
+
+def test_plan_prices_each_model_and_the_sweep(capsys):
+    """`bench plan --model A B`: each model's plan under its name, then the sweep's seconds (their sum) and peak
+    memory (their maximum: the models run one after another)."""
+    from bench.cli import main
+
+    configs = Path(__file__).parent / "fixtures" / "configs"
+    a, b = str(configs / "llama-3-8b"), str(configs / "mistral-7b")
+    assert main(["plan", "--model", a, b, "--methods", "pca", "--rank", "0.5", "--stats-memory", "16GB"]) == 0
+    out = capsys.readouterr().out
+    assert out.index(f"## {a}") < out.index(f"## {b}") < out.index("the sweep over 2 models")
+    table = out[out.index("the sweep over 2 models"):]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("| model ")}
+    totals = [float(m.group(1)) for m in re.finditer(r"\| total \(evaluation not included\)\s*\|\s*(\d+)", out)]
+    assert len(totals) == 2 and float(rows["sweep (models in turn)"][1]) == pytest.approx(sum(totals), abs=1)
+    assert main(["plan", "--model", a, str(configs / "nope"), "--methods", "pca"]) == 2  # the second refused
