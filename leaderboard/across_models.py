@@ -17,8 +17,7 @@ from core.record import ALL_GROUPS, CellRecord
 from core.significance import ALPHA, compare, item_keys, item_scores
 
 from . import plots
-from .report import _slug, fmt_interval
-from .tables import Column, budget_title, chance_table, is_number, metric_columns, section_order
+from .tables import Column, file_slug, budget_title, chance_table, fmt_interval, is_number, metric_columns, section_order
 
 MIN_CD_BLOCKS = 3  # the critical-difference figure needs at least this many (model, task) scenarios
 
@@ -164,7 +163,7 @@ def ranking_lines(key: tuple, scen: list, left: list[str], title: str, plot_dir:
     if len(scen) >= MIN_CD_BLOCKS:
         budget, rank = key
         p = plots.critical_difference(mean, cd, cliques(mean, cd), f"{title}: mean rank over {len(scen)} scenarios",
-                                      plot_dir / f"across_models_cd_{_slug(budget)}_{rank:g}.png")
+                                      plot_dir / f"across_models_cd_{file_slug(budget)}_{rank:g}.png")
         written.append(p)
         md += [f"![critical difference diagram](plots/{p.name})", ""]
     return md

@@ -14,11 +14,13 @@ from core.io import atomic_write_text
 from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
 
 from . import plots
+from .across_models import across_models_section
 from .load import cell_date, load_results
 from core.significance import ALPHA
 from core.stats import is_sparsity_budget
 
-from .tables import (REFERENCE, Column, Display, allocation_k, budget_title, chance_table, compute_of, delta_key, group_cells,
+from .tables import (REFERENCE, Column, Display, file_slug, allocation_k, budget_title, chance_table, compute_of, delta_key,
+                     fmt_interval, group_cells,
                      is_number, matched_compute, metric_columns, missing_cells, rank_table, section_order)
 
 MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
@@ -143,12 +145,6 @@ def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
     best = max(faster, key=lambda r: r[key])
     return [f"- frontier: the fastest row {within} is **{best['method']}**, decode {_fmt_speedup(best, key)} "
             f"(body {_fmt_speedup(best, key + ' (body)')}).", ""]
-
-
-def fmt_interval(diff: float, lo: float, hi: float, p: float) -> str:
-    """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA."""
-    s = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
-    return s + " *" if p < ALPHA else s
 
 
 def _fmt_delta(row: dict, key: str) -> str:
@@ -320,10 +316,6 @@ def machine_line(env: dict) -> str:
     return "- machine: " + "; ".join(parts)
 
 
-def _slug(s: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
-
-
 def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope: str,
                        plot_dir: Path, written: list) -> list[str]:
     """Rank allocations of one section: the budget each met, and k per group by block (table and plot)."""
@@ -351,7 +343,7 @@ def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope
             per = sorted((g["block"], g["k"]) for g in ks[name] if g["kind"] == kind)
             table.append([name, kind, " ".join(str(k) for _, k in per)])
     p = plots.k_by_block(ks, f"{model}, {budget} ratio {rank:g}: k per group",
-                         plot_dir / f"{_slug(model)}_k_{budget}_{rank:g}{'' if scope == ALL_GROUPS else '_' + _slug(scope)}.png")
+                         plot_dir / f"{file_slug(model)}_k_{budget}_{rank:g}{'' if scope == ALL_GROUPS else '_' + file_slug(scope)}.png")
     written.append(p)
     return (["Rank allocation (budget over the compressed groups):", ""] + lines + [""]
             + ["k per group, by block:", "", tabulate(table, headers=["row", "group", "k by block"], tablefmt="github",
@@ -399,7 +391,7 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
                 points.setdefault(series, []).append((x, y))
     if col and points:
         p = plots.metric_vs_compute(points, dense_row.get(col.label), col.label, col.higher is False,
-                                    f"{model}: both families", plot_dir / f"{_slug(model)}_{_slug(col.task)}_vs_compute.png")
+                                    f"{model}: both families", plot_dir / f"{file_slug(model)}_{file_slug(col.task)}_vs_compute.png")
         written.append(p)
         md += [f"![{col.label} vs compute ratio](plots/{p.name})", ""]
     return md
@@ -433,7 +425,7 @@ def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: 
     if not panels:
         return []
     p = plots.quality_vs_speed(panels, f"{model}: quality against measured decode speed",
-                               plot_dir / f"{_slug(model)}_quality_vs_speed.png")
+                               plot_dir / f"{file_slug(model)}_quality_vs_speed.png")
     written.append(p)
     return ["### Quality against measured speed", "",
             "- each row measured against dense in one process (decode at batch 1, end to end, [95 % interval]); "
@@ -504,7 +496,7 @@ def across_ranks_section(g: dict, cross: dict, model: str, ref: str, columns: li
             series[col] = pts
     if series:
         p = plots.accuracy_vs_rank(series, {c: dense_row.get(c) for c in series}, model,
-                                   plot_dir / f"{_slug(model)}_accuracy_vs_rank.png")
+                                   plot_dir / f"{file_slug(model)}_accuracy_vs_rank.png")
         written.append(p)
         md += [f"![accuracy vs rank ratio](plots/{p.name})", ""]
     loss = next((c.label for c in columns if c.higher is False), None)  # the first loss-like column
@@ -512,7 +504,7 @@ def across_ranks_section(g: dict, cross: dict, model: str, ref: str, columns: li
                     if is_number(r.get("param ratio")) and is_number(r.get(loss))]
                 for m, per in cross.items()} if loss else {}
     if any(loss_pts.values()):
-        p = plots.ppl_vs_params(loss_pts, dense_row.get(loss), model, plot_dir / f"{_slug(model)}_ppl_vs_params.png")
+        p = plots.ppl_vs_params(loss_pts, dense_row.get(loss), model, plot_dir / f"{file_slug(model)}_ppl_vs_params.png")
         written.append(p)
         md += [f"![perplexity vs parameter ratio](plots/{p.name})", ""]
     return md
@@ -526,7 +518,7 @@ def analysis_sections(g: dict, model: str, display: Display, plot_dir: Path, wri
             md += [f"### {name} at {budget} ratio {rank:g}", ""]
             render = display.sections.get(name)
             try:
-                out = render(cell, plot_dir, f"{_slug(model)}_{name}_{budget}_{rank:g}", f"{model} @ {rank:g}") \
+                out = render(cell, plot_dir, f"{file_slug(model)}_{name}_{budget}_{rank:g}", f"{model} @ {rank:g}") \
                     if render else None
             except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
                 # a cell whose details its analysis cannot read: named, and shown as its metrics
@@ -587,8 +579,6 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
         md += frontier_section(g, section_rows, columns, model, plot_dir, written)
         md += analysis_sections(g, model, display, plot_dir, written)
-    from .across_models import across_models_section  # it formats as this module does: imported once both exist
-
     md += across_models_section(grouped, ref, display, plot_dir, written, flat_rows)
     missing = missing_cells(grouped)
     if missing:

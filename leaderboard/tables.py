@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from core.record import ALL_GROUPS, DENSE, CellRecord, describe_scope, variant_name
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from core.significance import above_chance, compare
+from core.significance import ALPHA, above_chance, compare
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
@@ -258,6 +258,17 @@ def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
         if rows:
             out.setdefault(row_name(c), rows)
     return out
+
+
+def fmt_interval(diff: float, lo: float, hi: float, p: float) -> str:
+    """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA."""
+    s = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
+    return s + " *" if p < ALPHA else s
+
+
+def file_slug(s: str) -> str:
+    """A name as a file name's part: anything but letters, digits, '-', '.' and '_' becomes '_'."""
+    return "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in s)
 
 
 def is_number(x) -> bool:
