@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from pathlib import Path
 
 import torch
 
@@ -18,22 +17,11 @@ ARRAY_MB = 256  # per STREAM array: far past any last-level cache this runs on (
 def array_bytes() -> int:
     """ARRAY_MB, or ACBENCH_BANDWIDTH_MB where set (the tests shrink the probe)."""
     return int(os.environ.get("ACBENCH_BANDWIDTH_MB", ARRAY_MB)) * 2**20
+
+
 REPEATS = 5  # STREAM reports the best of its repetitions: the machine's reach, not its noise
 _STREAM: dict | None = None
 _GEMV: dict[tuple, dict] = {}
-
-
-def last_level_cache_bytes() -> int | None:
-    """The largest cache level Linux reports for CPU 0 (None where it reports none)."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = f.read_text().strip().upper()
-        try:
-            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
-                         else int(text))
-        except (ValueError, KeyError):
-            continue
-    return max(sizes) if sizes else None
 
 
 def _best(fn, repeats: int = REPEATS) -> float:
