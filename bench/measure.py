@@ -121,7 +121,10 @@ class LatencySpec:
     def conditions(self) -> dict:
         return {"prompt_len": self.prompt_len, "new_tokens": self.new_tokens, "prefill_len": self.prefill_len,
                 "prefill_batch": self.batch, "target_halfwidth": self.halfwidth, "min_rounds": self.min_rounds,
-                "cap_seconds": self.seconds, "cap_rounds": self.cap_rounds, "threads": torch.get_num_threads()}
+                "cap_seconds": self.seconds, "cap_rounds": self.cap_rounds, "threads": torch.get_num_threads(),
+                # both eager: torch.compile of the decoder body on CPU ran the gathered variant 2-3x slower than
+                # eager (graph breaks in the KV cache's and the sites' Python) while speeding dense (docs/speed.md)
+                "compiled": False}
 
     def cap(self, round_seconds: float) -> float:
         """The seconds a comparison may spend: `seconds`, or `cap_rounds` rounds of `round_seconds` where longer."""

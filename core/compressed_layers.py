@@ -28,27 +28,44 @@ LAYOUT_KEY = "acbench_compression"
 RUNTIME_FORMS = ("factorised", "sparse-activation")  # the forms whose modules a loader must build
 
 
+class _Memo:
+    """ReadOnce's mutable state, a plain object: an nn.Module's own attribute writes cost microseconds each (its
+    __setattr__ checks for parameters and submodules), and decode writes these twice per site and token."""
+
+    __slots__ = ("entry", "hits", "computed")
+
+    def __init__(self):
+        self.entry: tuple | None = None  # (x, x's version, value)
+        self.hits = 0
+        self.computed = 0
+
+
 class ReadOnce:
     """What the sites of one group share: a function of their input x computed once per input tensor and handed to
     each of the `n_readers` sites. The cache holds x itself, so its identity cannot be reused by another tensor
     while cached; once every reader has the value it is freed."""
 
     def __init__(self):
-        self._cache: tuple | None = None
+        self._memo = _Memo()
         self.n_readers = 1  # sites reading the shared value (set on the owner)
-        self._hits = 0
-        self.n_computed = 0  # values actually computed (not served from the cache)
+
+    @property
+    def n_computed(self) -> int:
+        """Values actually computed (not served from the cache)."""
+        return self._memo.computed
 
     def shared(self, x: torch.Tensor, compute):
-        if self._cache is not None and self._cache[0] is x and self._cache[1] == x._version:
-            out = self._cache[2]
-            self._hits += 1
+        memo = self._memo
+        entry = memo.entry
+        if entry is not None and entry[0] is x and entry[1] == x._version:
+            out = entry[2]
+            memo.hits += 1
         else:
             out = compute(x)
-            self.n_computed += 1
-            self._cache, self._hits = (x, x._version, out), 1
-        if self._hits >= self.n_readers:
-            self._cache = None
+            memo.computed += 1
+            memo.entry, memo.hits = (x, x._version, out), 1
+        if memo.hits >= self.n_readers:
+            memo.entry = None
         return out
 
 
@@ -299,29 +316,45 @@ class SparseInputLinear(nn.Module):
                 bias = shift if bias is None else bias + shift
             self.register_buffer("bias", bias)
             self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
+        self._plans: dict = {}  # (rows, per_row, threads, device) -> this site's bag offsets (see _bags)
+
+    def _bags(self, rows: int, per_row: int, device) -> tuple[torch.Tensor, int]:
+        """bag_offsets for this site's product of `rows` rows of `per_row` kept channels: split into one bag per
+        CPU thread where the product is large enough to gain from it. Kept on the site per (rows, per_row,
+        threads, device): decode asks for the same few, and the global lookup was most of a small site's
+        overhead."""
+        threads = torch.get_num_threads()
+        key = (rows, per_row, threads, device)
+        bags = self._plans.get(key)
+        if bags is None:
+            parts = threads if device.type == "cpu" and per_row * self.out_features >= SPLIT_MIN_PRODUCT else 1
+            bags = self._plans[key] = bag_offsets(rows, per_row, parts, device)
+        return bags
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sp = self._sparsifier
         # the sparsifier's forward called directly unless hooked: a module call is a tenth of a small site's time
-        form, *value = sp(x) if sp._forward_pre_hooks or sp._forward_hooks else sp.forward(x)
-        if form == "gathered":
-            idx, vals, eta, rows, per_row = value
-            if decode_kernel(x.device.type) == "triton":
-                y = triton_gathered_product(idx, vals, self.weight_t, rows, per_row)
+        value = sp(x) if sp._forward_pre_hooks or sp._forward_hooks else sp.forward(x)
+        bias = self.bias
+        if value[0] == "gathered":
+            _, idx, vals, eta, rows, per_row = value
+            weight_t = self.weight_t
+            if decode_kernel(weight_t.device.type) == "triton":
+                y = triton_gathered_product(idx, vals, weight_t, rows, per_row)
             else:
-                parts = torch.get_num_threads() if (x.device.type == "cpu"
-                                                    and per_row * self.out_features >= SPLIT_MIN_PRODUCT) else 1
-                offsets, per = bag_offsets(rows, per_row, parts, x.device)
-                y = Fn.embedding_bag(idx, self.weight_t, offsets, per_sample_weights=vals, mode="sum")
+                offsets, per = self._bags(rows, per_row, weight_t.device)
+                # the op F.embedding_bag wraps, called directly: its argument checks cost as much as a small
+                # site's product (mode 0 = sum; the kept values are the per-sample weights)
+                y = torch.embedding_bag(weight_t, idx, offsets, False, 0, False, vals, False)[0]
                 if per > 1:
                     y = y.view(rows, per, self.out_features).sum(1)
-            if self.bias is not None:
-                y = y + self.bias
+            if bias is not None:
+                y = y + bias
             y = y.reshape(*x.shape[:-1], self.out_features)
             eta = None if eta is None else eta.reshape(x.shape[:-1])
         else:
-            xs, eta = value
-            y = Fn.linear(xs, self.weight_t.t(), self.bias)
+            _, xs, eta = value
+            y = Fn.linear(xs, self.weight_t.t(), bias)
         return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
 
     def extra_repr(self) -> str:

@@ -313,7 +313,8 @@ def test_latency_spec_conditions_in_full():
     assert LatencySpec(prompt_len=7, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.04, min_rounds=6,
                        seconds=2.5).conditions() == {
         "prompt_len": 7, "new_tokens": 3, "prefill_len": 5, "prefill_batch": 2, "target_halfwidth": 0.04,
-        "min_rounds": 6, "cap_seconds": 2.5, "cap_rounds": 16, "threads": torch.get_num_threads()}
+        "min_rounds": 6, "cap_seconds": 2.5, "cap_rounds": 16, "threads": torch.get_num_threads(),
+        "compiled": False}
 
 
 def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):

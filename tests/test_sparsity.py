@@ -358,3 +358,29 @@ def test_act_sparse_deploys_a_mean_only_under_the_shift_mitigation():
     assert ActSparse(ActSparseSettings()).solve(weights, stats, pattern).mu is None
     shifted = ActSparse(ActSparseSettings(mitigation="shift")).solve(weights, stats, pattern).mu
     assert torch.equal(shifted, torch.ones(8))
+
+
+@pytest.mark.parametrize("variant,pattern", [("act-sparse:mitigation=shift,score=fisher", "8:16"),
+                                             ("act-sparse:mitigation=median", "0.5"), ("teal", "0.5")])
+def test_a_saved_sparse_model_loads_back_as_it_ran(windows, tmp_path, variant, pattern):
+    """What a checkpoint's loader rebuilds from the layout in its config (the sites, one sparsifier per group read by
+    each of its sites, the score scale, mean and threshold buffers) runs as the deployed model did: the same logits
+    at prefill (the masked form) and on one token (the gathered form), and the same readers per group."""
+    from bench.checkpoint import load_checkpoint, write_checkpoint
+
+    model = tiny_model("llama", hidden=32, inter=48)
+    needs = ALL_STATS | methods.build(variant).required_stats()
+    stats = calibrate(model, find_input_groups(model), windows, needs, CalibSpec(), progress=False)
+    readers = lambda m: {n: mod.n_readers for n, mod in m.named_modules() if isinstance(mod, InputSparsifier)}
+    with torch.no_grad(), compressed(model, variant, SparsitySpec.parse(pattern), stats, progress=False) as (m, _):
+        want = m(windows[:2]).logits, m(windows[:1, :1]).logits
+        want_readers = readers(m)
+        write_checkpoint(m, None, tmp_path / "ck", {"method": variant})
+    again = load_checkpoint(tmp_path / "ck")
+    assert sorted(want_readers.values()) == [1, 1, 1, 1, 2, 2, 3, 3] and readers(again) == want_readers
+    sites = {n for n, mod in again.named_modules() if isinstance(mod, SparseInputLinear)}
+    assert len(sites) == 2 * 7
+    with torch.no_grad():
+        got = again(windows[:2]).logits, again(windows[:1, :1]).logits
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 1e-5 * w.abs().max()

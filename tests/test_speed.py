@@ -91,8 +91,8 @@ def test_gathered_decode_product_equals_the_masked_dense_product(pattern, mitiga
 
 def test_the_gathered_form_is_taken_at_decode_and_the_masked_form_for_more_tokens(monkeypatch):
     calls = []
-    real = layers.Fn.embedding_bag
-    monkeypatch.setattr(layers.Fn, "embedding_bag", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = layers.torch.embedding_bag
+    monkeypatch.setattr(layers.torch, "embedding_bag", lambda *a, **k: calls.append(1) or real(*a, **k))
     _, sp, site, gen = _site(8, 16, "none", False, True)
     with torch.no_grad():
         site(torch.randn(1, 1, 64, generator=gen))
@@ -409,8 +409,8 @@ def test_the_chosen_kernel_is_the_one_that_runs(monkeypatch):
     """Per device type, once: the Triton kernel where chosen (embedding_bag never called), embedding_bag else."""
     use_triton_interpreter(monkeypatch)
     bags, kernels = [], []
-    real_bag, real_triton = layers.Fn.embedding_bag, layers.triton_gathered_product
-    monkeypatch.setattr(layers.Fn, "embedding_bag", lambda *a, **k: bags.append(1) or real_bag(*a, **k))
+    real_bag, real_triton = layers.torch.embedding_bag, layers.triton_gathered_product
+    monkeypatch.setattr(layers.torch, "embedding_bag", lambda *a, **k: bags.append(1) or real_bag(*a, **k))
     monkeypatch.setattr(layers, "triton_gathered_product", lambda *a: kernels.append(1) or real_triton(*a))
     _, _, site, gen = _site(8, 16, "none", False, True)
     with torch.no_grad():
