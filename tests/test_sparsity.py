@@ -7,7 +7,7 @@ import torch
 
 import methods
 from bench.apply import sparsifier_for
-from core.compressed_layers import InputSparsifier, SparseInputLinear
+from core.compressed_layers import InputSparsifier, SparseInputLinear, compressed_subclass
 from bench.calibrate import CalibSpec, calibrate
 from bench.compress import compressed, compression_summary
 from bench.groups import find_input_groups
@@ -384,3 +384,6 @@ def test_a_saved_sparse_model_loads_back_as_it_ran(windows, tmp_path, variant, p
         got = again(windows[:2]).logits, again(windows[:1, :1]).logits
     for g, w in zip(got, want):
         assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+    # the same class on a config without a layout is the plain model
+    plain = compressed_subclass(type(model))(model.config)
+    assert not any(isinstance(mod, (SparseInputLinear, InputSparsifier)) for mod in plain.modules())

@@ -110,6 +110,8 @@ def test_bag_offsets_cut_each_row_into_at_most_parts_bags():
     assert per == 3 and offsets.tolist() == [0, 4, 8, 10, 14, 18]
     offsets, per = layers.bag_offsets(1, 0, 2, "cpu")  # nothing kept: one empty bag, the output is zeros
     assert per == 1 and offsets.tolist() == [0]
+    offsets, per = layers.bag_offsets(2, 2, 3, "cpu")  # fewer kept than parts: a bag per kept channel
+    assert per == 2 and offsets.tolist() == [0, 1, 2, 3] and offsets.dtype == torch.long
 
 
 @pytest.mark.parametrize("n,m", [(1, 4), (2, 4), (3, 8), (5, 0)])
@@ -350,10 +352,13 @@ def test_the_triton_kernel_equals_a_loop_over_rows_and_splits(monkeypatch):
     with a short last one, none kept (zeros), and half precision (float32 accumulation, rounded once)."""
     use_triton_interpreter(monkeypatch, block_n=32, block_k=8)
     gen = torch.Generator().manual_seed(3)
-    for d_in, d_out, rows, keep, dtype in [(300, 70, 3, 37, torch.float32), (64, 24, 1, 0, torch.float32),
-                                           (96, 40, 1, 48, torch.float16), (50, 33, 2, 20, "a row-strided view")]:
+    for d_in, d_out, rows, keep, dtype in [(300, 70, 3, 37, torch.float32), (64, 24, 1, 0, torch.float16),
+                                           (96, 40, 1, 48, torch.float16), (50, 33, 2, 20, "a row-strided view"),
+                                           (40, 20, 2, 5, "a column-major view")]:  # 5 kept: one split
         if dtype == "a row-strided view":  # the outputs of a wider matrix: rows d_out + 7 apart
             dtype, W = torch.float32, torch.randn(d_in, d_out + 7, generator=gen)[:, :d_out]
+        elif dtype == "a column-major view":  # W^T as the transpose of an output-major W: copied for the kernel
+            dtype, W = torch.float32, torch.randn(d_out, d_in, generator=gen).t()
         else:
             W = torch.randn(d_in, d_out, generator=gen).to(dtype)
         idx = torch.stack([torch.randperm(d_in, generator=gen)[:keep] for _ in range(rows)])
@@ -375,6 +380,7 @@ def test_triton_splits_fill_the_sms_in_whole_tiles_and_none_is_empty():
     assert layers.triton_splits(32, 96, 132) == (3, 32)  # no part shorter than a tile
     assert layers.triton_splits(32, 100, 132) == (4, 32)  # the last part short (4 channels)
     assert layers.triton_splits(1000, 2048, 132) == (1, 2048)  # enough output tiles already
+    assert layers.triton_splits(1, 2048, 4) == (16, 128)  # one output tile: all 16 programs from the splits
     for programs in (1, 7, 32, 200):
         for per_row in (1, 31, 33, 100, 2048, 7168):
             parts, per_part = layers.triton_splits(programs, per_row, 132)
@@ -397,11 +403,14 @@ def test_the_decode_kernel_is_chosen_per_device_and_refused_in_one_line(monkeypa
     with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL=triton needs a CUDA device \(this model is on "
                                          r"cpu\), or TRITON_INTERPRET=1"):
         layers.choose_decode_kernel("cpu", "triton")
+    assert layers.choose_decode_kernel("cuda", "triton") == "triton"  # a CUDA device needs no interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert layers.choose_decode_kernel("cpu", "triton") == "triton"
     monkeypatch.setattr(layers, "triton_importable", lambda: False)
     assert layers.choose_decode_kernel("cuda", "auto") == "embedding_bag"
-    with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL=triton, but triton does not import: install it"):
+    with pytest.raises(ValueError, match=r"^ACBENCH_DECODE_KERNEL=triton, but triton does not import: install it "
+                                         r"\(a CUDA build of torch brings it\) or set "
+                                         r"ACBENCH_DECODE_KERNEL=embedding_bag$"):
         layers.choose_decode_kernel("cuda", "triton")
 
 
