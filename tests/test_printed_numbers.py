@@ -96,7 +96,9 @@ def test_the_rho_figure_plots_rho_per_block_and_each_methods_loss_rise(tmp_path,
     seen = {}
     monkeypatch.setattr(core.figures, "save_figure", lambda fig, path: seen.update(fig=fig, path=path) or path)
     cell = _rho_cell()
-    lines, paths = rho_report.report_section(cell, tmp_path, "rho-0.5", "Title here")
+    from analyses.rho import Rho
+
+    lines, paths = Rho.report_section(cell, tmp_path, "rho-0.5", "Title here")  # the analysis hands it on
     assert paths == [tmp_path / "rho-0.5.png"] == [seen["path"]]
     assert lines[-1] == "![rho and sensitivity by block](plots/rho-0.5.png)" and lines[-2] == ""
     a, b = seen["fig"].axes
@@ -755,11 +757,14 @@ def test_rho_correlates_with_loss_rise_with_the_sign_the_claim_reads(monkeypatch
 
     real = rho.correlations  # the point estimates are what is pinned here: 50 bootstrap draws, not 1000
     monkeypatch.setattr(rho, "correlations", lambda x, y, seed=0: real(x, y, n_boot=50, seed=seed))
-    out = rho.rho_task(ctx, RankSpec(0.5), rho.RhoSettings(units=4, lama_limit=1, mmlu_limit=1))
+    out = rho.Rho(rho.RhoSettings(units=4, lama_limit=1, mmlu_limit=1)).run(ctx, RankSpec(0.5))
+    assert out.higher_is_better == dict.fromkeys(out.metrics) and out.higher_is_better  # no better direction
     units = out.details["units"]
+    assert [u["unit"] for u in units] == [0, 1, 2, 3]
     for u in units:
         b = u["blocks"][0]
         assert u["rho"] == pytest.approx(rhos[b])
+        assert u["fasc_gain_mmlu_drop"] == pytest.approx(COST["pca"]["mmlu"][b] - COST["fasc"]["mmlu"][b])
         assert u["fasc_gain_loss_rise"] == pytest.approx(COST["pca"]["loss"][b] - COST["fasc"]["loss"][b])
         assert u["fasc_gain_lama_drop"] == pytest.approx(COST["pca"]["lama"][b] - COST["fasc"]["lama"][b])
     corr = out.details["correlations"]
@@ -770,3 +775,70 @@ def test_rho_correlates_with_loss_rise_with_the_sign_the_claim_reads(monkeypatch
     assert corr["rho_vs_surrogate_gain_per_group"]["spearman"]["r"] == pytest.approx(1.0)
     assert out.metrics["spearman_rho_loss_rise"] == pytest.approx(1.0)
     assert out.metrics["rho_mean"] == pytest.approx(0.25) and out.metrics["surrogate_gain_mean"] == pytest.approx(0.25)
+
+
+def _rho_group(d: int = 12, n: int = 64, scale: float = 0.3):
+    """One group's token sample (x and g dependent, small enough that the surrogates are below 1)."""
+    from types import SimpleNamespace
+
+    from core.stats import GroupStats
+    from coupling_synthetic import Distribution
+
+    x, g = Distribution("B", d, 2).sample(n)
+    x, g = x * scale, g * scale
+    st = GroupStats(n_tokens=n, C=x.T @ x / n, F=g.T @ g / n, xs=x.float(), gs=g.float())
+    return st, SimpleNamespace(name="g", block=3, kind="mlp_in", d_in=d, d_outs=(20,))
+
+
+def test_group_rho_row_against_a_hand_computation():
+    """A group's rho row: k from the rank, rho_dir over pca's discarded eigenvectors of C (found here with eigh),
+    the surrogates E[(g^T (I - P) x)^2] for pca's projection and for fasc-kfac's oblique one (U_k W_k^T), and the
+    gain (pca's - fasc's) / pca's."""
+    from analyses.dependence import rho_scores
+    from analyses.rho import group_rho
+    from core.linalg import fisher_basis
+    from core.stats import RankSpec
+
+    st, group = _rho_group()
+    row = group_rho({"g": st}, [group], RankSpec(0.25))[0]
+    k = 3  # round(0.25 * 12)
+    lam, V = torch.linalg.eigh(st.C.double())
+    U = V[:, lam.argsort(descending=True)]
+    assert row["k"] == k and (row["group"], row["block"], row["kind"], row["d"]) == ("g", 3, "mlp_in", 12)
+    want = rho_scores(st.xs, st.gs, discard=U[:, k:])
+    assert row["rho_dir"] == pytest.approx(want["rho_dir"], rel=1e-9)
+    assert row["rho_dir"] != pytest.approx(rho_scores(st.xs, st.gs, discard=U[:, k + 1:])["rho_dir"], rel=1e-6)
+    assert row["rho"] == pytest.approx(want["rho"], rel=1e-9)
+    X, G = st.xs.double(), st.gs.double()
+    full = (G * X).sum(1)  # g^T x per token
+    s_pca = float(((full - ((G @ U[:, :k]) * (X @ U[:, :k])).sum(1)) ** 2).mean())
+    fb = fisher_basis(st)
+    Uf, Wf = fb["U"].double(), fb["Wt"].double()
+    s_fasc = float(((full - ((G @ Uf[:, :k]) * (X @ Wf[:k].T)).sum(1)) ** 2).mean())
+    assert 0 < s_pca < 1 and 0 < s_fasc < 1 and abs(s_fasc - s_pca) > 0.1 * s_pca  # two different numbers
+    assert row["surrogate_pca"] == pytest.approx(s_pca, rel=1e-6)
+    assert row["surrogate_fasc_kfac"] == pytest.approx(s_fasc, rel=1e-6)
+    assert row["surrogate_gain"] == pytest.approx((s_pca - s_fasc) / s_pca, rel=1e-6)
+    assert 0 <= row["seconds"] < 60
+    # nothing discarded (rank 1): both surrogates 0, the gain 0 rather than 0 / 0
+    whole = group_rho({"g": _rho_group()[0]}, [group], RankSpec(1.0))[0]
+    assert (whole["k"], whole["surrogate_pca"], whole["surrogate_gain"]) == (12, 0.0, 0.0)
+
+
+def test_rho_means_skip_undefined_groups():
+    import math
+
+    from analyses.rho import _mean
+
+    assert _mean([1.0, None, float("nan"), 3.0, float("inf")]) == 2.0
+    assert math.isnan(_mean([None, float("nan")])) and math.isnan(_mean([]))
+
+
+def test_rho_settings_refuse_fewer_than_one_unit_or_loss_window():
+    from analyses.rho import RhoSettings
+    from core.settings import check_settings
+
+    for name in ("units", "loss_windows"):
+        with pytest.raises(ValueError, match=rf"^analysis 'rho': setting {name} must be >= 1, got 0$"):
+            check_settings(RhoSettings(**{name: 0}), "analysis 'rho'")
+    check_settings(RhoSettings(units=1, loss_windows=1), "analysis 'rho'")
