@@ -842,3 +842,60 @@ def test_rho_settings_refuse_fewer_than_one_unit_or_loss_window():
         with pytest.raises(ValueError, match=rf"^analysis 'rho': setting {name} must be >= 1, got 0$"):
             check_settings(RhoSettings(**{name: 0}), "analysis 'rho'")
     check_settings(RhoSettings(units=1, loss_windows=1), "analysis 'rho'")
+
+
+# ---------------------------------------------------------------- matched compute (leaderboard/tables.py) on hand rows
+def test_compute_of_prefers_the_compute_ratio_and_falls_back_to_the_parameter_ratio():
+    from leaderboard.tables import compute_of
+
+    assert compute_of({"compute ratio": 0.3, "param ratio": 0.7}) == 0.3
+    assert compute_of({"compute ratio": None, "param ratio": 0.7}) == 0.7  # a low-rank cell stored before it
+    assert compute_of({"compute ratio": "n/a", "param ratio": "n/a"}) is None and compute_of({}) is None
+
+
+def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_it(monkeypatch):
+    """Sparsity rows at exactly the target density; each low-rank method once, at the budget whose compute ratio is
+    nearest the target (the first such budget on a tie); a scoped section and a row without a compute ratio never."""
+    import leaderboard.tables as tables
+    from core.record import ALL_GROUPS
+
+    monkeypatch.setattr(tables, "variant_row", lambda cells, _: cells[0])  # a cell here is its row
+    sections = {
+        ("rank", 0.5, "groups=mlp_in"): {"pca": [{"compute ratio": 0.5}], "svd": [{"compute ratio": 0.5}]},
+        ("2:4", 0.5, ALL_GROUPS): {"wanda": [{"compute ratio": 0.5}]},
+        ("unstructured", 0.5 + 1e-10, ALL_GROUPS): {"teal": [{"compute ratio": 0.5}]},
+        ("unstructured", 0.25, ALL_GROUPS): {"teal": [{"compute ratio": 0.25}]},
+        ("rank", 0.5, ALL_GROUPS): {"pca": [{"compute ratio": 0.62}], "svd": [{"compute ratio": 0.5}],
+                                     "random": [{"param ratio": None}]},
+        ("params", 0.4, ALL_GROUPS): {"pca": [{"compute ratio": 0.45}], "svd": [{"compute ratio": 0.4}]},
+        ("rank", 0.25, ALL_GROUPS): {"pca": [{"compute ratio": 0.55}], "svd": [{"compute ratio": 0.25}]},
+        ("params", 0.5, ALL_GROUPS): {"svd": [{"compute ratio": 0.5, "a tie": "later"}]},
+    }
+    got = tables.matched_compute(sections, 0.5)
+    assert got == {"wanda @ 2:4": [{"compute ratio": 0.5}], "teal @ unstructured": [{"compute ratio": 0.5}],
+                   "pca @ params 0.4": [{"compute ratio": 0.45}], "svd @ rank 0.5": [{"compute ratio": 0.5}]}
+    # the sparsity row at density 0.25 when that is the target, and no low-rank row without a compute ratio
+    assert "teal @ unstructured" in tables.matched_compute(sections, 0.25)
+    assert tables.matched_compute(sections, 0.25)["teal @ unstructured"] == [{"compute ratio": 0.25}]
+
+
+# ---------------------------------------------------------------- core/record.py: what older cells left unstored
+def test_chance_levels_of_the_first_schemas():
+    from core.record import _legacy_chance
+
+    assert _legacy_chance("mmlu", {}, {}) == 0.25
+    assert _legacy_chance("lama", {"n_candidates": 4}, {}) == 0.25
+    assert _legacy_chance("lama", {"n_candidates": 1}, {}) == 1.0  # one candidate: always right
+    # the probe's own count missing or 0: its relation's, as the earliest details stored it
+    assert _legacy_chance("lama", {"n_candidates": 0, "relation": "P1"}, {"n_candidates": {"P1": 5}}) == 0.2
+    assert _legacy_chance("lama", {"relation": "P1"}, {"n_candidates": {"P1": 5}}) == 0.2
+    assert _legacy_chance("lama", {"relation": "P2"}, {"n_candidates": {"P1": 5}}) is None
+    assert _legacy_chance("lama", {"relation": "P1"}, {"n_candidates": [5]}) is None
+    assert _legacy_chance("lama", {}, {"n_candidates": {None: 0}}) is None  # no count is no chance level
+
+
+def test_scopes_read_as_words():
+    from core.record import ALL_GROUPS, describe_scope
+
+    assert describe_scope(ALL_GROUPS) == "every input group"
+    assert describe_scope("groups=mlp_in,mlp_out;blocks=0-5,12") == "groups mlp_in, mlp_out; blocks 0-5, 12"
