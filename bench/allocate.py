@@ -40,7 +40,7 @@ def check_rules(rules, budget: str, align: int = 1) -> None:
 
     for rule in rules:
         if rule not in RULES:
-            raise UserError(f"--allocate {rule} is unknown.{did_you_mean(rule, RULES)} Use {', '.join(RULES)}.")
+            raise UserError(f"--allocate {rule} is unknown.{did_you_mean(rule, RULES)}")
         if rule in LOW_RANK_RULES and budget != "params":
             raise UserError(f"--allocate {rule} splits one parameter budget across groups: add --budget params "
                             "(--rank is then the deployed/dense parameter ratio of the selected groups)")

@@ -199,7 +199,7 @@ def _density_case(seed=0):
     return groups, {g.name: GroupStats(abs_hist=_hist(v)) for g, v in zip(groups, draws)}
 
 
-@pytest.mark.parametrize("target", [0.75, 0.5, 0.3])
+@pytest.mark.parametrize("target", [0.75, 0.6, 0.5, 0.4, 0.3, 0.2])
 def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, target):
     """On a grid of eighths, the greedy's allocation has the least total lost energy among every allocation that
     reads no more weights than it does (a brute force over all 8^3 level triples), and reads the target within one
@@ -218,6 +218,18 @@ def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, ta
     reads = sum(a.densities[g] * params[g] for g in params) / total
     assert reads == pytest.approx(a.allocated) and reads <= target + 1e-12
     assert target - reads <= max(params.values()) / 8 / total + 1e-12
+    # the greedy as a sort: every group's steps by lost energy per weight read saved (convex curves: each group's
+    # steps come in its own order), taken cheapest first until the target is read
+    curves = {g: [lost_energy(stats[g].abs_hist, i / 8) for i in range(9)] for g in params}
+    moves = sorted(((curves[g][lv - 1] - curves[g][lv]) / params[g], order, -lv, g)
+                   for order, g in enumerate(params) for lv in range(8, 1, -1))
+    level, read = dict.fromkeys(params, 8), float(total)
+    for _, _, minus_lv, g in moves:
+        if read <= target * total * (1 + 1e-9):
+            break
+        assert level[g] == -minus_lv  # convex: never a group's later step before its earlier one
+        level[g], read = level[g] - 1, read - params[g] / 8
+    assert a.densities == {g: lv / 8 for g, lv in level.items()}
     got = sum(lost_energy(stats[g].abs_hist, a.densities[g]) for g in params)
     best = min(sum(lost_energy(stats[g].abs_hist, lv / 8) for g, lv in zip(params, levels))
                for levels in itertools.product(range(1, 9), repeat=3)
@@ -277,3 +289,43 @@ def test_greedy_rule_is_checked_against_the_run(tmp_path):
                        "add uniform \\(or greedy")]:
         with pytest.raises(UserError, match=match):
             run(**kw)
+
+
+def test_greedy_density_stops_at_a_reachable_target_despite_float_drift(monkeypatch):
+    """Steps of a tenth: 0.6 of these groups' weights is reachable exactly, and the running sum of reads lands a
+    rounding error above it; the greedy stops there instead of taking one more step."""
+    import bench.allocate as alloc_mod
+    from core.stats import SparsitySpec
+
+    monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 10)
+    groups, stats = _density_case(0)
+    a = alloc_mod.allocate_density("greedy", groups, stats, SparsitySpec(density=0.6))
+    assert a.allocated == pytest.approx(0.6, abs=1e-9)
+
+
+def test_allocation_rules_are_refused_in_one_line_each():
+    from bench.allocate import check_rules
+
+    with pytest.raises(UserError, match=r"^--allocate fishr is unknown\. Did you mean 'fisher'\? Known: fisher, "
+                                        r"greedy, uniform, variance\.$"):
+        check_rules(["uniform", "fishr"], "params")
+    with pytest.raises(UserError, match=r"^--allocate zzz is unknown\. Known: fisher, greedy, uniform, variance\.$"):
+        check_rules(["zzz"], "params")
+    with pytest.raises(UserError, match=r"^--allocate variance splits one parameter budget across groups: add "
+                                        r"--budget params \(--rank is then the deployed/dense parameter ratio of the "
+                                        r"selected groups\)$"):
+        check_rules(["variance"], "rank")
+    check_rules(["uniform", "greedy"], "rank")  # neither splits a parameter budget
+
+
+def test_an_allocation_times_its_two_stages():
+    groups, stats = synthetic([(32, (32,)), (32, (32,))])
+    a = allocate("fisher", groups, stats, RankSpec(0.5, "params"))
+    assert set(a.seconds) == {"values_s", "greedy_s"} and all(0 <= v < 60 for v in a.seconds.values())
+    assert a.rule == "fisher" and allocate("uniform", groups, stats, RankSpec(0.5)).rule == "uniform"
+
+
+def test_no_energy_is_lost_at_full_density():
+    from bench.allocate import lost_energy
+
+    assert lost_energy(_hist([0.1, -2.0, 30.0]), 1.0) == 0.0 and lost_energy(_hist([0.1, -2.0, 30.0]), 0.0) == 1.0
