@@ -329,3 +329,11 @@ def test_no_energy_is_lost_at_full_density():
     from bench.allocate import lost_energy
 
     assert lost_energy(_hist([0.1, -2.0, 30.0]), 1.0) == 0.0 and lost_energy(_hist([0.1, -2.0, 30.0]), 0.0) == 1.0
+
+
+def test_an_allocation_below_every_groups_minimum_is_refused_with_its_rank():
+    groups, stats = synthetic([(32, (32,)), (32, (32,))])
+    with pytest.raises(UserError, match=r"^--rank 0\.01: a parameter budget of 20 is below the minimum ranks "
+                                        r"of the selected groups \(128 parameters at 1 % of each group.s directions\): "
+                                        r"raise --rank$"):
+        allocate("fisher", groups, stats, RankSpec(0.01, "params"))
