@@ -899,3 +899,80 @@ def test_scopes_read_as_words():
 
     assert describe_scope(ALL_GROUPS) == "every input group"
     assert describe_scope("groups=mlp_in,mlp_out;blocks=0-5,12") == "groups mlp_in, mlp_out; blocks 0-5, 12"
+
+
+class _TwelveGroupsCtx(_SensitivityCtx):
+    """Three groups per block, a seed of its own, and tasks that record the progress flag they are evaluated with."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        super().__init__()
+        self.groups = [SimpleNamespace(name=f"model.{b}.g{i}", block=b, kind="mlp_in", d_in=8 + 2 * i, d_outs=(8,))
+                       for b in range(4) for i in range(3)]
+        self.seed, self.progress_seen = 7, []
+
+    def task(self, name, **settings):
+        t = super().task(name, **settings)
+        inner = t.evaluate
+
+        def evaluate(model, tokenizer, progress=None):  # no default the analysis could lean on
+            self.progress_seen.append(progress)
+            return inner(model, tokenizer)
+
+        t.evaluate = evaluate
+        return t
+
+
+def test_rho_task_stores_its_details_in_full(monkeypatch):
+    """What a rho cell stores beside its correlations: the ten highest-rho groups in order, dense's scores, the cost
+    formula with both groups' flops and the summed seconds, the rank, the settings; the tasks it asks for, with the
+    run's seed in every correlation and no progress bars inside it; per-group rises with per_group on."""
+    import analyses.rho as rho
+    from analyses.dependence import cost_flops
+    from core.stats import RankSpec
+
+    ctx = _TwelveGroupsCtx()
+    rhos = {g.name: 0.01 * (k + 1) for k, g in enumerate(ctx.groups)}
+    monkeypatch.setattr(rho, "group_rho", lambda stats, groups, rank: [
+        {"group": g.name, "block": g.block, "kind": g.kind, "d": g.d_in, "k": 4, "rho": rhos[g.name],
+         "rho_cos": rhos[g.name], "rho_dir": rhos[g.name], "n_tokens": 16, "surrogate_pca": 1.0,
+         "surrogate_fasc_kfac": 0.5, "surrogate_gain": 0.5, "seconds": 0.25} for g in groups])
+    seeds = []
+    real = rho.correlations
+    monkeypatch.setattr(rho, "correlations", lambda x, y, seed=0: seeds.append(seed) or real(x, y, n_boot=20, seed=seed))
+    settings = rho.RhoSettings(units=2, lama_limit=1, mmlu_limit=1, loss_windows=3, per_group=True)
+    out = rho.Rho(settings).run(ctx, RankSpec(0.5))
+    det = out.details
+    assert seeds and set(seeds) == {7} and set(ctx.progress_seen) == {False}
+    assert ("ppl-token", {"max_windows": 3, "batch_size": 1}) in ctx.asked
+    top = det["highest_rho_groups"]
+    assert [r["rho"] for r in top] == pytest.approx([0.12 - 0.01 * i for i in range(10)])
+    assert top[0] == {"group": "model.3.g2", "block": 3, "kind": "mlp_in", "rho": pytest.approx(0.12)}
+    assert det["dense"] == DENSE
+    assert det["cost"] == {"formula": "2 N^2 d + 2 N d m multiply-adds per group (N sampled tokens, m discarded "
+                                      "directions)", "flops_smallest_group": cost_flops(16, 8, 4),
+                           "flops_largest_group": cost_flops(16, 12, 6), "seconds_total": pytest.approx(3.0)}
+    assert det["rank"] == {"ratio": 0.5, "budget": "rank"} and out.config == dict(vars(settings))
+    assert [u["blocks"] for u in det["units"]] == [[0, 1], [2, 3]]
+    for t in ("loss_rise_pca", "lama_drop_fasc", "mmlu_drop_pca", "fasc_gain_mmlu_drop"):
+        assert f"rho_vs_{t}" in det["correlations"]
+    # each group compressed alone with pca: its rise is its block's pca loss cost
+    assert [r["loss_rise_pca_alone"] for r in det["per_group"]] == pytest.approx(
+        [COST["pca"]["loss"][g.block] for g in ctx.groups])
+
+
+def test_rho_units_cut_the_blocks_into_contiguous_ranges():
+    from analyses.rho import _units
+
+    assert _units(4, 8) == [[0], [1], [2], [3]]  # never more ranges than blocks
+    assert _units(3, 1) == [[0, 1, 2]] and _units(5, 2) == [[0, 1], [2, 3, 4]]
+    assert _units(2, 0) == [[0, 1]]  # at least one range
+
+
+def test_sensitivity_per_group_without_a_dict_of_its_own():
+    from analyses.rho import RhoSettings, sensitivity
+    from core.stats import RankSpec
+
+    rows, dense = sensitivity(_SensitivityCtx(), RankSpec(0.5), RhoSettings(units=2, per_group=True), [[0, 1], [2, 3]])
+    assert dense["loss"] == DENSE["loss"] and len(rows) == 4
