@@ -976,3 +976,61 @@ def test_sensitivity_per_group_without_a_dict_of_its_own():
 
     rows, dense = sensitivity(_SensitivityCtx(), RankSpec(0.5), RhoSettings(units=2, per_group=True), [[0, 1], [2, 3]])
     assert dense["loss"] == DENSE["loss"] and len(rows) == 4
+
+
+def test_weight_bytes_count_shared_storage_once():
+    m = torch.nn.Linear(4, 3, bias=False)  # 12 floats
+    m.register_buffer("alias", m.weight.detach())  # the same storage again: not counted twice
+    m.register_buffer("extra", torch.zeros(5))  # after it, counted
+    assert weight_bytes(m) == (12 + 5) * 4
+
+
+def test_rss_peak_reset_says_when_the_kernel_refuses(monkeypatch):
+    import builtins
+
+    from bench.measure import _reset_rss_hwm
+
+    def refuse(*a, **k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    assert _reset_rss_hwm() is False
+
+
+def test_what_bounds_on_a_probe_whose_times_are_known(monkeypatch):
+    """The floor is the body without its products; the share is 1 - floor / dense, None for a 0 ms body; the dense
+    product's bandwidth is measured on CPU only, at the largest site's shape."""
+    from types import SimpleNamespace
+
+    import bench.measure as measure
+
+    monkeypatch.setattr(measure, "stream_bandwidth", lambda: {"copy_gb_s": 1.0})
+    asked = []
+    monkeypatch.setattr(measure, "gemv_bandwidth", lambda *site: asked.append(site) or {"gb_s": 2.0})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 6))
+    real = measure.linear_products_skipped
+    for dense_ms, floor_ms, share in [(0.8, 0.2, 0.75), (0.0, 0.0, None), (0.5, 0.6, 0.0)]:
+        skipped = []
+        probe = SimpleNamespace(body=model, device=torch.device("cpu"), decode=lambda: {
+            "decode_body_ms_per_token": floor_ms if skipped and skipped[-1] else dense_ms})
+
+        class Skip:  # records whether the products are skipped while the probe decodes
+            def __init__(self, body):
+                self.inner = real(body)
+
+            def __enter__(self):
+                skipped.append(True)
+                return self.inner.__enter__()
+
+            def __exit__(self, *exc):
+                skipped.append(False)
+                return self.inner.__exit__(*exc)
+
+        monkeypatch.setattr(measure, "linear_products_skipped", Skip)
+        got = measure.what_bounds(model, probe)
+        assert got["body_overhead"] == {"dense_body_ms": dense_ms, "floor_ms": floor_ms, "linear_share": share,
+                                        "rounds": 3}
+        assert got["machine"] == {"memory_bandwidth": {"copy_gb_s": 1.0}, "dense_product": {"gb_s": 2.0}}
+    assert asked[-1] == (6, 3, torch.float32)
+    probe.device = torch.device("meta")  # an accelerator: no CPU product bandwidth to measure
+    assert "dense_product" not in measure.what_bounds(model, probe)["machine"]

@@ -384,6 +384,11 @@ def test_a_saved_sparse_model_loads_back_as_it_ran(windows, tmp_path, variant, p
         got = again(windows[:2]).logits, again(windows[:1, :1]).logits
     for g, w in zip(got, want):
         assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+    # loaded in bfloat16, every buffer the loader built holds the model's dtype (a float32 one would shift the scores)
+    half = load_checkpoint(tmp_path / "ck", dtype=torch.bfloat16)
+    built = [b for mod in half.modules() if isinstance(mod, (InputSparsifier, SparseInputLinear))
+             for b in mod.buffers(recurse=False)]
+    assert built and {b.dtype for b in built} == {torch.bfloat16}
     # the same class on a config without a layout is the plain model
     plain = compressed_subclass(type(model))(model.config)
     assert not any(isinstance(mod, (SparseInputLinear, InputSparsifier)) for mod in plain.modules())

@@ -455,3 +455,24 @@ def test_the_compiled_triton_kernel_on_cuda(dtype, monkeypatch):
             scale = float(want.abs().max())
             assert float((got - want).abs().max()) <= tol * scale, (d_in, d_out, keep, block)
             assert float((got - bag).abs().max()) <= tol * scale, (d_in, d_out, keep, block)
+
+
+def test_a_threshold_site_decodes_tokens_of_different_kept_counts(monkeypatch):
+    """A threshold keeps a different number of channels each token: every token's product reads its own count's bag
+    offsets (kept per shape on the site), equal to the masked dense product, the large site's split in bags too."""
+    from bench.apply import sparsifier_for
+    from methods.base import SparseActivation
+
+    monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 64)  # 24 outputs x 3 or more kept channels: split
+    gen = torch.Generator().manual_seed(5)
+    lin = torch.nn.Linear(64, 24)
+    res = SparseActivation(pattern=SparsitySpec.parse("0.5"), d_in=64, d_outs=(24,), threshold=1.0)
+    site = SparseInputLinear(lin, sparsifier_for(res, torch.float32, "cpu"), owner=True)
+    with torch.no_grad():
+        for kept in (40, 7, 40, 0):  # many kept, few, many again, none
+            x = torch.full((64,), 0.5) * torch.randn(64, generator=gen).sign()
+            x[torch.randperm(64, generator=gen)[:kept]] *= 4  # these pass |x| > 1
+            x = x.reshape(1, 1, 64)
+            want = lin(torch.where(x.abs() > 1.0, x, torch.zeros(())))
+            assert torch.allclose(site(x), want, atol=1e-5)
+    assert len(site._plans) >= 3  # one entry per kept count seen
