@@ -154,3 +154,33 @@ def checked_only(monkeypatch):
                 "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
 
     monkeypatch.setattr(bench.save, "save_compressed", checked_save)
+
+
+# measured with --durations on a 2-core machine (2026-12-04): the slow tests over 40 s
+LONGEST_FIRST = ("tests/test_real_models.py::test_golden_values_smollm2",
+                 "tests/test_method_authors.py::test_a_generated_method_installs_lists_passes_its_checks_and_"
+                 "recomputes_after_an_edit", "tests/test_real_models.py::test_mmlu_native_equals_lm_eval_on_smollm2",
+                 "tests/test_real_models.py::test_converted_default_model_matches_gguf_and_is_cached")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under a mutation run, the tests a mutant is tried against run fastest first.
+
+    mutmut hands each mutant its tests in no particular order and stops at the first failure (-x), so a mutant a
+    0.01 s reference test kills could wait behind an 8 s end-to-end test first; the durations mutmut recorded when it
+    mapped the tests put the cheap ones first. A normal run (no mutant under test) keeps the files' order.
+    """
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if not mutant or mutant in ("stats", "list_all_tests", "mutant_generation"):
+        # the longest tests start first, so the parallel workers finish together: in collection order SmolLM2's
+        # golden values (about 190 s of a 360 s slow run) started last on a worker that had run its module's others
+        first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: first.get(item.nodeid.split("[")[0], len(first)))
+        return
+    stats = Path("mutmut-stats.json")
+    if not stats.exists():
+        return
+    import json
+
+    durations = json.loads(stats.read_text()).get("duration_by_test", {})
+    items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))

@@ -161,3 +161,153 @@ def test_a_stored_cell_edited_to_another_identity_is_recomputed(tmp_path):
     target.path.write_text(json.dumps(raw))
     again = {c.path: c.why for c in plan(run, MODEL)}
     assert "belongs at tiny/fasc/rank-0.5/lama-" in again[target.path]
+
+
+# ---------------------------------------------------------------- the cell schema's rules word for word (issue 51)
+
+def _valid():
+    """The smallest cell the schema accepts: a compressed model's task cell."""
+    return {"schema_version": 4, "cell": {"model": "m", "method": "pca", "rank": 0.5, "budget": "rank",
+                                          "task": "lama", "key": "k1"},
+            "metrics": {"acc": 0.5}, "primary_metric": "acc", "env": {"torch": "2"},
+            "model_fingerprint": {"sha256": "abc"}, "compression": {"param_ratio": 0.5}}
+
+
+def _with(edit):
+    import copy
+
+    rec = copy.deepcopy(_valid())
+    edit(rec)
+    return rec
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda r: r.update(schema_version=1), "schema version 1 (this version reads 2, 3, 4)"),
+    (lambda r: r.pop("schema_version"), "schema version None (this version reads 2, 3, 4)"),
+    (lambda r: r.update(cell=[1]), "no cell identity (model, method, rank, task)"),
+    (lambda r: r["cell"].pop("model"), "cell.model missing or not a str"),
+    (lambda r: r["cell"].update(key=3), "cell.key missing or not a str"),
+    (lambda r: r["cell"].update(budget=None), "cell.budget missing or not a str"),
+    (lambda r: r["cell"].update(scope=1), "cell.scope is not a str"),
+    (lambda r: r["cell"].update(allocation=None), "cell.allocation is not a str"),
+    (lambda r: r["cell"].update(kind="probe"), "cell.kind 'probe' is not one of task, analysis"),
+    (lambda r: r["cell"].update(rank=0), "cell.rank 0 is not a ratio in (0, 1]"),
+    (lambda r: r["cell"].update(rank=1.5), "cell.rank 1.5 is not a ratio in (0, 1]"),
+    (lambda r: r["cell"].update(rank=float("nan")), "cell.rank nan is not a ratio in (0, 1]"),
+    (lambda r: r["cell"].update(rank=True), "cell.rank True is not a ratio in (0, 1]"),
+    (lambda r: r["cell"].pop("rank"), "cell.rank missing for method 'pca' (only the dense model's cells have no ratio)"),
+    (lambda r: r.update(metrics={}), "no metrics"),
+    (lambda r: r.update(metrics=[0.5]), "no metrics"),
+    (lambda r: r.update(metrics={"acc": 0.5, "n": float("inf")}), "metric n is not a finite number"),
+    (lambda r: r.update(metrics={"acc": 1.5}), "metric acc = 1.5 is outside its domain [0, 1]"),
+    (lambda r: r.update(metrics={"acc": -0.1}), "metric acc = -0.1 is outside its domain [0, 1]"),
+    (lambda r: r.update(metrics={"word_perplexity": 0.5}, primary_metric=None),
+     "metric word_perplexity = 0.5 is outside its domain [1, inf]"),
+    (lambda r: r.pop("env"), "no env (the provenance every cell carries)"),
+    (lambda r: r.update(model_fingerprint=None), "no model_fingerprint (which weights a task cell measured)"),
+    (lambda r: r.update(compression={}),
+     "no compression summary (a compressed model's cell carries what was deployed)"),
+    (lambda r: r.update(stderr=[]), "stderr is not a dict"),
+    (lambda r: r.update(seed=True), "seed is not a int or null"),
+    (lambda r: r.update(compression=True), "compression is not a dict or null"),
+    (lambda r: r.update(stderr={"acc": float("nan")}), "stderr.acc is not a finite number"),
+    (lambda r: r.update(higher_is_better={"acc": 1}), "higher_is_better holds a value that is not true, false or null"),
+    (lambda r: r.update(records=[{}, 3]), "records holds an entry that is not a mapping"),
+    (lambda r: r.update(env={"a": [1]}), "env holds a value that is not a string, number or null"),
+    (lambda r: r["model_fingerprint"].update(x={}), "model_fingerprint holds a value that is not a string, number or null"),
+    (lambda r: r["compression"].update(compute_ratio="half"), "compression.compute_ratio is not a finite number"),
+    (lambda r: r.update(memory={"weight_bytes": float("inf")}), "memory.weight_bytes is not a finite number"),
+    (lambda r: r.update(latency={"decode_ms_per_token": "fast"}), "latency.decode_ms_per_token is not a finite number"),
+    (lambda r: r["compression"].update(groups={}), "compression.groups is not a list"),
+    (lambda r: r.update(memory={"peak": []}), "memory.peak is not a dict"),
+    (lambda r: r.update(calibration={"spec": "x"}), "calibration.spec is not a dict"),
+    (lambda r: r["compression"].update(groups=[{}, "g"]), "compression.groups holds an entry that is not a mapping"),
+    (lambda r: r.update(memory={"peak": {"working_bytes": float("nan")}}),
+     "memory.peak.working_bytes is not a finite number"),
+    (lambda r: r.update(memory={"peak": {"bytes": "many"}}), "memory.peak.bytes is not a finite number"),
+    (lambda r: r.update(primary_metric="ppl"), "primary metric 'ppl' is not among its metrics"),
+])
+def test_each_invalid_cell_is_named_in_a_few_words(edit, problem):
+    from core.record import cell_problem
+
+    assert cell_problem(_valid()) is None
+    assert cell_problem(_with(edit)) == problem
+
+
+def test_cells_the_schema_accepts():
+    from core.record import cell_problem
+
+    assert cell_problem("[]") == "not a JSON object"
+    ok = [
+        lambda r: r["cell"].update(method="dense", rank=None) or r.pop("compression"),  # dense: no ratio, no summary
+        lambda r: r["cell"].update(method="rho-analysis") or r.update(model_fingerprint=None, compression=None,
+                                                                     metrics={"acc": 7.0}),  # analyses: no domain
+        lambda r: r["cell"].update(rank=1.0),
+        lambda r: r.update(schema_version=2),
+        lambda r: r.update(metrics={"acc": None, "ppl": 1.0, "nll": 0.0}, primary_metric=None),
+        lambda r: r.update(stderr={"acc": None}, higher_is_better={"acc": None}, seed=None, memory=None),
+        lambda r: r.update(memory={"peak": {"bytes": None}, "weight_bytes": 3}),
+    ]
+    for edit in ok:
+        assert cell_problem(_with(edit)) is None
+
+
+def test_metric_domains_and_places():
+    from core.record import ALL_GROUPS, cell_relpath, metric_domain, place_problem, rank_label
+    from pathlib import Path
+
+    inf = float("inf")
+    assert [metric_domain(n) for n in ("ppl", "word_perplexity", "wikitext/word_perplexity,none", "nll",
+                                        "bits_per_byte", "acc", "acc_norm,none", "p@1", "mrr", "exact_match", "f1",
+                                        "rho", "seconds")] == [
+        (1.0, inf), (1.0, inf), (1.0, inf), (0.0, inf), (0.0, inf), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0),
+        (0.0, 1.0), (0.0, 1.0), None, None]
+    assert rank_label(None, "rank") == "full" and rank_label(0.25, "2:4") == "2:4-0.25"
+    assert cell_relpath("org/model", "dense", None, "rank", "lama", "k1") == Path("org__model/dense/lama-k1.json")
+    assert cell_relpath("m", "act-sparse:score=fisher", 0.5, "2:4", "ppl", "k2", "uniform", ALL_GROUPS) == Path(
+        "m/act-sparse@score=fisher/2of4-0.5/ppl-k2.json")
+    assert cell_relpath("m", "pca", 0.5, "rank", "lama", "k", "fisher", "groups=mlp_in;blocks=0-3") == Path(
+        "m/pca+fisher/groups_mlp_in_blocks_0-3/rank-0.5/lama-k.json")
+    rec = _valid()
+    assert place_problem(rec, "/results/m/pca/rank-0.5/lama-k1.json") is None
+    assert place_problem(rec, "/results/m/svd/rank-0.5/lama-k1.json") == (
+        "its identity (m / pca / rank-0.5 / lama, key k1) belongs at m/pca/rank-0.5/lama-k1.json, not here")
+    fisher = _with(lambda r: r["cell"].update(allocation="fisher"))
+    assert place_problem(fisher, "m/pca/rank-0.5/lama-k1.json") == (
+        "its identity (m / pca+fisher / rank-0.5 / lama, key k1) belongs at m/pca+fisher/rank-0.5/lama-k1.json, "
+        "not here")
+    assert place_problem(_with(lambda r: r["cell"].update(model=3)), "x.json") == "its identity does not name a place"
+
+
+def test_older_cells_upgrade_to_todays_form():
+    from core.record import CellRecord, cell_kind, upgrade
+
+    assert cell_kind({"method": "rho-analysis"}) == "analysis" and cell_kind({"method": "pca"}) == "task"
+    assert cell_kind({"method": "rho-analysis", "kind": "task"}) == "task"
+    today = _valid()
+    assert upgrade(today) is today
+    old = _with(lambda r: r.update(schema_version=3, records=[{"rank": 0, "n_candidates": 4}, {"rank": 2},
+                                                              {"rank": 1, "relation": "P1"}],
+                                   details={"n_candidates": {"P1": 5}}))
+    new = upgrade(old)
+    assert new["records"] == [{"rank": 0, "n_candidates": 4, "correct": 1.0, "chance": 0.25},
+                              {"rank": 2, "correct": 0.0},  # no count anywhere: no chance level
+                              {"rank": 1, "relation": "P1", "correct": 0.0, "chance": 0.2}]
+    assert new["cell"]["kind"] == "task" and "kind" not in old["cell"] and "correct" not in old["records"][0]
+    mmlu = upgrade(_with(lambda r: r.update(schema_version=2, records=[{"pred": "A", "gold": "A"},
+                                                                     {"pred": "B", "gold": "C"}])
+                         or r["cell"].update(task="mmlu")))
+    assert mmlu["records"] == [{"pred": "A", "gold": "A", "correct": 1.0, "chance": 0.25},
+                               {"pred": "B", "gold": "C", "correct": 0.0, "chance": 0.25}]
+    # records that already say, or a record without the legacy field, or another task: left as they are
+    for recs, task in (([{"rank": 0, "correct": 0.0}], "lama"), ([{"rank": 0}, {"x": 1}], "lama"),
+                       ([{"rank": 0}], "ppl"), ([], "lama")):
+        r = upgrade(_with(lambda r: r.update(schema_version=3, records=recs) or r["cell"].update(task=task)))
+        assert r["records"] == recs
+    assert upgrade(_with(lambda r: r.update(schema_version=3, details=[1], records=[{"rank": 0, "relation": "P"}])))[
+        "records"] == [{"rank": 0, "relation": "P", "correct": 1.0}]
+    # from_json: the primary metric falls back to the first metric when missing or not among them
+    rec = CellRecord.from_json(_with(lambda r: r.update(primary_metric=None, metrics={"p@1": 0.5, "acc": 0.2})))
+    assert rec.primary_metric == "p@1" and rec.cell.kind == "task" and rec.model_hash == "abc"
+    with pytest.raises(ValueError, match="no metrics"):
+        CellRecord.from_json(_with(lambda r: r.update(metrics={})))

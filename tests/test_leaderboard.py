@@ -315,3 +315,228 @@ def test_perplexity_below_one_is_outside_its_domain(tmp_path):
     rec["metrics"]["ppl"] = -1.0
     p.write_text(json.dumps(rec))
     assert any("metric ppl = -1.0 is outside its domain [1, inf]" in x for x in load_results(root).problems)
+
+
+def test_write_report_writes_where_asked_and_says_what_it_skipped(tmp_path, capsys):
+    """The CLI's entry point: the default place beside the results, --out elsewhere, one line per skipped file and
+    one for the cells stored twice (the fixture tree has two bad files and one repeated cell)."""
+    from leaderboard.report import write_report
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    assert write_report(str(root)) == root / "LEADERBOARD.md"
+    assert (root / "LEADERBOARD.md").read_text().startswith("# acbench leaderboard\n")
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("skipped: ")] == [f"skipped: {p}" for p in
+                                                                       build([root], tmp_path / "x.md")["problems"]]
+    assert len([line for line in out if line.startswith("skipped: ")]) == 2
+    assert out[-1] == "1 cell(s) stored more than once: the most recent result of each was used"
+    (root / "LEADERBOARD.md").unlink()
+    elsewhere = tmp_path / "board" / "mine.md"
+    elsewhere.parent.mkdir()
+    assert write_report([root], out=str(elsewhere)) == elsewhere
+    assert elsewhere.exists() and elsewhere.with_suffix(".csv").exists() and not (root / "LEADERBOARD.md").exists()
+
+
+def test_write_report_refusals_in_full(tmp_path, monkeypatch):
+    from core.errors import UserError
+    from leaderboard import report
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    with pytest.raises(UserError) as e:
+        report.write_report([root, tmp_path / "nope"])
+    assert str(e.value) == (f"results directory {tmp_path / 'nope'} does not exist: run `bench run` first or pass "
+                            "--results DIR")
+    with pytest.raises(UserError) as e:
+        report.write_report(str(root), out=str(tmp_path))
+    assert str(e.value) == (f"--out {tmp_path} is a folder: pass the markdown file to write, e.g. "
+                            f"{tmp_path / 'LEADERBOARD.md'}")
+    seen = []
+
+    def refused(roots, out_md, ref, display):
+        seen.append((roots, out_md, ref, display))
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(report, "build", refused)
+    mine = report.Display()  # equal to the default, so forwarded is checked by identity
+    with pytest.raises(UserError) as e:
+        report.write_report(str(root), out=str(tmp_path / "b.md"), ref="svd", display=mine)
+    assert str(e.value) == (f"cannot write the leaderboard to {tmp_path / 'b.md'} (Permission denied): pass --out "
+                            "<path in a writable folder>")
+    assert seen[0][:3] == ([root], tmp_path / "b.md", "svd") and seen[0][3] is mine
+    monkeypatch.setattr(report, "build", lambda *a: (_ for _ in ()).throw(OSError()))
+    with pytest.raises(UserError, match=r"\(OSError\): pass --out"):
+        report.write_report(str(root))
+
+
+# ---------------------------------------------------------------- the tables' arithmetic on hand rows (issue 51)
+
+def _rec(method, task, value, metric, higher, *, model="m", rank=0.5, budget="rank", allocation="uniform",
+         scope="all", kind="task", stderr=None, **parts):
+    from core.record import CellId, CellRecord
+
+    return CellRecord(cell=CellId(model=model, method=method, rank=None if method == "dense" else rank, budget=budget,
+                                  task=task, allocation=allocation, scope=scope, kind=kind),
+                      metrics={metric: value}, primary_metric=metric, higher_is_better={metric: higher},
+                      stderr=stderr or {}, **parts)
+
+
+def test_a_row_in_full_from_its_cells():
+    from leaderboard.tables import metric_columns, variant_row
+
+    lama = _rec("pca", "lama", 0.6, "acc", True, stderr={"acc": 0.02},
+                compression={"compute_ratio": 0.4, "n_fallbacks": 2, "measured_density": 0.45},
+                memory={"weight_bytes": 3 * 2 ** 20, "peak": {"working_bytes": 2 ** 20}},
+                latency={"prefill_ms_per_token": 1.5, "decode_ms_per_token": 20.0, "converged": True,
+                         "speedup": {"decode_body": {"ratio": 1.4, "ci95": [1.3, 1.5]},
+                                     "decode": {"ratio": 1.2, "ci95": [1.1]},
+                                     "prefill_body": {"ratio": float("nan"), "ci95": [1.0, 2.0]}},
+                         "body_overhead": {"dense_body_ms": 30.0, "floor_ms": 10.0}})
+    ppl = _rec("pca", "ppl", 12.0, "ppl", False,
+               compression={"param_ratio": 0.5, "activation_ratio": 0.3, "compute_ratio": 0.9, "n_fallbacks": 0,
+                            "measured_density": 0.55},
+               memory={"weight_bytes": 1, "peak": {"working_bytes": 3 * 2 ** 20}})
+    columns = metric_columns([lama, ppl])
+    assert [(c.label, c.task, c.metric, c.higher) for c in columns] == [("lama acc", "lama", "acc", True),
+                                                                        ("ppl ppl", "ppl", "ppl", False)]
+    row = variant_row([lama, ppl], columns)
+    assert row.pop("decode speedup (body) ci") == (1.3, 1.5)
+    assert row == pytest.approx({
+        "lama acc": 0.6, "lama acc stderr": 0.02, "ppl ppl": 12.0, "ppl ppl stderr": None,
+        "param ratio": 0.5, "compute ratio": 0.4, "activation ratio": 0.3,  # the first cell that has each
+        "weight MB": 3.0, "peak MB": 6.0,  # 3 MiB of weights + the larger working set, 3 MiB
+        "prefill ms/tok": 1.5, "decode ms/tok": 20.0,
+        "decode speedup (body)": 1.4, "decode speedup": 1.2,
+        "decode speedup ci": None,  # an interval of one end is no interval
+        "fallbacks": 2, "measured density": 0.5, "decode converged": True,
+        # the bytes bound from the measured density (0.5, not the compute ratio), the ceiling from the floor
+        "bytes bound": 2.0, "of bound": 0.7, "ceiling (body)": 30 / (10 + 20 / 2), "of ceiling": 1.4 / 1.5})
+    bare = variant_row([_rec("svd", "lama", 0.5, "acc", True)], columns)
+    assert bare == {"lama acc": 0.5, "lama acc stderr": None, "ppl ppl": None, "ppl ppl stderr": None,
+                    "param ratio": None, "compute ratio": None, "activation ratio": None, "weight MB": None,
+                    "peak MB": None, "prefill ms/tok": None, "decode ms/tok": None, "fallbacks": None,
+                    "measured density": None, "decode converged": None}
+    # working sets without weights, and weights without working sets: no peak
+    assert variant_row([_rec("svd", "lama", 0.5, "acc", True, memory={"peak": {"working_bytes": 5}})],
+                       columns)["peak MB"] is None
+    assert variant_row([_rec("svd", "lama", 0.5, "acc", True, memory={"weight_bytes": 2 ** 20})],
+                       columns)["peak MB"] is None
+
+
+def test_columns_follow_the_display_and_analyses_have_none():
+    from leaderboard.tables import Display, metric_columns
+
+    cells = [_rec("dense", "zeta", 1.0, "acc", True), _rec("dense", "ppl", 3.0, "ppl", False),
+             _rec("dense", "alpha", 2.0, "f1", None), _rec("dense", "lama", 0.5, "acc", True),
+             _rec("rho-analysis", "rho", 0.1, "rho", None, kind="analysis")]
+    display = Display(labels={"lama": "LAMA acc", "ppl": "PPL"}, order={"lama": 0, "ppl": 1})
+    cols = metric_columns(cells, display)
+    # labelled tasks in their order, then the others by name; a task without a label is "<task> <metric>"
+    assert [(c.label, c.higher) for c in cols] == [("LAMA acc", True), ("PPL", False), ("alpha f1", None),
+                                                   ("zeta acc", True)]
+    assert [c.label for c in metric_columns(cells)] == ["alpha f1", "lama acc", "ppl ppl", "zeta acc"]
+    assert [c.label for c in metric_columns(cells, Display(order={"zeta": 5}))] == [
+        "zeta acc", "alpha f1", "lama acc", "ppl ppl"]  # unordered tasks after the highest position
+
+
+def test_rank_table_recovery_deltas_and_speedups_on_hand_rows(monkeypatch):
+    """Recovery averages over the tasks dense is above chance on, higher-is-better only; paired differences against
+    the reference on the tasks both have; an old cell's speedup is dense's time over its own; dense's are 1."""
+    import leaderboard.tables as tables
+
+    monkeypatch.setattr(tables, "above_chance", lambda c: {"above": c.cell.task == "lama"})  # mmlu at chance
+
+    def compare(ref, other):
+        if ref.cell.task == "mmlu":
+            return None  # no paired records
+        m = ref.primary_metric
+        return {"diff": other.metrics[m] - ref.metrics[m], "ci95": (-1.0, 1.0), "p": 0.04, "test": "hand"}
+
+    monkeypatch.setattr(tables, "compare", compare)
+    dense = [_rec("dense", "lama", 0.8, "acc", True, latency={"decode_ms_per_token": 50.0,
+                                                               "prefill_ms_per_token": 2.0}),
+             _rec("dense", "mmlu", 0.3, "acc", True), _rec("dense", "ppl", 10.0, "ppl", False)]
+    pca = [_rec("pca", "lama", 0.6, "acc", True, compression={"param_ratio": 0.5, "compute_ratio": 0.5}),
+           _rec("pca", "mmlu", 0.3, "acc", True), _rec("pca", "ppl", 12.0, "ppl", False)]
+    svd = [_rec("svd", "lama", 0.4, "acc", True, latency={"decode_ms_per_token": 40.0, "prefill_ms_per_token": 1.0}),
+           _rec("svd", "mmlu", 0.25, "acc", True), _rec("svd", "ppl", 20.0, "ppl", False)]
+    rows = tables.rank_table(dense, {"svd": svd, "pca": pca})
+    assert [r["method"] for r in rows] == ["dense", "pca", "svd"]
+    d, p, s = rows
+    assert (d["param ratio"], d["compute ratio"], d["activation ratio"], d["recovery %"]) == (1.0, 1.0, 1.0, 100.0)
+    assert [(d[k], d[k + " ci"]) for k in tables.SPEEDUP_COLUMNS] == [(1.0, None)] * 3
+    assert p["recovery %"] == pytest.approx(75.0) and s["recovery %"] == pytest.approx(50.0)  # lama alone
+    assert not any(k.startswith("Δ") for k in p)  # the reference has no difference to itself
+    assert {k: v for k, v in s.items() if k.startswith("Δ")} == pytest.approx({
+        "Δ lama acc vs pca": -0.2, "Δ lama acc vs pca lo": -1.0, "Δ lama acc vs pca hi": 1.0,
+        "Δ lama acc vs pca p": 0.04, "Δ lama acc vs pca test": "hand",
+        "Δ ppl ppl vs pca": 8.0, "Δ ppl ppl vs pca lo": -1.0, "Δ ppl ppl vs pca hi": 1.0, "Δ ppl ppl vs pca p": 0.04,
+        "Δ ppl ppl vs pca test": "hand"})
+    # an old cell (its own times only): dense's over its own, no interval; a row without times gets none
+    assert (s["decode speedup"], s["decode speedup ci"]) == (1.25, None)
+    assert (s["prefill speedup (body)"], s["prefill speedup (body) ci"]) == (2.0, None)
+    assert "decode speedup" not in p
+    # against svd instead: pca's differences are svd's negated, and nothing at all without a compressed ratio
+    rows = tables.rank_table(dense, {"svd": svd}, ref="svd")
+    assert rows[0]["compute ratio"] is None and rows[0]["activation ratio"] is None
+    assert [r["method"] for r in rows] == ["dense", "svd"]
+    # without dense cells: no recovery, no speedups from times
+    rows = tables.rank_table([], {"svd": svd, "pca": pca})
+    assert [r["method"] for r in rows] == ["pca", "svd"] and rows[1]["recovery %"] is None
+    assert "decode speedup" not in rows[1]
+
+
+def test_missing_cells_and_section_order():
+    from leaderboard.tables import group_cells, missing_cells, section_order
+
+    cells = [_rec("dense", "lama", 0.8, "acc", True), _rec("pca", "lama", 0.5, "acc", True),
+             _rec("pca", "ppl", 9.0, "ppl", False), _rec("svd", "lama", 0.4, "acc", True, rank=0.25),
+             _rec("fasc", "lama", 0.4, "acc", True, rank=0.5, scope="groups=mlp_in"),
+             _rec("wanda", "lama", 0.4, "acc", True, rank=0.5, budget="2:4"),
+             _rec("rho-analysis", "rho", 0.1, "rho", None, kind="analysis")]
+    g = group_cells(cells)
+    assert set(g) == {"m"} and [c.cell.task for c in g["m"]["dense"]] == ["lama"]
+    assert set(g["m"]["analyses"]) == {"rho"} and set(g["m"]["analyses"]["rho"]) == {("rank", 0.5)}
+    assert missing_cells(g) == [
+        # every row of a budget and scope at every ratio seen there, every task seen for the model
+        "m / svd / rank 0.5 / lama", "m / svd / rank 0.5 / ppl",  # the sections in order, the rows by name
+        "m / pca / rank 0.25 / lama", "m / pca / rank 0.25 / ppl", "m / svd / rank 0.25 / ppl",
+        "m / wanda / 2:4 0.5 / ppl", "m / fasc / rank 0.5 (groups mlp_in) / ppl", "m / dense / ppl"]
+    keys = [("rank", 0.25, "all"), ("unstructured", 0.5, "all"), ("16:32", 0.5, "all"), ("2:4", 0.5, "all"),
+            ("params", 0.5, "all"), ("rank", 0.5, "groups=mlp_in"), ("rank", 0.5, "all"), ("2:4", 0.25, "all"),
+            ("rank", 0.5, "blocks=0")]
+    assert sorted(keys, key=section_order) == [
+        ("params", 0.5, "all"), ("rank", 0.5, "all"), ("rank", 0.25, "all"),  # low-rank: by name, ratio descending
+        ("2:4", 0.5, "all"), ("16:32", 0.5, "all"), ("unstructured", 0.5, "all"),  # density 0.5: by M, unstructured
+        ("2:4", 0.25, "all"),  # then the lower density
+        ("rank", 0.5, "blocks=0"), ("rank", 0.5, "groups=mlp_in")]  # scoped sections last, by scope
+
+
+def test_allocation_k_reads_well_formed_groups_only():
+    from leaderboard.tables import allocation_k
+
+    groups = [{"group": "layers.0.mlp_in", "k": 4, "d_in": 8}, {"group": "layers.x.mlp_in", "k": 4, "d_in": 8},
+              {"group": "lm_head", "k": 4, "d_in": 8}, {"group": "layers.1.attn_in", "k": None, "d_in": 8},
+              {"group": "layers.2.attn_in", "k": 2, "d_in": True}, {"group": "layers.3.mlp_out", "k": 2.5,
+                                                                    "d_in": 16}]
+    first = _rec("pca", "lama", 0.5, "acc", True, allocation="fisher", compression={"groups": groups})
+    later = _rec("pca", "ppl", 9.0, "ppl", False, allocation="fisher", compression={"groups": groups[:1]})
+    empty = _rec("svd", "lama", 0.5, "acc", True, compression={"groups": [{"group": "lm_head"}]})
+    assert allocation_k([first, later, empty, _rec("asvd", "lama", 0.5, "acc", True)]) == {"pca+fisher": [
+        {"group": "layers.0.mlp_in", "block": 0, "kind": "mlp_in", "k": 4, "d_in": 8},
+        {"group": "layers.3.mlp_out", "block": 3, "kind": "mlp_out", "k": 2.5, "d_in": 16}]}
+
+
+def test_small_formatters():
+    from leaderboard.tables import budget_title, fmt_interval, file_slug, is_number
+
+    assert fmt_interval(0.1524, 0.0581, 0.2069, 0.0015) == "+0.152 [+0.058, +0.207] p=0.0015 *"
+    assert fmt_interval(-0.1, -0.3, 0.1, 0.05) == "-0.100 [-0.300, +0.100] p=0.05"  # p = alpha is not below it
+    assert fmt_interval(0.0, 0.0, 0.0, 0.0499) == "+0.000 [+0.000, +0.000] p=0.05 *"
+    assert file_slug("fasc-kfac+fisher @ rank 0.5/x_y.z") == "fasc-kfac_fisher___rank_0.5_x_y.z"
+    assert [is_number(x) for x in (1, 0.5, True, float("nan"), float("inf"), "1", None)] == [
+        True, True, False, False, False, False, False]
+    assert budget_title("rank", 0.5) == "rank ratio 0.5" and budget_title("params", 0.25) == "params ratio 0.25"
+    assert budget_title("2:4", 0.5) == "N:M 2:4 sparsity (density 0.5)"
+    assert budget_title("unstructured", 0.3) == "unstructured sparsity, density 0.3"

@@ -166,3 +166,270 @@ def test_truncated_svd_priced_as_the_path_each_precision_takes():
     assert factor_svd_ops(640, 1024, 512) == [("", "svd", 640, 1024)]  # k inside R's row space: the thin SVD
     # k beyond it: V square, the thin SVD and V formed from its reflectors
     assert factor_svd_ops(640, 2048, 1024) == [("", "svd", 640, 2048), ("", "flops", 4 * 2048 * 2048 * 640)]
+
+
+# ---------------------------------------------------------------- every number of a plan, by hand (issue 51)
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": False}
+# per block: attn_in 64 -> 64 + 32 + 32, attn_out 64 -> 64, mlp_in 64 -> 128 + 128, mlp_out 128 -> 64
+LINEAR = 2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64)  # 73,728 multiply-adds per token
+SQUARES = 3 * 64 ** 2 + 128 ** 2  # one block's sum of d_in^2
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    return str(tmp_path)
+
+
+def test_stat_bytes_of_each_statistic_by_hand():
+    from types import SimpleNamespace
+
+    from bench.costs import stat_bytes
+
+    g = SimpleNamespace(d_in=64, d_outs=(64, 32, 32))
+    every = frozenset({"C", "F", "abs_mean", "mean", "pairs", "row_fisher", "abs_hist"})
+    assert stat_bytes(g, every, 10) == {"C": 64 * 64 * 8, "F": 64 * 64 * 8, "abs_mean": 64 * 8, "mean": 64 * 8,
+                                        "pairs": 2 * 10 * 64 * 4, "row_fisher": 128 * 8, "abs_hist": 4096 * 8}
+    assert stat_bytes(g, every, 10, width=4) == {"C": 64 * 64 * 4, "F": 64 * 64 * 4, "abs_mean": 64 * 4,
+                                                 "mean": 64 * 4, "pairs": 2 * 10 * 64 * 4, "row_fisher": 128 * 4,
+                                                 "abs_hist": 4096 * 4}  # the (x, g) sample is float32 either way
+    assert stat_bytes(g, frozenset({"C"}), 10) == {"C": 64 * 64 * 8}
+
+
+def test_a_plan_in_full_on_a_tiny_config(tiny):
+    from math import ceil, comb, log2
+
+    plan = make_plan(tiny, ["pca", "fasc-kfac", "act-sparse", "teal", "wanda"], [0.5, 0.25],
+                     sparsity=[SparsitySpec.parse("2:4"), SparsitySpec.parse("0.25")])
+    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64  # attention, MLP, two norms
+    params = 2 * layer + 2 * 100 * 64 + 64  # untied embeddings, the final norm
+    assert (plan.params, plan.weight_bytes, plan.n_blocks) == (params, 4 * params, 2)
+    assert plan.config == {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                           "num_hidden_layers": 2, "vocab_size": 100}
+    assert plan.needs == {"C", "F", "abs_hist"} and plan.calib_tokens == 12 * 256 and plan.pair_tokens == 512
+    hist = 4096 * 8  # teal's histogram: one per group, whatever its width
+    assert plan.kinds == [
+        {"kind": "attn_in", "count": 2, "d_in": 64, "d_outs": (64, 32, 32),
+         "stats": {"C": 2 * 64 * 64 * 8, "F": 2 * 64 * 64 * 8, "abs_hist": 2 * hist}},
+        {"kind": "attn_out", "count": 2, "d_in": 64, "d_outs": (64,),
+         "stats": {"C": 2 * 64 * 64 * 8, "F": 2 * 64 * 64 * 8, "abs_hist": 2 * hist}},
+        {"kind": "mlp_in", "count": 2, "d_in": 64, "d_outs": (128, 128),
+         "stats": {"C": 2 * 64 * 64 * 8, "F": 2 * 64 * 64 * 8, "abs_hist": 2 * hist}},
+        {"kind": "mlp_out", "count": 2, "d_in": 128, "d_outs": (64,),
+         "stats": {"C": 2 * 128 * 128 * 8, "F": 2 * 128 * 128 * 8, "abs_hist": 2 * hist}}]
+    assert plan.stats_total == {"C": 2 * SQUARES * 8, "F": 2 * SQUARES * 8, "abs_hist": 8 * hist}
+    assert plan.stats_per_block == 2 * SQUARES * 8 + 4 * hist
+    assert plan.cache_bytes == 2 * 2 * SQUARES * 4 + 8 * 4096 * 4  # float32 on disk
+    # one pass holds everything without --stats-memory
+    assert plan.passes == 1 and plan.pass_bytes == sum(plan.stats_total.values()) == 4 * SQUARES * 8 + 8 * hist
+    tokens = 2 * 256  # batch 2 x 256 positions, with gradients: 6 hidden + 4 intermediate floats a block, logits x2
+    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 128) * 2 * 4 + tokens * 100 * 4 * 2
+    largest = 2 * 128 * 128 * 8 + hist  # mlp_out's C, F and histogram
+    assert plan.calibration_peak == 4 * params + plan.pass_bytes + largest + plan.activation_bytes
+    # k = d_in / 2 at 0.5: attn_out (64 * 32 + 32 * 64 > 64 * 64) and mlp_out stay merged; at 0.25 all factorise
+    half = {"attn_in": {"k": [32] * 3, "form": "factorised"}, "attn_out": {"k": [32], "form": "merged"},
+            "mlp_in": {"k": [32] * 2, "form": "factorised"}, "mlp_out": {"k": [64], "form": "merged"}}
+    deployed_half = 2 * ((64 * 32 + 32 * 128) + 64 * 64 + (64 * 32 + 32 * 256) + 128 * 64)
+    quarter = {"attn_in": {"k": [16] * 3, "form": "factorised"}, "attn_out": {"k": [16], "form": "factorised"},
+               "mlp_in": {"k": [16] * 2, "form": "factorised"}, "mlp_out": {"k": [32], "form": "factorised"}}
+    deployed_quarter = 2 * ((64 * 16 + 16 * 128) + (64 * 16 + 16 * 64) + (64 * 16 + 16 * 256) + (128 * 32 + 32 * 64))
+    for name in ("pca", "fasc-kfac"):
+        assert plan.methods[name] == {
+            0.5: {"per_kind": half, "params_deployed": deployed_half, "param_ratio": deployed_half / LINEAR},
+            0.25: {"per_kind": quarter, "params_deployed": deployed_quarter, "param_ratio": deployed_quarter / LINEAR}}
+    assert plan.evaluation_peak == 4 * params + int(deployed_half / LINEAR * LINEAR * 4) + 2 * 256 * 100 * 4
+    bits_24 = 3 * (3 * 64 + 128) // 4  # ceil(log2 C(4, 2)) = 3 bits per 4 channels, one block's four inputs
+    bits_q = 3 * ceil(log2(comb(64, 16))) + ceil(log2(comb(128, 32)))
+    assert plan.sparse == {
+        "act-sparse": {"2:4": {"compute_ratio": 0.5, "param_ratio": 1.0, "index_bits_per_token": bits_24},
+                       "unstructured 0.25": {"compute_ratio": 0.25, "param_ratio": 1.0, "index_bits_per_token": bits_q}},
+        "teal": {"unstructured 0.25": {"compute_ratio": 0.25, "param_ratio": 1.0, "index_bits_per_token": bits_q}},
+        "wanda": {"2:4": {"compute_ratio": 0.5, "param_ratio": 0.5, "index_bits_per_token": None},
+                  "unstructured 0.25": {"compute_ratio": 0.25, "param_ratio": 0.25, "index_bits_per_token": None}}}
+    data_free = make_plan(tiny, ["svd"], [0.5], dtype="bfloat16")
+    assert data_free.needs == frozenset() and data_free.passes == 0 and data_free.pass_bytes == 0
+    assert data_free.calibration_peak == 0 and data_free.weight_bytes == 2 * params
+    bf16 = make_plan(tiny, ["pca"], [0.5], dtype="bfloat16")
+    assert bf16.evaluation_peak == 2 * params + int(deployed_half / LINEAR * LINEAR * 2) + 2 * 256 * 100 * 4
+    assert bf16.stats_total == {"C": 2 * SQUARES * 8}  # statistics stay float64 whatever the model's dtype
+    pca = make_plan(tiny, ["pca"], [0.5], batch_size=3, calib_seq_len=10, eval_seq_len=7)
+    assert pca.activation_bytes == 30 * 100 * 4  # no gradients: the logits alone, once
+    assert pca.evaluation_peak == 4 * params + int(deployed_half / LINEAR * LINEAR * 4) + 3 * 7 * 100 * 4
+
+
+def test_calibration_passes_at_the_budget_boundary(tiny):
+    from core.errors import UserError
+    from core.units import human
+
+    # per group (fasc-kfac and teal: C, F, histogram): three of 3 * 32 KB, mlp_out 2 * 128 KB + 32 KB
+    small, big = 3 * 64 * 64 * 8, 2 * 128 * 128 * 8 + 4096 * 8
+
+    def passes(memory):
+        p = make_plan(tiny, ["fasc-kfac", "teal"], [0.5], stats_memory=memory, sparsity=[SparsitySpec.parse("0.5")])
+        return p.passes, p.pass_bytes
+
+    block = 3 * small + big
+    assert passes(block) == (2, block)  # a block fills a pass exactly
+    # one byte less: mlp_out of block 0 opens the second pass, which block 1's mlp_in no longer fits
+    assert passes(block - 1) == (3, big + 2 * small)
+    assert passes(big) == (4, big)  # each mlp_out alone; the three small groups together
+    with pytest.raises(UserError) as e:
+        passes(big - 1)
+    assert str(e.value) == (f"group layers.0.mlp_out's statistics take {human(big)}, more than --stats-memory "
+                            f"{human(big - 1)}: raise it to at least {human(big)}")
+
+
+def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
+    from bench.costs import memo_fits
+
+    comps = {m: methods_build(m) for m in ("pca", "fasc-kfac")}
+    # pca's basis, fasc-kfac's whitening factor and Fisher basis: two d x d float64 matrices each, per group
+    memo = 3 * 2 * 2 * SQUARES * 8
+    need = 4 * SQUARES * 8 + memo  # C and F, then the memos
+    assert memo_fits(make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need), comps)
+    assert not memo_fits(make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need - 1), comps)
+    # in float32 the memos take half
+    assert memo_fits(make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need - memo // 2), comps, "float32")
+    assert not memo_fits(make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need - memo // 2 - 1), comps,
+                         "float32")
+    # fasc's direction scores: one pair_tokens x d matrix besides its bases; pairs are statistics too
+    fasc = {"fasc": methods_build("fasc")}
+    stats = 4 * SQUARES * 8 + 2 * 2 * 10 * (3 * 64 + 128) * 4  # C, F; (x, g) pairs of 10 tokens in float32
+    memo = (3 * 2 * 2 * SQUARES + 10 * 2 * (3 * 64 + 128)) * 8
+    plan = make_plan(tiny, ["fasc"], [0.5], pair_tokens=10, stats_memory=stats + memo)
+    assert sum(plan.stats_total.values()) == stats
+    assert memo_fits(plan, fasc)
+    assert not memo_fits(make_plan(tiny, ["fasc"], [0.5], pair_tokens=10, stats_memory=stats + memo - 1), fasc)
+    assert memo_fits(make_plan(tiny, ["fasc"], [0.5], pair_tokens=10), fasc)  # no budget: everything stays
+
+
+def methods_build(name):
+    import methods
+
+    return methods.build(name)
+
+
+def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
+    from bench.costs import estimate_times
+
+    speed = _speed(eigh_n=64, eigh_s=0.5, solve_matmul=1e9, matmul32=1e10)
+    est = make_plan(tiny, ["pca", "fasc-kfac"], [0.5])
+    t = estimate_times(est, speed)
+    eigh = {64: 0.5, 128: 4.0}  # scaled by n^3 from 64
+    # declared per kind: pca (basis eigh, projection flops); fasc-kfac after pca (the basis memoised): whitening
+    # flops, Fisher products, Fisher eigh, projection flops
+    kinds = [(64, 524288, 174762, 2097152), (64, 262144, 174762, 2097152), (64, 1048576, 174762, 2097152),
+             (128, 1048576, 1398101, 16777216)]
+    pca = 2 * sum(eigh[d] + proj / 1e9 for d, proj, _, _ in kinds)
+    kfac_proj = [524288, 262144, 1048576, 1048576]
+    kfac = 2 * sum((white + prods) / 1e9 + eigh[d] + p / 1e9 for (d, _, white, prods), p in zip(kinds, kfac_proj))
+    assert t["methods"] == {"pca": pytest.approx(pca, rel=1e-12), "fasc-kfac": pytest.approx(kfac,
+                                                                                                       rel=1e-12)}
+    assert t["memo_shared"] is True and t["undeclared"] == []
+    per_token = 1 * 4 * (LINEAR + 100 * 64) + 2 * SQUARES * 2 * 2  # forward + backward, then x^T x and g^T g
+    assert t["calibration"] == pytest.approx(12 * 256 * per_token / 1e10, rel=1e-12)
+    assert t["total"] == pytest.approx(t["calibration"] + pca + kfac, rel=1e-12)
+    # the model on another device: calibration at its speed, the solves at the solve device's
+    slow = _speed(matmul32=1e9)
+    assert estimate_times(est, speed, slow)["calibration"] == pytest.approx(10 * t["calibration"], rel=1e-12)
+    assert estimate_times(est, speed, slow)["methods"] == t["methods"]
+    # row Fisher (act-sparse's fisher score): the weight gradients, 2 per site weight and token
+    rf = make_plan(tiny, ["pca"], [0.5])
+    rf.needs = frozenset({"row_fisher"})
+    assert estimate_times(rf, speed)["calibration"] == pytest.approx(12 * 256 * (4 * (LINEAR + 6400) + 2 * LINEAR)
+                                                                     / 1e10, rel=1e-12)
+    # C alone (pca): the forward only, and x^T x
+    pca_only = estimate_times(make_plan(tiny, ["pca"], [0.5]), speed)
+    assert pca_only["calibration"] == pytest.approx(12 * 256 * (2 * (LINEAR + 6400) + 2 * SQUARES * 2) / 1e10,
+                                                    rel=1e-12)
+    # (x, g) pairs alone take the backward too, and no product
+    rf.needs = frozenset({"pairs"})
+    assert estimate_times(rf, speed)["calibration"] == pytest.approx(12 * 256 * 4 * (LINEAR + 6400) / 1e10, rel=1e-12)
+    sparse = estimate_times(make_plan(tiny, ["act-sparse", "svd"], [0.5]), speed)
+    assert sparse["methods"]["act-sparse"] == 0.0 and sparse["calibration"] == 0.0
+    # a method that declares no solve cost: named, not estimated, left out of the total
+    import methods
+
+    monkeypatch.setattr(type(methods.build("pca")), "solve_ops", lambda *a: None)
+    t = estimate_times(make_plan(tiny, ["pca", "fasc-kfac", "pca"], [0.5]), speed)
+    assert t["methods"]["pca"] is None and t["undeclared"] == ["pca"]
+    assert t["total"] == pytest.approx(t["calibration"] + t["methods"]["fasc-kfac"])
+
+
+def test_op_seconds_by_hand():
+    from bench.costs import op_seconds
+
+    s = _speed(eigh_n=100, eigh_s=2.0, svd_shape=(100, 50), svd_s=3.0, solve_matmul=1e9, bandwidth=1e9)
+    assert op_seconds(("k", "eigh", 200), s) == pytest.approx(16.0)
+    assert op_seconds(("", "svd", 100, 200), s) == pytest.approx(3.0 * 200 * 100 * 100 / (100 * 50 * 50))
+    assert op_seconds(("", "svd", 200, 100), s) == op_seconds(("", "svd", 100, 200), s)
+    assert op_seconds(("", "truncated_svd", 50, 400), s) == pytest.approx(2 * 400 * 50 * 50 / 1e9 + 2.0 / 8)
+    assert op_seconds(("", "flops", 3e9), s) == pytest.approx(3.0)
+    assert op_seconds(("", "bytes", 4e9), s) == pytest.approx(4.0)
+    assert op_seconds(("", "bytes", 4e9), _speed(bandwidth=1e9, solve_dtype="float32")) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="unknown solve operation 'qr'"):
+        op_seconds(("", "qr", 3), s)
+
+
+def test_measure_speed_is_the_median_of_three_timed_runs(monkeypatch):
+    import time
+
+    from bench.costs import measure_speed
+
+    durations = iter([1.0, 3.0, 2.0] * 5)  # each operation's three timed runs: median 2 s
+    now = [0.0]
+    state = {"start": True}
+
+    def clock():
+        if not state["start"]:
+            now[0] += next(durations)
+        state["start"] = not state["start"]
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    n = 24  # not the default: the cache must not answer
+    s = measure_speed("cpu", n, "float32")
+    assert s == type(s)(device="cpu", matmul32=2 * n ** 3 / 2.0, solve_matmul=2 * n ** 3 / 2.0, eigh_n=n, eigh_s=2.0,
+                        svd_shape=(n, n // 2), svd_s=2.0, bandwidth=3 * (2 * n) ** 2 * 8 / 2.0, solve_dtype="float32")
+    assert measure_speed("cpu", n, "float32") is s  # once per device, size and precision in a process
+
+
+def test_model_positions_and_config_refusals(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from bench.costs import load_model_config, model_positions
+    from core.errors import UserError
+
+    assert model_positions(SimpleNamespace(max_position_embeddings=512)) == 512
+    assert model_positions(SimpleNamespace(text_config=SimpleNamespace(max_position_embeddings=256))) == 256
+    assert model_positions(SimpleNamespace(max_position_embeddings=None,
+                                           text_config=SimpleNamespace(max_position_embeddings=128))) == 128
+    assert model_positions(SimpleNamespace(max_position_embeddings=True)) is None
+    assert model_positions(SimpleNamespace(max_position_embeddings=1e6)) is None and model_positions(object()) is None
+
+    def refusal(model):
+        with pytest.raises(UserError) as e:
+            load_model_config(str(model))
+        return str(e.value)
+
+    assert refusal(tmp_path / "m.gguf") == (f"model file {tmp_path / 'm.gguf'} does not exist: pass a .gguf, a "
+                                            "config.json or a checkpoint folder")
+    assert refusal(tmp_path) == (f"{tmp_path / 'config.json'} does not exist: pass a checkpoint folder or its "
+                                 "config.json")
+    (tmp_path / "c.json").write_text(json.dumps({"hidden_size": 8}))
+    assert refusal(tmp_path / "c.json") == f"{tmp_path / 'c.json'} has no model_type: pass a transformers config.json"
+    (tmp_path / "l.json").write_text("[1, 2]")
+    assert refusal(tmp_path / "l.json") == f"{tmp_path / 'l.json'} has no model_type: pass a transformers config.json"
+    (tmp_path / "bad.json").write_text("{not json")
+    assert refusal(tmp_path / "bad.json") == (
+        f"no config for model '{tmp_path / 'bad.json'}' (Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)): pass a local config.json, checkpoint folder or .gguf")
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    cfg = load_model_config(str(tmp_path / "config.json"))
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_key_value_heads) == ("llama", 64, 2)
+    assert load_model_config(str(tmp_path)).to_dict() == cfg.to_dict()

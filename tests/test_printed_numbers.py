@@ -643,6 +643,11 @@ def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
     assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13]) (not converged)"
     row["decode converged"] = True
     assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13])"
+    # an interval that ends at 1.0, at either side, contains it
+    assert _fmt_speedup({"s": 0.95, "s ci": (0.9, 1.0)}, "s") == "= dense (0.95x [0.90, 1.00])"
+    assert _fmt_speedup({"s": 1.05, "s ci": (1.0, 1.1)}, "s") == "= dense (1.05x [1.00, 1.10])"
+    assert _fmt_speedup({"s": 1.2, "s ci": (1.1, 1.3)}, "s") == "1.20x [1.10, 1.30]"
+    assert _fmt_speedup({"s": 1.2, "s ci": None}, "s") == "1.20x" and _fmt_speedup({"s": None}, "s") == ""
 
 
 def test_the_header_names_what_bounds_decode():
@@ -877,6 +882,9 @@ def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_i
     # the sparsity row at density 0.25 when that is the target, and no low-rank row without a compute ratio
     assert "teal @ unstructured" in tables.matched_compute(sections, 0.25)
     assert tables.matched_compute(sections, 0.25)["teal @ unstructured"] == [{"compute ratio": 0.25}]
+    assert tables.matched_compute(sections) == got  # the default target is the half the report compares at
+    # a density 1e-9 from the target is not the target (the tolerance is strict)
+    assert tables.matched_compute({("unstructured", 1e-9, ALL_GROUPS): {"teal": [{}]}}, 0.0) == {}
 
 
 # ---------------------------------------------------------------- core/record.py: what older cells left unstored

@@ -387,6 +387,33 @@ def test_triton_splits_fill_the_sms_in_whole_tiles_and_none_is_empty():
             assert per_part % 32 == 0 and (parts - 1) * per_part < per_row <= parts * per_part
 
 
+def test_the_triton_grid_counts_every_output_tile_of_every_row(monkeypatch):
+    """The splits are chosen for rows x output tiles programs (3 tiles of 16 for 40 outputs), on the interpreter's
+    4 SMs; the result is the same whatever they are, so the grid is checked where it is decided."""
+    use_triton_interpreter(monkeypatch)
+    seen, real = [], layers.triton_splits
+    monkeypatch.setattr(layers, "triton_splits", lambda *a: seen.append(a) or real(*a))
+    gen = torch.Generator().manual_seed(3)
+    W, idx = torch.randn(64, 40, generator=gen), torch.randperm(64, generator=gen)[:20]
+    vals = torch.randn(20, generator=gen)
+    got = layers.triton_gathered_product(idx, vals, W, 1, 20)
+    assert seen == [(3, 20, 4)]
+    torch.testing.assert_close(got, (vals[:, None] * W[idx]).sum(0, keepdim=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_channel_exactly_at_the_threshold_is_dropped():
+    """TEAL keeps |x_j| > t: a channel whose score equals t is not kept, in the decode bag or the masked product."""
+    from core.compressed_layers import InputSparsifier, SparseInputLinear
+
+    lin = torch.nn.Linear(4, 3)
+    site = SparseInputLinear(lin, InputSparsifier(0, 0, "none", None, None, threshold=0.5), owner=True)
+    x = torch.tensor([[[0.5, -0.5, 0.75, 0.25]]])
+    want = lin(torch.tensor([[[0.0, 0.0, 0.75, 0.0]]]))
+    with torch.no_grad():
+        torch.testing.assert_close(site(x), want)  # one token: the gathered bag
+        torch.testing.assert_close(site(x.expand(2, 1, 4).clone()), want.expand(2, 1, 3))  # two: masked
+
+
 def test_the_decode_kernel_is_chosen_per_device_and_refused_in_one_line(monkeypatch):
     monkeypatch.delenv("ACBENCH_DECODE_KERNEL", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
