@@ -349,8 +349,17 @@ def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
     # (x, g) pairs alone take the backward too, and no product
     rf.needs = frozenset({"pairs"})
     assert estimate_times(rf, speed)["calibration"] == pytest.approx(12 * 256 * 4 * (LINEAR + 6400) / 1e10, rel=1e-12)
-    sparse = estimate_times(make_plan(tiny, ["act-sparse", "svd"], [0.5]), speed)
-    assert sparse["methods"]["act-sparse"] == 0.0 and sparse["calibration"] == 0.0
+    rf.needs = frozenset({"F"})  # F alone: the backward, and g^T g
+    assert estimate_times(rf, speed)["calibration"] == pytest.approx(
+        12 * 256 * (4 * (LINEAR + 6400) + 2 * SQUARES * 2) / 1e10, rel=1e-12)
+    sparse = estimate_times(make_plan(tiny, ["act-sparse", "svd", "pca"], [0.5]), speed)
+    assert sparse["methods"]["act-sparse"] == 0.0 and sparse["calibration"] > 0
+    assert sparse["methods"]["pca"] == pytest.approx(pca) and sparse["methods"]["svd"] > 0  # priced after act-sparse
+    # the store holds the memos in float32 only: a float32 solve device shares them, a float64 one does not
+    need = 4 * SQUARES * 8 + 3 * 2 * 2 * SQUARES * 8
+    tight = make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need - 3 * 2 * 2 * SQUARES * 4)
+    assert estimate_times(tight, _speed(solve_dtype="float32"))["memo_shared"] is True
+    assert estimate_times(tight, _speed())["memo_shared"] is False
     # a method that declares no solve cost: named, not estimated, left out of the total
     import methods
 

@@ -53,6 +53,7 @@ def _rho_cell():
             "rho_vs_loss_rise_per_group": {"n": 8, "spearman": sp(-0.25, -0.7, 0.3, 0.06), "pearson": None},
             "gain_vs_rank_per_group": {"n": 8, "spearman": sp(0.9, 0.8, 0.95, 0.0001)},  # not rho's: no headline
             "rho_vs_lama_drop": {"n": 2, "spearman": None, "note": "too few units"},
+            "rho_vs_mmlu_drop": {"n": 2, "spearman": None},  # undefined without a note: an empty cell
         },
         "units": [{"blocks": [0, 1], "loss_rise_pca": 0.5, "loss_rise_fasc": 0.25},
                   {"blocks": [2, 3, 4], "loss_rise_pca": 0.75, "loss_rise_fasc": 0.5}],
@@ -80,7 +81,7 @@ def test_rho_section_in_full():
         tabulate([["gain vs rank_per_group", "+0.90 [+0.80, +0.95] p=0.0001", "", 8],
                   ["rho vs loss_rise_per_group", "-0.25 [-0.70, +0.30] p=0.06", "", 8],
                   ["rho vs surrogate_gain_per_group", "+0.50 [+0.10, +0.80] p=0.012", "+0.40 [-0.05, +0.70] p=0.3", 8],
-                  ["rho vs lama_drop", "too few units", "", 2]],
+                  ["rho vs lama_drop", "too few units", "", 2], ["rho vs mmlu_drop", "", "", 2]],
                  headers=["variables", "Spearman", "Pearson", "n"], tablefmt="github", disable_numparse=True),
         "",
         "Highest-rho groups:",
@@ -700,7 +701,7 @@ class _SensitivityCtx:
 
         self.groups = [SimpleNamespace(name=f"model.{b}.mlp_in", block=b, kind="mlp_in", d_in=8, d_outs=(8,))
                        for b in range(4)]
-        self.model, self.tokenizer, self.progress, self.seed, self.stats = (), None, False, 0, {}
+        self.model, self.tokenizer, self.progress, self.seed, self.stats = (), object(), False, 0, {}
         self.asked = []
 
     def task(self, name, **settings):
@@ -712,6 +713,7 @@ class _SensitivityCtx:
         sign = 1 if kind == "loss" else -1  # a loss rises, an accuracy drops
 
         def evaluate(model, tokenizer, progress=False):
+            assert tokenizer is self.tokenizer, f"{name} evaluated without the model's tokenizer"
             value = DENSE[kind] + sign * sum(COST[m][kind][b] for m, b in model)
             return SimpleNamespace(metrics={metric: value})
 
@@ -943,7 +945,7 @@ def test_rho_task_stores_its_details_in_full(monkeypatch):
     ctx = _TwelveGroupsCtx()
     rhos = {g.name: 0.01 * (k + 1) for k, g in enumerate(ctx.groups)}
     monkeypatch.setattr(rho, "group_rho", lambda stats, groups, rank: [
-        {"group": g.name, "block": g.block, "kind": g.kind, "d": g.d_in, "k": 4, "rho": rhos[g.name],
+        {"group": g.name, "block": g.block, "kind": g.kind, "d": g.d_in + 1, "k": 4, "rho": rhos[g.name],
          "rho_cos": rhos[g.name], "rho_dir": rhos[g.name], "n_tokens": 16, "surrogate_pca": 1.0,
          "surrogate_fasc_kfac": 0.5, "surrogate_gain": 0.5, "seconds": 0.25} for g in groups])
     seeds = []
@@ -959,8 +961,9 @@ def test_rho_task_stores_its_details_in_full(monkeypatch):
     assert top[0] == {"group": "model.3.g2", "block": 3, "kind": "mlp_in", "rho": pytest.approx(0.12)}
     assert det["dense"] == DENSE
     assert det["cost"] == {"formula": "2 N^2 d + 2 N d m multiply-adds per group (N sampled tokens, m discarded "
-                                      "directions)", "flops_smallest_group": cost_flops(16, 8, 4),
-                           "flops_largest_group": cost_flops(16, 12, 6), "seconds_total": pytest.approx(3.0)}
+                                      "directions)", "flops_smallest_group": cost_flops(16, 9, 4),  # odd widths: k = d // 2
+                           "flops_largest_group": cost_flops(16, 13, 6), "seconds_total": pytest.approx(3.0)}
+    assert all(isinstance(det["cost"][k], int) for k in ("flops_smallest_group", "flops_largest_group"))
     assert det["rank"] == {"ratio": 0.5, "budget": "rank"} and out.config == dict(vars(settings))
     assert [u["blocks"] for u in det["units"]] == [[0, 1], [2, 3]]
     for t in ("loss_rise_pca", "lama_drop_fasc", "mmlu_drop_pca", "fasc_gain_mmlu_drop"):
@@ -1042,3 +1045,21 @@ def test_what_bounds_on_a_probe_whose_times_are_known(monkeypatch):
     assert asked[-1] == (6, 3, torch.float32)
     probe.device = torch.device("meta")  # an accelerator: no CPU product bandwidth to measure
     assert "dense_product" not in measure.what_bounds(model, probe)["machine"]
+
+
+def test_allocation_solves_in_the_runs_precision(monkeypatch):
+    """The allocation's eigen-solves run in the precision the run solves in, so the compression after it finds them
+    memoised there (a float32 run must not pay float64 solves first)."""
+    from types import SimpleNamespace
+
+    import bench.allocate as alloc
+    from bench.testing import random_stats
+    from core.stats import RankSpec
+
+    seen, real = [], alloc.direction_values
+    monkeypatch.setattr(alloc, "direction_values", lambda rule, st: seen.append(st.C.dtype) or real(rule, st))
+    groups = [SimpleNamespace(name=n, d_in=8, d_outs=(8,)) for n in ("a", "b")]
+    stats = {"a": random_stats(8), "b": random_stats(8)}
+    alloc.allocate("variance", groups, stats, RankSpec(0.5, "params"), dtype=torch.float32)
+    alloc.allocate("variance", groups, stats, RankSpec(0.5, "params"))
+    assert seen == [torch.float32] * 2 + [torch.float64] * 2
