@@ -442,3 +442,44 @@ def test_model_positions_and_config_refusals(tmp_path):
     cfg = load_model_config(str(tmp_path / "config.json"))
     assert (cfg.model_type, cfg.hidden_size, cfg.num_key_value_heads) == ("llama", 64, 2)
     assert load_model_config(str(tmp_path)).to_dict() == cfg.to_dict()
+
+
+def test_a_multimodal_config_plans_its_text_model_and_odd_ratios_round_per_group(tmp_path):
+    import json
+
+    from transformers import Gemma3Config, Gemma3TextConfig
+
+    text = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, vocab_size=100)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 16}
+    (tmp_path / "config.json").write_text(json.dumps(Gemma3Config(text_config=text.to_dict(),
+                                                                  vision_config=vision).to_dict()))
+    plan = make_plan(str(tmp_path), ["pca"], [0.3])
+    assert plan.model == str(tmp_path)
+    # the sizes are the text model's, not the (absent) top-level ones
+    assert plan.config == {"model_type": "gemma3", "hidden_size": 64, "intermediate_size": 128,
+                           "num_hidden_layers": 2, "vocab_size": 100}
+    assert [(k["kind"], k["d_in"], k["d_outs"]) for k in plan.kinds] == [
+        ("attn_in", 64, (64, 32, 32)), ("attn_out", 64, (64,)), ("mlp_in", 64, (128, 128)), ("mlp_out", 128, (64,))]
+    # k = round(0.3 d) with no alignment by default: 19 of 64, 38 of 128
+    assert {kind: v["k"] for kind, v in plan.methods["pca"][0.3]["per_kind"].items()} == {
+        "attn_in": [19] * 3, "attn_out": [19], "mlp_in": [19] * 2, "mlp_out": [38]}
+    aligned = make_plan(str(tmp_path), ["pca"], [0.3], align=8)
+    assert aligned.methods["pca"][0.3]["per_kind"]["attn_in"]["k"] == [24] * 3  # 19 rounded up to a multiple of 8
+
+
+def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatch):
+    """A config that reaches the plan without a config.json (an alias, a .gguf header, the hub) is checked there, and
+    the refusal names the model as the user gave it."""
+    import bench.costs as costs
+    from core.errors import UserError
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(**{k: v for k, v in TINY.items() if k != "model_type"})
+    cfg.num_hidden_layers = 0
+    monkeypatch.setattr(costs, "load_model_config", lambda model: cfg)
+    with pytest.raises(UserError) as e:
+        make_plan("org/model", ["pca"], [0.5])
+    assert str(e.value) == ("model org/model: config.json's num_hidden_layers is 0, not a positive integer: fix the "
+                            "config (or re-save the checkpoint with save_pretrained)")
