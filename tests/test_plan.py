@@ -8,7 +8,7 @@ import pytest
 
 from bench.cli import main
 from bench.costs import estimate_costs as make_plan
-from core.stats import SparsitySpec
+from core.stats import RankSpec, SparsitySpec
 from core.units import parse_bytes
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -467,6 +467,7 @@ def test_a_multimodal_config_plans_its_text_model_and_odd_ratios_round_per_group
         "attn_in": [19] * 3, "attn_out": [19], "mlp_in": [19] * 2, "mlp_out": [38]}
     aligned = make_plan(str(tmp_path), ["pca"], [0.3], align=8)
     assert aligned.methods["pca"][0.3]["per_kind"]["attn_in"]["k"] == [24] * 3  # 19 rounded up to a multiple of 8
+    assert aligned.ranks == [RankSpec(0.3, "rank", 8)] and plan.ranks == [RankSpec(0.3, "rank", 1)]  # for the times
 
 
 def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatch):
@@ -483,3 +484,34 @@ def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatc
         make_plan("org/model", ["pca"], [0.5])
     assert str(e.value) == ("model org/model: config.json's num_hidden_layers is 0, not a positive integer: fix the "
                             "config (or re-save the checkpoint with save_pretrained)")
+
+
+def test_an_alias_plans_from_its_converted_config_or_else_its_gguf_header(tmp_path, monkeypatch):
+    import json
+
+    import bench.costs as costs
+    import bench.models as models
+    import transformers
+
+    (tmp_path / "gemma-3-270m").mkdir()
+    (tmp_path / "gemma-3-270m" / "config.json").write_text(json.dumps(TINY))  # what `bench prepare` converted
+    monkeypatch.setattr(costs, "_cache_models", lambda: tmp_path)
+    assert costs.load_model_config("gemma-3-270m").hidden_size == 64
+    # not converted yet: the .gguf header the data package installed (its reader faked: parsing takes seconds)
+    (tmp_path / "gemma-3-270m" / "config.json").unlink()
+    asked, real = [], transformers.AutoConfig.from_pretrained
+    monkeypatch.setattr(models, "_alias_gguf", lambda name: tmp_path / "pkg" / f"{name}.gguf")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda path, **kw: asked.append((path, kw)) or real(str(CONFIGS / "llama-3-8b")))
+    assert costs.load_model_config("gemma-3-270m").hidden_size == 4096
+    assert asked == [(str(tmp_path / "pkg"), {"gguf_file": "gemma-3-270m.gguf"})]
+
+
+def test_peaks_of_a_sparsity_only_plan_and_of_a_row_fisher_one(tiny):
+    params = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 100 * 64 + 64
+    sparse = make_plan(tiny, ["act-sparse"], [0.5], sparsity=[SparsitySpec.parse("2:4")])
+    # no low-rank factors on top of the dense weights: the weights and the logits of one batch
+    assert sparse.evaluation_peak == 4 * params + 2 * 256 * 100 * 4 and sparse.calibration_peak == 0
+    fw = make_plan(tiny, ["fwsvd"], [0.5])  # the row Fisher alone needs the backward
+    assert fw.needs == {"row_fisher"}
+    assert fw.activation_bytes == 512 * (6 * 64 + 4 * 128) * 2 * 4 + 512 * 100 * 4 * 2
