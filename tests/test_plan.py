@@ -515,3 +515,41 @@ def test_peaks_of_a_sparsity_only_plan_and_of_a_row_fisher_one(tiny):
     fw = make_plan(tiny, ["fwsvd"], [0.5])  # the row Fisher alone needs the backward
     assert fw.needs == {"row_fisher"}
     assert fw.activation_bytes == 512 * (6 * 64 + 4 * 128) * 2 * 4 + 512 * 100 * 4 * 2
+
+
+def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
+    """A .gguf file's header, a hub id, and what their loader's errors become: the first line, at most 160
+    characters, or the error's type when it says nothing."""
+    import json
+
+    import bench.costs as costs
+    import transformers
+    from core.errors import UserError
+
+    asked, real = [], transformers.AutoConfig.from_pretrained
+    answer = {"raise": None}
+
+    def fake(path, **kw):
+        asked.append((path, kw))
+        if answer["raise"]:
+            raise answer["raise"]
+        return real(str(CONFIGS / "llama-3-8b"))
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", fake)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    costs.load_model_config(str(tmp_path / "m.gguf"))
+    costs.load_model_config("org/model")
+    assert asked == [(str(tmp_path), {"gguf_file": "m.gguf"}), ("org/model", {})]
+    for error, said in ((OSError(), "OSError"), (ValueError("x" * 200 + "\nmore"), "x" * 160),
+                        (KeyError("rope_type"), "'rope_type'")):
+        answer["raise"] = error
+        with pytest.raises(UserError) as e:
+            costs.load_model_config("org/model")
+        assert str(e.value) == (f"no config for model 'org/model' ({said}): pass a local config.json, checkpoint "
+                                "folder or .gguf")
+    bad = dict(TINY, num_hidden_layers=0)
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(UserError) as e:
+        costs.load_model_config(str(tmp_path))
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: config.json's num_hidden_layers is 0, not a positive "
+                            "integer: fix the config (or re-save the checkpoint with save_pretrained)")

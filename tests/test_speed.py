@@ -503,3 +503,27 @@ def test_a_threshold_site_decodes_tokens_of_different_kept_counts(monkeypatch):
             want = lin(torch.where(x.abs() > 1.0, x, torch.zeros(())))
             assert torch.allclose(site(x), want, atol=1e-5)
     assert len(site._plans) >= 3  # one entry per kept count seen
+
+
+def test_hooks_on_a_sparsifier_still_fire():
+    """The sites call the sparsifier's forward directly for speed, but not past a hook someone registered on it
+    (a profiler, a statistics collector): forward hooks and pre-hooks fire at each site's read, as a module call
+    would (the sparse input itself is still computed once per group)."""
+    from core.compressed_layers import InputSparsifier, SparseInputLinear
+
+    gen = torch.Generator().manual_seed(2)
+    sp = InputSparsifier(2, 4, "none", None, None)
+    a, b = SparseInputLinear(torch.nn.Linear(8, 3), sp, owner=True), SparseInputLinear(torch.nn.Linear(8, 5), sp, owner=False)
+    x = torch.randn(1, 1, 8, generator=gen)
+    with torch.no_grad():
+        plain = (a(x), b(x))
+        seen = []
+        hook = sp.register_forward_hook(lambda mod, args, out: seen.append(("post", args[0] is x)))
+        torch.testing.assert_close((a(x), b(x)), plain)
+        assert seen == [("post", True), ("post", True)]  # one per site
+        hook.remove()
+        pre = sp.register_forward_pre_hook(lambda mod, args: seen.append(("pre", args[0] is x)))
+        x2 = x.clone()
+        a(x2)
+        assert seen == [("post", True), ("post", True), ("pre", False)]
+        pre.remove()
