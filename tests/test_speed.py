@@ -527,3 +527,22 @@ def test_hooks_on_a_sparsifier_still_fire():
         a(x2)
         assert seen == [("post", True), ("post", True), ("pre", False)]
         pre.remove()
+
+
+def test_a_product_cut_into_two_bags_sums_them(monkeypatch):
+    """On a 2-thread CPU a large site's kept channels go into two bags per row, summed after (3 bags are the
+    bag_parts fixture's)."""
+    monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lin, sp, site, gen = _site(8, 16, "none", False, True)
+        x = torch.randn(1, 1, 64, generator=gen)
+        with torch.no_grad():
+            got = site(x)
+            sp.gather = False
+            want = site(x.clone())  # a new tensor: the read-once cache would hand back the gathered value
+        assert site._plans and all(per == 2 for _, per in site._plans.values())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
