@@ -463,6 +463,9 @@ def test_lost_energy_by_hand_on_two_bins():
     last = HIST_BINS - 1  # mass in the last bin only: the total is there
     assert lost_energy(_two_bin_hist(last, 0, 1.0), 0.5) == pytest.approx(0.5, rel=1e-9)
     assert lost_energy(torch.zeros(HIST_BINS, dtype=torch.float64), 0.5) == 0.0  # nothing seen: nothing lost
+    # mass in the very first bin: the interpolation starts from no energy below it
+    e0 = 0.5 * _centre(0) ** 2
+    assert lost_energy(_two_bin_hist(0, j), 0.75) == pytest.approx(0.5 * e0 / (e0 + ej), rel=1e-9)
 
 
 def test_allocate_density_returns_what_it_allocated_in_full():
