@@ -556,3 +556,44 @@ def test_golden_markdown_of_both_families(tmp_path):
         "model-c_ppl_vs_params.png", "model-c_ppl-token_vs_compute.png", "model-c_quality_vs_speed.png"]
     expected = (Path(__file__).parent / "fixtures" / "expected_leaderboard_families.md").read_text()
     assert (tmp_path / "LEADERBOARD.md").read_text() == expected
+
+
+def _plot_inputs(root, out, monkeypatch):
+    """What the leaderboard hands each figure of `root`'s tree: (figure, its data, file name), floats to 10 digits."""
+    import leaderboard.plots as plots
+
+    calls = []
+
+    def rounded(v):
+        if isinstance(v, float):
+            return float(f"{v:.10g}")
+        if isinstance(v, dict):
+            return {str(k): rounded(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [rounded(x) for x in v]
+        return v
+
+    for name in ("k_by_block", "metric_vs_compute", "quality_vs_speed", "accuracy_vs_rank", "ppl_vs_params"):
+        monkeypatch.setattr(plots, name, lambda *a, _n=name: calls.append([_n, rounded(list(a[:-1])), a[-1].name])
+                            or a[-1])
+    build([root], out, display=report_display())
+    return calls
+
+
+def test_what_each_figure_of_both_families_plots(tmp_path, monkeypatch):
+    """The figures' data, pinned as the tables' are (the PNGs themselves are only checked to be images): k per
+    block, accuracy against rank ratio, perplexity against parameters, each family's series against compute ratio
+    (a line per low-rank method, per sparsity method and M, per unstructured method), quality against measured
+    decode speed with each row's interval."""
+    root = tmp_path / "results"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results_families", root)
+    got = _plot_inputs(root, tmp_path / "LEADERBOARD.md", monkeypatch)
+    want = json.loads((Path(__file__).parent / "fixtures" / "expected_plot_inputs_families.json").read_text())
+    assert got == want
+
+
+def test_what_each_figure_of_the_low_rank_tree_plots(tmp_path, monkeypatch):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE, root)
+    got = _plot_inputs(root, tmp_path / "LEADERBOARD.md", monkeypatch)
+    assert got == json.loads((Path(__file__).parent / "fixtures" / "expected_plot_inputs.json").read_text())
