@@ -597,3 +597,73 @@ def test_what_each_figure_of_the_low_rank_tree_plots(tmp_path, monkeypatch):
     shutil.copytree(FIXTURE, root)
     got = _plot_inputs(root, tmp_path / "LEADERBOARD.md", monkeypatch)
     assert got == json.loads((Path(__file__).parent / "fixtures" / "expected_plot_inputs.json").read_text())
+
+
+def test_report_lines_in_full_on_hand_input(tmp_path):
+    """The small pieces the goldens pass through only one way: the perplexity format past 1e5, the parameter and
+    compute warnings word for word, the machine and bounds lines with parts missing, the header of an undated
+    compressed checkpoint, rows of one allocation sharing a label, an analysis whose details cannot be rendered."""
+    from core.record import CellId, CellRecord
+    from leaderboard import report
+    from leaderboard.tables import Display
+
+    assert [report._num(v, "ppl") for v in (12.3456, 99999.994, 1e5, 4.671e8)] == ["12.35", "99999.99", "1e+05",
+                                                                                   "4.67e+08"]
+    assert report._num(0.12345, "{:.3f}") == "0.123"
+    rows = [{"method": "dense", "compute ratio": 1.0}, {"method": "wanda", "compute ratio": 0.5},
+            {"method": "act-sparse", "compute ratio": 0.52}, {"method": "teal", "compute ratio": 0.504}]
+    assert report.param_ratio_warning(rows, "compute ratio") == [
+        "**Unequal budgets:** compute ratios in this table range from 0.500 (teal, wanda) to 0.520 (act-sparse).", ""]
+    assert report.param_ratio_warning([{"method": "a", "param ratio": 0.5}, {"method": "b", "param ratio": 0.52}]) == [
+        "**Unequal budgets:** parameter ratios in this table range from 0.500 (a) to 0.520 (b), more than 0.01 "
+        "apart; rows are not compared at equal size (`--budget params` sets the same parameter ratio for every "
+        "method).", ""]
+    assert report.param_ratio_warning([{"method": "a", "param ratio": 0.0}, {"method": "b", "param ratio": 0.01}]) == []
+    assert report.machine_line({"cpu_model": "X"}) == "- machine: X"
+    assert report.machine_line({"cpu_model": "X", "cpus_available": 2, "torch_blas": "openblas"}) == (
+        "- machine: X; 2 CPUs available, None threads used; torch BLAS openblas")
+
+    def cell(**kw):
+        return CellRecord(cell=CellId("m", "pca", 0.5, "rank", "lama", "k"), metrics={"p@1": 0.5},
+                          primary_metric="p@1", **kw)
+
+    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}}})]) == []
+    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {"copy_gb_s": 1.0}},
+                                             "body_overhead": {"dense_body_ms": 3.0, "floor_ms": 1.25}})]) == [
+        "- what bounds decode here: dense body decode 3.00 ms/token, of which 1.25 ms outside the linear products "
+        "(the overhead floor)"]
+    assert report.bounds_line([cell(latency={"conditions": None}), cell()]) == []
+    head = report._header([cell(model_fingerprint={"sha256": "a" * 40, "compressed": "from pca at 0.5"})])
+    assert head[:2] == ["- model fingerprint: sha256=aaaaaaaaaaaaaaaa", "- compressed checkpoint: from pca at 0.5"]
+    assert head[-1] == "- results undated" and "- seed: " in head
+    # two rows whose allocations put the same k everywhere share one line of the k table
+    ks = [{"group": f"layers.{b}.mlp_in", "k": 2 + b, "d_in": 8} for b in range(2)]
+    alloc = {"rule": "fisher", "allocated_params": 1234, "budget_params": 1300, "allocated_ratio": 0.25,
+             "seconds": {"scores": 0.5, "allocate": 0.25}}
+
+    def fisher(method):
+        return CellRecord(cell=CellId("m", method, 0.5, "rank", "lama", "k", allocation="fisher"),
+                          metrics={"p@1": 0.5}, primary_metric="p@1",
+                          compression={"allocation": alloc, "groups": ks})
+
+    written = []
+    lines = report.allocation_section({"pca+fisher": [fisher("pca")], "svd+fisher": [fisher("svd")],
+                                       "asvd": [_rec("asvd", "lama", 0.5, "p@1", True, compression={"groups": ks})]},
+                                      "m", "rank", 0.5, "groups=mlp_in", tmp_path, written)
+    assert lines[:5] == ["Rank allocation (budget over the compressed groups):", "",
+                         "- pca+fisher: 1,234 of a 1,300-parameter budget (0.2500 of dense), allocated in 0.75 s",
+                         "- svd+fisher: 1,234 of a 1,300-parameter budget (0.2500 of dense), allocated in 0.75 s", ""]
+    assert "| asvd, pca+fisher, svd+fisher | mlp_in  | 2 3          |" in lines[7]
+    assert [p.name for p in written] == ["m_k_rank_0.5_groups_mlp_in.png"]
+    assert report.allocation_section({"asvd": [_rec("asvd", "lama", 0.5, "p@1", True, compression={"groups": ks})]},
+                                     "m", "rank", 0.5, "all", tmp_path, written) == []
+
+    def broken(cell, plot_dir, stem, title):
+        raise KeyError("units")
+
+    g = {"analyses": {"rho": {("rank", 0.5): _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis")}}}
+    assert report.analysis_sections(g, "m", Display(sections={"rho": broken}), tmp_path, []) == [
+        "### rho at rank ratio 0.5", "", "*rho: its details could not be rendered (KeyError); its metrics:*", "",
+        "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
+    assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2:] == [
+        "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
