@@ -546,3 +546,24 @@ def test_a_product_cut_into_two_bags_sums_them(monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_bfloat16_sites_buffers_and_outputs_keep_its_dtype():
+    """Scores, means and thresholds come from float64 statistics; in a bfloat16 model they are stored in bfloat16,
+    so the sparse product runs in the model's dtype (a float32 mean would turn the masked input float32, which a
+    bfloat16 weight refuses). The decode weight is a frozen parameter; the median's row sums exist only for it."""
+    from core.compressed_layers import InputSparsifier, SparseInputLinear
+
+    gen = torch.Generator().manual_seed(4)
+    scale, mu = torch.rand(8, generator=gen, dtype=torch.float64) + 0.5, torch.randn(8, generator=gen, dtype=torch.float64)
+    sp = InputSparsifier(2, 4, "shift", scale, mu, dtype=torch.bfloat16)
+    th = InputSparsifier(0, 0, "none", None, None, dtype=torch.bfloat16, threshold=0.5)
+    assert (sp.scale.dtype, sp.mu.dtype, th.threshold.dtype) == (torch.bfloat16,) * 3
+    lin = torch.nn.Linear(8, 3).to(torch.bfloat16)
+    site = SparseInputLinear(lin, sp, owner=True)
+    assert not site.weight_t.requires_grad and site.row_sum is None
+    assert SparseInputLinear(lin, InputSparsifier(2, 4, "median", None, None), owner=True).row_sum is not None
+    with torch.no_grad():
+        for tokens in (1, 3):  # the gathered decode, the masked product
+            x = torch.randn(1, tokens, 8, generator=gen).to(torch.bfloat16)
+            assert site(x).dtype == torch.bfloat16 and site(x).shape == (1, tokens, 3)
