@@ -311,3 +311,18 @@ def test_older_cells_upgrade_to_todays_form():
     assert rec.primary_metric == "p@1" and rec.cell.kind == "task" and rec.model_hash == "abc"
     with pytest.raises(ValueError, match="no metrics"):
         CellRecord.from_json(_with(lambda r: r.update(metrics={})))
+
+
+def test_a_cell_round_trips_through_its_json():
+    from core.record import SCHEMA_VERSION, CellRecord
+
+    rec = CellRecord.from_json(_valid())
+    out = rec.to_json()
+    assert out["cell"] == {"model": "m", "method": "pca", "rank": 0.5, "budget": "rank", "task": "lama", "key": "k1",
+                           "allocation": "uniform", "scope": "all", "kind": "task"}
+    assert {k: v for k, v in out.items() if k != "cell"} == {
+        "metrics": {"acc": 0.5}, "primary_metric": "acc", "higher_is_better": {}, "stderr": {}, "details": {},
+        "task_config": {}, "records": [], "versions": {}, "compression": {"param_ratio": 0.5}, "calibration": None,
+        "memory": None, "latency": None, "timings": {}, "model_fingerprint": {"sha256": "abc"}, "seed": None,
+        "bos": None, "env": {"torch": "2"}, "schema_version": 4}
+    assert CellRecord.from_json(out) == rec and SCHEMA_VERSION == 4
