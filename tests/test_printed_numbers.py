@@ -1066,3 +1066,59 @@ def test_allocation_solves_in_the_runs_precision(monkeypatch):
     alloc.allocate("variance", groups, stats, RankSpec(0.5, "params"), dtype=torch.float32)
     alloc.allocate("variance", groups, stats, RankSpec(0.5, "params"))
     assert seen == [torch.float32] * 2 + [torch.float64] * 2
+
+
+# ---------------------------------------------------------------- core/compressed_layers.py: the factorised sites
+
+def test_factorised_sites_compute_a_b_x_plus_bias_sharing_b_x_once():
+    """What a saved low-rank checkpoint runs: y = A (B x) + b per site, B x computed once per input for the group
+    (its owner's B), every factor in the model's dtype and frozen with it; a site alone skips the cache."""
+    from core.compressed_layers import LowRankLinear
+
+    gen = torch.Generator().manual_seed(6)
+    owner = LowRankLinear(8, 5, 3, bias=True)
+    other = LowRankLinear(8, 4, 3, bias=False, owner=owner)
+    assert owner.A.bias is not None and other.A.bias is None and owner.B.bias is None and not hasattr(other, "B")
+    assert [n for n, _ in other.named_parameters()] == ["A.weight"]  # the shared B is stored under the owner only
+    with torch.no_grad():
+        for lin in (owner.A, owner.B, other.A):
+            for p in lin.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+    x = torch.randn(2, 8, generator=gen)
+    z = x @ owner.B.weight.T
+    with torch.no_grad():
+        torch.testing.assert_close(owner(x), z @ owner.A.weight.T + owner.A.bias)
+        assert owner.n_computed == 0  # one reader: the bare product, no cache
+        owner.n_readers = 2
+        got = (owner(x), other(x))
+    torch.testing.assert_close(got[1], z @ other.A.weight.T)
+    assert owner.n_computed == 1  # B x once for the two sites
+    half = LowRankLinear(8, 5, 3, bias=True, dtype=torch.bfloat16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+
+
+def test_a_hooked_factor_is_called_as_a_module():
+    """The factors are applied as bare products for speed, but a factor something hooks (a forward hook, or
+    accelerate's device and offload hook, which replaces the module's forward) is called as a module."""
+    from core.compressed_layers import LowRankLinear
+
+    site = LowRankLinear(8, 5, 3, bias=True)
+    x = torch.randn(1, 8)
+    calls = []
+    with torch.no_grad():
+        want = site(x)
+        hook = site.A.register_forward_hook(lambda mod, args, out: calls.append("A post"))
+        site(x)
+        hook.remove()
+        hook = site.B.register_forward_pre_hook(lambda mod, args: calls.append("B pre"))
+        site(x)
+        hook.remove()
+        assert calls == ["A post", "B pre"]
+        real = site.A.forward
+        site.A.__dict__["_hf_hook"] = object()  # as accelerate leaves it
+        site.A.forward = lambda t: calls.append("A offloaded") or real(t)
+        torch.testing.assert_close(site(x), want)
+        assert calls[-1] == "A offloaded"
+        del site.A.__dict__["_hf_hook"]
+        site(x)
+        assert calls[-1] == "A offloaded" and len(calls) == 3  # no hook: the bare product again
