@@ -316,6 +316,11 @@ def test_allocation_rules_are_refused_in_one_line_each():
                                         r"selected groups\)$"):
         check_rules(["variance"], "rank")
     check_rules(["uniform", "greedy"], "rank")  # neither splits a parameter budget
+    check_rules(["fisher", "variance"], "params")  # aligned to 1 by default
+    with pytest.raises(UserError, match=r"^--allocate fisher keeps single directions: it does not combine with "
+                                        r"--rank-align 8 \(leave --rank-align out\)$"):
+        check_rules(["uniform", "fisher"], "params", 8)
+    check_rules(["uniform", "greedy"], "rank", 8)  # the rules that keep whole groups' ratios align as usual
 
 
 def test_an_allocation_times_its_two_stages():

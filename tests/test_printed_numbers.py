@@ -1122,3 +1122,43 @@ def test_a_hooked_factor_is_called_as_a_module():
         del site.A.__dict__["_hf_hook"]
         site(x)
         assert calls[-1] == "A offloaded" and len(calls) == 3  # no hook: the bare product again
+
+
+def test_a_saved_low_rank_model_loads_back_as_it_ran(tmp_path):
+    """What a low-rank checkpoint's loader rebuilds from its layout (every site factorised, the group's B under its
+    owner and read by each of its sites, biases where the model has them) runs as the deployed model did, and in
+    the dtype it is loaded in."""
+    from transformers import AutoModelForCausalLM
+
+    from bench.calibrate import CalibSpec, calibrate
+    from bench.checkpoint import load_checkpoint, write_checkpoint
+    from bench.compress import compressed
+    from bench.groups import find_input_groups
+    from core.compressed_layers import LowRankLinear
+    from core.stats import RankSpec
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config("llama")
+    cfg.attention_bias = cfg.mlp_bias = True  # biases on every linear: the loader must rebuild them
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(1))
+    stats = calibrate(model, find_input_groups(model), ids, frozenset({"C"}), CalibSpec(), progress=False)
+    with torch.no_grad(), compressed(model, "pca", RankSpec(0.25), stats, progress=False) as (m, _):
+        want = m(ids[:2]).logits, m(ids[:1, :1]).logits
+        write_checkpoint(m, None, tmp_path / "ck", {"method": "pca"})
+    again = load_checkpoint(tmp_path / "ck")
+    sites = {n: mod for n, mod in again.named_modules() if isinstance(mod, LowRankLinear)}
+    assert len(sites) == 2 * 7 and all(mod.A.bias is not None for mod in sites.values())
+    owners = {n: mod for n, mod in sites.items() if mod._owner is mod}
+    # one owner per group (attention in, attention out, MLP in, MLP out), read by each of its sites
+    assert sorted(mod.n_readers for mod in owners.values()) == [1, 1, 1, 1, 2, 2, 3, 3]
+    assert all(hasattr(mod, "B") == (n in owners) for n, mod in sites.items())
+    assert all(mod._owner.n_readers == sum(o._owner is mod._owner for o in sites.values()) for mod in sites.values())
+    with torch.no_grad():
+        got = again(ids[:2]).logits, again(ids[:1, :1]).logits
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+    half = load_checkpoint(tmp_path / "ck", dtype=torch.bfloat16)
+    assert {p.dtype for mod in half.modules() if isinstance(mod, LowRankLinear) for p in mod.parameters()} == {
+        torch.bfloat16}
