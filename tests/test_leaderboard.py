@@ -505,10 +505,11 @@ def test_missing_cells_and_section_order():
         "m / wanda / 2:4 0.5 / ppl", "m / fasc / rank 0.5 (groups mlp_in) / ppl", "m / dense / ppl"]
     keys = [("rank", 0.25, "all"), ("unstructured", 0.5, "all"), ("16:32", 0.5, "all"), ("2:4", 0.5, "all"),
             ("params", 0.5, "all"), ("rank", 0.5, "groups=mlp_in"), ("rank", 0.5, "all"), ("2:4", 0.25, "all"),
-            ("rank", 0.5, "blocks=0")]
+            ("rank", 0.5, "blocks=0"), ("params", 0.25, "all"), ("64:128", 0.5, "all")]
     assert sorted(keys, key=section_order) == [
-        ("params", 0.5, "all"), ("rank", 0.5, "all"), ("rank", 0.25, "all"),  # low-rank: by name, ratio descending
-        ("2:4", 0.5, "all"), ("16:32", 0.5, "all"), ("unstructured", 0.5, "all"),  # density 0.5: by M, unstructured
+        ("params", 0.5, "all"), ("params", 0.25, "all"), ("rank", 0.5, "all"), ("rank", 0.25, "all"),  # by budget,
+        # then ratio descending; sparsity at density 0.5: by M (a block of 128 included), unstructured last
+        ("2:4", 0.5, "all"), ("16:32", 0.5, "all"), ("64:128", 0.5, "all"), ("unstructured", 0.5, "all"),
         ("2:4", 0.25, "all"),  # then the lower density
         ("rank", 0.5, "blocks=0"), ("rank", 0.5, "groups=mlp_in")]  # scoped sections last, by scope
 

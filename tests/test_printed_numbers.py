@@ -872,7 +872,7 @@ def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_i
     monkeypatch.setattr(tables, "variant_row", lambda cells, _: cells[0])  # a cell here is its row
     sections = {
         ("rank", 0.5, "groups=mlp_in"): {"pca": [{"compute ratio": 0.5}], "svd": [{"compute ratio": 0.5}]},
-        ("2:4", 0.5, ALL_GROUPS): {"wanda": [{"compute ratio": 0.5}]},
+        ("2:4", 0.5, ALL_GROUPS): {"wanda": [{"compute ratio": 0.5}], "act-sparse": [{"compute ratio": 0.5}]},
         ("unstructured", 0.5 + 1e-10, ALL_GROUPS): {"teal": [{"compute ratio": 0.5}]},
         ("unstructured", 0.25, ALL_GROUPS): {"teal": [{"compute ratio": 0.25}]},
         ("rank", 0.5, ALL_GROUPS): {"pca": [{"compute ratio": 0.62}], "svd": [{"compute ratio": 0.5}],
@@ -882,7 +882,8 @@ def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_i
         ("params", 0.5, ALL_GROUPS): {"svd": [{"compute ratio": 0.5, "a tie": "later"}]},
     }
     got = tables.matched_compute(sections, 0.5)
-    assert got == {"wanda @ 2:4": [{"compute ratio": 0.5}], "teal @ unstructured": [{"compute ratio": 0.5}],
+    assert got == {"wanda @ 2:4": [{"compute ratio": 0.5}], "act-sparse @ 2:4": [{"compute ratio": 0.5}],
+                   "teal @ unstructured": [{"compute ratio": 0.5}],
                    "pca @ params 0.4": [{"compute ratio": 0.45}], "svd @ rank 0.5": [{"compute ratio": 0.5}]}
     # the sparsity row at density 0.25 when that is the target, and no low-rank row without a compute ratio
     assert "teal @ unstructured" in tables.matched_compute(sections, 0.25)
