@@ -49,3 +49,19 @@ def test_a_recorded_verdict_counts_while_its_function_is_unchanged(tmp_path):
     assert again["core/m.py"]["x_g"]["hash"] == "bbb"  # nothing of g's new version ran: its old entry stays, unused
     assert ms.recorded(again, "core/m.py", g + "1", "ccc") is None
     assert ms.recorded(again, "core/m.py", g + "1", "bbb") == (ms.KILLED, "2026-12-01")
+
+
+def test_the_tests_started_first_exist_and_are_slow():
+    """tests/conftest.py starts the slow run's longest tests first by name: a renamed test would silently fall back
+    to collection order (and the slow step to its old length)."""
+    import importlib
+
+    from tests.conftest import LONGEST_FIRST
+
+    for node in LONGEST_FIRST:
+        path, name = node.split("::")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        fn = getattr(module, name)
+        listed = lambda obj: (lambda m: m if isinstance(m, list) else [m])(getattr(obj, "pytestmark", []))
+        marks = {m.name for m in listed(fn) + listed(module)}
+        assert "slow" in marks, node
