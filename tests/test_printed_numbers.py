@@ -875,8 +875,8 @@ def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_i
         ("2:4", 0.5, ALL_GROUPS): {"wanda": [{"compute ratio": 0.5}], "act-sparse": [{"compute ratio": 0.5}]},
         ("unstructured", 0.5 + 1e-10, ALL_GROUPS): {"teal": [{"compute ratio": 0.5}]},
         ("unstructured", 0.25, ALL_GROUPS): {"teal": [{"compute ratio": 0.25}]},
-        ("rank", 0.5, ALL_GROUPS): {"pca": [{"compute ratio": 0.62}], "svd": [{"compute ratio": 0.5}],
-                                     "random": [{"param ratio": None}]},
+        ("rank", 0.5, ALL_GROUPS): {"random": [{"param ratio": None}], "pca": [{"compute ratio": 0.62}],
+                                     "svd": [{"compute ratio": 0.5}]},  # a row without a ratio skips itself only
         ("params", 0.4, ALL_GROUPS): {"pca": [{"compute ratio": 0.45}], "svd": [{"compute ratio": 0.4}]},
         ("rank", 0.25, ALL_GROUPS): {"pca": [{"compute ratio": 0.55}], "svd": [{"compute ratio": 0.25}]},
         ("params", 0.5, ALL_GROUPS): {"svd": [{"compute ratio": 0.5, "a tie": "later"}]},
