@@ -477,6 +477,11 @@ def test_rank_table_recovery_deltas_and_speedups_on_hand_rows(monkeypatch):
     assert (s["decode speedup"], s["decode speedup ci"]) == (1.25, None)
     assert (s["prefill speedup (body)"], s["prefill speedup (body) ci"]) == (2.0, None)
     assert "decode speedup" not in p
+    broken = [_rec("asvd", "lama", 0.4, "acc", True, latency={"decode_ms_per_token": 0.0})]
+    assert "decode speedup" not in tables.rank_table(dense, {"asvd": broken})[1]  # a time of 0 is no time
+    # chance is asked only of dense's higher-is-better tasks, in column order; a column dense lacks is skipped
+    cols = tables.metric_columns(dense) + [tables.Column("NQ acc", "nq", "acc", True)]
+    assert tables.chance_table(dense, cols) == {"lama": {"above": True}, "mmlu": {"above": False}}
     # against svd instead: pca's differences are svd's negated, and nothing at all without a compressed ratio
     rows = tables.rank_table(dense, {"svd": svd}, ref="svd")
     assert rows[0]["compute ratio"] is None and rows[0]["activation ratio"] is None
