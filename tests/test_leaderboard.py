@@ -436,6 +436,10 @@ def test_columns_follow_the_display_and_analyses_have_none():
     assert [(c.label, c.higher) for c in cols] == [("LAMA acc", True), ("PPL", False), ("alpha f1", None),
                                                    ("zeta acc", True)]
     assert [c.label for c in metric_columns(cells)] == ["alpha f1", "lama acc", "ppl ppl", "zeta acc"]
+    # a task seen again (another method's cell) does not stop the ones after it
+    again = [_rec("dense", "lama", 0.5, "acc", True), _rec("pca", "lama", 0.4, "acc", True),
+             _rec("pca", "ppl", 3.0, "ppl", False)]
+    assert [c.label for c in metric_columns(again)] == ["lama acc", "ppl ppl"]
     assert [c.label for c in metric_columns(cells, Display(order={"zeta": 5}))] == [
         "zeta acc", "alpha f1", "lama acc", "ppl ppl"]  # unordered tasks after the highest position
 

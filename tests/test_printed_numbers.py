@@ -634,7 +634,9 @@ def test_bytes_bound_fraction_and_ceiling_on_hand_rows():
     speed_bounds(lowrank, {"dense_body_ms": 10.0, "floor_ms": 10.0})  # everything outside the products
     assert lowrank["bytes bound"] == pytest.approx(1.25) and lowrank["ceiling (body)"] == pytest.approx(1.0)
     for untimed in ({"compute ratio": 0.5}, {"decode speedup (body)": 1.2, "compute ratio": 0.5},  # no interval
-                    {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "compute ratio": 1.0}):
+                    {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "compute ratio": 1.0},
+                    {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3)},  # no ratio at all
+                    {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "measured density": 0.0}):
         speed_bounds(untimed, {"dense_body_ms": 10.0, "floor_ms": 5.0})
         assert "bytes bound" not in untimed
     assert ceiling(10.0, 0.0, 4.0) == pytest.approx(4.0) and ceiling(10.0, 12.0, 4.0) == pytest.approx(10 / 12)
