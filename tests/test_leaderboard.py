@@ -529,7 +529,7 @@ def test_allocation_k_reads_well_formed_groups_only():
     groups = [{"group": "layers.0.mlp_in", "k": 4, "d_in": 8}, {"group": "layers.x.mlp_in", "k": 4, "d_in": 8},
               {"group": "lm_head", "k": 4, "d_in": 8}, {"group": "layers.1.attn_in", "k": None, "d_in": 8},
               {"group": "layers.2.attn_in", "k": 2, "d_in": True}, {"group": "layers.3.mlp_out", "k": 2.5,
-                                                                    "d_in": 16}]
+                                                                    "d_in": 16}, {"k": 3, "d_in": 8}]  # unnamed
     first = _rec("pca", "lama", 0.5, "acc", True, allocation="fisher", compression={"groups": groups})
     later = _rec("pca", "ppl", 9.0, "ppl", False, allocation="fisher", compression={"groups": groups[:1]})
     empty = _rec("svd", "lama", 0.5, "acc", True, compression={"groups": [{"group": "lm_head"}]})

@@ -640,6 +640,39 @@ def test_bytes_bound_fraction_and_ceiling_on_hand_rows():
         speed_bounds(untimed, {"dense_body_ms": 10.0, "floor_ms": 5.0})
         assert "bytes bound" not in untimed
     assert ceiling(10.0, 0.0, 4.0) == pytest.approx(4.0) and ceiling(10.0, 12.0, 4.0) == pytest.approx(10 / 12)
+    # a sub-millisecond body still gets its ceiling; a dense time of 0 is no measurement
+    fast = {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "compute ratio": 0.5}
+    speed_bounds(fast, {"dense_body_ms": 0.5, "floor_ms": 0.25})
+    assert fast["ceiling (body)"] == pytest.approx(0.5 / (0.25 + 0.25 / 2))
+    zero = {"decode speedup (body)": 1.2, "decode speedup (body) ci": (1.1, 1.3), "compute ratio": 0.5}
+    speed_bounds(zero, {"dense_body_ms": 0.0, "floor_ms": 0.0})
+    assert zero["bytes bound"] == 2.0 and "ceiling (body)" not in zero
+
+
+def test_the_read_once_cache_frees_after_its_last_reader_and_counts_what_it_computed():
+    from core.compressed_layers import ReadOnce
+
+    r, calls = ReadOnce(), []
+    r.n_readers = 3
+    x, y = torch.ones(2), torch.zeros(2)
+    f = lambda t: calls.append(1) or t + 1
+    assert [r.shared(x, f) is r.shared(x, f) for _ in range(1)] == [True] and r._memo.entry is not None
+    r.shared(x, f)  # the third reader: the value is handed over and freed
+    assert r._memo.entry is None and r.n_computed == 1 and len(calls) == 1
+    r.shared(y, f)
+    r.shared(y, f)
+    assert r.n_computed == 2 and r._memo.entry is not None  # two of y's three readers so far
+    x.add_(1)  # an in-place change is a new input, even for the same tensor
+    r.shared(x, f)
+    assert r.n_computed == 3
+
+
+def test_a_cells_identity_holds_the_weights_hash_when_known():
+    from core.record import CellId
+
+    c = CellId("org/m", "pca", 0.5, "rank", "lama", "k1")
+    assert c.identity("abc") == ("org/m", "abc", "pca", "uniform", "all", "rank", 0.5, "lama", "k1")
+    assert c.identity() == ("org/m", "org/m", "pca", "uniform", "all", "rank", 0.5, "lama", "k1")
 
 
 def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
