@@ -1199,3 +1199,32 @@ def test_a_saved_low_rank_model_loads_back_as_it_ran(tmp_path):
     half = load_checkpoint(tmp_path / "ck", dtype=torch.bfloat16)
     assert {p.dtype for mod in half.modules() if isinstance(mod, LowRankLinear) for p in mod.parameters()} == {
         torch.bfloat16}
+
+
+def test_what_print_model_and_the_run_log_say_of_the_compressed_pieces():
+    """The module reprs a user reads in print(model), and the line the rho analysis logs during a run."""
+    import importlib.util
+
+    from analyses.rho import Rho, RhoSettings
+    from core.compressed_layers import InputSparsifier, LowRankLinear, SparseInputLinear, triton_importable
+    from tasks.base import TaskResult
+
+    owner = LowRankLinear(8, 5, 3, bias=True)
+    assert owner.extra_repr() == "in=8, k=3, out=5, shared_B=False"
+    assert LowRankLinear(8, 4, 3, bias=False, owner=owner).extra_repr() == "in=8, k=3, out=4, shared_B=True"
+    assert InputSparsifier(2, 4, "shift", None, torch.zeros(8)).extra_repr() == "keep 2 of 4, mitigation=shift, readers=1"
+    sp = InputSparsifier(3, 0, "none", None, None)
+    sp.n_readers = 2
+    assert sp.extra_repr() == "keep 3 of all, mitigation=none, readers=2"
+    assert InputSparsifier(0, 0, "none", None, None, threshold=0.123456).extra_repr() == "keep |x| > 0.1235, readers=1"
+    assert InputSparsifier(0, 0, "none", torch.ones(8), None, threshold=2.0).extra_repr() == \
+        "keep |x| * scale > 2, readers=1"
+    assert SparseInputLinear(torch.nn.Linear(8, 3), sp, owner=True).extra_repr() == "in=8, out=3, input-major weight"
+    assert triton_importable() is (importlib.util.find_spec("triton") is not None)
+    rho = Rho(RhoSettings())
+    spear = {"r": 0.25, "p": 0.0351, "ci95": [0.0, 0.5]}
+    with_corr = TaskResult(metrics={"rho_mean": 0.12345},
+                           details={"correlations": {"rho_vs_surrogate_gain_per_group": {"spearman": spear}}})
+    assert rho.summary_line(with_corr) == "mean rho=0.123, per group Spearman(rho, FASC surrogate gain)=0.25 (p=0.035)"
+    bare = TaskResult(metrics={"rho_mean": 0.5}, details={"correlations": {}})
+    assert rho.summary_line(bare) == "mean rho=0.500"
