@@ -484,6 +484,11 @@ def test_allocate_density_returns_what_it_allocated_in_full():
     assert sum(a.densities.values()) / 2 == pytest.approx(0.5) and a.densities["peaked"] < a.densities["flat"]
     assert a.lost_energy == {g: pytest.approx(lost_energy(stats[g].abs_hist, a.densities[g])) for g in stats}
     assert set(a.seconds) == {"greedy_s"} and 0 <= a.seconds["greedy_s"] < 60
+    # what the cell stores of it, and what compression is given
+    assert a.summary() == {"rule": "greedy", "target_density": 0.5, "allocated_density": a.allocated,
+                           "density": a.densities, "lost_energy": a.lost_energy, "seconds": a.seconds}
+    assert a.summary()["density"] is not a.densities  # a copy: the stored summary does not follow later edits
+    assert a.compress_args() == {"densities": a.densities}
     # a target below one step per group ends every group at one step: the floor, never a dense-free group
     low = allocate_density("greedy", groups, stats, SparsitySpec(density=0.001))
     assert low.densities == {"flat": DENSITY_STEP, "peaked": DENSITY_STEP} and low.allocated == DENSITY_STEP
