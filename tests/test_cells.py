@@ -309,6 +309,8 @@ def test_older_cells_upgrade_to_todays_form():
     # from_json: the primary metric falls back to the first metric when missing or not among them
     rec = CellRecord.from_json(_with(lambda r: r.update(primary_metric=None, metrics={"p@1": 0.5, "acc": 0.2})))
     assert rec.primary_metric == "p@1" and rec.cell.kind == "task" and rec.model_hash == "abc"
+    kept = CellRecord.from_json(_with(lambda r: r.update(primary_metric="acc", metrics={"p@1": 0.5, "acc": 0.2})))
+    assert kept.primary_metric == "acc"  # a stored primary metric stands, first or not
     with pytest.raises(ValueError, match="no metrics"):
         CellRecord.from_json(_with(lambda r: r.update(metrics={})))
 

@@ -230,6 +230,18 @@ def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
     assert "**good**" in line and "1.30x [1.20, 1.40]" in line and "body 1.60x" in line
     rows[2]["PPL"] = dense_ppl * math.exp(FRONTIER_NLL * 1.1)
     assert "no row" in " ".join(frontier_line(rows, cols))
+    assert frontier_line(rows[1:], cols) == [] and frontier_line([], cols) == []  # no dense row: no reference
+
+
+def test_speed_notes_only_for_what_a_section_shows():
+    from leaderboard.report import BOUND_NOTE, COMPUTE_NOTE, LATENCY_NOTE, speed_notes
+
+    untimed = [{"method": "dense"}, {"method": "pca", "param ratio": 0.5}]  # a --no-latency run
+    assert speed_notes(untimed, False) == [] and speed_notes(untimed, True) == [COMPUTE_NOTE]
+    timed = untimed + [{"method": "svd", "decode speedup": 1.1}]
+    assert speed_notes(timed, False) == [LATENCY_NOTE]
+    assert speed_notes(timed + [{"method": "act-sparse", "bytes bound": 2.0}], True) == [LATENCY_NOTE, BOUND_NOTE,
+                                                                                          COMPUTE_NOTE]
 
 
 # ---------------------------------------------------------------- TEAL: static magnitude thresholds
