@@ -143,8 +143,9 @@ def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
     if not faster:
         return [f"- frontier: no row {within} is measurably faster than dense at decode.", ""]
     best = max(faster, key=lambda r: r[key])
-    return [f"- frontier: the fastest row {within} is **{best['method']}**, decode {_fmt_speedup(best, key)} "
-            f"(body {_fmt_speedup(best, key + ' (body)')}).", ""]
+    body = _fmt_speedup(best, key + " (body)")  # absent from cells timed before the body was
+    return [f"- frontier: the fastest row {within} is **{best['method']}**, decode {_fmt_speedup(best, key)}"
+            + (f" (body {body})" if body else "") + ".", ""]
 
 
 def _fmt_delta(row: dict, key: str) -> str:

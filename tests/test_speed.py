@@ -231,6 +231,18 @@ def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
     rows[2]["PPL"] = dense_ppl * math.exp(FRONTIER_NLL * 1.1)
     assert "no row" in " ".join(frontier_line(rows, cols))
     assert frontier_line(rows[1:], cols) == [] and frontier_line([], cols) == []  # no dense row: no reference
+    # dense without a perplexity: no reference either
+    assert frontier_line([{"method": "dense", "decode speedup": 1.0}] + rows[1:], cols) == []
+    # the fastest of several rows is named; an interval that starts at 1.0 is not measurably faster; a perfect
+    # perplexity of 1 is a perplexity
+    perfect = [{"method": "dense", "PPL": 1.0, "decode speedup": 1.0, "decode speedup ci": None},
+               {"method": "a", "PPL": 1.0, "decode speedup": 1.2, "decode speedup ci": (1.1, 1.3)},
+               {"method": "b", "PPL": 1.0, "decode speedup": 1.5, "decode speedup ci": (1.4, 1.6)},
+               {"method": "c", "PPL": 1.0, "decode speedup": 1.1, "decode speedup ci": (1.05, 1.15)},
+               {"method": "edge", "PPL": 1.0, "decode speedup": 1.9, "decode speedup ci": (1.0, 2.8)}]
+    assert frontier_line(perfect, cols) == [
+        "- frontier: the fastest row within 0.1 nats of dense's token NLL (PPL <= 1.11) is **b**, decode 1.50x "
+        "[1.40, 1.60].", ""]  # no body speedup stored: none said
 
 
 def test_speed_notes_only_for_what_a_section_shows():
