@@ -677,3 +677,32 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
         "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
     assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2:] == [
         "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
+
+
+def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch):
+    from leaderboard import report
+    from leaderboard.load import load_results
+    from leaderboard.tables import Column, group_cells, metric_columns
+
+    col = Column("acc", "t", "acc", True)
+    rows = [{"method": "dense", "acc": 0.5}, {"method": "a", "acc": 0.5}, {"method": "b", "acc": 0.4}]
+    table = report.markdown_table(rows, "b", [col])
+    assert table.splitlines()[2:] == ["| dense    | 0.500     |", "| a        | **0.500** |",  # dense: never bold
+                                      "| b (ref)  | 0.400     |"]
+    # a task without a chance level is skipped, not the end of the note
+    monkeypatch.setattr(report, "chance_table", lambda cells, columns=None: {
+        "x": None, "lama": {"acc": 0.6, "chance": 0.1, "n": 40, "p": 1e-9, "above": True}})
+    assert report.chance_note([]) == [
+        "- recovery % averages the accuracy tasks where dense is significantly above chance (each item's chance "
+        "level as its task records it): lama dense 0.600 vs chance 0.100 (n=40, one-sided p=1e-09): above chance"]
+    monkeypatch.undo()
+    g = group_cells(load_results(Path(__file__).parent / "fixtures" / "results_families").cells)["model-c"]
+    cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
+    columns = metric_columns(cells)
+    # a reference method that is not among the matched rows: no differences, no failure
+    lines = report.cross_family_section(g, {}, columns, "model-c", "svd", tmp_path, [])
+    assert lines[0] == "### Both families at compute ratio 0.5" and not any("Δ" in line for line in lines)
+    asked = []
+    monkeypatch.setattr(report, "matched_compute", lambda sections, target: asked.append(target) or {})
+    report.cross_family_section(g, {}, columns, "model-c", "pca", tmp_path, [], target=0.25)
+    assert asked == [0.25]
