@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import methods
 from bench.cli import main
 from bench.costs import estimate_costs as make_plan
 from core.stats import RankSpec, SparsitySpec
@@ -286,7 +287,7 @@ def test_calibration_passes_at_the_budget_boundary(tiny):
 def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
     from bench.costs import memo_fits
 
-    comps = {m: methods_build(m) for m in ("pca", "fasc-kfac")}
+    comps = {m: methods.build(m) for m in ("pca", "fasc-kfac")}
     # pca's basis, fasc-kfac's whitening factor and Fisher basis: two d x d float64 matrices each, per group
     memo = 3 * 2 * 2 * SQUARES * 8
     need = 4 * SQUARES * 8 + memo  # C and F, then the memos
@@ -297,7 +298,7 @@ def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
     assert not memo_fits(make_plan(tiny, ["pca", "fasc-kfac"], [0.5], stats_memory=need - memo // 2 - 1), comps,
                          "float32")
     # fasc's direction scores: one pair_tokens x d matrix besides its bases; pairs are statistics too
-    fasc = {"fasc": methods_build("fasc")}
+    fasc = {"fasc": methods.build("fasc")}
     stats = 4 * SQUARES * 8 + 2 * 2 * 10 * (3 * 64 + 128) * 4  # C, F; (x, g) pairs of 10 tokens in float32
     memo = (3 * 2 * 2 * SQUARES + 10 * 2 * (3 * 64 + 128)) * 8
     plan = make_plan(tiny, ["fasc"], [0.5], pair_tokens=10, stats_memory=stats + memo)
@@ -305,12 +306,6 @@ def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
     assert memo_fits(plan, fasc)
     assert not memo_fits(make_plan(tiny, ["fasc"], [0.5], pair_tokens=10, stats_memory=stats + memo - 1), fasc)
     assert memo_fits(make_plan(tiny, ["fasc"], [0.5], pair_tokens=10), fasc)  # no budget: everything stays
-
-
-def methods_build(name):
-    import methods
-
-    return methods.build(name)
 
 
 def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
