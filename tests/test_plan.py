@@ -356,8 +356,6 @@ def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
     assert estimate_times(tight, _speed(solve_dtype="float32"))["memo_shared"] is True
     assert estimate_times(tight, _speed())["memo_shared"] is False
     # a method that declares no solve cost: named, not estimated, left out of the total
-    import methods
-
     monkeypatch.setattr(type(methods.build("pca")), "solve_ops", lambda *a: None)
     t = estimate_times(make_plan(tiny, ["pca", "fasc-kfac", "pca"], [0.5]), speed)
     assert t["methods"]["pca"] is None and t["undeclared"] == ["pca"]
