@@ -164,16 +164,16 @@ LONGEST_FIRST = ("tests/test_real_models.py::test_golden_values_smollm2",
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under a mutation run, the tests a mutant is tried against run fastest first.
+    """A normal run starts LONGEST_FIRST's tests first and keeps the files' order for the rest: in collection order
+    SmolLM2's golden values (about 190 s of a 360 s warm-cache slow run) started last, on a worker that had run its
+    module's others.
 
-    mutmut hands each mutant its tests in no particular order and stops at the first failure (-x), so a mutant a
-    0.01 s reference test kills could wait behind an 8 s end-to-end test first; the durations mutmut recorded when it
-    mapped the tests put the cheap ones first. A normal run (no mutant under test) keeps the files' order.
+    Under a mutation run, the tests a mutant is tried against run fastest first: mutmut hands them over in no
+    particular order and stops at the first failure (-x), so a mutant a 0.01 s reference test kills could wait
+    behind an 8 s end-to-end test; the durations mutmut recorded when it mapped the tests put the cheap ones first.
     """
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
     if not mutant or mutant in ("stats", "list_all_tests", "mutant_generation"):
-        # the longest tests start first, so the parallel workers finish together: in collection order SmolLM2's
-        # golden values (about 190 s of a 360 s slow run) started last on a worker that had run its module's others
         first = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: first.get(item.nodeid.split("[")[0], len(first)))
         return

@@ -175,6 +175,8 @@ TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "tie_word_embeddings": False}
 # per block: attn_in 64 -> 64 + 32 + 32, attn_out 64 -> 64, mlp_in 64 -> 128 + 128, mlp_out 128 -> 64
 LINEAR = 2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64)  # 73,728 multiply-adds per token
+# per block: attention (q, k, v, o), MLP (gate, up, down), two norms; then untied embeddings and the final norm
+PARAMS = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 100 * 64 + 64
 SQUARES = 3 * 64 ** 2 + 128 ** 2  # one block's sum of d_in^2
 
 
@@ -206,8 +208,7 @@ def test_a_plan_in_full_on_a_tiny_config(tiny):
 
     plan = make_plan(tiny, ["pca", "fasc-kfac", "act-sparse", "teal", "wanda"], [0.5, 0.25],
                      sparsity=[SparsitySpec.parse("2:4"), SparsitySpec.parse("0.25")])
-    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64  # attention, MLP, two norms
-    params = 2 * layer + 2 * 100 * 64 + 64  # untied embeddings, the final norm
+    params = PARAMS
     assert (plan.params, plan.weight_bytes, plan.n_blocks) == (params, 4 * params, 2)
     assert plan.config == {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                            "num_hidden_layers": 2, "vocab_size": 100}
@@ -501,7 +502,7 @@ def test_an_alias_plans_from_its_converted_config_or_else_its_gguf_header(tmp_pa
 
 
 def test_peaks_of_a_sparsity_only_plan_and_of_a_row_fisher_one(tiny):
-    params = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 2 * 100 * 64 + 64
+    params = PARAMS
     sparse = make_plan(tiny, ["act-sparse"], [0.5], sparsity=[SparsitySpec.parse("2:4")])
     # no low-rank factors on top of the dense weights: the weights and the logits of one batch
     assert sparse.evaluation_peak == 4 * params + 2 * 256 * 100 * 4 and sparse.calibration_peak == 0
