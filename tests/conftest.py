@@ -1,4 +1,3 @@
-import atexit
 import os
 import shutil
 import tempfile
@@ -38,10 +37,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 # The statistics cache is the suite's own, never the user's: one folder per test process, shared by the tests that
 # do not test the cache itself (a CLI test reads the calibration another test of the same model and sizes stored,
-# as a user's second run does), and a private one for the tests that do (`private_stats_cache`).
-_SESSION_STATS = tempfile.mkdtemp(prefix="acbench-test-stats-")
-os.environ["ACBENCH_STATS_CACHE"] = _SESSION_STATS
-atexit.register(shutil.rmtree, _SESSION_STATS, True)
+# as a user's second run does), and a private one for the tests that do (`private_stats_cache`). Made and removed
+# per pytest session, not per import: mutmut runs a session per mutant in a forked child that never reaches atexit.
+_SESSION_STATS = ""
+
+
+def pytest_configure(config):
+    global _SESSION_STATS
+    _SESSION_STATS = tempfile.mkdtemp(prefix="acbench-test-stats-")
+    os.environ["ACBENCH_STATS_CACHE"] = _SESSION_STATS
+
+
+def pytest_unconfigure(config):
+    if _SESSION_STATS:
+        shutil.rmtree(_SESSION_STATS, ignore_errors=True)
+
+
 # The latency protocol's memory-bandwidth probe on 16 MB arrays, not 256: the tests check its fields, not the machine
 os.environ.setdefault("ACBENCH_BANDWIDTH_MB", "16")
 

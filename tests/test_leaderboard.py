@@ -706,3 +706,41 @@ def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch)
     monkeypatch.setattr(report, "matched_compute", lambda sections, target: asked.append(target) or {})
     report.cross_family_section(g, {}, columns, "model-c", "pca", tmp_path, [], target=0.25)
     assert asked == [0.25]
+
+
+def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
+    """The compute-ratio figure's data on hand rows: the first loss-like column, else the first column; no dense
+    line without a dense row; a scoped section skipped (not the end of the loop); a row without a value or a
+    compute ratio left out; no columns, no figure."""
+    from core.record import ALL_GROUPS
+    from leaderboard import plots, report
+    from leaderboard.tables import Column
+
+    got = []
+    monkeypatch.setattr(plots, "metric_vs_compute", lambda points, dense, label, lower, title, path:
+                        got.append([points, dense, label, lower, path.name]) or path)
+    monkeypatch.setattr(report, "matched_compute", lambda sections, target: {})
+    g = {"dense": [], "ranks": {("rank", 0.5, ALL_GROUPS): {}, ("2:4", 0.5, ALL_GROUPS): {}}}
+    acc, acc2 = Column("lama p@1", "lama", "p@1", True), Column("mmlu acc", "mmlu", "acc", True)
+    nll = Column("wikitext ppl", "wikitext", "ppl", False)
+    section_rows = {
+        ("rank", 0.5, "groups=mlp_in"): [{"method": "pca", "compute ratio": 0.1, "lama p@1": 0.9}],
+        ("rank", 0.5, ALL_GROUPS): [{"method": "dense", "compute ratio": 1.0, "lama p@1": 0.8, "wikitext ppl": 9.0},
+                                    {"method": "pca", "compute ratio": 0.6, "lama p@1": 0.5, "wikitext ppl": 12.0},
+                                    {"method": "svd", "compute ratio": 0.6},
+                                    {"method": "asvd", "lama p@1": 0.45, "wikitext ppl": 11.0}],
+        ("2:4", 0.5, ALL_GROUPS): [{"method": "act-sparse", "compute ratio": 0.5, "lama p@1": 0.4}],
+        ("unstructured", 0.3, ALL_GROUPS): [{"method": "teal", "param ratio": 0.3, "lama p@1": 0.2}],
+    }
+    written = []
+    lines = report.cross_family_section(g, section_rows, [acc, acc2], "m", "pca", tmp_path, written)
+    assert got == [[{"pca": [(0.6, 0.5)], "act-sparse @ N:4": [(0.5, 0.4)], "teal (unstructured)": [(0.3, 0.2)]},
+                    None, "lama p@1", False, "m_lama_vs_compute.png"]]
+    assert lines[-2:] == ["![lama p@1 vs compute ratio](plots/m_lama_vs_compute.png)", ""]
+    assert [p.name for p in written] == ["m_lama_vs_compute.png"]
+    got.clear()
+    report.cross_family_section(g, section_rows, [acc, nll], "m", "pca", tmp_path, [])
+    assert got == [[{"pca": [(0.6, 12.0)]}, None, "wikitext ppl", True, "m_wikitext_vs_compute.png"]]
+    got.clear()
+    lines = report.cross_family_section(g, section_rows, [], "m", "pca", tmp_path, written)
+    assert got == [] and len(written) == 1 and lines[0] == "### Both families at compute ratio 0.5"
