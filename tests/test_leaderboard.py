@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -744,3 +745,75 @@ def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
     got.clear()
     lines = report.cross_family_section(g, section_rows, [], "m", "pca", tmp_path, written)
     assert got == [] and len(written) == 1 and lines[0] == "### Both families at compute ratio 0.5"
+
+
+def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
+    """The frontier figure's data on hand rows: only sections over all groups that open with dense, only rows
+    with a measured interval; Δ NLL only where both perplexities are positive numbers, each accuracy wherever
+    the row has it; point labels per family."""
+    from core.record import ALL_GROUPS
+    from leaderboard import plots, report
+    from leaderboard.tables import Column
+
+    got = []
+    monkeypatch.setattr(plots, "quality_vs_speed", lambda panels, title, path: got.append([panels, path.name]) or path)
+    columns = [Column("ppl ppl", "ppl", "ppl", False), Column("lama p@1", "lama", "p@1", True)]
+    t = {"decode speedup": 1.5, "decode speedup ci": (1.25, 1.75)}
+    dense = {"method": "dense", "ppl ppl": 10.0, "lama p@1": 0.5}
+    scoped = {("rank", 0.5, "groups=mlp_in"): [dense, {"method": "pca", **t, "ppl ppl": 11.0, "lama p@1": 0.4}]}
+    section_rows = {
+        **scoped,
+        ("rank", 0.4, ALL_GROUPS): [],
+        ("rank", 0.3, ALL_GROUPS): [{"method": "pca", **t, "ppl ppl": 11.0}],  # no dense row
+        ("rank", 0.5, ALL_GROUPS): [dense, {"method": "pca", **t, "ppl ppl": 20.0, "lama p@1": 0.4},
+                                    {"method": "svd", **t, "lama p@1": 0.3},
+                                    {"method": "asvd", **t, "ppl ppl": 0.0, "lama p@1": 0.2},
+                                    {"method": "fasc", **t, "ppl ppl": 0.5, "lama p@1": 0.1},
+                                    {"method": "whitened", "decode speedup": 1.2, "lama p@1": 0.3}],
+        ("2:4", 0.5, ALL_GROUPS): [{"method": "dense", "ppl ppl": 0.0, "lama p@1": 0.5},
+                                   {"method": "act-sparse", **t, "ppl ppl": 12.0, "lama p@1": 0.45}],
+        ("unstructured", 0.25, ALL_GROUPS): [{"method": "dense", "ppl ppl": 0.5},
+                                             {"method": "teal", **t, "ppl ppl": 1.0}],
+    }
+    written = []
+    lines = report.frontier_section({}, section_rows, columns, "m", tmp_path, written)
+    band = (1.5, 1.25, 1.75)
+    assert got == [[{"Δ NLL vs dense (ppl ppl)": {"low-rank": [("pca @ rank 0.5", *band, math.log(2.0)),
+                                                                ("fasc @ rank 0.5", *band, math.log(0.05))],
+                                                   "sparsity": [("teal @ 0.25", *band, math.log(2.0))]},
+                     "lama p@1": {"low-rank": [("pca @ rank 0.5", *band, 0.4), ("svd @ rank 0.5", *band, 0.3),
+                                               ("asvd @ rank 0.5", *band, 0.2), ("fasc @ rank 0.5", *band, 0.1)],
+                                  "sparsity": [("act-sparse @ 2:4", *band, 0.45)]}},
+                    "m_quality_vs_speed.png"]]
+    assert lines[0] == "### Quality against measured speed" and lines[-2:] == [
+        "![quality vs measured decode speedup](plots/m_quality_vs_speed.png)", ""]
+    assert [p.name for p in written] == ["m_quality_vs_speed.png"]
+    got.clear()
+    assert report.frontier_section({}, scoped, columns, "m", tmp_path, written) == [] and got == []
+
+
+def test_a_model_evaluated_as_loaded(tmp_path):
+    """A model with dense cells only (a saved checkpoint evaluated as it is) gets its own section, its columns
+    labelled as the display asks, and its row in the JSON and CSV after the other models' rows."""
+    from leaderboard.tables import Display
+
+    root = tmp_path / "results"
+    for part in ("model-a/dense", "model-a/pca", "model-b/dense"):
+        shutil.copytree(FIXTURE / part, root / part)
+    out = tmp_path / "LEADERBOARD.md"
+    build([root], out, display=Display(labels={"lama": "LAMA p@1"}))
+    text = out.read_text()
+    section = text[text.index("## model-b"):].splitlines()
+    at = section.index("### As loaded (no compression in this run)")
+    assert section[at + 2].split("|")[1:5] == [" method   ", " LAMA p@1 ↑    ", " mmlu acc ↑    ", " ppl-token ppl ↓   "]
+    assert section[at + 4].split("|")[1:5] == [" dense    ", " 0.640 ± 0.050 ", " 0.360 ± 0.020 ", " 22.27 ± 1.00      "]
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [r["model"] for r in rows][-1] == "model-b" and rows[0]["model"] == "model-a"
+    loaded = rows[-1]
+    assert {k: loaded[k] for k in ("model", "budget", "rank", "scope", "method", "LAMA p@1", "mmlu acc")} == {
+        "model": "model-b", "budget": None, "rank": None, "scope": None, "method": "dense", "LAMA p@1": 0.64,
+        "mmlu acc": 0.36}
+    table = list(csv.DictReader(out.with_suffix(".csv").open()))
+    assert (table[-1]["model"], table[-1]["budget"], table[-1]["LAMA p@1"]) == ("model-b", "", "0.64")
+    build([root / "model-b"], out, ref="dense")  # --vs dense: the loaded row is the reference
+    assert "| dense (ref) | 0.640 ± 0.050 |" in out.read_text()
