@@ -539,7 +539,9 @@ def analysis_sections(g: dict, model: str, display: Display, plot_dir: Path, wri
 def write_tables(out_md: Path, md: list[str], flat_rows: list[dict]) -> None:
     """The markdown, and the same rows as CSV and JSON beside it."""
     atomic_write_text(out_md, "\n".join(md).rstrip() + "\n")
-    fields = sorted({k for r in flat_rows for k in r}, key=lambda k: (k not in ("model", "budget", "rank", "method"), k))
+    # the row's place first (model, budget, ratio, scope, method), then its values by name
+    lead = [k for k in ("model", "budget", "rank", "scope", "method") if any(k in r for r in flat_rows)]
+    fields = lead + sorted({k for r in flat_rows for k in r} - set(lead))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()

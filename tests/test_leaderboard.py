@@ -567,6 +567,35 @@ def test_golden_markdown_of_both_families(tmp_path):
         "model-c_ppl_vs_params.png", "model-c_ppl-token_vs_compute.png", "model-c_quality_vs_speed.png"]
     expected = (Path(__file__).parent / "fixtures" / "expected_leaderboard_families.md").read_text()
     assert (tmp_path / "LEADERBOARD.md").read_text() == expected
+    # the same rows as JSON and CSV: each row's place first (model, budget, ratio, scope, method), then its values
+    text = (tmp_path / "LEADERBOARD.json").read_text()
+    assert text.startswith('[\n  {\n    "model": "model-c",\n    "budget": "rank",\n    "rank": 0.5,\n    "scope": "all"')
+    golden = Path(__file__).parent / "fixtures" / "expected_leaderboard_families"
+    assert rounded(json.loads(text)) == rounded(json.loads(golden.with_suffix(".json").read_text()))
+    assert _csv_values(tmp_path / "LEADERBOARD.csv") == _csv_values(golden.with_suffix(".csv"))
+
+
+def rounded(v):
+    """Floats to 10 digits, tuples as lists, keys as strings: data compared across machines' last bits."""
+    if isinstance(v, float):
+        return float(f"{v:.10g}")
+    if isinstance(v, dict):
+        return {str(k): rounded(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [rounded(x) for x in v]
+    return v
+
+
+def _csv_values(path):
+    """A CSV's header, then its cells with every JSON-readable value (numbers, lists) read and rounded."""
+    def value(v):
+        try:
+            return rounded(json.loads(v))
+        except ValueError:
+            return v
+
+    header, *rows = csv.reader(open(path, newline=""))
+    return header, [[value(v) for v in r] for r in rows]
 
 
 def _plot_inputs(root, out, monkeypatch):
@@ -574,15 +603,6 @@ def _plot_inputs(root, out, monkeypatch):
     import leaderboard.plots as plots
 
     calls = []
-
-    def rounded(v):
-        if isinstance(v, float):
-            return float(f"{v:.10g}")
-        if isinstance(v, dict):
-            return {str(k): rounded(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [rounded(x) for x in v]
-        return v
 
     for name in ("k_by_block", "metric_vs_compute", "quality_vs_speed", "accuracy_vs_rank", "ppl_vs_params"):
         monkeypatch.setattr(plots, name, lambda *a, _n=name: calls.append([_n, rounded(list(a[:-1])), a[-1].name])
@@ -817,3 +837,100 @@ def test_a_model_evaluated_as_loaded(tmp_path):
     assert (table[-1]["model"], table[-1]["budget"], table[-1]["LAMA p@1"]) == ("model-b", "", "0.64")
     build([root / "model-b"], out, ref="dense")  # --vs dense: the loaded row is the reference
     assert "| dense (ref) | 0.640 ± 0.050 |" in out.read_text()
+
+
+def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
+    """Across rank ratios on hand rows: one accuracy column alone stays as printed ("0.500", not re-read as a
+    number), a missing value is blank; without a dense row the figures get no dense mark; without a loss column
+    no loss figure; the loss figure takes only rows with both a parameter ratio and a loss."""
+    from leaderboard import plots, report
+    from leaderboard.tables import Column
+
+    calls = []
+    monkeypatch.setattr(plots, "accuracy_vs_rank", lambda series, dense, model, path:
+                        calls.append(["accuracy", series, dense]) or path)
+    monkeypatch.setattr(plots, "ppl_vs_params", lambda pts, dense, model, path: calls.append(["loss", pts, dense]) or path)
+    acc, ppl = Column("lama p@1", "lama", "p@1", True), Column("ppl ppl", "ppl", "ppl", False)
+    cross = {"pca": {0.5: {"lama p@1": 0.5, "ppl ppl": 12.0, "param ratio": 0.5},
+                     0.25: {"lama p@1": 0.25, "param ratio": 0.25}},
+             "svd": {0.5: {"ppl ppl": 20.0}}}
+    assert report.across_ranks_section({"dense": []}, cross, "m", "pca", [acc], tmp_path, []) == [
+        "### Across rank ratios (lama p@1)", "",
+        "| method   | 0.5   | 0.25   |\n|----------|-------|--------|\n| pca      | 0.500 | 0.250  |\n"
+        "| svd      |       |        |", "", "![accuracy vs rank ratio](plots/m_accuracy_vs_rank.png)", ""]
+    accuracy = ["accuracy", {"lama p@1": {"pca": [(0.5, 0.5), (0.25, 0.25)], "svd": []}}, {"lama p@1": None}]
+    assert calls == [accuracy]
+    calls.clear()
+    written = []
+    lines = report.across_ranks_section({"dense": []}, cross, "m", "pca", [acc, ppl], tmp_path, written)
+    assert calls == [accuracy, ["loss", {"pca": [(0.5, 12.0)], "svd": []}, None]]
+    assert lines[2].splitlines()[2:] == ["| pca      | 0.500 / 12.00 | 0.250 / |", "| svd      | / 20.00       | /       |"]
+    assert [p.name for p in written] == ["m_accuracy_vs_rank.png", "m_ppl_vs_params.png"]
+
+
+def test_the_json_beside_the_table_writes_any_value(tmp_path):
+    """A value JSON has no type for (a path) is written as its text, not an error; the CSV has every row's keys."""
+    from leaderboard.report import write_tables
+
+    write_tables(tmp_path / "L.md", ["# t"], [{"method": "a", "model": "m", "source": Path("x") / "y"}, {"extra": 1}])
+    assert json.loads((tmp_path / "L.json").read_text()) == [{"method": "a", "model": "m", "source": "x/y"},
+                                                              {"extra": 1}]
+    assert (tmp_path / "L.csv").read_text().splitlines() == ["model,method,extra,source", "m,a,,x/y", ",,1,"]
+    assert (tmp_path / "L.md").read_text() == "# t\n"
+
+
+def test_no_cells_names_the_files_it_skipped(tmp_path):
+    from core.errors import UserError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError) as e:
+        build([tmp_path / "empty"], tmp_path / "LEADERBOARD.md")
+    assert str(e.value) == (f"no result cells under {tmp_path / 'empty'}: run `bench run` first or pass --results "
+                            "<dir with results>")
+    bad = tmp_path / "bad" / "m" / "dense"
+    bad.mkdir(parents=True)
+    (bad / "lama-k1.json").write_text("{not json")
+    (tmp_path / "bad2").mkdir()
+    with pytest.raises(UserError) as e:
+        build([tmp_path / "bad", tmp_path / "bad2"], tmp_path / "LEADERBOARD.md")
+    assert str(e.value).startswith(f"no result cells under {tmp_path / 'bad'}, {tmp_path / 'bad2'} (1 unreadable or "
+                                   f"invalid file(s) skipped: ")
+    assert str(e.value).endswith(": run `bench run` first or pass --results <dir with results>")
+    assert "lama-k1.json" in str(e.value)
+
+
+def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
+    """Each section's lines around its table on hand rows: a low-rank section warns on parameter ratios that
+    differ, a sparsity section on compute ratios, every row's numeric fallbacks in one line; no blank line for
+    speed notes a section without speedups does not have; the flat rows carry each row's place."""
+    from core.record import ALL_GROUPS
+    from leaderboard import report
+    from leaderboard.tables import Column
+
+    dense = {"method": "dense", "acc": 0.5, "param ratio": 1.0}
+    rows = {("rank", 0.5, ALL_GROUPS): [
+                dense, {"method": "pca", "acc": 0.4, "param ratio": 0.5, "compute ratio": 0.9, "fallbacks": "1 damped"},
+                {"method": "svd", "acc": 0.3, "param ratio": 0.6, "compute ratio": 0.9, "fallbacks": "2 eigh"}],
+            ("2:4", 0.5, ALL_GROUPS): [
+                dense, {"method": "act-sparse", "acc": 0.45, "param ratio": 1.0, "compute ratio": 0.5},
+                {"method": "teal", "acc": 0.35, "param ratio": 1.0, "compute ratio": 0.7}]}
+    monkeypatch.setattr(report, "rank_table", lambda dense, by, ref, columns: rows[next(k for k in rows if k[0] == by)])
+    monkeypatch.setattr(report, "allocation_section", lambda *a: [])
+    flat = [{"model": "earlier"}]
+    md, shown, cross = report.rank_sections({"dense": [], "ranks": {k: k[0] for k in rows}}, "m", "pca",
+                                            [Column("acc", "t", "acc", True)], tmp_path, [], flat)
+    tables = [line for line in md if line.startswith("| method")]
+    assert [line for line in md if line not in tables] == [
+        "### rank ratio 0.5", "", "",
+        "**Unequal budgets:** parameter ratios in this table range from 0.500 (pca) to 0.600 (svd), more than 0.01 "
+        "apart; rows are not compared at equal size (`--budget params` sets the same parameter ratio for every "
+        "method).", "",
+        "Numeric fallbacks recorded (see the result files): pca: 1 damped, svd: 2 eigh.", "",
+        "### N:M 2:4 sparsity (density 0.5)", "", "",
+        "- compute ratio (theory): multiply-adds per token vs dense, not a measured speedup.", "",
+        "**Unequal budgets:** compute ratios in this table range from 0.500 (act-sparse) to 0.700 (teal).", ""]
+    assert len(tables) == 2 and shown == rows
+    assert [(r["model"], r.get("budget"), r.get("rank"), r.get("scope"), r.get("method")) for r in flat] == [
+        ("earlier", None, None, None, None)] + [("m", b, 0.5, ALL_GROUPS, r["method"]) for (b, _, _), rs in rows.items()
+                                                for r in rs]
+    assert cross == {"pca": {0.5: rows[("rank", 0.5, ALL_GROUPS)][1]}, "svd": {0.5: rows[("rank", 0.5, ALL_GROUPS)][2]}}
