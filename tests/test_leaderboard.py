@@ -934,3 +934,48 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
         ("earlier", None, None, None, None)] + [("m", b, 0.5, ALL_GROUPS, r["method"]) for (b, _, _), rs in rows.items()
                                                 for r in rs]
     assert cross == {"pca": {0.5: rows[("rank", 0.5, ALL_GROUPS)][1]}, "svd": {0.5: rows[("rank", 0.5, ALL_GROUPS)][2]}}
+
+
+def test_the_across_models_figures_land_beside_the_leaderboard(tmp_path):
+    """Two models with three methods over six (model, task) scenarios: the critical-difference diagrams are
+    drawn into the leaderboard's plots folder and listed with its other figures."""
+    root = tmp_path / "results"
+    for model in ("model-a", "model-z"):
+        for f in sorted((FIXTURE / "model-a").rglob("*.json")):
+            rel = f.relative_to(FIXTURE / "model-a")
+            if rel.parts[0] == "svd" or rel.name == "mmlu-k0.json":  # svd's files there are broken on purpose
+                continue
+            cell = json.loads(f.read_text())
+            cell["cell"]["model"] = model
+            copies = [(rel, cell)]
+            if rel.parts[0] == "pca":  # a third method: pca's cells 1 % higher
+                svd = json.loads(json.dumps(cell))
+                svd["cell"]["method"] = "svd"
+                svd["metrics"][svd["primary_metric"]] *= 1.01
+                copies.append((Path("svd", *rel.parts[1:]), svd))
+            for r, c in copies:
+                (root / model / r).parent.mkdir(parents=True, exist_ok=True)
+                (root / model / r).write_text(json.dumps(c))
+    out = tmp_path / "board" / "LEADERBOARD.md"
+    info = build([root], out)
+    cd = ["across_models_cd_rank_0.5.png", "across_models_cd_rank_0.25.png"]
+    assert [p.name for p in info["plots"]][-2:] == cd
+    assert all((out.parent / "plots" / name).stat().st_size > 0 for name in cd)
+    assert "![critical difference diagram](plots/across_models_cd_rank_0.5.png)" in out.read_text()
+
+
+def test_a_reference_method_that_is_not_there(tmp_path):
+    from core.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        build([FIXTURE / "model-b", FIXTURE / "older-run"], tmp_path / "L.md", ref="whitened-svd")
+    assert str(e.value) == (f"--vs whitened-svd: no cells of that method under {FIXTURE / 'model-b'}, "
+                            f"{FIXTURE / 'older-run'}; the methods there: dense, fasc, pca")
+
+
+def test_the_header_counts_the_analyses_wall_time():
+    from leaderboard import report
+
+    task = _rec("pca", "lama", 0.5, "p@1", True, timings={"evaluate_s": 4.0})
+    rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 12.0})
+    assert "- wall time the cells record: evaluation 4.0 s, analyses 12 s (total 16 s)" in report._header([task], [rho])
