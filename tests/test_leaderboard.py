@@ -979,3 +979,39 @@ def test_the_header_counts_the_analyses_wall_time():
     task = _rec("pca", "lama", 0.5, "p@1", True, timings={"evaluate_s": 4.0})
     rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 12.0})
     assert "- wall time the cells record: evaluation 4.0 s, analyses 12 s (total 16 s)" in report._header([task], [rho])
+
+
+def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypatch):
+    """Rows whose k differ keep separate lines of the k table (rows with the same k share one); a single block's
+    k stays text, left-aligned like the others; the figure gets the same merged rows."""
+    from core.record import CellId, CellRecord
+    from leaderboard import plots, report
+
+    drawn = []
+    monkeypatch.setattr(plots, "k_by_block", lambda ks, title, path: drawn.append(ks) or path)
+    alloc = {"rule": "fisher", "allocated_params": 100, "budget_params": 120, "allocated_ratio": 0.5,
+             "seconds": {"scores": 1.0}}
+
+    def row(method, k):
+        return [CellRecord(cell=CellId("m", method, 0.5, "rank", "lama", "k", allocation="fisher"),
+                           metrics={"p@1": 0.5}, primary_metric="p@1",
+                           compression={"allocation": alloc, "groups": [{"group": "layers.0.mlp_in", "k": k,
+                                                                         "d_in": 16}]})]
+
+    lines = report.allocation_section({"pca+fisher": row("pca", 12), "svd+fisher": row("svd", 10),
+                                       "asvd+fisher": row("asvd", 12)}, "m", "rank", 0.5, "all", tmp_path, [])
+    assert lines[-4].splitlines() == ["| row                     | group   | k by block   |",
+                                      "|-------------------------|---------|--------------|",
+                                      "| asvd+fisher, pca+fisher | mlp_in  | 12           |",
+                                      "| svd+fisher              | mlp_in  | 10           |"]
+    assert [{name: [g["k"] for g in per] for name, per in ks.items()} for ks in drawn] == [
+        {"asvd+fisher, pca+fisher": [12], "svd+fisher": [10]}]
+
+
+def test_the_perplexity_column_the_frontier_reads():
+    from leaderboard.report import _ppl_label
+    from leaderboard.tables import Column
+
+    loss, ppl = Column("lama nll", "lama", "nll", False), Column("PPL", "ppl-token", "ppl", False)
+    assert _ppl_label([loss, ppl]) == "PPL" and _ppl_label([loss]) is None and _ppl_label([]) is None
+    assert _ppl_label([Column("ppl acc", "ppl-x", "acc", True)]) is None
