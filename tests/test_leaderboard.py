@@ -1015,3 +1015,60 @@ def test_the_perplexity_column_the_frontier_reads():
     loss, ppl = Column("lama nll", "lama", "nll", False), Column("PPL", "ppl-token", "ppl", False)
     assert _ppl_label([loss, ppl]) == "PPL" and _ppl_label([loss]) is None and _ppl_label([]) is None
     assert _ppl_label([Column("ppl acc", "ppl-x", "acc", True)]) is None
+
+
+def test_analysis_sections_order_render_and_fall_back(tmp_path):
+    """Analysis cells by budget, then ratio high to low, each rendered by its analysis with its file stem and
+    title (figures added to the written list), else as its metrics (a missing value blank); a cell its analysis
+    cannot read is named by its file."""
+    from leaderboard import report
+    from leaderboard.tables import Display
+
+    def cell(budget, rank):
+        return _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", budget=budget, rank=rank)
+
+    asked = []
+
+    def render(c, plot_dir, stem, title):
+        asked.append((c.cell.budget, c.cell.rank, stem, title))
+        if c.cell.rank == 0.25:
+            raise IndexError("units")
+        return [f"rendered {c.cell.rank:g}"], [plot_dir / f"{stem}.png"]
+
+    bad = cell("rank", 0.25)
+    bad.source = "results/m/rho-analysis/rank-0.25/rho-r1.json"
+    g = {"analyses": {"rho": {("rank", 0.25): bad, ("rank", 0.5): cell("rank", 0.5), ("params", 0.5): cell("params", 0.5)},
+                      "other": {("rank", 0.5): cell("rank", 0.5)}}}
+    written = [tmp_path / "earlier.png"]
+    md = report.analysis_sections(g, "m/x", Display(sections={"rho": render}), tmp_path, written)
+    assert asked == [("params", 0.5, "m_x_rho_params_0.5", "m/x @ 0.5"), ("rank", 0.5, "m_x_rho_rank_0.5", "m/x @ 0.5"),
+                     ("rank", 0.25, "m_x_rho_rank_0.25", "m/x @ 0.25")]
+    table = "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |"
+    assert md == ["### other at rank ratio 0.5", "", table, "",
+                  "### rho at params ratio 0.5", "", "rendered 0.5", "",
+                  "### rho at rank ratio 0.5", "", "rendered 0.5", "",
+                  "### rho at rank ratio 0.25", "", "*results/m/rho-analysis/rank-0.25/rho-r1.json: its details could "
+                  "not be rendered (IndexError); its metrics:*", "", table, ""]
+    assert [p.name for p in written] == ["earlier.png", "m_x_rho_params_0.5.png", "m_x_rho_rank_0.5.png"]
+    g = {"analyses": {"other": {("rank", 0.5): _rec("rho-analysis", "rho", None, "rho_mean", None, kind="analysis")}}}
+    assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2].splitlines()[-1] == "| rho_mean |         |"
+
+
+def test_the_header_on_hand_cells(monkeypatch):
+    """Header lines a golden tree does not reach: a calibration without its spec, BOS protocols that differ, wall
+    time printed to a tenth of a second below 10 s and to the second from 10 s; the budget warning names every
+    row exactly half the tolerance from an end."""
+    from leaderboard import report
+
+    a = _rec("pca", "lama", 0.5, "p@1", True, bos="bos-1", calibration={"cache": "c1"}, timings={"evaluate_s": 10.0})
+    b = _rec("svd", "lama", 0.5, "p@1", True, bos="bos-0")
+    rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 0.5})
+    head = report._header([a, b], [rho])
+    assert head[1:4] == ["- calibration: None x None tokens from None, None (x, g) pairs/group, seed None",
+                         "- BOS protocol (calibration and perplexity windows; BOS never scored): bos-0, bos-1 — MIXED: "
+                         "these rows are not comparable",
+                         "- wall time the cells record: evaluation 10 s, analyses 0.5 s (total 10 s)"]
+    monkeypatch.setattr(report, "PARAM_RATIO_TOLERANCE", 0.25)  # a power of two: the half is exact
+    rows = [{"method": m, "param ratio": r} for m, r in (("a", 0.5), ("b", 0.625), ("c", 1.0), ("d", 0.875))]
+    assert report.param_ratio_warning(rows)[0].startswith(
+        "**Unequal budgets:** parameter ratios in this table range from 0.500 (a, b) to 1.000 (c, d), more than 0.25")
