@@ -247,6 +247,7 @@ def test_cells_the_schema_accepts():
         lambda r: r.update(metrics={"acc": None, "ppl": 1.0, "nll": 0.0}, primary_metric=None),
         lambda r: r.update(stderr={"acc": None}, higher_is_better={"acc": None}, seed=None, memory=None),
         lambda r: r.update(memory={"peak": {"bytes": None}, "weight_bytes": 3}),
+        lambda r: r.update(metrics={"acc": 1.0, "p@1": 0.0}, primary_metric=None),  # a domain's ends are in it
     ]
     for edit in ok:
         assert cell_problem(_with(edit)) is None
@@ -259,9 +260,9 @@ def test_metric_domains_and_places():
     inf = float("inf")
     assert [metric_domain(n) for n in ("ppl", "word_perplexity", "wikitext/word_perplexity,none", "nll",
                                         "bits_per_byte", "acc", "acc_norm,none", "p@1", "mrr", "exact_match", "f1",
-                                        "rho", "seconds")] == [
+                                        "rho", "seconds", "mmlu/acc,none")] == [
         (1.0, inf), (1.0, inf), (1.0, inf), (0.0, inf), (0.0, inf), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0),
-        (0.0, 1.0), (0.0, 1.0), None, None]
+        (0.0, 1.0), (0.0, 1.0), None, None, (0.0, 1.0)]
     assert rank_label(None, "rank") == "full" and rank_label(0.25, "2:4") == "2:4-0.25"
     assert cell_relpath("org/model", "dense", None, "rank", "lama", "k1") == Path("org__model/dense/lama-k1.json")
     assert cell_relpath("m", "act-sparse:score=fisher", 0.5, "2:4", "ppl", "k2", "uniform", ALL_GROUPS) == Path(

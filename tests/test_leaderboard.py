@@ -255,6 +255,12 @@ def test_stage_totals_count_each_piece_once():
              cell("rho-analysis", "rho", {"rho_s": 20.0}, kind="analysis")]
     assert stage_totals(cells) == {"calibration": 10.0, "compress": 11.0, "latency": 2.0, "evaluation": 11.0,
                                    "analyses": 20.0}
+    # a second statistics cache is a second calibration; every analysis adds its "_s" timings, nothing else
+    more = [cell("svd", "lama", {"calibrate_s": 5.0, "latency_s": 0.5}, cache="c2"),
+            cell("rho-analysis", "rho2", {"rho_s": 4.0, "units": 3}, kind="analysis")]
+    assert stage_totals(cells + more) == {"calibration": 15.0, "compress": 11.0, "latency": 2.5, "evaluation": 11.0,
+                                          "analyses": 24.0}
+    assert stage_totals([cell("pca", "lama", {"evaluate_s": 0.5})]) == {"evaluation": 0.5}  # under a second: kept
 
 
 def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
@@ -664,6 +670,9 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
         "- what bounds decode here: dense body decode 3.00 ms/token, of which 1.25 ms outside the linear products "
         "(the overhead floor)"]
     assert report.bounds_line([cell(latency={"conditions": None}), cell()]) == []
+    # a probe's part is printed only whole: a speed without its shape, a body time without its floor
+    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}, "dense_product": {"gb_s": 5.0}},
+                                             "body_overhead": {"dense_body_ms": 3.0}})]) == []
     head = report._header([cell(model_fingerprint={"sha256": "a" * 40, "compressed": "from pca at 0.5"})])
     assert head[:2] == ["- model fingerprint: sha256=aaaaaaaaaaaaaaaa", "- compressed checkpoint: from pca at 0.5"]
     assert head[-1] == "- results undated" and "- seed: " in head
