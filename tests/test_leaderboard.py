@@ -772,6 +772,8 @@ def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
     report.cross_family_section(g, section_rows, [acc, nll], "m", "pca", tmp_path, [])
     assert got == [[{"pca": [(0.6, 12.0)]}, None, "wikitext ppl", True, "m_wikitext_vs_compute.png"]]
     got.clear()
+    report.cross_family_section(g, {}, [acc], "m", "pca", tmp_path, written)
+    assert got == [] and len(written) == 1  # a column but no row to plot: no figure
     lines = report.cross_family_section(g, section_rows, [], "m", "pca", tmp_path, written)
     assert got == [] and len(written) == 1 and lines[0] == "### Both families at compute ratio 0.5"
 
@@ -1040,13 +1042,13 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
 
     def render(c, plot_dir, stem, title):
         asked.append((c.cell.budget, c.cell.rank, stem, title))
-        if c.cell.rank == 0.25:
+        if c.cell.budget == "params":
             raise IndexError("units")
         return [f"rendered {c.cell.rank:g}"], [plot_dir / f"{stem}.png"]
 
-    bad = cell("rank", 0.25)
-    bad.source = "results/m/rho-analysis/rank-0.25/rho-r1.json"
-    g = {"analyses": {"rho": {("rank", 0.25): bad, ("rank", 0.5): cell("rank", 0.5), ("params", 0.5): cell("params", 0.5)},
+    bad = cell("params", 0.5)
+    bad.source = "results/m/rho-analysis/params-0.5/rho-r1.json"
+    g = {"analyses": {"rho": {("rank", 0.25): cell("rank", 0.25), ("rank", 0.5): cell("rank", 0.5), ("params", 0.5): bad},
                       "other": {("rank", 0.5): cell("rank", 0.5)}}}
     written = [tmp_path / "earlier.png"]
     md = report.analysis_sections(g, "m/x", Display(sections={"rho": render}), tmp_path, written)
@@ -1054,11 +1056,11 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
                      ("rank", 0.25, "m_x_rho_rank_0.25", "m/x @ 0.25")]
     table = "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |"
     assert md == ["### other at rank ratio 0.5", "", table, "",
-                  "### rho at params ratio 0.5", "", "rendered 0.5", "",
+                  "### rho at params ratio 0.5", "", "*results/m/rho-analysis/params-0.5/rho-r1.json: its details "
+                  "could not be rendered (IndexError); its metrics:*", "", table, "",
                   "### rho at rank ratio 0.5", "", "rendered 0.5", "",
-                  "### rho at rank ratio 0.25", "", "*results/m/rho-analysis/rank-0.25/rho-r1.json: its details could "
-                  "not be rendered (IndexError); its metrics:*", "", table, ""]
-    assert [p.name for p in written] == ["earlier.png", "m_x_rho_params_0.5.png", "m_x_rho_rank_0.5.png"]
+                  "### rho at rank ratio 0.25", "", "rendered 0.25", ""]
+    assert [p.name for p in written] == ["earlier.png", "m_x_rho_rank_0.5.png", "m_x_rho_rank_0.25.png"]
     g = {"analyses": {"other": {("rank", 0.5): _rec("rho-analysis", "rho", None, "rho_mean", None, kind="analysis")}}}
     assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2].splitlines()[-1] == "| rho_mean |         |"
 
@@ -1073,6 +1075,10 @@ def test_the_header_on_hand_cells(monkeypatch):
     b = _rec("svd", "lama", 0.5, "p@1", True, bos="bos-0")
     rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 0.5})
     head = report._header([a, b], [rho])
+    dated = [_rec("pca", "lama", 0.5, "p@1", True, seed=s, env={"date": d})
+             for s, d in ((1, "2026-11-03T10:00"), (0, "2026-11-01T09:00"), (1, "2026-11-02T08:00"))]
+    assert "- seed: 0, 1" in report._header(dated)
+    assert report._header(dated)[-1] == "- results dated 2026-11-01 to 2026-11-03"
     assert head[1:4] == ["- calibration: None x None tokens from None, None (x, g) pairs/group, seed None",
                          "- BOS protocol (calibration and perplexity windows; BOS never scored): bos-0, bos-1 — MIXED: "
                          "these rows are not comparable",
@@ -1081,3 +1087,15 @@ def test_the_header_on_hand_cells(monkeypatch):
     rows = [{"method": m, "param ratio": r} for m, r in (("a", 0.5), ("b", 0.625), ("c", 1.0), ("d", 0.875))]
     assert report.param_ratio_warning(rows)[0].startswith(
         "**Unequal budgets:** parameter ratios in this table range from 0.500 (a, b) to 1.000 (c, d), more than 0.25")
+
+
+def test_a_tree_with_timed_analyses_counts_them_in_its_header(tmp_path):
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURE / "model-b", root / "model-b")
+    shutil.copytree(FIXTURE / "model-a" / "rho-analysis", root / "model-b" / "rho-analysis")
+    rho = root / "model-b" / "rho-analysis" / "rank-0.5" / "rho-r1.json"
+    cell = json.loads(rho.read_text())
+    cell["cell"]["model"], cell["timings"] = "model-b", {"rho_s": 7.0}
+    rho.write_text(json.dumps(cell))
+    build([root], tmp_path / "L.md")
+    assert "- wall time the cells record: analyses 7.0 s (total 7.0 s)" in (tmp_path / "L.md").read_text()

@@ -1233,3 +1233,17 @@ def test_what_print_model_and_the_run_log_say_of_the_compressed_pieces():
     assert rho.summary_line(with_corr) == "mean rho=0.123, per group Spearman(rho, FASC surrogate gain)=0.25 (p=0.035)"
     bare = TaskResult(metrics={"rho_mean": 0.5}, details={"correlations": {}})
     assert rho.summary_line(bare) == "mean rho=0.500"
+
+
+def test_the_decode_kernel_is_chosen_for_the_device_asked(monkeypatch):
+    """The choice is made for the model's device: triton asked for on a CPU without the interpreter names it."""
+    from core import compressed_layers
+
+    monkeypatch.setattr(compressed_layers, "_CHOSEN", {})
+    monkeypatch.setattr(compressed_layers, "triton_importable", lambda: True)
+    monkeypatch.setenv("ACBENCH_DECODE_KERNEL", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"needs a CUDA device \(this model is on cpu\)"):
+        compressed_layers.decode_kernel("cpu")
+    monkeypatch.setenv("ACBENCH_DECODE_KERNEL", "embedding_bag")
+    assert compressed_layers.decode_kernel("cpu") == "embedding_bag" and compressed_layers._CHOSEN == {"cpu": "embedding_bag"}
