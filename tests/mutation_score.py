@@ -29,7 +29,8 @@ KILLED, SURVIVED, UNTESTED, OTHER = "killed", "survived", "not exercised", "not 
 
 
 def status(code) -> str:
-    if code in (1, 3) or code in (36, -24, 24, 152, 255):  # a failing test, or a timeout
+    # a failing test, a timeout, or the test process crashed (SIGSEGV: a mutated kernel writing past its buffer)
+    if code in (1, 3) or code in (36, -24, 24, 152, 255) or code == -11:
         return KILLED
     if code == 0:
         return SURVIVED
