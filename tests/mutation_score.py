@@ -30,7 +30,7 @@ KILLED, SURVIVED, UNTESTED, OTHER = "killed", "survived", "not exercised", "not 
 
 def status(code) -> str:
     # a failing test, a timeout, or the test process crashed (SIGSEGV: a mutated kernel writing past its buffer)
-    if code in (1, 3) or code in (36, -24, 24, 152, 255) or code == -11:
+    if code in (1, 3) or code in (36, -24, 24, 152, 255, -11):
         return KILLED
     if code == 0:
         return SURVIVED
