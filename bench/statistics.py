@@ -4,6 +4,7 @@ cached, one safetensors file per group, under a folder keyed by everything that 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -36,17 +37,27 @@ def stats_base(fingerprint: dict, cspec: CalibSpec) -> str:
     return settings_hash(fingerprint, cspec.as_dict(), __version__, STATS_VERSION)
 
 
+def held_stats(folder: Path, group: str) -> frozenset[str]:
+    """The statistics a group's cache file holds, read from its tensors (not from info.json's list)."""
+    from safetensors import safe_open
+
+    from .stats_store import STAT_TENSORS, missing_stats
+
+    try:
+        with safe_open(str(group_file(folder, group)), framework="pt") as f:
+            keys = set(f.keys())
+    except Exception:  # unreadable: it holds nothing usable
+        return frozenset()
+    return frozenset(set(STAT_TENSORS) | {"row_fisher"}) - set(missing_stats(keys, set(STAT_TENSORS) | {"row_fisher"}))
+
+
 def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:
     """A complete cached calibration of the same base whose statistics include `needed` (a sweep's C, F and pairs
-    serve a later `bench compress` that needs C alone), or None. Its files are only read, never moved."""
-    for info_path in sorted(stats_cache_dir().glob("*/info.json")):
-        folder = info_path.parent
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict) and info.get("base") == base and needed <= set(info.get("stats") or ()) and \
-                all(group_problem(folder, g.name, g.d_in) is None for g in groups):
+    serve a later `bench compress` that needs C alone), or None. Its files are only read, never moved. Each group
+    file is checked by content: the calibration it names under its digest and the tensors it holds; what the
+    folder's info.json says it holds is never believed."""
+    for folder in sorted(p for p in stats_cache_dir().glob("*") if p.is_dir()):
+        if all(group_problem(folder, g.name, g.d_in, base, needed) is None for g in groups):
             return folder
     return None
 
@@ -57,12 +68,12 @@ def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:
     return windows(tokenizer, load_text(cspec.source, "calib"), cspec.samples, cspec.seq_len, cspec.seed, cspec.bos)
 
 
-def _pending(folder: Path, groups) -> list:
+def _pending(folder: Path, groups, base: str | None = None, needed: frozenset[str] | None = None) -> list:
     """The groups whose cache file is absent or fails its checks; a failing file is moved aside (into
     rejected/, for a look), never re-read, and its group recomputed with one line saying why."""
     pending = []
     for g in groups:
-        problem = group_problem(folder, g.name, g.d_in)
+        problem = group_problem(folder, g.name, g.d_in, base, needed)
         if problem is None:
             continue
         if problem != "missing":
@@ -76,19 +87,41 @@ def _pending(folder: Path, groups) -> list:
     return pending
 
 
+# what a cached calibration's info.json may add to a cell's record: its timing, each field checked by content
+_SAVED_COUNTS = {"n_tokens": 0, "passes": 1, "groups_calibrated": 0}
+
+
 def _saved_info(folder: Path) -> dict:
-    """The cached calibration's info.json (how it was computed); an unreadable one is said and left out."""
+    """How the cached calibration was computed (its time, passes, tokens), from its info.json: a field of the wrong
+    type or sign is said and left out, and what the statistics are (model, tokens, which statistics) is never
+    taken from it."""
     saved = folder / "info.json"
     if not saved.exists():
         return {}
     try:
         info = json.loads(saved.read_text(encoding="utf-8"))
-        if isinstance(info, dict):
-            return info
     except (OSError, ValueError):
-        pass
-    tqdm.write(f"calibration info {saved} is unreadable: the statistics are used, their timing is not recorded")
-    return {}
+        info = None
+    if not isinstance(info, dict):
+        tqdm.write(f"calibration info {saved} is unreadable: the statistics are used, their timing is not recorded")
+        return {}
+    out, bad = {}, []
+    for key, v in info.items():  # in the file's order, so a cell's calibration block reads as it always did
+        if key in _SAVED_COUNTS:
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= _SAVED_COUNTS[key]
+        elif key == "seconds":
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        elif key == "cached":
+            ok = isinstance(v, bool)
+        else:
+            continue  # what the statistics are is known from their files
+        if ok:
+            out[key] = v
+        else:
+            bad.append(key)
+    if bad:
+        tqdm.write(f"calibration info {saved}: {', '.join(bad)} not a valid count or time, left out of the record")
+    return out
 
 
 def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stats_memory: int | None = None,
@@ -99,14 +132,15 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
     budget = stats_memory or default_stats_memory()
     base = stats_base(lm.fingerprint, cspec)
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": folder.name, "base": base}
-    if any(group_problem(folder, g.name, g.d_in) is not None for g in groups):
+    if any(group_problem(folder, g.name, g.d_in, base, needed) is not None for g in groups):
         wider = superset_folder(base, needed, groups)
         if wider is not None:
-            saved = _saved_info(wider)
-            tqdm.write(f"calibration statistics from cache ({wider.name}, which holds {', '.join(saved['stats'])})")
-            return StatsStore(wider, [g.name for g in groups], budget), {**saved, "cached": True,
-                                                                          "needed": sorted(needed)}
-    pending = _claimed_pending(folder, groups)
+            holds = sorted(frozenset.intersection(*(held_stats(wider, g.name) for g in groups)))
+            tqdm.write(f"calibration statistics from cache ({wider.name}, which holds {', '.join(holds)})")
+            return StatsStore(wider, [g.name for g in groups], budget), {
+                "spec": cspec.as_dict(), "stats": holds, "cache": wider.name, "base": base, **_saved_info(wider),
+                "cached": True, "needed": sorted(needed)}
+    pending = _claimed_pending(folder, groups, base, needed)
     if not pending:
         tqdm.write(f"calibration statistics from cache ({folder.name})")
         return StatsStore(folder, [g.name for g in groups], budget), {**info, **_saved_info(folder), "cached": True}
@@ -117,17 +151,17 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
         release_cell(folder / CLAIM)
 
 
-def _claimed_pending(folder: Path, groups) -> list:
+def _claimed_pending(folder: Path, groups, base: str, needed: frozenset[str]) -> list:
     """The groups to calibrate, claimed (as cells are) so that runs started together on one cache compute them
     once: a run that finds the claim held waits for it, then takes what is still missing. Nothing pending: no
     claim is held."""
     waited = False
     while True:
-        pending = _pending(folder, groups)
+        pending = _pending(folder, groups, base, needed)
         if not pending:
             return []
         if claim_cell(folder / CLAIM):
-            pending = _pending(folder, groups)  # another run may have finished them meanwhile
+            pending = _pending(folder, groups, base, needed)  # another run may have finished them meanwhile
             if not pending:
                 release_cell(folder / CLAIM)
             return pending
@@ -142,6 +176,7 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
     if windows is None:
         windows = calibration_windows(lm.tokenizer, cspec)
     chunks = calibration_chunks(pending, needed, cspec.pair_tokens, budget)
+    base = stats_base(lm.fingerprint, cspec)  # under each file's digest: whose statistics these are
     t0 = time.perf_counter()
     held: dict[str, GroupStats] = {}
     for i, chunk in enumerate(chunks):
@@ -150,7 +185,7 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
         check_finite(stats)
         width = {g.name: g.d_in for g in chunk}
         for name in list(stats):
-            write_group(folder, name, stats[name], width[name])
+            write_group(folder, name, stats[name], width[name], base)
             st = stats.pop(name)
             if len(chunks) == 1:  # it all fits: keep the (cache-rounded) values, as a later run would read them
                 held[name] = from_stored(to_stored(st))

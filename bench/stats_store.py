@@ -55,7 +55,10 @@ def from_stored(fields: dict) -> GroupStats:
 
 # Every file says what it holds, and a reader believes none of it until the bytes agree: the tensor list, each
 # tensor's dtype and shape, the group and its width, and a digest of the bytes are all checked (`group_problem`).
-FORMAT = "acbench-stats-3"  # 3: the digest covers the scalars too (an edited n_tokens went unnoticed)
+# 3: the digest covers the scalars too (an edited n_tokens went unnoticed)
+# 4: each file names the calibration it belongs to (model fingerprint, tokens, versions: the folder's base), under
+#    the digest, so a folder is served to another model or another calibration on no label's word
+FORMAT = "acbench-stats-4"
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
 _STORED_DTYPES = {"xs": "F32", "gs": "F32"}  # the token sample; every moment is stored as float32 too
 _SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
@@ -70,23 +73,24 @@ def _hash_tensor(h, key: str, t: torch.Tensor) -> None:
     h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def _new_digest(scalars_text: str):
+def _new_digest(scalars_text: str, base: str):
     """A group's digest begins with its scalars, as the header stores them (the token count the debiased rho and
-    the solvers read), then takes each tensor."""
+    the solvers read), and the calibration it belongs to, then takes each tensor."""
     h = hashlib.sha256()
-    h.update(f"scalars|{scalars_text}|".encode())
+    h.update(f"scalars|{scalars_text}|base|{base}|".encode())
     return h
 
 
-def _digest(tensors: dict[str, torch.Tensor], scalars_text: str) -> str:
-    h = _new_digest(scalars_text)
+def _digest(tensors: dict[str, torch.Tensor], scalars_text: str, base: str) -> str:
+    h = _new_digest(scalars_text, base)
     for key in sorted(tensors):
         _hash_tensor(h, key, tensors[key])
     return h.hexdigest()
 
 
-def write_group(folder: Path, group: str, stats: GroupStats, d_in: int) -> None:
-    """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file."""
+def write_group(folder: Path, group: str, stats: GroupStats, d_in: int, base: str = "") -> None:
+    """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file. `base`
+    names the calibration (model and tokens) the statistics come from (`bench.statistics.stats_base`)."""
     from safetensors.torch import save_file
 
     tensors, scalars = {}, {}
@@ -100,8 +104,8 @@ def write_group(folder: Path, group: str, stats: GroupStats, d_in: int) -> None:
             scalars[f] = v
     manifest = {k: [_SAFETENSORS_DTYPES[t.dtype], list(t.shape)] for k, t in tensors.items()}
     scalars_text = json.dumps(scalars, sort_keys=True)
-    metadata = {"format": FORMAT, "group": group, "d_in": str(d_in), "scalars": scalars_text,
-                "tensors": json.dumps(manifest, sort_keys=True), "digest": _digest(tensors, scalars_text)}
+    metadata = {"format": FORMAT, "group": group, "d_in": str(d_in), "scalars": scalars_text, "base": base,
+                "tensors": json.dumps(manifest, sort_keys=True), "digest": _digest(tensors, scalars_text, base)}
     atomic_write_via(group_file(folder, group), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
@@ -124,9 +128,24 @@ def _shape_problem(key: str, shape: list[int], d_in: int) -> str | None:
     return None if ok else f"tensor {key} has shape {shape}, not one of a group of width {d_in}"
 
 
-def _header_problem(meta: dict, group: str, d_in: int, keys: set) -> str | None:
+# the tensors that hold each statistic a method can need ("row_fisher" is one tensor per site: `_sites_hold`)
+STAT_TENSORS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("mean",), "abs_hist": ("abs_hist",),
+                "pairs": ("xs", "gs")}
+
+
+def missing_stats(keys, needed) -> list[str]:
+    """The statistics of `needed` that a group file's tensors (`keys`) do not hold: what a file holds is read from
+    its tensors, never from a list written beside them."""
+    names = {k.partition(_SEP)[0] for k in keys}
+    return sorted(s for s in needed
+                  if not (s in names if s == "row_fisher" else all(t in names for t in STAT_TENSORS.get(s, (s,)))))
+
+
+def _header_problem(meta: dict, group: str, d_in: int, keys: set, base: str | None = None) -> str | None:
     if meta.get("format") != FORMAT:
         return f"its format is {meta.get('format')!r}, not {FORMAT}"
+    if base is not None and meta.get("base") != base:
+        return "it holds statistics of another model or calibration"
     if meta.get("group") != group:
         return f"it holds group {meta.get('group')!r}"
     if meta.get("d_in") != str(d_in):
@@ -143,10 +162,11 @@ def _header_problem(meta: dict, group: str, d_in: int, keys: set) -> str | None:
     return None
 
 
-def group_problem(folder: Path, group: str, d_in: int) -> str | None:
+def group_problem(folder: Path, group: str, d_in: int, base: str | None = None,
+                  needed: frozenset[str] | None = None) -> str | None:
     """Why a group's cache file cannot be used ("missing" when there is none), or None: every header field is
-    checked against the tensors themselves and the model's group, the bytes against their digest, the values for
-    finiteness."""
+    checked against the tensors themselves and the model's group, the bytes against their digest (which covers the
+    calibration `base` it names), the values for finiteness; with `needed`, the tensors must hold those statistics."""
     from safetensors import safe_open
 
     path = group_file(folder, group)
@@ -155,11 +175,14 @@ def group_problem(folder: Path, group: str, d_in: int) -> str | None:
     try:
         with safe_open(str(path), framework="pt") as f:
             meta, keys = f.metadata() or {}, set(f.keys())
-            problem = _header_problem(meta, group, d_in, keys)
+            problem = _header_problem(meta, group, d_in, keys, base)
             if problem:
                 return problem
+            lacking = missing_stats(keys, needed or ())
+            if lacking:
+                return f"it lacks the {', '.join(lacking)} statistics"
             manifest = json.loads(meta["tensors"])
-            h = _new_digest(meta["scalars"])
+            h = _new_digest(meta["scalars"], str(meta.get("base", "")))
             for key in sorted(keys):  # one tensor in memory at a time
                 sl = f.get_slice(key)
                 dtype, shape = sl.get_dtype(), list(sl.get_shape())
@@ -193,7 +216,7 @@ def read_group(folder: Path, group: str) -> GroupStats:
     fields: dict = {}
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
-        h = _new_digest(meta.get("scalars", ""))
+        h = _new_digest(meta.get("scalars", ""), meta.get("base", ""))
         if meta.get("group") != group:
             raise DataError(f"statistics cache file {path} holds group {meta.get('group')!r}, not {group!r}: "
                             "delete it and rerun")

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.cli.smoke import tiny_checkpoint
+from tests.fuzz_common import json_value
 
 
 # ---------------------------------------------------------------- the statistics cache
@@ -122,3 +123,39 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
     else:  # every change to a group file is seen, said, and the file replaced
         assert f"recomputing calibration statistics of {g.name}" in said and str(path) in said, said
         assert group_problem(folder, g.name, g.d_in) is None
+
+
+INFO_KEYS = ["stats", "base", "spec", "cache", "seconds", "passes", "n_tokens", "groups_calibrated", "cached"]
+
+
+@given(edits=st.dictionaries(st.sampled_from(INFO_KEYS), json_value, max_size=4), narrower=st.booleans())
+def test_a_rewritten_info_json_never_changes_a_number_or_the_record(calibrated, edits, narrower, monkeypatch):
+    """info.json with any field of any type: the statistics, and what the record says they are (stats, base, spec),
+    come from the files; its timing fields reach the record only as valid counts and times."""
+    import math
+
+    import bench.statistics as statistics
+
+    lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
+    monkeypatch.setenv("ACBENCH_CACHE", str(cache))
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(cache / "stats"))
+    info_path = folder / "info.json"
+    original = info_path.read_text()
+    try:
+        info_path.write_text(json.dumps({**json.loads(original), **edits}, allow_nan=True))
+        monkeypatch.setattr(statistics, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+        asked = frozenset({"C"}) if narrower else needs
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            store, info = statistics.load_or_calibrate(lm, groups, cspec, asked, progress=False, windows=windows)
+        for name, ref in reference.items():
+            assert torch.equal(store[name].C, ref.C)
+        assert info["stats"] == sorted(needs) and info["base"] == statistics.stats_base(lm.fingerprint, cspec)
+        assert info["spec"] == cspec.as_dict() and info["cached"] is True
+        for key in ("passes", "n_tokens", "groups_calibrated"):
+            assert key not in info or (type(info[key]) is int and info[key] >= 0)
+        assert "seconds" not in info or (isinstance(info["seconds"], (int, float))
+                                         and not isinstance(info["seconds"], bool)
+                                         and math.isfinite(info["seconds"]) and info["seconds"] >= 0)
+    finally:
+        info_path.write_text(original)

@@ -183,3 +183,72 @@ def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monke
     other = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none", seed=1)
     with pytest.raises(pytest.fail.Exception, match="calibrated again"):
         statistics.load_or_calibrate(lm, groups, other, frozenset({"C"}), progress=False)
+
+
+def _tiny_lm():
+    from bench.cli.smoke import tiny_checkpoint
+    from bench.models import load_model
+
+    lm = load_model(str(tiny_checkpoint()), progress=False)
+    return lm, find_input_groups(lm.model), CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
+
+
+def test_a_cached_folder_serves_the_statistics_its_files_hold_not_those_its_info_claims(monkeypatch):
+    """info.json claiming [C, F] over files holding C only is not reused for a run that needs F: F is calibrated,
+    and the record says what the files hold."""
+    import json
+
+    import bench.statistics as statistics
+
+    lm, groups, cspec = _tiny_lm()
+    _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
+    folder = statistics.stats_cache_dir() / info["cache"]
+    claimed = json.loads((folder / "info.json").read_text())
+    (folder / "info.json").write_text(json.dumps({**claimed, "stats": ["C", "F", "pairs"]}))
+    assert statistics.superset_folder(info["base"], frozenset({"C", "F"}), groups) is None
+    store, wide = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C", "F"}), progress=False)
+    assert not wide["cached"] and wide["stats"] == ["C", "F"]
+    assert store[groups[0].name].F is not None
+
+
+def test_a_cached_folder_is_read_only_for_the_calibration_its_files_name(monkeypatch):
+    """Another model's (another base's) statistics are not served, whatever info.json's base says; a wider folder
+    is found by its files, with info.json deleted or garbled."""
+    import json
+
+    import bench.statistics as statistics
+
+    lm, groups, cspec = _tiny_lm()
+    _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C", "F"}), progress=False)
+    folder = statistics.stats_cache_dir() / info["cache"]
+    other_base = statistics.stats_base({"source": "local", "sha256": "0" * 64}, cspec)
+    (folder / "info.json").write_text(json.dumps({"base": other_base, "stats": ["C", "F"]}))
+    assert statistics.superset_folder(other_base, frozenset({"C"}), groups) is None
+    assert statistics.superset_folder(info["base"], frozenset({"C"}), groups) == folder
+    for garbage in ('{"stats": 5, "base": 3}', '{"stats": ["C", ["F"]]}', "[1, 2]", "{not json", '{"seconds": "abc"}'):
+        (folder / "info.json").write_text(garbage)
+        monkeypatch.setattr(statistics, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+        _, narrow = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
+        assert narrow["cached"] and narrow["stats"] == ["C", "F"] and narrow["base"] == info["base"]
+        assert "seconds" not in narrow or isinstance(narrow["seconds"], float)
+
+
+def test_a_group_file_of_another_calibration_is_recomputed_not_read(monkeypatch):
+    """A group file copied in from another model's folder (same shapes, its own digest intact) is moved aside and
+    its group recomputed: the file names the calibration it belongs to, under its digest."""
+    import shutil
+
+    import bench.statistics as statistics
+    from bench.stats_store import group_file, group_problem
+
+    lm, groups, cspec = _tiny_lm()
+    _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
+    folder = statistics.stats_cache_dir() / info["cache"]
+    other = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none", seed=1)
+    _, info2 = statistics.load_or_calibrate(lm, groups, other, frozenset({"C"}), progress=False)
+    g = groups[0]
+    shutil.copy(group_file(statistics.stats_cache_dir() / info2["cache"], g.name), group_file(folder, g.name))
+    assert group_problem(folder, g.name, g.d_in) is None  # a sound file ...
+    assert "another model or calibration" in group_problem(folder, g.name, g.d_in, info["base"])  # ... not ours
+    _, again = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
+    assert not again["cached"] and again["groups_calibrated"] == 1
