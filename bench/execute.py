@@ -33,10 +33,11 @@ from .costs import calibration_chunks, model_positions
 from .config import Run, solve_device_for
 from .groups import find_input_groups
 from .measure import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
-from .models import LoadedModel, ModelSource, load_weights, open_model
+from .models import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from .selection import ALL
 from .statistics import calibration_windows, load_or_calibrate
-from .store import available_cpus, cell_status, claim_cell, environment, release_cell, write_cell
+from .store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
+                    write_cell)
 
 
 def log(msg: str) -> None:
@@ -107,6 +108,7 @@ def open_checked(run: Run) -> Prepared:
     for line in run.describe():
         log(("" if line.startswith("sizes") else f"acbench {__version__}: ") + line)
     source = open_model(c.model, c.dtype, c.progress, c.device_map)
+    check_weights_fit(source)
     forms = runtime_forms(source.config)
     if forms and run.methods:
         raise UserError(f"model {c.model} is a compressed checkpoint ({', '.join(forms)} sites): evaluate it as it is "
@@ -132,10 +134,16 @@ def open_checked(run: Run) -> Prepared:
     return Prepared(run, source, [], windows)
 
 
-def prepare(run: Run) -> Prepared:
-    """`open_checked`, then plan the cells that are missing."""
+def prepare(run: Run, taken: dict[str, str] | None = None) -> Prepared:
+    """`open_checked`, then plan the cells that are missing, under the model's own results folder (`taken`: the
+    names already given to other models of the same sweep, {name: identity})."""
     prepared = open_checked(run)
     run, source = prepared.run, prepared.source
+    name = results_name(run.output, source.name, source.fingerprint, taken)
+    if name != source.name:
+        log(f"results of {run.config.model} are filed under {name}/: {source.name}/ holds another model's cells")
+        source = replace(source, name=name)
+        prepared = replace(prepared, source=source)
     cells = plan(run, ModelInfo(source.name, source.fingerprint, run.n_blocks))
     for cell in cells:
         if cell.why not in ("missing", "overwrite"):
@@ -518,13 +526,29 @@ def sweep(run: Run) -> dict:
     return execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
 
 
+def prepare_models(runs: list[Run]) -> list[Prepared]:
+    """Every model of a sweep opened, its weights checked against its config (and an acbench checkpoint's against
+    its digests) and its cells planned, before any cell is computed; one model named twice (a path and a link to it,
+    `X` and `X/`) is refused, and two models that share a folder name get a folder each."""
+    prepared: list[Prepared] = []
+    taken: dict[str, str] = {}
+    for i, run in enumerate(runs):
+        log(f"model {i + 1} of {len(runs)}: {run.config.model}")
+        p = prepare(run, taken)
+        ident = model_identity(p.source.fingerprint)
+        twin = next((q for q in prepared if model_identity(q.source.fingerprint) == ident), None)
+        if twin is not None:
+            raise UserError(f"--model names one model twice: {twin.run.config.model} and {run.config.model} hold the "
+                            "same weights (it would count twice in the pooled verdict): name it once")
+        taken[p.source.name] = ident
+        prepared.append(p)
+    return prepared
+
+
 def sweep_models(runs: list[Run]) -> list[dict]:
     """`bench run --model A B ...` on this machine: every model opened and checked, and its cells planned, before
     any cell is computed (a model that cannot load stops the sweep before it starts); then each model's cells."""
-    prepared = []
-    for i, run in enumerate(runs):
-        log(f"model {i + 1} of {len(runs)}: {run.config.model}")
-        prepared.append(prepare(run))
+    prepared = prepare_models(runs)
     out = []
     for i, p in enumerate(prepared):
         log(f"computing model {i + 1} of {len(prepared)}: {p.run.config.model}")

@@ -210,6 +210,42 @@ def check_safetensors(path: Path) -> None:
                         "the checkpoint")
 
 
+def safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """{tensor name: shape} from a safetensors file's header (checked whole by `check_safetensors` first)."""
+    import struct
+
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return {k: list(v.get("shape") or []) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def check_weights_fit(source: "ModelSource") -> None:
+    """A local checkpoint's safetensors tensors against the shapes its config builds, and an acbench checkpoint's
+    weight digests: refused here, when the model is opened (for a sweep: every model before the first cell), not
+    when its weights load after other cells were computed."""
+    target = source.target
+    if not isinstance(target, Path) or not target.is_dir():
+        return
+    from .checkpoint import PROVENANCE_FILE, read_provenance
+
+    if (target / PROVENANCE_FILE).exists():
+        read_provenance(target, check_weights=True)  # every weight file against the digest it was saved with
+        return
+    files = sorted(target.glob("*.safetensors"))
+    if not files:
+        return
+    from .groups import meta_model
+
+    want = {k: list(t.shape) for k, t in meta_model(source.config).state_dict().items()}
+    for f in files:
+        for name, shape in safetensors_shapes(f).items():
+            if name in want and want[name] != shape:
+                raise UserError(f"model '{source.given}': its weights do not fit its config.json ({name}: "
+                                f"{shape} in {f.name}, the config builds {want[name]}): pass the config.json the "
+                                "weights were saved with (re-save with save_pretrained)")
+
+
 def check_pickle_weights(path: Path) -> None:
     """A pickle weight file (pytorch_model.bin) read as torch's weights-only unpickler reads it, tensors left on
     disk (mmap, meta): one that needs anything beyond tensors and containers is refused here, in one line, before

@@ -26,6 +26,45 @@ def cell_path(root: Path, model: str, method: str, rank: float | None, budget: s
     return Path(root) / cell_relpath(model, method, rank, budget, task, key, allocation, scope)
 
 
+def model_identity(fingerprint: dict) -> str:
+    """What tells two models apart, whatever they are called: their weights' digest, or a hub id at a revision. The
+    dtype a run loads them in is not part of it (one model's float32 and bfloat16 cells share its folder)."""
+    if fingerprint.get("sha256"):
+        return str(fingerprint["sha256"])
+    return f"{fingerprint.get('source')}:{fingerprint.get('id')}@{fingerprint.get('revision')}"
+
+
+def stored_identities(folder: Path) -> set[str]:
+    """The model identities of the cells stored under one model's results folder (unreadable files are the report's
+    to name; a cell without a fingerprint says nothing here)."""
+    out = set()
+    for path in Path(folder).rglob("*.json"):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        try:
+            fp = json.loads(path.read_text(encoding="utf-8")).get("model_fingerprint")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(fp, dict) and fp:
+            out.add(model_identity(fp))
+    return out
+
+
+def results_name(root: Path, name: str, fingerprint: dict, taken: dict[str, str] | None = None) -> str:
+    """The name a model's cells are filed under: its display name, unless that folder holds another model's cells
+    or another model of the same sweep (`taken`: {name: identity}) has it; then the name plus 8 hex digits of the
+    model's identity. Two checkpoints both called checkpoint-1000 never share one folder."""
+    ident = model_identity(fingerprint)
+    taken = taken or {}
+
+    def held_by_another(n: str) -> bool:
+        return taken.get(n, ident) != ident or bool(stored_identities(Path(root) / n.replace("/", "__")) - {ident})
+
+    if not held_by_another(name):
+        return name
+    return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+
+
 def write_cell(path: Path, cell: CellRecord) -> None:
     from core.errors import UserError
 

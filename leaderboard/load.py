@@ -70,6 +70,18 @@ def load_results(*roots) -> ResultSet:
                 if cell_date(rec) <= cell_date(best[key]):
                     continue
             best[key] = rec
+    # One model per name: cells of two models filed under one name (an earlier version put checkpoints that share a
+    # folder name together) are never shown as one model's; the newest model's are kept and the others named.
+    newest: dict[str, CellRecord] = {}
+    for rec in sorted(best.values(), key=cell_date, reverse=True):
+        newest.setdefault(rec.cell.model, rec)
+    for key, rec in list(best.items()):
+        keep = newest[rec.cell.model]
+        if rec.model_hash and keep.model_hash and rec.model_hash != keep.model_hash:
+            rs.problems.append(f"{rec.source}: measured another model (weights {rec.model_hash[:8]}) than the newest "
+                               f"cells filed as {rec.cell.model} ({keep.model_hash[:8]}), skipped: rerun that model, "
+                               "and it gets a results folder of its own")
+            del best[key]
     # One cell per table position: where settings differ (shots, calibration size, a method's version) the newest
     # is shown and the others are named, never merged.
     shown_at: dict[tuple, CellRecord] = {}

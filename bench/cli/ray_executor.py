@@ -156,15 +156,14 @@ def run_on_ray(runs) -> dict:
 
     from tqdm.auto import tqdm
 
-    from bench.execute import prepare
+    from bench.execute import prepare_models
     from core.io import cache_dir, stats_cache_dir
 
     runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     ray = _import_ray()
     t0 = time.perf_counter()
     plans = []
-    for run in runs:
-        prepared = prepare(run)  # every input error, and the plan, before a cluster starts
+    for prepared in prepare_models(runs):  # every input error, and the plan, before a cluster starts
         # workers get the resolved run (no progress bars) and cells whose paths mean the same on every node
         run = replace(prepared.run, config=replace(prepared.run.config, progress=False))
         cells = [replace(c, path=Path(c.path).resolve()) for c in prepared.cells]
