@@ -15,8 +15,26 @@ ARRAY_MB = 256  # per STREAM array: far past any last-level cache this runs on (
 
 
 def array_bytes() -> int:
-    """ARRAY_MB, or ACBENCH_BANDWIDTH_MB where set (the tests shrink the probe)."""
-    return int(os.environ.get("ACBENCH_BANDWIDTH_MB", ARRAY_MB)) * 2**20
+    """ARRAY_MB, or ACBENCH_BANDWIDTH_MB where set (the tests shrink the probe): a whole number of MB, at least 1,
+    whose three arrays fit in half the memory this machine has. Checked when a command starts (`bench.cli`), so a
+    bad value is one line before any work, not a traceback at the first speed measurement."""
+    from core.errors import UserError
+
+    raw = os.environ.get("ACBENCH_BANDWIDTH_MB")
+    if raw is None or raw.strip() == "":
+        return ARRAY_MB * 2**20
+    try:
+        mb = int(raw.strip())
+    except ValueError:
+        mb = None
+    if mb is None or mb < 1:
+        raise UserError(f"ACBENCH_BANDWIDTH_MB={raw!r} is not a whole number of MB >= 1: set it to e.g. {ARRAY_MB} "
+                        "(the size of each memory-bandwidth array), or unset it")
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 3 * mb * 2**20 > total // 2:
+        raise UserError(f"ACBENCH_BANDWIDTH_MB={mb}: three arrays of {mb} MB do not fit in half of this machine's "
+                        f"{total / 2**30:.1f} GiB of memory: set it to at most {total // 2 // 3 // 2**20}, or unset it")
+    return mb * 2**20
 
 
 REPEATS = 5  # STREAM reports the best of its repetitions: the machine's reach, not its noise

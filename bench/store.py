@@ -207,7 +207,31 @@ def check_writable(root: Path) -> None:
 
 # ---------------------------------------------------------------- cell claims (parallel runs split the work)
 
-LOCK_TTL_S = float(os.environ.get("ACBENCH_LOCK_TTL", 6 * 3600))  # a claim older than this is presumed dead
+DEFAULT_LOCK_TTL_S = 6 * 3600.0
+
+
+def lock_ttl(strict: bool = True) -> float:
+    """ACBENCH_LOCK_TTL (seconds, finite, > 0), else six hours: a claim older than this is presumed dead. A bad
+    value is one line when a command starts (`strict`); read at import, it falls back to the default for that
+    check to name."""
+    from core.errors import UserError
+
+    raw = os.environ.get("ACBENCH_LOCK_TTL")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_LOCK_TTL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value > 0:
+        return value
+    if strict:
+        raise UserError(f"ACBENCH_LOCK_TTL={raw!r} is not a number of seconds > 0: set it to e.g. 21600 (six hours, "
+                        "after which a claim is presumed dead), or unset it")
+    return DEFAULT_LOCK_TTL_S
+
+
+LOCK_TTL_S = lock_ttl(strict=False)  # a claim older than this is presumed dead
 
 
 def _lock_path(path: Path) -> Path:

@@ -9,19 +9,35 @@ import tempfile
 from pathlib import Path
 
 
+def _usable_folder(root: Path, variable: str) -> Path:
+    """`root`, made if missing; a path that is a file, or that cannot be made or written, is one line naming the
+    variable that set it."""
+    from core.errors import UserError
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except (OSError, ValueError) as e:
+        why = "it is a file" if root.is_file() else (getattr(e, "strerror", None) or str(e))
+        raise UserError(f"{variable} {str(root)!r} cannot serve as a folder ({why}): point it at a writable "
+                               "folder, or unset it") from None
+    return root
+
+
 def cache_dir() -> Path:
     if os.environ.get("ACBENCH_CACHE"):
-        root = Path(os.environ["ACBENCH_CACHE"])
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "acbench"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+        return _usable_folder(Path(os.environ["ACBENCH_CACHE"]), "ACBENCH_CACHE")
+    return _usable_folder(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "acbench",
+                          "the cache folder ($XDG_CACHE_HOME/acbench or ~/.cache/acbench; ACBENCH_CACHE moves it)")
 
 
 def stats_cache_dir() -> Path:
     """Calibration statistics: $ACBENCH_STATS_CACHE where set (the test suite gives each test its own), else the
     cache's stats/ folder."""
-    return Path(os.environ["ACBENCH_STATS_CACHE"]) if os.environ.get("ACBENCH_STATS_CACHE") else cache_dir() / "stats"
+    if os.environ.get("ACBENCH_STATS_CACHE"):
+        return _usable_folder(Path(os.environ["ACBENCH_STATS_CACHE"]), "ACBENCH_STATS_CACHE")
+    return cache_dir() / "stats"
 
 
 _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> digest: a file hashed once per process

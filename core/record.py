@@ -116,6 +116,40 @@ def _type_name(kind) -> str:
     return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
 
 
+def _nonneg(v) -> bool:
+    return v is None or (_number(v) and v >= 0)
+
+
+def latency_problem(lat: dict) -> str | None:
+    """What is wrong with a cell's latency block, or None: the times, speedups and what bounds them, each of its
+    type and sign (a negative bandwidth or a text overhead is a cell edited by hand, never a measurement)."""
+    for key in ("body_overhead", "conditions", "speedup"):
+        if key in lat and not isinstance(lat[key], (dict, type(None))):
+            return f"latency.{key} is not a mapping"
+    for key, v in (lat.get("body_overhead") or {}).items():
+        if key in ("dense_body_ms", "floor_ms", "linear_share", "rounds") and not _nonneg(v):
+            return f"latency.body_overhead.{key} {v!r} is not a number >= 0"
+    for key, v in (lat.get("speedup") or {}).items():
+        if not isinstance(v, dict):
+            return f"latency.speedup.{key} is not a mapping"
+        ci = v.get("ci95")
+        if not (v.get("ratio") is None or (_number(v["ratio"]) and v["ratio"] > 0)):
+            return f"latency.speedup.{key}.ratio {v['ratio']!r} is not a number > 0"
+        if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_number(x) and x > 0 for x in ci)):
+            return f"latency.speedup.{key}.ci95 {ci!r} is not an interval of two numbers > 0"
+    cond = lat.get("conditions") or {}
+    for block, names in (("memory_bandwidth", ("copy_gb_s", "triad_gb_s")), ("dense_product", ("gb_s",))):
+        part = cond.get(block)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            return f"latency.conditions.{block} is not a mapping"
+        bad = [n for n in names if n in part and not (part[n] is None or (_number(part[n]) and part[n] > 0))]
+        if bad:
+            return f"latency.conditions.{block}.{bad[0]} {part[bad[0]]!r} is not a number > 0"
+    return None
+
+
 def field_problem(rec: dict) -> str | None:
     """What is wrong with the types of a cell's fields (beyond its identity and metrics), or None."""
     for key, kind in FIELD_TYPES.items():
@@ -145,10 +179,66 @@ def field_problem(rec: dict) -> str | None:
     groups = (rec.get("compression") or {}).get("groups") or []
     if any(not isinstance(g, dict) for g in groups):
         return "compression.groups holds an entry that is not a mapping"
+    lat = latency_problem(rec["latency"]) if isinstance(rec.get("latency"), dict) else None
+    if lat:
+        return lat
     peak = (rec.get("memory") or {}).get("peak") or {}
     bad = [k for k in ("bytes", "working_bytes") if k in peak and not is_finite_or_null(peak[k])]
     if bad:
         return f"memory.peak.{bad[0]} is not a finite number"
+    return None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _record_problem(r: dict, task: str) -> str | None:
+    """What is wrong with one per-item record, or None: the fields the paired tests and the chance test read."""
+    if "correct" in r and not (isinstance(r["correct"], (bool, int, float)) and r["correct"] in (0, 1)):
+        return f"correct {r['correct']!r} is not 0 or 1"
+    if "nll" in r and not (_number(r["nll"]) and r["nll"] >= 0):
+        return f"nll {r['nll']!r} is not a finite number >= 0"
+    if "rank" in r and r["rank"] is not None and not (isinstance(r["rank"], int) and not isinstance(r["rank"], bool)
+                                                        and r["rank"] >= 0):
+        return f"rank {r['rank']!r} is not a count"
+    if "rank" in r and "correct" in r and bool(r["correct"]) != (r["rank"] == 0):
+        return f"correct {r['correct']!r} disagrees with rank {r['rank']!r}"
+    if "chance" in r:
+        chance, n = r["chance"], r.get("n_candidates", 4 if task == "mmlu" else None)
+        if not (_number(chance) and 0 < chance <= 1):
+            return f"chance {chance!r} is not a probability"
+        if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1 and _close(chance, 1 / n)):
+            return f"chance {chance!r} is not 1 / the {n!r} candidates it was guessed among"
+    return None
+
+
+def records_problem(rec: dict) -> str | None:
+    """What is wrong with a cell's per-item records, or None: each record's values have their types and ranges,
+    and the metrics they are summed into agree with them (a perplexity with exp of the mean per-window NLL, an
+    accuracy over items with the share of correct ones)."""
+    recs, task, metrics = rec.get("records") or [], rec["cell"]["task"], rec["metrics"]
+    for i, r in enumerate(recs):
+        problem = _record_problem(r, task)
+        if problem:
+            return f"records[{i}]: {problem}"
+    nlls = [r["nll"] for r in recs if "nll" in r]
+    if nlls and len(nlls) == len(recs):
+        mean = sum(nlls) / len(nlls)
+        if _number(metrics.get("nll")) and not _close(metrics["nll"], mean):
+            return f"metric nll {metrics['nll']!r} is not the mean of its records' nll ({mean!r})"
+        if _number(metrics.get("ppl")) and mean < 700 and not _close(metrics["ppl"], math.exp(mean)):
+            return f"metric ppl {metrics['ppl']!r} is not exp of its records' mean nll ({math.exp(mean)!r})"
+    right = [r["correct"] for r in recs if "correct" in r]
+    if right and len(right) == len(recs):
+        share = sum(map(float, right)) / len(right)
+        for name in ("acc", "p@1_micro"):  # the accuracies over items (acc_macro and p@1 average per subject/relation)
+            if _number(metrics.get(name)) and not _close(metrics[name], share):
+                return f"metric {name} {metrics[name]!r} is not the share of its records that are correct ({share!r})"
     return None
 
 
@@ -193,9 +283,14 @@ def cell_problem(rec) -> str | None:
         return "no model_fingerprint (which weights a task cell measured)"
     if kind == TASK_CELL and cell["method"] != DENSE and not rec.get("compression"):
         return "no compression summary (a compressed model's cell carries what was deployed)"
-    typed = field_problem(rec)
+    typed = field_problem(rec) or records_problem(upgrade(rec) if rec.get("schema_version") in (2, 3) else rec)
     if typed:
         return typed
+    fp = rec.get("model_fingerprint") or {}  # a mapping of scalars, by field_problem
+    named = fp.get("alias") or (fp.get("id") if fp.get("source") == "hub" else None)
+    if isinstance(named, str) and cell["model"] != named and not (
+            cell["model"].startswith(named + "-") and len(cell["model"]) == len(named) + 9):
+        return f"cell.model {cell['model']!r} is not the model its fingerprint names ({named!r})"
     pm = rec.get("primary_metric")
     if pm is not None and pm not in metrics:
         return f"primary metric {pm!r} is not among its metrics"

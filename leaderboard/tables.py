@@ -134,8 +134,9 @@ def speed_bounds(row: dict, overhead: dict | None) -> None:
         return
     row["bytes bound"] = 1 / share
     row["of bound"] = row["decode speedup (body)"] / row["bytes bound"]
+    # a floor measured above the dense body it is part of (noise on a tiny model) bounds nothing
     if isinstance(overhead, dict) and is_number(overhead.get("dense_body_ms")) and is_number(overhead.get("floor_ms")) \
-            and overhead["dense_body_ms"] > 0:
+            and 0 <= overhead["floor_ms"] <= overhead["dense_body_ms"] and overhead["dense_body_ms"] > 0:
         row["ceiling (body)"] = ceiling(overhead["dense_body_ms"], overhead["floor_ms"], row["bytes bound"])
         row["of ceiling"] = row["decode speedup (body)"] / row["ceiling (body)"]
 

@@ -5,11 +5,12 @@ import contextlib
 import copy
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz_common import _paths, FIXTURES, json_value
@@ -157,3 +158,125 @@ def test_qa_wikidata_examples_with_fields_of_every_json_type(tmp_path, question,
     task.write_text(json.dumps({"examples": [{"input": "The capital of France is", "target": "Paris"},
                                              {"input": question, "target": target}]}))
     _refused_in_one_line_or_loaded(f"qa_wikidata:{task}")
+
+
+# ---------------------------------------------------------------- a timed cell's every field, of every type
+
+TIMED_PLACE = "model-c/pca/rank-0.5/ppl-token-c1.json"
+FAMILIES = FIXTURES / "results_families"
+# the blocks the report reads numbers from, beyond the identity and metrics
+READ_BLOCKS = ("records", "latency", "compression", "calibration", "memory", "stderr")
+HOSTILE = st.one_of(json_value, st.sampled_from([float("nan"), float("inf"), -1.0, -3.0, 1e308, True, "false",
+                                                 "12", [], {}, 0, 2.5]))
+
+
+def _leaves(obj, prefix=()):
+    for path in _paths(obj, prefix):
+        if path:
+            yield path
+
+
+@settings(max_examples=30)  # a whole report, plots included, per example: 0.5 s each on 2 cores
+@given(data=st.data())
+def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_path_factory, data):
+    """records, latency (body_overhead, conditions, speedup), compression, calibration: one to three fields of a
+    timed ppl-token cell replaced by any value. The report never dies, and the cell is either valid by every check
+    (and then shown) or skipped with one line naming its file: never a NaN verdict, a negative bandwidth, a text
+    overhead or a perplexity its records contradict in the leaderboard."""
+    from core.record import cell_problem
+    from leaderboard.load import load_results
+    from leaderboard.report import write_report
+
+    root = tmp_path_factory.mktemp("timed") / "results"
+    shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    block = data.draw(st.sampled_from(READ_BLOCKS))
+    paths = list(_leaves(cell[block], (block,))) if isinstance(cell.get(block), (dict, list)) else [(block,)]
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(paths))
+        parent = cell
+        try:
+            for step in path[:-1]:
+                parent = parent[step]
+            parent[path[-1]] = data.draw(HOSTILE)
+        except (KeyError, IndexError, TypeError):
+            continue
+    (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
+    (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
+    with contextlib.redirect_stdout(io.StringIO()):
+        md = write_report(str(root))
+    text = md.read_text()
+    rs = load_results(root)
+    shown = any(c.cell.method == "pca" for c in rs.cells)
+    assert shown == (cell_problem(json.loads(json.dumps(cell, allow_nan=True))) is None)
+    if not shown:
+        assert any(TIMED_PLACE in p for p in rs.problems), rs.problems
+    rows = "\n".join(line for line in text.splitlines() if line.startswith(("|", "- what bounds")))
+    assert "nan" not in rows.lower() and not re.search(r"-[0-9.]+ GB/s", rows) and "inf" not in rows.lower()
+
+
+HAND_EDITS = [  # (a path into the timed cell, a value): each what the issue found believed
+    (("records", 0, "nll"), float("nan")), (("records", 0, "nll"), float("inf")), (("records", 0, "nll"), True),
+    (("records", 0, "nll"), -0.5), (("records", 0, "nll"), 9.0), (("metrics", "ppl"), 19.5),
+    (("latency", "body_overhead"), "fast"), (("latency", "body_overhead"), [1, 2]),
+    (("latency", "body_overhead", "floor_ms"), -3.0), (("latency", "conditions"), "quiet"),
+    (("latency", "conditions", "memory_bandwidth", "copy_gb_s"), -3.0),
+    (("latency", "speedup", "decode_body", "ratio"), -1.08), (("latency", "speedup", "decode_body", "ci95"), "wide"),
+]
+
+
+@pytest.mark.parametrize("path,value", HAND_EDITS, ids=[f"{'.'.join(map(str, p))}={v!r}" for p, v in HAND_EDITS])
+def test_each_hand_edit_the_probe_found_skips_the_cell_with_one_line(tmp_path, path, value):
+    from leaderboard.load import load_results
+    from leaderboard.report import write_report
+
+    root = tmp_path / "results"
+    shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    parent = cell
+    for step in path[:-1]:
+        parent = parent[step]
+    parent[path[-1]] = value
+    (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
+    (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
+    rs = load_results(root)
+    assert not any(c.cell.method == "pca" for c in rs.cells)
+    assert [p for p in rs.problems if TIMED_PLACE in p], rs.problems
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert write_report(str(root)).exists()
+
+
+def _accuracy_cell(edit):
+    cell = json.loads((FAMILIES / "model-c" / "pca" / "rank-0.5" / "lama-c1.json").read_text())
+    edit(cell)
+    return cell
+
+
+@pytest.mark.parametrize("name,edit", [
+    ("correct as text", lambda c: c["records"][0].update(correct="false")),
+    ("correct 2", lambda c: c["records"][0].update(correct=2)),
+    ("chance not 1/candidates", lambda c: c["records"][0].update(n_candidates=10, chance=0.9)),
+    ("MMLU chance not 1/4", lambda c: (c["cell"].update(task="mmlu"), c["records"][0].update(chance=0.5))),
+    ("chance 0", lambda c: c["records"][0].update(chance=0)),
+    ("rank disagrees", lambda c: c["records"][0].update(rank=3, correct=1)),
+    ("micro accuracy not the records'", lambda c: c["metrics"].update({"p@1_micro": 0.999})),
+])
+def test_accuracy_records_of_the_wrong_type_or_meaning_are_refused(name, edit):
+    from core.record import cell_problem
+
+    cell = json.loads((FAMILIES / "model-c" / "pca" / "rank-0.5" / "lama-c1.json").read_text())
+    assert cell_problem(cell) is None
+    assert cell_problem(_accuracy_cell(edit)) is not None, name
+
+
+def test_a_cell_whose_model_is_not_the_one_its_fingerprint_names_is_refused():
+    from core.record import cell_problem
+
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    cell["model_fingerprint"] = {**cell["model_fingerprint"], "alias": "smollm2-135m"}
+    cell["cell"]["model"] = "smollm2-135m"
+    assert cell_problem(cell) is None
+    cell["cell"]["model"] = "smollm2-135m-0123abcd"  # a second folder of the same name: allowed
+    assert cell_problem(cell) is None
+    cell["cell"]["model"] = "gemma-3-270m"
+    assert "not the model its fingerprint names" in cell_problem(cell)

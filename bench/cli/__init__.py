@@ -173,6 +173,25 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def check_environment(cmd: str) -> None:
+    """Every ACBENCH_* variable a command may read, parsed before it does any work: a bad value is one line naming
+    the variable and the fix (never a traceback at the first cell that reads it)."""
+    from bench.bandwidth import array_bytes
+    from bench.store import lock_ttl
+    from core.compressed_layers import DECODE_KERNELS
+    from core.io import cache_dir, stats_cache_dir
+
+    lock_ttl()
+    array_bytes()
+    kernel = os.environ.get("ACBENCH_DECODE_KERNEL")
+    if kernel and kernel not in DECODE_KERNELS:
+        raise UserError(f"ACBENCH_DECODE_KERNEL={kernel!r} is not a decode kernel: set it to one of "
+                        f"{', '.join(DECODE_KERNELS)}, or unset it")
+    if cmd != "ls":
+        cache_dir()
+        stats_cache_dir()
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = _parser()
@@ -184,6 +203,7 @@ def main(argv=None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
+        check_environment(args.cmd)
         return handler(args)
     except UserError as e:
         sys.stderr.write(f"bench {args.cmd}: error: {one_line(str(e))}\n")
