@@ -218,6 +218,26 @@ def param_ratio_warning(rows: list[dict], key: str = "param ratio") -> list[str]
             "(`--budget params` sets the same parameter ratio for every method).", ""]
 
 
+def item_set_warning(dense: list[CellRecord], by_row: dict) -> list[str]:
+    """Rows of one table are set side by side only when each task scored the same items: a rerun at another
+    --ppl-windows or --lama-limit leaves a pca of 3 windows beside a fasc-kfac of 4, and the table says so."""
+    from core.significance import item_keys
+
+    by_task: dict[str, dict[tuple, list[str]]] = {}
+    for name, cells in [("dense", dense), *sorted(by_row.items())]:
+        for c in cells:
+            if c.records:
+                by_task.setdefault(c.cell.task, {}).setdefault(tuple(item_keys(c)), []).append(name)
+    out = []
+    for task, sets in sorted(by_task.items()):
+        if len(sets) > 1:
+            parts = "; ".join(f"{', '.join(names)}: {len(items)} items" for items, names in
+                              sorted(sets.items(), key=lambda kv: (-len(kv[1]), kv[1])))
+            out += [f"**Different items:** the {task} rows of this table were scored on different items ({parts}): "
+                    "their values are not comparable; rerun the odd rows at the others' settings (--overwrite).", ""]
+    return out
+
+
 def _seconds(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
@@ -463,6 +483,7 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
         md += notes + ([""] if notes else [])
         # a sparsity section compares at equal compute (activation and weight sparsity keep different weights)
         md += param_ratio_warning(rows, "compute ratio" if sparse else "param ratio")
+        md += item_set_warning(g["dense"], g["ranks"][key])
         fb = [f"{r['method']}: {r['fallbacks']}" for r in rows if r.get("fallbacks")]
         if fb:
             md += [f"Numeric fallbacks recorded (see the result files): {', '.join(fb)}.", ""]

@@ -927,6 +927,7 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
                 {"method": "teal", "acc": 0.35, "param ratio": 1.0, "compute ratio": 0.7}]}
     monkeypatch.setattr(report, "rank_table", lambda dense, by, ref, columns: rows[next(k for k in rows if k[0] == by)])
     monkeypatch.setattr(report, "allocation_section", lambda *a: [])
+    monkeypatch.setattr(report, "item_set_warning", lambda *a: [])  # hand rows have no cells (its own test has)
     flat = [{"model": "earlier"}]
     md, shown, cross = report.rank_sections({"dense": [], "ranks": {k: k[0] for k in rows}}, "m", "pca",
                                             [Column("acc", "t", "acc", True)], tmp_path, [], flat)
@@ -1102,3 +1103,25 @@ def test_a_tree_with_timed_analyses_counts_them_in_its_header(tmp_path):
     rho.write_text(json.dumps(cell))
     build([root], tmp_path / "L.md")
     assert "- wall time the cells record: analyses 7.0 s (total 7.0 s)" in (tmp_path / "L.md").read_text()
+
+
+def test_rows_scored_on_different_items_are_said_to_be_incomparable(tmp_path):
+    """A rerun at another --ppl-windows leaves pca's perplexity over 7 windows beside the others' 8: the table says
+    so, naming the rows and their item counts."""
+    import math
+
+    root = tmp_path / "results"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results_families", root)
+    path = root / "model-c" / "pca" / "rank-0.5" / "ppl-token-c1.json"
+    cell = json.loads(path.read_text())
+    cell["records"] = cell["records"][:-1]
+    cell["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in cell["records"]) / len(cell["records"]))
+    path.write_text(json.dumps(cell))
+    build([root], tmp_path / "L.md")
+    text = (tmp_path / "L.md").read_text()
+    assert "**Different items:** the ppl-token rows of this table were scored on different items (" in text
+    assert "pca: 7 items" in text and text.count("**Different items:**") == 1
+    clean = tmp_path / "clean"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results_families", clean / "results")
+    build([clean / "results"], clean / "L.md")
+    assert "Different items" not in (clean / "L.md").read_text()
