@@ -359,7 +359,12 @@ TITLES = {check_declarations: "declarations", check_non_finite_refused: "non-fin
 def check_method(name: str, reference=None) -> list[Check]:
     """Every contract check on method `name` (a registered name or variant), each reported, none stopping the
     others: a check that raises fails with the error's first line."""
-    methods.build(name)  # an unknown name is refused here, with the closest known one
+    from core.errors import UserError
+
+    try:
+        methods.build(name)  # an unknown name is refused here, with the closest known one
+    except (KeyError, ValueError, TypeError) as e:  # a variant's bad setting: the words bench run uses
+        raise UserError(f"method '{name}': {e}") from None
     out = []
     for check in CHECKS + ((lambda n: check_reference(n, reference)),) * (reference is not None):
         title = TITLES.get(check, "equals the author's reference")

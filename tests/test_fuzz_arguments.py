@@ -5,6 +5,8 @@ family; each ends in exit 0 or one line with exit 2 (tests/fuzz_common.py)."""
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pathlib import Path
+
 from fuzz_common import assert_clean
 
 
@@ -98,3 +100,46 @@ def test_every_allocation_rule_with_every_method_family(tmp_path, tiny, checked_
     if rank:
         argv += ["--rank", "0.5"]
     assert_clean(argv)
+
+
+# ---------------------------------------------------------------- method names: new-method, check-method, smoke
+
+NAME_TEXT = st.one_of(st.text(max_size=20), st.sampled_from(
+    ["torch", "bench", "dense", "all", "my-svd", "pca", "act-sparse:score=bogus", "act-sparse:score=abs",
+     "x" * 300, "a-b", "class", "json", "", " ", "pca:", "pca:k", "fasc,pca", "../x", "rho-analysis"]))
+
+
+@given(name=NAME_TEXT, output=st.sampled_from(["dir", "file", "under-file", "new/deep"]))
+def test_new_method_names_and_outputs_end_in_one_line_or_a_whole_package(tmp_path_factory, name, output):
+    """Any name and any --output: exit 0 with the whole package written, or one line and nothing written."""
+    root = tmp_path_factory.mktemp("author")
+    (root / "afile").write_text("x")
+    parent = {"dir": root, "file": root / "afile", "under-file": root / "afile" / "sub",
+              "new/deep": root / "new" / "deep"}[output]
+    if name.startswith("-") or "\x00" in name:
+        return  # argparse reads a leading dash as a flag; a NUL cannot be a path
+    rc = assert_clean(["new-method", name, "--family", "low-rank", "--output", str(parent)])
+    written = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    if rc == 0:
+        module = name.replace("-", "_")
+        assert f"{Path(parent).relative_to(root).as_posix()}/{name}/{module}/method.py".lstrip("./") in \
+            [w.lstrip("./") for w in written], written
+    else:
+        assert written == ["afile"], written
+
+
+@given(name=NAME_TEXT)
+def test_check_method_and_smoke_names_end_in_one_line_or_reach_the_work(tmp_path, monkeypatch, name):
+    """`bench check-method NAME` and `bench smoke --methods NAME`: a name that is not a method or a valid variant is
+    one line, before the smoke model is trained; a valid one reaches the work (stubbed here)."""
+    import bench.cli.author
+    import bench.cli.smoke
+
+    if name.startswith("-"):
+        return
+    reached = []
+    monkeypatch.setattr(bench.cli.smoke, "trained_tiny_checkpoint", lambda *a, **k: reached.append(1) or
+                        (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr("bench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
+    assert_clean(["check-method", name])
+    assert_clean(["smoke", "--methods", name, "--no-latency", "--output", str(tmp_path / "smoke")])

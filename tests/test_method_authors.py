@@ -216,6 +216,44 @@ def test_new_method_refuses_bad_names_and_existing_folders(tmp_path, capsys):
     assert "exists: remove it or pass --output elsewhere" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name,why", [
+    ("torch", "the installed distribution 'torch'"), ("numpy", "the installed distribution 'numpy'"),
+    ("bench", "acbench's own package 'bench'"), ("core", "acbench's own package 'core'"),
+    ("leaderboard", "acbench's own package 'leaderboard'"), ("dense", "is reserved by acbench"),
+    ("all", "is reserved by acbench"), ("rho-analysis", "is reserved by acbench"),
+    ("json", "the importable module 'json'"), ("a" + "-b" * 40, "characters long: keep it to 64"),
+])
+def test_new_method_refuses_names_that_would_break_the_environment(tmp_path, capsys, name, why):
+    from bench.cli import main
+
+    assert main(["new-method", name, "--family", "low-rank", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and why in err[0], err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_new_method_refuses_an_output_it_cannot_write_in_one_line(tmp_path, capsys):
+    import os
+
+    from bench.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = [(tmp_path / "afile", "is a file"), (tmp_path / "afile" / "sub", "cannot be made")]
+    if os.geteuid() != 0:  # root writes anywhere: the permission case is a user's
+        cases.append((locked, "not writable"))
+    try:
+        for out, why in cases:
+            assert main(["new-method", "my-svd", "--family", "low-rank", "--output", str(out)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and why in err[0], err
+    finally:
+        locked.chmod(0o700)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]
+
+
 @pytest.mark.parametrize("family", ["low-rank", "sparsity"])
 def test_each_generated_template_meets_the_contract_and_its_own_reference(tmp_path, monkeypatch, family):
     """The generated package's method, imported from the folder as written, passes the contract with the

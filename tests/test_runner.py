@@ -139,6 +139,14 @@ def test_interrupted_sweep_resumes_and_matches_uninterrupted(tmp_path):
 
 @pytest.mark.slow  # trains the smoke model once per machine (cached), then about 90 s
 def test_smoke_passes(tmp_path):
+    # what a user's --output may already hold: a stray non-JSON .json file and another model's cells (the verdict
+    # reads this smoke's own cells, by its plan, and counts nothing else)
+    import shutil
+
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "notes.json").write_text("not json")
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results_families" / "model-c",
+                    tmp_path / "smoke" / "model-c")
     r = run_bench(["smoke", "--no-latency", "--output", str(tmp_path / "smoke")])  # latency has its own tests
     assert r.returncode == 0, r.stdout + r.stderr
     assert "smoke OK" in r.stdout
@@ -172,6 +180,22 @@ def test_smoke_calls_a_method_that_destroys_the_model_broken(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1 and re.search(r"BROKEN  zero-factors @ rank 0.5: \d+", out) and "ok      svd @ rank 0.5" in out
     assert "perplexity of a broken model: ['zero-factors']" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["smoke", "--methods", ""], "--methods is empty"),
+    (["smoke", "--methods", "act-sparse:score=bogus"], "method 'act-sparse:score=bogus': act-sparse score 'bogus'"),
+    (["smoke", "--methods", "pcaa"], "pca"),
+    (["check-method", "act-sparse:score=bogus"], "method 'act-sparse:score=bogus': act-sparse score 'bogus'"),
+])
+def test_smoke_and_check_method_refuse_bad_names_in_one_line_before_any_work(monkeypatch, capsys, argv, needle):
+    import bench.cli.smoke as smoke_module
+    from bench.cli import main
+
+    monkeypatch.setattr(smoke_module, "trained_tiny_checkpoint", lambda *a, **k: pytest.fail("trained first"))
+    rc = main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and needle in err[0] and "Traceback" not in err[0], err
 
 
 def test_two_processes_building_the_smoke_model_at_once_both_get_it(tmp_path):

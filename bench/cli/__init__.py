@@ -92,7 +92,7 @@ def cmd_report(args) -> int:
 def cmd_smoke(args) -> int:
     from .smoke import smoke
 
-    return smoke(args.output, split_list(args.methods, str, "--methods") if args.methods else None,
+    return smoke(args.output, split_list(args.methods, str, "--methods") if args.methods is not None else None,
                  latency=not args.no_latency)
 
 

@@ -56,6 +56,17 @@ def new_method(name: str, family: str, parent: Path) -> Path:
         raise UserError(f"method name {name!r} makes the Python keyword {module!r}: choose another name")
     if name in methods.known_methods():
         raise UserError(f"a method named {name} is registered already (`bench ls methods`): choose another name")
+    if len(name) > MAX_NAME:
+        raise UserError(f"method name {name[:20]}... is {len(name)} characters long: keep it to {MAX_NAME} (it names "
+                        "a folder, a package and a test file)")
+    if name in RESERVED or name.endswith("-analysis"):
+        raise UserError(f"method name {name!r} is reserved by acbench (dense, all, and <analysis>-analysis name rows "
+                        "and cells of their own): choose another name")
+    clash = _installed_as(name, module)
+    if clash:
+        raise UserError(f"method name {name!r} is the name of {clash}: installing the plugin would replace or shadow "
+                        "it; choose another name (e.g. my-" + name + ")")
+    parent = _writable_parent(parent)
     out = parent / name
     if out.exists():
         raise UserError(f"{out} exists: remove it or pass --output elsewhere")
@@ -68,10 +79,65 @@ def new_method(name: str, family: str, parent: Path) -> Path:
         f"tests/test_{module}.py": (LOW_RANK_TEST if low_rank else SPARSITY_TEST).format(name=name, module=module),
         "README.md": README.format(name=name, module=module, family=family),
     }
-    for rel, text in files.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        (out / rel).write_text(text)
+    # written whole or not at all: into a folder of its own beside the target, renamed into place at the end
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=parent))
+    try:
+        for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(text, encoding="utf-8")
+        tmp.rename(out)
+    except OSError as e:
+        raise UserError(f"cannot write the package into {parent} ({e.strerror or type(e).__name__}): pass "
+                        "--output <a writable folder>") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+MAX_NAME = 64
+RESERVED = {"dense", "all", "none", "acbench"}
+# acbench's own top-level packages: a plugin package of one of these names would shadow it on import
+OWN_PACKAGES = {"bench", "core", "methods", "tasks", "leaderboard", "analyses", "studies", "tests", "benchmarks"}
+
+
+def _installed_as(name: str, module: str) -> str | None:
+    """What an installed distribution or importable module already called `name` (or its module name) is, or None:
+    `pip install -e` of a distribution named torch replaces torch."""
+    import importlib.metadata
+    import importlib.util
+
+    if module in OWN_PACKAGES:
+        return f"acbench's own package {module!r}"
+    for dist in {name, module}:
+        try:
+            importlib.metadata.distribution(dist)
+            return f"the installed distribution {dist!r}"
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = True  # a name the import system trips on is no name for a package
+    return f"the importable module {module!r}" if found else None
+
+
+def _writable_parent(parent: Path) -> Path:
+    """--output: a folder that exists (or can be made) and can be written; one line naming it otherwise."""
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"--output {parent} is a file: pass a folder to write the package into")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--output {parent} cannot be made ({e.strerror or type(e).__name__}): pass a writable "
+                        "folder") from None
+    import os
+
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--output {parent} is not writable: pass a writable folder")
+    return parent
 
 
 PYPROJECT = '''[build-system]

@@ -133,23 +133,53 @@ def broken_threshold(dense_ppl: float, vocab: int) -> float:
     return math.exp((math.log(dense_ppl) + math.log(vocab)) / 2)
 
 
+def check_smoke_names(names: list[str] | None) -> None:
+    """The methods `bench smoke` was asked to check, each built as `bench run` builds it (an unknown name with the
+    closest known one, a variant's bad setting in the same words)."""
+    import methods
+
+    if names is None:
+        return
+    if not names:
+        raise UserError("--methods is empty: pass the methods to check (see `bench ls methods`), or leave out "
+                        "--methods to check every one")
+    for name in names:
+        try:
+            methods.build(name)
+        except (KeyError, ValueError, TypeError) as e:
+            raise UserError(f"method '{name}': {e}") from None
+
+
+def _read_cell(path: Path) -> dict | None:
+    try:
+        cell = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cell if isinstance(cell, dict) and isinstance(cell.get("metrics"), dict) and "cell" in cell else None
+
+
 def smoke(output: str | None = None, names: list[str] | None = None, latency: bool = True) -> int:
     import methods
-    from bench.cells import variants
+    from bench.cells import ModelInfo, plan
     from bench.config import resolve_run
-    from bench.execute import sweep
+    from bench.execute import LocalExecutor, execute, prepare
     from leaderboard.report import write_report
 
     from .display import report_display
 
+    check_smoke_names(names)  # before the smoke model's training: a bad name or setting is one line at once
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))
     run = resolve_run(smoke_config(root, names, latency))
-    sweep(run)
-    cells = [json.loads(p.read_text()) for p in root.rglob("*.json") if not p.name.startswith(".")]
-    cells = [c for c in cells if isinstance(c, dict) and "cell" in c]
+    prepared = prepare(run)
+    execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
+    # the verdict reads this smoke's own cells, by the plan: other files in --output (another run's cells, a stray
+    # .json) neither count nor crash it
+    src = prepared.source
+    wanted = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.run.n_blocks), overwrite=True)
+    cells = [c for c in (_read_cell(w.path) for w in wanted) if c is not None]
     bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)
                                                 for v in c["metrics"].values())]
-    expected = len(run.tasks) * (1 + len(variants(run))) + len(run.analyses) * len(run.ranks)
+    expected = len(wanted)
     md = write_report(str(root), display=report_display())
     ppl = {(c["cell"]["method"], c["cell"].get("allocation"), c["cell"].get("budget"), c["cell"].get("rank")):
            c["metrics"].get("ppl") for c in cells if c["cell"]["task"] == "ppl-token"}
