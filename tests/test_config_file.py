@@ -40,7 +40,11 @@ def test_the_command_line_overrides_the_file_option_blocks_included(tmp_path):
 @pytest.mark.parametrize("text, needle", [
     ("measure_latency: false\n", "'no_latency: true'"), ("report: false\n", "'no_report: true'"),
     ("no_latency: 3\n", "is a switch"), ("task_option: {lama: 1}\n", "list of task.setting=value"),
-    ("no_latncy: true\n", "did you mean 'no_latency'")])
+    ("no_latncy: true\n", "did you mean 'no_latency'"),
+    ("methods: pca\nmethods: fasc\n", "sets 'methods' twice (line 2)"),
+    ("task_options:\n  lama:\n    per_relation: 1\n    per_relation: 2\n", "sets 'per_relation' twice (line 4)"),
+    ("no-latency: true\nno_latency: false\n", "sets 'no_latency' twice ('no-latency' and 'no_latency')"),
+    ("rank: 0.5\nranks: [0.25]\n", "sets both 'rank' and 'ranks'")])
 def test_a_config_key_that_is_not_a_flag_is_one_line(tmp_path, text, needle):
     f = tmp_path / "run.yaml"
     f.write_text(text)

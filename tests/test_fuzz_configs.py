@@ -26,6 +26,29 @@ def test_generated_yaml_configs(tmp_path, tiny, checked_only, data):
                   "--no-report", "--quiet"])
 
 
+@given(lines=st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from(["1", "pca", "[0.5]", "true", "x"])),
+                     min_size=2, max_size=6), nested=st.booleans())
+def test_a_config_that_sets_a_key_twice_is_one_line_naming_it(tmp_path, tiny, checked_only, lines, nested):
+    """A key written twice, at the top or inside an options block, or in two spellings (no-latency and
+    no_latency): YAML would keep the last silently; acbench names it."""
+    norm = [k.replace("-", "_") for k, _ in lines]
+    if nested:
+        text = "task_options:\n  lama:\n" + "".join(f"    {k}: {v}\n" for k, v in lines)
+    else:
+        text = "".join(f"{k}: {v}\n" for k, v in lines)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    from fuzz_common import outcome
+
+    rc, err = outcome(["run", "--config", str(cfg), "--model", str(tiny), "--output", str(tmp_path / "out"),
+                       "--no-report", "--quiet"])
+    twice = len(set(norm if not nested else [k for k, _ in lines])) < len(lines)
+    if twice:
+        assert rc == 2 and len(err) == 1 and "twice" in err[0], (text, err)
+    else:
+        assert rc == 0 or (rc == 2 and len(err) == 1), (text, err)
+
+
 OPTION_NAMES = {"method_options": ["fasc", "pca", "act-sparse", "bogus"], "task_options": ["lama", "mmlu", "ppl-token"],
                 "analysis_options": ["rho", "bogus"]}
 option_block = st.sampled_from(sorted(OPTION_NAMES)).flatmap(lambda block: st.tuples(st.just(block), st.dictionaries(

@@ -176,6 +176,33 @@ def _config_lists(data: dict, path: str) -> None:
 _NEGATED = {"no_latency": "measure_latency", "no_report": "report", "quiet": "progress"}
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_key_loader():
+    """yaml's safe loader, refusing a mapping that sets one key twice (at any depth)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the type check names it later
+                    continue
+                if duplicate:
+                    raise DuplicateKey(key, key_node.start_mark.line + 1)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def read_config_file(path: str) -> tuple[dict, dict]:
     """(RunConfig fields, task shortcut values) from a YAML file of flag names (dashes or underscores)."""
     import yaml
@@ -183,13 +210,22 @@ def read_config_file(path: str) -> tuple[dict, dict]:
     from core.io import read_user_text
 
     try:
-        data = yaml.safe_load(read_user_text(path, "config file")) or {}
+        data = yaml.load(read_user_text(path, "config file"), Loader=_unique_key_loader()) or {}
+    except DuplicateKey as e:
+        raise UserError(f"config file {path} sets '{e.key}' twice (line {e.line}): keep one (YAML would silently "
+                        "keep the last)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise UserError(f"config file {path} is not valid YAML{where}: fix the syntax") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping of flag names to values")
+    spelled: dict[str, str] = {}
+    for k in data:  # no-latency and no_latency are one key: written both ways, one would silently win
+        norm = str(k).replace("-", "_")
+        if norm in spelled:
+            raise UserError(f"config file {path} sets '{norm}' twice ('{spelled[norm]}' and '{k}'): keep one")
+        spelled[norm] = str(k)
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     internal = sorted(set(data) & set(_NEGATED.values()))
     if internal:  # one configuration language: the flags' names
@@ -210,6 +246,8 @@ def read_config_file(path: str) -> tuple[dict, dict]:
                                 f"{what}_options: block)")
             data[f"{what}_options"] = _merge_options(data.get(f"{what}_options"), kv_options(items, what))
     if "rank" in data:
+        if "ranks" in data:
+            raise UserError(f"config file {path} sets both 'rank' and 'ranks' (one setting, the --rank flag): keep one")
         data["ranks"] = data.pop("rank")
     if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
         data["blocks"] = str(data["blocks"])
