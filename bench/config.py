@@ -308,6 +308,7 @@ def check_budgets_used(config: RunConfig, names, analyses) -> None:
                         f"named ({', '.join(names)}): add one (pca, fasc, ...) or leave out --rank")
 
 
+
 def _check_distinct(names, config: RunConfig) -> None:
     """Two spellings of one method (act-sparse and act-sparse:score=abs, its default) would make two rows of one
     cell: refused, naming both."""
@@ -339,6 +340,18 @@ def _without_refused_patterns(names: list[str], given: list[str], patterns) -> l
                 continue
         out.append(m)
     return out
+
+
+def check_rank_flags_used(config: RunConfig, names, analyses) -> None:
+    """--budget params and --rank-align set how a rank is read: a run with no low-rank method (and no analysis at a
+    rank) reads none, and would print them in its header, unused."""
+    if not names or LOW_RANK_FAMILY in {methods.family_of(m) for m in names} or (analyses and config.ranks):
+        return
+    for flag, given in (("--budget params", config.budget != "rank"),
+                        (f"--rank-align {config.rank_align}", config.rank_align != 1)):
+        if given:
+            raise UserError(f"{flag} sets how a rank budget is read, but no low-rank method is named "
+                            f"({', '.join(names)}): leave it out, or add a low-rank method and --rank")
 
 
 def check_allocation(config: RunConfig, names) -> None:
@@ -550,9 +563,10 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     check_budgets_used(config, names, analyses)
     selection = Selection.from_flags(config.groups, config.blocks)
     check_allocation(config, names)
+    check_rank_flags_used(config, names, analyses)
     model_tasks = build_tasks(config, analyses)
     check_execution(config, writes)
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
-               allocate=tuple(config.allocate), selection=selection, bos=config.bos, tasks=model_tasks,
+               allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,
                analyses=analyses, stats_memory=parse_bytes(config.stats_memory) if config.stats_memory else None)

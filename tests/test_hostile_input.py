@@ -330,6 +330,10 @@ def test_prepare_reports_a_bad_model_from_its_conversion_process(tmp_path, tiny,
     ({"--methods": "pca", "--sparsity": "2:4"}, "--sparsity 2:4 is given, but no sparsity method is named (pca)"),
     ({"--methods": "wanda", "--rank": "0.3", "--sparsity": "2:4"},
      "--rank 0.3 is given, but no low-rank method or analysis is named (wanda)"),
+    ({"--methods": "act-sparse", "--rank": None, "--sparsity": "0.5", "--budget": "params"},
+     "--budget params sets how a rank budget is read, but no low-rank method is named (act-sparse)"),
+    ({"--methods": "wanda", "--rank": None, "--sparsity": "2:4", "--rank-align": "8"},
+     "--rank-align 8 sets how a rank budget is read, but no low-rank method is named (wanda)"),
     ({"--rank-align": "1000"}, "--rank-align 1000 rounds the k of group layers.0.attn_in up to its full width 64"),
     ({"--ppl-seq-len": "100000"}, "--ppl-seq-len) 100000 is longer than the model's 512 positions"),
     ({"--calib-seq-len": "100000"}, "--calib-seq-len 100000 is longer than the model's 512 positions"),
@@ -469,3 +473,13 @@ def test_a_decode_kernel_that_cannot_run_is_refused_when_the_model_loads(tmp_pat
     expect_one_line(capsys, base(tiny, out, **{"--methods": "act-sparse", "--rank": None, "--sparsity": "2:4"}),
                     needle)
     assert no_cells(out)
+
+
+def test_a_rule_named_twice_is_one_rule_not_a_cell_left_to_another_run(tmp_path, tiny, capsys):
+    """--allocate greedy greedy once planned one cell twice and said the second was "left to another run"."""
+    out = tmp_path / "out"
+    assert main(base(tiny, out, **{"--methods": "act-sparse", "--rank": None, "--sparsity": "0.5",
+                                  "--allocate": ["greedy", "greedy"]})) == 0
+    err = capsys.readouterr()
+    assert "another run" not in err.err + err.out
+    assert len(list(out.rglob("*.json"))) == 2  # dense and act-sparse+greedy, once each
