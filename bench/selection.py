@@ -15,6 +15,9 @@ from core.record import ALL_GROUPS as ALL
 from .groups import GROUP_KINDS, InputGroup
 
 
+MAX_BLOCK = 100_000  # far past the deepest model's block count; a larger index is a typo
+
+
 def parse_blocks(text: str) -> tuple[int, ...]:
     """'0-5,12' -> (0, 1, 2, 3, 4, 5, 12)."""
     out: set[int] = set()
@@ -23,8 +26,11 @@ def parse_blocks(text: str) -> tuple[int, ...]:
         if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
             raise UserError(f"--blocks '{text}': '{part}' is not a block index or an ascending range; use e.g. "
                             "--blocks 0-5,12")
-        lo = int(m.group(1))
-        out.update(range(lo, int(m.group(2) or lo) + 1))
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi > MAX_BLOCK:  # before a range of a billion indices is built in memory
+            raise UserError(f"--blocks '{text}': block {hi} is past any model's blocks (at most {MAX_BLOCK}); use "
+                            "the model's block indices, e.g. --blocks 0-5,12")
+        out.update(range(lo, hi + 1))
     return tuple(sorted(out))
 
 

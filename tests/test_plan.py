@@ -547,3 +547,24 @@ def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
         costs.load_model_config(str(tmp_path))
     assert str(e.value) == (f"{tmp_path / 'config.json'}: config.json's num_hidden_layers is 0, not a positive "
                             "integer: fix the config (or re-save the checkpoint with save_pretrained)")
+
+
+@pytest.mark.parametrize("extra", [["--calib-seq-len", "100000"], ["--rank-align", "1000"], ["--blocks", "0-50"],
+                                   ["--blocks", "0-1000000000"], ["--stats-memory", "1KB"]])
+def test_plan_refuses_what_run_refuses_in_the_same_words(tmp_path, capsys, extra):
+    """A plan once priced terabytes and 10^34 seconds for settings a run refuses, and built a billion block
+    indices in memory: both now stop at the same check, with the same line."""
+    from bench.cli import main
+    from bench.cli.smoke import tiny_checkpoint
+
+    lines = {}
+    for cmd in ("plan", "run"):
+        argv = [cmd, "--model", str(tiny_checkpoint()), "--methods", "pca", "--rank", "0.5", *extra]
+        if cmd == "run":
+            argv += ["--output", str(tmp_path / "out"), "--no-report", "--quiet", "--tasks", "ppl-token"]
+        assert main(argv) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1, err
+        lines[cmd] = err[0].split("error: ", 1)[1]
+    assert lines["plan"] == lines["run"]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))

@@ -44,6 +44,8 @@ def cmd_plan(args) -> int:
     from bench.config import resolve_run
 
     runs = [resolve_run(c, writes=False) for c in plan_configs(args)]  # every model's settings before any costing
+    for run in runs:
+        check_against_model(run)
     totals = []
     for run in runs:
         c = run.config
@@ -59,6 +61,24 @@ def cmd_plan(args) -> int:
     if len(runs) > 1:
         print(render_sweep(totals))
     return 0
+
+
+def check_against_model(run) -> None:
+    """What `bench run` refuses once it has opened the model, refused here from its config alone and by the same
+    functions: sequences past the model's positions, --blocks past its blocks, a --rank-align past a group's width,
+    a pattern a group cannot keep, --stats-memory below one group's statistics."""
+    from bench.costs import calibration_chunks, load_model_config
+    from bench.execute import check_groups, check_lengths
+    from bench.groups import find_input_groups, meta_model
+
+    config = load_model_config(run.config.model)
+    check_lengths(run, config)
+    groups = find_input_groups(meta_model(config))
+    run = run.for_blocks(len({g.block for g in groups}))
+    selected = check_groups(run, groups)
+    if run.stats_needs() and run.stats_memory:
+        calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
+                           run.stats_memory)
 
 
 def render_sweep(totals: list[tuple[str, float, int, int]]) -> str:
