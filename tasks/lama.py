@@ -187,8 +187,18 @@ class LAMA(Task):
         from collections import Counter
 
         ls = load_lama(self.settings.source)
-        check_limit(self.settings.per_relation, Counter(p.relation for p in ls.probes).values(), "--lama-limit",
-                    "relation")
+        import dataclasses
+
+        default = next(f.default for f in dataclasses.fields(self.settings) if f.name == "per_relation")
+        if self.settings.per_relation != default:  # the default is a cap on any source, not a demand
+            check_limit(self.settings.per_relation, Counter(p.relation for p in ls.probes).values(), "--lama-limit",
+                        "relation")
+        if ls.absent:  # a subset of LAMA's relations is a usual choice: said, and kept in the cell's details
+            import sys
+
+            sys.stderr.write(f"LAMA: {len(ls.absent)} relation(s) listed in the relations file have no file in "
+                             f"{ls.source} ({', '.join(ls.absent[:5])}{', ...' if len(ls.absent) > 5 else ''}): "
+                             "scored without them\n")
 
     def settings_dict(self) -> dict:
         out = super().settings_dict()
@@ -282,7 +292,8 @@ class LAMA(Task):
             stderr={"p@1": macro_se, "p@1_micro": p1_se, "p@10": p10_se, "mrr": mrr_se},
             details={"p@1_per_relation": rel_p1, "p@1_per_source": p1_per_source, "n_per_relation": {k: len(v) for k, v in per_rel.items()},
                      "n_candidates": {k: max(r["n_candidates"] for r in rs) for k, rs in per_rel.items()},
-                     "missing_gold": missing_gold, "source": ls.source},
+                     "missing_gold": missing_gold, "source": ls.source,
+                     **({"absent_relations": ls.absent} if getattr(ls, "absent", None) else {})},
             records=records,
             config={"n_probes": len(records), **s.__dict__},
         )

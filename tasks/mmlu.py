@@ -117,6 +117,11 @@ class MMLU(Task):
         test, dev = load_mmlu(self.settings.source)
         check_limit(self.settings.limit, Counter(q.subject for q in test).values(), "--mmlu-limit", "subject")
         most = max((len(v) for v in dev.values()), default=0)
+        bare = sorted({q.subject for q in test} - {k for k, v in dev.items() if v})
+        if self.settings.shots and bare:  # it would be scored 0-shot under a header that says otherwise
+            raise UserError(f"--mmlu-shots {self.settings.shots}: {len(bare)} subject(s) have no dev exemplars "
+                            f"({', '.join(bare[:3])}{', ...' if len(bare) > 3 else ''}): add their dev files, or "
+                            "pass --mmlu-shots 0")
         if self.settings.shots > most:
             raise UserError(f"--mmlu-shots {self.settings.shots}: the dev set holds at most {most} exemplars per "
                             f"subject: pass 0 to {most} (setting mmlu.shots)")

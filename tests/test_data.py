@@ -250,3 +250,62 @@ def test_a_text_is_encoded_once_per_tokenizer_and_read_back_unchanged():
     assert len(text_data._ENCODED) == 3  # another backend: its own entry
     assert torch.equal(lowered, other(text, return_tensors="pt", add_special_tokens=False).input_ids[0])
     assert not torch.equal(lowered, direct)
+
+
+# ---------------------------------------------------------------- what a user's files left unsaid (issue 61)
+
+def test_an_empty_mmlu_file_is_one_line_not_a_crash(tmp_path):
+    for split in ("dev", "test"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / f"anatomy_{split}.csv").write_text("Q,a,b,c,d,A\n")
+    (tmp_path / "test" / "law_test.csv").write_text("")
+    with pytest.raises(UserError, match=r"law_test.csv holds no questions"):
+        load_mmlu(str(tmp_path))
+
+
+def test_shots_without_dev_exemplars_for_a_subject_are_refused_not_run_zero_shot(tmp_path):
+    from tasks.mmlu import MMLU
+
+    for split in ("dev", "test"):
+        (tmp_path / split).mkdir()
+    (tmp_path / "dev" / "anatomy_dev.csv").write_text("Q,a,b,c,d,A\n")
+    for subject in ("anatomy", "law"):
+        (tmp_path / "test" / f"{subject}_test.csv").write_text("Q,a,b,c,d,A\n")
+    task = MMLU(MMLU.Settings(source=str(tmp_path), shots=1))
+    with pytest.raises(UserError, match=r"--mmlu-shots 1: 1 subject\(s\) have no dev exemplars \(law\)"):
+        task.check(None)
+
+
+def test_an_empty_lama_file_is_refused_and_an_absent_relation_said(tmp_path, capsys):
+    from tasks.lama import LAMA
+
+    _lama_files(tmp_path)
+    (tmp_path / "relations.jsonl").write_text((tmp_path / "relations.jsonl").read_text() + json.dumps(
+        {"relation": "P36", "template": "The capital of [X] is [Y] ."}) + "\n")
+    ls = load_lama_dir(tmp_path / "TREx", tmp_path / "relations.jsonl")
+    assert ls.absent == ["P36"]
+    LAMA(LAMA.Settings(source=f"lama:{tmp_path / 'TREx'}:{tmp_path / 'relations.jsonl'}")).check(None)
+    err = capsys.readouterr().err
+    assert "1 relation(s) listed in the relations file have no file" in err and "(P36)" in err
+    (tmp_path / "TREx" / "P36.jsonl").write_text("")
+    with pytest.raises(DataError, match="P36.jsonl: holds no facts"):
+        load_lama_dir(tmp_path / "TREx", tmp_path / "relations.jsonl")
+
+
+def test_the_default_lama_limit_is_a_cap_on_a_small_source_and_a_given_one_is_checked(tmp_path):
+    from tasks.lama import LAMA
+
+    _lama_files(tmp_path)  # two probes of one relation, fewer than the default 15
+    source = f"lama:{tmp_path / 'TREx'}:{tmp_path / 'relations.jsonl'}"
+    LAMA(LAMA.Settings(source=source)).check(None)
+    with pytest.raises(UserError, match="--lama-limit 5 exceeds the largest relation"):
+        LAMA(LAMA.Settings(source=source, per_relation=5)).check(None)
+
+
+def test_calibration_windows_that_must_overlap_are_said(capsys):
+    tok = StreamTok()
+    calibration_windows(tok, "", 64, 16, seed=3)
+    err = capsys.readouterr().err
+    assert "calibration: 64 windows of 16 tokens ask for 1024 tokens of a text of" in err and "overlap" in err
+    calibration_windows(tok, "", 2, 16, seed=3)
+    assert "overlap" not in capsys.readouterr().err

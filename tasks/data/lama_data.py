@@ -29,6 +29,7 @@ class LamaSet:
     probes: list[Probe] = field(default_factory=list)
     source: str = ""
     relation_source: dict[str, str] = field(default_factory=dict)  # e.g. T-REx / Google-RE, for P@1 per source
+    absent: list[str] = field(default_factory=list)  # relations its relations file lists and its folder lacks
 
 
 # LAMA defines Google-RE's three templates in its code (scripts/run_experiments.py), not in relations.jsonl.
@@ -181,9 +182,12 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
                 raise DataError(path, row, "missing field sub_label or obj_label")
             by_subject.setdefault(_text_field(path, row, rec, "sub_label"), []).append(
                 _text_field(path, row, rec, "obj_label"))
+        if not by_subject:  # a relation with no facts would be scored as absent, and said nowhere
+            raise DataError(path, None, "holds no facts (sub_label, obj_label rows): fill it or remove it")
         facts[rel] = [(s, tuple(dict.fromkeys(o))) for s, o in by_subject.items()]
     ls = _assemble(templates, facts, f"lama:{data_dir}")
     ls.relation_source = origin
+    ls.absent = sorted(set(templates) - set(facts) - set(GOOGLE_RE_TEMPLATES))
     return ls
 
 

@@ -107,6 +107,9 @@ def load_csv_dir(root: Path, split: str) -> list[MMLUQuestion]:
             if rec[5].strip() not in LETTERS:
                 raise DataError(path, row, f"answer '{rec[5]}' is not one of A-D")
             out.append(MMLUQuestion(subject, rec[0], tuple(rec[1:5]), LETTERS.index(rec[5].strip())))
+        if not any(q.subject == subject for q in out):  # an empty file: a subject with nothing to score or show
+            raise UserError(f"MMLU file {path} holds no questions: fill it (question,A,B,C,D,answer rows) or remove "
+                            "it")
     return out
 
 

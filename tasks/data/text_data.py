@@ -186,6 +186,12 @@ def calibration_windows(tokenizer, text: str, samples: int, seq_len: int, seed: 
     if len(ids) < span + 1:
         raise UserError(f"calibration text has {len(ids)} tokens, fewer than --calib-seq-len {seq_len}: "
                         "use shorter windows or more text")
+    if samples * span > len(ids):  # the windows must overlap: the statistics hold fewer distinct tokens than asked
+        import sys
+
+        sys.stderr.write(f"calibration: {samples} windows of {seq_len} tokens ask for {samples * span} tokens of a "
+                         f"text of {len(ids)}: they overlap, each token about {samples * span / len(ids):.1f} times "
+                         "on average; pass a longer --calib-source, or fewer --calib-samples\n")
     gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(ids) - span, (samples,), generator=gen)
     rows = torch.stack([ids[s:s + span] for s in starts.tolist()])
