@@ -221,3 +221,26 @@ def test_checkpoint_series_are_ordered_by_step_and_never_repeat_one(tmp_path):
         _steps_of([names[0], names[1], names[0] + "/"])
     with pytest.raises(UserError, match="both step 16"):
         _steps_of([str(tmp_path / "x" / "step16"), str(tmp_path / "checkpoint-16")])
+
+
+def test_a_checkpoint_series_of_two_models_is_refused_in_one_line(tmp_path, capsys):
+    """Two training runs' checkpoints given as one series would be read as one model's onset."""
+    import json
+    import shutil
+
+    from bench.cli import main
+    from bench.cli.smoke import tiny_checkpoint
+
+    a, b = tmp_path / "run-a" / "step0", tmp_path / "run-b" / "step16"
+    shutil.copytree(tiny_checkpoint(), a)
+    shutil.copytree(tiny_checkpoint(), b)
+    cfg = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    argv = ["emerge", "--checkpoints-from", str(a), str(b), "--output", str(tmp_path / "out"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mixes models" in err[0] and "num_hidden_layers 3" in err[0], err
+    (b / "config.json").write_text(json.dumps(cfg))
+    (b / "tokenizer.json").write_text((b / "tokenizer.json").read_text().replace('"', "'", 1) + " ")
+    assert main(argv) == 2
+    assert "different tokenizers" in capsys.readouterr().err

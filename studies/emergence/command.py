@@ -86,6 +86,43 @@ def _steps_of(paths: list[str]) -> tuple[list[Path], list[int]]:
     return [folders[i] for i in order], [steps[i] for i in order]
 
 
+# what a training run keeps fixed across its checkpoints: two checkpoints that differ in one are two models
+SERIES_KEYS = ("model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+
+
+def _one_series(folders: list[Path]) -> None:
+    """Checkpoints of one training run: the same architecture and sizes (config.json) and the same tokenizer
+    (tokenizer.json's bytes, where present). A mixed list would be read as one model's onset."""
+    import hashlib
+    import json
+
+    def shape(folder: Path):
+        try:
+            cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise UserError(f"checkpoint {folder}: config.json is not valid JSON: pass transformers checkpoint "
+                            "folders") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"checkpoint {folder}: config.json is not a JSON object: pass transformers checkpoint "
+                            "folders")
+        tok = folder / "tokenizer.json"
+        return ({k: cfg.get(k) for k in SERIES_KEYS},
+                hashlib.sha256(tok.read_bytes()).hexdigest() if tok.is_file() else None)
+
+    first, (cfg0, tok0) = folders[0], shape(folders[0])
+    for folder in folders[1:]:
+        cfg, tok = shape(folder)
+        differ = [k for k in SERIES_KEYS if cfg[k] != cfg0[k]]
+        if differ:
+            k = differ[0]
+            raise UserError(f"--checkpoints-from mixes models: {folder} has {k} {cfg[k]!r}, {first} has "
+                            f"{cfg0[k]!r}: pass the checkpoints of one training run")
+        if tok != tok0:
+            raise UserError(f"--checkpoints-from mixes models: {folder} and {first} have different tokenizers: pass "
+                            "the checkpoints of one training run")
+
+
 def cmd_emerge(args) -> int:
     from . import Sources, report_section, run_emergence, run_on_checkpoints
     from bench.store import check_writable
@@ -100,6 +137,7 @@ def cmd_emerge(args) -> int:
             if not (Path(p) / "config.json").is_file():
                 raise UserError(f"checkpoint {p} has no config.json: pass transformers checkpoint folders")
         folders, steps = _steps_of(args.checkpoints_from)
+        _one_series(folders)
         sources = Sources(args.probes, "wiki", "wiki")
         summary, path = run_on_checkpoints(folders, steps, cfg, sources, output, args.progress)
     else:
