@@ -2,7 +2,8 @@
 family; each ends in exit 0 or one line with exit 2 (tests/fuzz_common.py)."""
 
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathlib import Path
@@ -143,3 +144,50 @@ def test_check_method_and_smoke_names_end_in_one_line_or_reach_the_work(tmp_path
     monkeypatch.setattr("bench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
     assert_clean(["check-method", name])
     assert_clean(["smoke", "--methods", name, "--no-latency", "--output", str(tmp_path / "smoke")])
+
+
+# ---------------------------------------------------------------- model lists, in flags and config files
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory, tiny):
+    """The tiny model, a link to it, another model, and another model whose folder has the tiny one's name."""
+    from tests.test_hostile_sweeps import _other_weights
+
+    root = tmp_path_factory.mktemp("models")
+    (root / "link").symlink_to(tiny, target_is_directory=True)
+    return {"tiny": str(tiny), "tiny/": f"{tiny}/", "link": str(root / "link"),
+            "other": str(_other_weights(tiny, root / "a" / "m", 1.01)),
+            "other-same-name": str(_other_weights(tiny, root / "b" / tiny.name, 1.02)),
+            "missing": str(root / "nope"), "": "", ",": ",", "not-an-alias": "gemma-3-270m-typo"}
+
+
+@settings(max_examples=20)  # each example opens up to four models (tokenizers, digests): 1-2 s
+@given(picks=st.lists(st.sampled_from(["tiny", "tiny/", "link", "other", "other-same-name", "missing", "", ",",
+                                       "not-an-alias"]), min_size=1, max_size=4), in_file=st.booleans())
+def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, model_folders, checked_only,
+                                                             monkeypatch, picks, in_file):
+    """Any list of models, on the command line or as a config file's `model:`: one line naming the problem (a
+    model named twice, one that does not exist), or every model planned under a results folder of its own."""
+    import bench.execute
+    import yaml
+
+    models = [model_folders[p] for p in picks]
+    planned = []
+
+    def plan_only(runs):
+        planned.extend(p.source.name for p in bench.execute.prepare_models(runs))
+        return []
+
+    monkeypatch.setattr(bench.execute, "sweep_models", plan_only)
+    root = tmp_path_factory.mktemp("sweep")
+    if in_file:
+        cfg = root / "run.yaml"
+        cfg.write_text(yaml.safe_dump({"model": models}))
+        argv = ["run", "--config", str(cfg)]
+    else:
+        argv = ["run", "--model", *models]
+    argv += ["--methods", "dense", "--tasks", "ppl-token", "--ppl-windows", "1", "--ppl-seq-len", "32",
+             "--output", str(root / "out"), "--no-report", "--quiet"]
+    rc = assert_clean(argv)
+    if rc == 0:
+        assert len(planned) == len(set(planned)), planned  # one folder per model
