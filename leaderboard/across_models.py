@@ -112,28 +112,33 @@ def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
 
 
 def scenarios(grouped: dict, key: tuple, models: list[str], columns: list[Column], chance: set):
-    """([(scenario label, {method: value}, higher)], methods left out for missing a scenario): every (model, task)
-    with a better direction and not at chance, over the methods every one of them has."""
+    """([(scenario label, {method: value}, higher)], methods left out for missing a scenario, scenarios left out
+    for mixed item sets): every (model, task) with a better direction and not at chance whose methods scored the
+    same items, over the methods every one of them has."""
     budget, rank = key
-    raw = []
+    raw, mixed = [], []
     for model in models:
         section = grouped[model]["ranks"][(budget, rank, ALL_GROUPS)]
         for col in columns:
             if col.higher is None or (model, col.task) in chance:
                 continue
-            values = {}
+            values, items = {}, set()
             for name, cells in section.items():
                 c = next((c for c in cells if c.cell.task == col.task), None)
                 v = c.metrics.get(col.metric) if c else None
                 if is_number(v):
                     values[name] = float(v)
-            if values:
+                    if c.records:
+                        items.add(tuple(item_keys(c)))
+            if len(items) > 1:  # a rerun at other sizes: its methods were scored on different items
+                mixed.append(f"{model} / {col.label}")
+            elif values:
                 raw.append((f"{model} / {col.label}", values, col.higher))
     if not raw:
-        return [], []
+        return [], [], mixed
     common = set.intersection(*(set(v) for _, v, _ in raw))
     left = sorted(set().union(*(set(v) for _, v, _ in raw)) - common)
-    return [(label, {m: v[m] for m in sorted(common)}, h) for label, v, h in raw], left
+    return [(label, {m: v[m] for m in sorted(common)}, h) for label, v, h in raw], left, mixed
 
 
 def ranking_lines(key: tuple, scen: list, left: list[str], title: str, plot_dir: Path, written: list) -> list[str]:
@@ -203,6 +208,9 @@ def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, writ
                               "pooled Δ": pl["estimate"], "pooled Δ lo": pl["ci95"][0], "pooled Δ hi": pl["ci95"][1],
                               "pooled Δ p": pl["p"], "tau2": pl["tau2"], "I2": pl["i2"],
                               "stratified Δ": ex["diff"] if ex else None, "stratified p": ex["p"] if ex else None})
-        scen, left = scenarios(grouped, key, models, columns, chance)
+        scen, left, mixed = scenarios(grouped, key, models, columns, chance)
+        if mixed:
+            md += ["- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
+                   + ", ".join(mixed), ""]
         md += ranking_lines(key, scen, left, title, plot_dir, written)
     return md

@@ -338,3 +338,23 @@ def test_plan_prices_each_model_and_the_sweep(capsys):
     totals = [float(m.group(1)) for m in re.finditer(r"\| total \(evaluation not included\)\s*\|\s*(\d+)", out)]
     assert len(totals) == 2 and float(rows["sweep (models in turn)"][1]) == pytest.approx(sum(totals), abs=1)
     assert main(["plan", "--model", a, str(configs / "nope"), "--methods", "pca"]) == 2  # the second refused
+
+
+def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_ranking(tmp_path, three_models):
+    """pca's perplexity on model-y rerun over 5 windows of the others' 6: that scenario is not ranked, and the
+    section says so; the other four still are."""
+    import shutil
+
+    _, out, _ = three_models
+    root = tmp_path / "results"
+    shutil.copytree(out / "results", root)
+    path = root / cell_relpath("model-y", "pca", 0.5, "rank", "ppl-token", "k1")
+    rec = json.loads(path.read_text())
+    rec["records"] = rec["records"][:5]
+    rec["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in rec["records"]) / 5)
+    path.write_text(json.dumps(rec))
+    build([root], tmp_path / "L.md")
+    text = (tmp_path / "L.md").read_text()
+    assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
+            "model-y / ppl-token ppl") in text
+    assert "Ranking over 4 (model, task) scenarios" in text
