@@ -26,21 +26,25 @@ def valid_cell():
 VALID_PLACE = "model-b/fasc/rank-0.5/lama-k1.json"
 
 
-@given(data=st.data())
-def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
-    from leaderboard.report import write_report
-
-    paths = [p for p in _paths(valid_cell) if p]
-    cell = copy.deepcopy(valid_cell)
+def edit_fields(data, cell: dict, paths: list, values) -> None:
+    """One to three of `paths` into `cell` set to drawn `values`, in place."""
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(paths))
         parent = cell
         try:
             for step in path[:-1]:
                 parent = parent[step]
-            parent[path[-1]] = data.draw(json_value)
+            parent[path[-1]] = data.draw(values)
         except (KeyError, IndexError, TypeError):
             continue  # the path went away with an earlier change
+
+
+@given(data=st.data())
+def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
+    from leaderboard.report import write_report
+
+    cell = copy.deepcopy(valid_cell)
+    edit_fields(data, cell, [p for p in _paths(valid_cell) if p], json_value)
     root = tmp_path / "results"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(FIXTURES / "results" / "model-b" / "dense", root / "model-b" / "dense")
@@ -192,15 +196,7 @@ def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_pat
     cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
     block = data.draw(st.sampled_from(READ_BLOCKS))
     paths = list(_leaves(cell[block], (block,))) if isinstance(cell.get(block), (dict, list)) else [(block,)]
-    for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(paths))
-        parent = cell
-        try:
-            for step in path[:-1]:
-                parent = parent[step]
-            parent[path[-1]] = data.draw(HOSTILE)
-        except (KeyError, IndexError, TypeError):
-            continue
+    edit_fields(data, cell, paths, HOSTILE)
     (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
     (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
     with contextlib.redirect_stdout(io.StringIO()):
