@@ -358,3 +358,76 @@ def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_rank
     assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
             "model-y / ppl-token ppl") in text
     assert "Ranking over 4 (model, task) scenarios" in text
+
+
+# ---------------------------------------------------------------- reference edges of the verdicts (mutation score)
+
+def test_the_verdicts_refuse_what_they_cannot_compute_in_their_own_words():
+    from core.meta_analysis import stratified_mcnemar
+
+    for bad in ([], [([1.0, 0.0], [1.0])]):
+        with pytest.raises(ValueError, match="^stratified_mcnemar needs equal-length, non-empty item lists per "
+                                             "stratum$"):
+            stratified_mcnemar(bad)
+    with pytest.raises(ValueError, match="^friedman needs at least one block$"):
+        friedman([])
+    with pytest.raises(ValueError, match="^friedman needs every block to rank the same methods$"):
+        friedman([{"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 1.0, "b": 2.0, "d": 3.0}])
+    with pytest.raises(ValueError, match="^friedman needs at least 3 methods, got 2$"):
+        friedman([{"a": 1.0, "b": 2.0}])
+    for k, n in ((1, 5), (3, 0)):  # either too few methods or too few blocks is enough to refuse
+        with pytest.raises(ValueError, match=f"^nemenyi_cd needs k >= 2 methods and n >= 1 blocks, got k={k}, n={n}$"):
+            nemenyi_cd(k, n)
+    assert nemenyi_cd(3, 1) == pytest.approx(nemenyi_cd(3, 4) * 2)  # one block is enough; CD shrinks as 1/sqrt(n)
+
+
+def test_the_stratified_test_names_itself_and_its_strata():
+    from core.meta_analysis import stratified_mcnemar
+
+    out = stratified_mcnemar([([1.0, 0.0, 0.0], [1.0, 1.0, 1.0]), ([0.0, 1.0], [1.0, 1.0])])
+    assert out["strata"] == 2 and out["test"] == "McNemar exact, stratified by model"
+    assert out["diff"] == pytest.approx(3 / 5)
+
+
+def test_friedman_where_every_block_is_one_tie_has_nothing_to_order():
+    """All methods tied in every block: the tie correction is 0, and the statistic is 0 (p = 1), not a division
+    by zero or a constant."""
+    out = friedman([{"a": 2.0, "b": 2.0, "c": 2.0}] * 4)
+    assert out["statistic"] == 0.0 and out["p"] == pytest.approx(1.0) and out["k"] == 3 and out["n"] == 4
+
+
+def test_cliques_follow_mean_rank_not_name_order_and_a_difference_of_exactly_cd_splits():
+    # by mean rank b (1), c (2), a (3): b-c and c-a are within 1.5 of each other, b-a is not
+    assert cliques({"a": 3.0, "b": 1.0, "c": 2.0}, 1.5) == [["b", "c"], ["c", "a"]]
+    assert cliques({"a": 1.0, "b": 2.0}, 1.0) == []  # a difference equal to the CD is a difference
+    assert cliques({"a": 1.0, "b": 1.9}, 1.0) == [["a", "b"]]
+
+
+def test_paired_effect_and_pooling_refuse_in_their_own_words():
+    with pytest.raises(ValueError, match="^a paired difference needs at least 2 items, got 1$"):
+        paired_effect([1.0], [0.0])
+    for y, v in (([], []), ([1.0], [1.0, 2.0])):
+        with pytest.raises(ValueError, match="^dersimonian_laird needs one variance per effect, and at least one "
+                                             "effect$"):
+            dersimonian_laird(y, v)
+    with pytest.raises(ValueError, match="^dersimonian_laird needs finite effects and finite positive variances$"):
+        dersimonian_laird([1.0, 2.0], [1.0, 0.0])
+
+
+def test_dersimonian_laird_at_the_edges_of_its_between_model_variance():
+    # large within-model variances (c = 0.1 < 1): tau^2 = (Q - df) / c = (5 - 1) / 0.1
+    out = dersimonian_laird([0.0, 10.0], [10.0, 10.0])
+    assert out["q"] == pytest.approx(5.0) and out["tau2"] == pytest.approx(40.0)
+    assert out["i2"] == pytest.approx(0.8)
+    # one weight swamps the other in floating point (c = 0 exactly): no between-model variance, no division by 0
+    lop = dersimonian_laird([0.0, 1.0], [1e-20, 1.0])
+    assert lop["tau2"] == 0.0 and lop["estimate"] == pytest.approx(0.0, abs=1e-12)
+    # identical effects: Q = 0, and I^2 is 0, not a share of nothing
+    same = dersimonian_laird([0.3, 0.3], [1.0, 2.0])
+    assert same["q"] == 0.0 and same["i2"] == 0.0 and same["tau2"] == 0.0
+
+
+def test_win_rates_skip_a_lone_method_and_split_a_tie_whichever_direction_is_better():
+    assert win_rates([({"a": 1.0}, True), ({"a": 1.0, "b": 2.0}, True)]) == {"a": 0.0, "b": 1.0}
+    assert win_rates([({"a": 1.0, "b": 1.0}, False)]) == {"a": 0.5, "b": 0.5}
+    assert win_rates([({"a": 1.0, "b": 2.0}, False)]) == {"a": 1.0, "b": 0.0}
