@@ -591,3 +591,51 @@ def test_a_bfloat16_sites_buffers_and_outputs_keep_its_dtype():
         for tokens in (1, 3):  # the gathered decode, the masked product
             x = torch.randn(1, tokens, 8, generator=gen).to(torch.bfloat16)
             assert site(x).dtype == torch.bfloat16 and site(x).shape == (1, tokens, 3)
+
+
+@pytest.mark.parametrize("value,expect", [
+    (None, 256 * 2**20), ("", 256 * 2**20), ("  ", 256 * 2**20), ("16", 16 * 2**20), (" 8 ", 8 * 2**20),
+    ("1", 2**20),
+])
+def test_the_bandwidth_probe_size_is_read_from_the_environment(monkeypatch, value, expect):
+    from bench.bandwidth import array_bytes
+
+    if value is None:
+        monkeypatch.delenv("ACBENCH_BANDWIDTH_MB", raising=False)
+    else:
+        monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", value)
+    assert array_bytes() == expect
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("abc", "ACBENCH_BANDWIDTH_MB='abc' is not a whole number of MB >= 1: set it to e.g. 256 (the size of each "
+            "memory-bandwidth array), or unset it"),
+    ("0", "ACBENCH_BANDWIDTH_MB='0' is not a whole number of MB >= 1"),
+    ("-1", "ACBENCH_BANDWIDTH_MB='-1' is not a whole number of MB >= 1"),
+    ("1.5", "ACBENCH_BANDWIDTH_MB='1.5' is not a whole number"),
+])
+def test_a_bandwidth_probe_size_that_is_not_a_size_is_one_line(monkeypatch, value, needle):
+    from bench.bandwidth import array_bytes
+    from core.errors import UserError
+
+    monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", value)
+    with pytest.raises(UserError) as e:
+        array_bytes()
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_not(monkeypatch):
+    import os
+
+    from bench.bandwidth import array_bytes
+    from core.errors import UserError
+
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    most = total // 2 // 3 // 2**20  # three arrays in half the memory
+    monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", str(most))
+    assert array_bytes() == most * 2**20
+    monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", str(most + 1))
+    with pytest.raises(UserError) as e:
+        array_bytes()
+    assert str(e.value) == (f"ACBENCH_BANDWIDTH_MB={most + 1}: three arrays of {most + 1} MB do not fit in half of "
+                            f"this machine's {total / 2**30:.1f} GiB of memory: set it to at most {most}, or unset it")
