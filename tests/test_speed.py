@@ -639,3 +639,107 @@ def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_
         array_bytes()
     assert str(e.value) == (f"ACBENCH_BANDWIDTH_MB={most + 1}: three arrays of {most + 1} MB do not fit in half of "
                             f"this machine's {total / 2**30:.1f} GiB of memory: set it to at most {most}, or unset it")
+
+
+# ---------------------------------------------------------------- bench/bandwidth.py against a fake clock
+
+def test_best_of_several_rounds_skips_the_first_touch_and_keeps_the_least(monkeypatch):
+    import bench.bandwidth as bw
+
+    ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0])  # three timed rounds: 5, 2 and 7 s
+    monkeypatch.setattr(bw.time, "perf_counter", lambda: next(ticks))
+    calls = []
+    assert bw._best(lambda: calls.append(1), repeats=3) == 2.0
+    assert len(calls) == 4  # the untimed first touch, then three rounds
+
+
+def _closure(fn) -> dict:
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+
+def test_stream_bandwidth_is_bytes_over_the_best_time_and_runs_copy_and_triad(monkeypatch):
+    """copy moves 2 arrays, triad 3; each kernel is checked by what it writes (a = b + 3 c); the result is cached
+    per whole MB of array size, and another size measures again."""
+    import bench.bandwidth as bw
+
+    monkeypatch.setattr(bw, "_STREAM", None)
+    seen = []
+
+    def fake_best(fn, repeats=bw.REPEATS):
+        arrays = _closure(fn)
+        if "c" in arrays:  # the triad
+            arrays["a"].zero_()
+            fn()
+            assert (arrays["a"] == 4.0).all() and len(arrays["a"]) == want["n"]
+        else:  # the copy
+            arrays["b"].zero_()
+            fn()
+            assert (arrays["b"] == 1.0).all()
+        seen.append(repeats)
+        return 0.5 if len(seen) % 2 else 0.25
+
+    monkeypatch.setattr(bw, "_best", fake_best)
+    size = 3 * 2**20 + 4  # not a whole number of MB: the cache is keyed by whole MB
+    want = {"n": size // 4}  # float32 elements per array
+    out = bw.stream_bandwidth(size)
+    assert out == {"copy_gb_s": 2 * size / 0.5 / 1e9, "triad_gb_s": 3 * size / 0.25 / 1e9, "array_mb": 3,
+                   "threads": torch.get_num_threads()}
+    assert seen == [bw.REPEATS, bw.REPEATS]
+    assert bw.stream_bandwidth(size) == out and len(seen) == 2  # cached
+    want["n"] = 2**21 // 4
+    assert bw.stream_bandwidth(2**21)["array_mb"] == 2 and len(seen) == 4  # another size: measured
+
+
+@pytest.mark.parametrize("dtype,cold,copies", [(torch.float16, 3 * 2**20 + 5, 13), (torch.float32, 1, 2)])
+def test_gemv_bandwidth_is_one_products_weight_bytes_over_its_share_of_the_best_sweep(monkeypatch, dtype, cold,
+                                                                                   copies):
+    """Copies of W enough to pass `cold` bytes (at least 2) are cycled; a sweep's best time over 3 rounds, divided
+    by the copies, is one product's time; the result is cached per shape, dtype and cold size."""
+    import bench.bandwidth as bw
+
+    monkeypatch.setattr(bw, "_GEMV", {})
+    products = []
+    real_linear = torch.nn.functional.linear
+
+    def counted(x, w, *a):
+        assert x.dtype == w.dtype == dtype and w.shape == (256, 512)
+        products.append(1)
+        return real_linear(x, w, *a)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counted)
+
+    def fake_best(fn, repeats=bw.REPEATS):
+        assert repeats == 3
+        fn()
+        return 0.6
+
+    monkeypatch.setattr(bw, "_best", fake_best)
+    per = 256 * 512 * torch.tensor([], dtype=dtype).element_size()
+    out = bw.gemv_bandwidth(256, 512, dtype, cold_bytes=cold)
+    assert len(products) == copies
+    assert out == {"shape": [256, 512], "dtype": str(dtype).replace("torch.", ""), "gb_s": per / (0.6 / copies) / 1e9,
+                   "cold_mb": cold // 2**20, "threads": torch.get_num_threads()}
+    assert bw.gemv_bandwidth(256, 512, dtype, cold_bytes=cold) == out and len(products) == copies  # cached
+    other = torch.float32 if dtype == torch.float16 else torch.float16
+    monkeypatch.setattr(torch.nn.functional, "linear", real_linear)
+    assert bw.gemv_bandwidth(256, 512, other, cold_bytes=cold)["dtype"] == str(other).replace("torch.", "")
+
+
+def test_the_largest_linear_is_the_first_of_the_most_weights():
+    from bench.bandwidth import largest_linear
+
+    tie = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8))  # 32 weights each: the first stays
+    assert largest_linear(tie) == (4, 8, torch.float32)
+    grows = torch.nn.Sequential(torch.nn.Linear(8, 2), torch.nn.Linear(6, 4))  # 16, then 24 weights
+    assert largest_linear(grows) == (4, 6, torch.float32)
+    assert largest_linear(torch.nn.Sequential(torch.nn.ReLU())) is None
+
+
+def test_a_bandwidth_probe_that_exactly_fills_half_the_memory_fits(monkeypatch):
+    import bench.bandwidth as bw
+
+    real = bw.os.sysconf
+    monkeypatch.setattr(bw.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 2**20, "SC_PHYS_PAGES": 6}.get(name) or
+                        real(name))
+    monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", "1")  # three 1 MB arrays in half of 6 MB: exactly full
+    assert bw.array_bytes() == 2**20
