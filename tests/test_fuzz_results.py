@@ -276,3 +276,120 @@ def test_a_cell_whose_model_is_not_the_one_its_fingerprint_names_is_refused():
     assert cell_problem(cell) is None
     cell["cell"]["model"] = "gemma-3-270m"
     assert "not the model its fingerprint names" in cell_problem(cell)
+
+
+# ---------------------------------------------------------------- the record and latency checks, word for word
+
+RECORD_CASES = [  # (task, record, the problem or None)
+    ("lama", {"correct": "x"}, "correct 'x' is not 0 or 1"), ("lama", {"correct": 2}, "correct 2 is not 0 or 1"),
+    ("lama", {"correct": True}, None), ("lama", {"correct": 1.0}, None), ("lama", {"correct": 0}, None),
+    ("ppl-token", {"nll": -0.5}, "nll -0.5 is not a finite number >= 0"), ("ppl-token", {"nll": 0}, None),
+    ("ppl-token", {"nll": True}, "nll True is not a finite number >= 0"),
+    ("ppl-token", {"nll": float("inf")}, "nll inf is not a finite number >= 0"),
+    ("lama", {"rank": -1}, "rank -1 is not a count"), ("lama", {"rank": True}, "rank True is not a count"),
+    ("lama", {"rank": 1.0}, "rank 1.0 is not a count"), ("lama", {"rank": 0}, None), ("lama", {"rank": None}, None),
+    ("lama", {"rank": 0, "correct": 0}, "correct 0 disagrees with rank 0"),
+    ("lama", {"rank": None, "correct": 1}, "correct 1 disagrees with rank None"),
+    ("lama", {"rank": None, "correct": 0}, None), ("lama", {"rank": 3, "correct": 0}, None),
+    ("lama", {"chance": 0}, "chance 0 is not a probability"), ("lama", {"chance": 1}, None),
+    ("lama", {"chance": 1.5}, "chance 1.5 is not a probability"), ("lama", {"chance": True}, "chance True is not a "
+                                                                                            "probability"),
+    ("lama", {"chance": 0.1, "n_candidates": 10}, None),
+    ("lama", {"chance": 0.2, "n_candidates": 10}, "chance 0.2 is not 1 / the 10 candidates it was guessed among"),
+    ("lama", {"chance": 1.0, "n_candidates": 0}, "chance 1.0 is not 1 / the 0 candidates it was guessed among"),
+    ("lama", {"chance": 1.0, "n_candidates": True}, "chance 1.0 is not 1 / the True candidates it was guessed among"),
+    ("lama", {"chance": 1.0, "n_candidates": 1}, None),
+    ("mmlu", {"chance": 0.25}, None), ("mmlu", {"chance": 0.3}, "chance 0.3 is not 1 / the 4 candidates it was "
+                                                                "guessed among"),
+    ("lama", {"chance": 0.3}, None),
+]
+
+
+@pytest.mark.parametrize("task,record,problem", RECORD_CASES)
+def test_each_record_field_is_checked_by_type_range_and_meaning(task, record, problem):
+    from core.record import _record_problem, records_problem
+
+    assert _record_problem(record, task) == problem
+    rec = {"cell": {"task": task}, "metrics": {}, "records": [{}, record]}
+    assert records_problem(rec) == (None if problem is None else f"records[1]: {problem}")
+
+
+def test_the_metrics_agree_with_their_records_to_a_billionth():
+    import math
+
+    from core.record import records_problem
+
+    def cell(nlls, **metrics):
+        return {"cell": {"task": "ppl-token"}, "metrics": metrics, "records": [{"nll": v} for v in nlls]}
+
+    mean = (1.0 + 2.0) / 2
+    assert records_problem(cell([1.0, 2.0], nll=mean, ppl=math.exp(mean))) is None
+    assert records_problem(cell([1.0, 2.0], nll=mean * (1 + 1e-12), ppl=math.exp(mean) * (1 - 1e-12))) is None
+    assert records_problem(cell([1.0, 2.0], nll=1.6)) == "metric nll 1.6 is not the mean of its records' nll (1.5)"
+    assert records_problem(cell([1.0, 2.0], ppl=4.0)) == \
+        f"metric ppl 4.0 is not exp of its records' mean nll ({math.exp(1.5)!r})"
+    assert records_problem(cell([700.0, 700.0], ppl=5.0)) is None  # an overflowing perplexity is not compared
+    assert records_problem(cell([699.0, 699.0], ppl=5.0)).startswith("metric ppl 5.0 is not exp")
+    partial = {"cell": {"task": "ppl-token"}, "metrics": {"nll": 9.0}, "records": [{"nll": 1.0}, {"window": 1}]}
+    assert records_problem(partial) is None  # records without an nll each: nothing to compare
+
+    def acc(correct, **metrics):
+        return {"cell": {"task": "mmlu"}, "metrics": metrics, "records": [{"correct": c} for c in correct]}
+
+    assert records_problem(acc([1, 0, 0, 1], acc=0.5, acc_macro=0.9)) is None  # the macro mean is per subject
+    assert records_problem(acc([1, 0, 0, 0], acc=0.5)) == \
+        "metric acc 0.5 is not the share of its records that are correct (0.25)"
+    assert records_problem(acc([1, 0], **{"p@1_micro": 1.0})) == \
+        "metric p@1_micro 1.0 is not the share of its records that are correct (0.5)"
+    assert records_problem({"cell": {"task": "lama"}, "metrics": {"acc": 0.9},
+                            "records": [{"correct": 1}, {"rank": 1}]}) is None
+
+
+LATENCY_CASES = [
+    ({"body_overhead": "x"}, "latency.body_overhead is not a mapping"),
+    ({"conditions": [1]}, "latency.conditions is not a mapping"), ({"speedup": 5}, "latency.speedup is not a mapping"),
+    ({"body_overhead": None, "conditions": None, "speedup": None}, None),
+    ({"body_overhead": {"floor_ms": -1}}, "latency.body_overhead.floor_ms -1 is not a number >= 0"),
+    ({"body_overhead": {"dense_body_ms": "9"}}, "latency.body_overhead.dense_body_ms '9' is not a number >= 0"),
+    ({"body_overhead": {"floor_ms": 0, "linear_share": None, "rounds": 3, "note": -1}}, None),
+    ({"speedup": {"decode": "x"}}, "latency.speedup.decode is not a mapping"),
+    ({"speedup": {"decode": {"ratio": 0}}}, "latency.speedup.decode.ratio 0 is not a number > 0"),
+    ({"speedup": {"decode": {"ratio": None, "ci95": None}}}, None),
+    ({"speedup": {"decode": {"ratio": 1.1, "ci95": [1.0, 1.2]}}}, None),
+    ({"speedup": {"decode": {"ratio": 1.1, "ci95": [0, 1.2]}}},
+     "latency.speedup.decode.ci95 [0, 1.2] is not an interval of two numbers > 0"),
+    ({"speedup": {"decode": {"ratio": 1.1, "ci95": [1.2]}}},
+     "latency.speedup.decode.ci95 [1.2] is not an interval of two numbers > 0"),
+    ({"speedup": {"decode": {"ratio": 1.1, "ci95": "wide"}}},
+     "latency.speedup.decode.ci95 'wide' is not an interval of two numbers > 0"),
+    ({"conditions": {"memory_bandwidth": "x"}}, "latency.conditions.memory_bandwidth is not a mapping"),
+    ({"conditions": {"memory_bandwidth": {"copy_gb_s": 0}}},
+     "latency.conditions.memory_bandwidth.copy_gb_s 0 is not a number > 0"),
+    ({"conditions": {"memory_bandwidth": {"triad_gb_s": -2.0}}},
+     "latency.conditions.memory_bandwidth.triad_gb_s -2.0 is not a number > 0"),
+    ({"conditions": {"dense_product": {"gb_s": -1}}}, "latency.conditions.dense_product.gb_s -1 is not a number > 0"),
+    ({"conditions": {"dense_product": None, "memory_bandwidth": {"copy_gb_s": None, "array_mb": -1}}}, None),
+]
+
+
+@pytest.mark.parametrize("latency,problem", LATENCY_CASES)
+def test_each_latency_field_is_checked_by_type_and_sign(latency, problem):
+    from core.record import latency_problem
+
+    assert latency_problem(latency) == problem
+
+
+def test_the_fingerprints_name_is_the_cells_model_or_its_second_folder():
+    from core.record import cell_problem
+
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    for fp, model, ok in [({"alias": "m"}, "m", True), ({"alias": "m"}, "m-0123abcd", True),
+                          ({"alias": "m"}, "m-0123abc", False), ({"alias": "m"}, "m-0123abcde", False),
+                          ({"alias": "m"}, "x-0123abcd", False), ({"source": "hub", "id": "o/m"}, "o/m", True),
+                          ({"source": "hub", "id": "o/m"}, "o/x", False), ({"source": "local", "id": "o/m"}, "z", True)]:
+        c = {**cell, "model_fingerprint": {**cell["model_fingerprint"], **fp}, "cell": {**cell["cell"], "model": model}}
+        got = cell_problem(c)
+        assert (got is None) == ok, (fp, model, got)
+        if not ok:
+            named = fp.get("alias") or fp.get("id")
+            assert got == f"cell.model {model!r} is not the model its fingerprint names ({named!r})"
