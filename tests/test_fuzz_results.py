@@ -369,7 +369,19 @@ LATENCY_CASES = [
      "latency.conditions.memory_bandwidth.triad_gb_s -2.0 is not a number > 0"),
     ({"conditions": {"dense_product": {"gb_s": -1}}}, "latency.conditions.dense_product.gb_s -1 is not a number > 0"),
     ({"conditions": {"dense_product": None, "memory_bandwidth": {"copy_gb_s": None, "array_mb": -1}}}, None),
+    ({"conditions": {"memory_bandwidth": {"copy_gb_s": 0.5}, "dense_product": {"gb_s": 0.5}}}, None),  # slow, valid
+    ({"body_overhead": {"linear_share": -0.1}}, "latency.body_overhead.linear_share -0.1 is not a number >= 0"),
+    ({"body_overhead": {"rounds": -1}}, "latency.body_overhead.rounds -1 is not a number >= 0"),
 ]
+
+
+def test_close_is_a_billionth_of_the_larger_magnitude_or_of_one():
+    from core.record import _close
+
+    assert _close(0.0, 1e-9) and not _close(0.0, 1.5e-9)  # near 0: a billionth of one, the edge included
+    assert _close(0.0, 5e-10)
+    assert _close(1e9, 1e9 - 1) and _close(1e9 - 1, 1e9)  # a billionth of the larger, whichever side it is on
+    assert _close(1e6, 1e6 * (1 + 1e-12)) and not _close(1e6, 1e6 * (1 + 1e-8))
 
 
 @pytest.mark.parametrize("latency,problem", LATENCY_CASES)
