@@ -283,7 +283,7 @@ def cell_problem(rec) -> str | None:
         return "no model_fingerprint (which weights a task cell measured)"
     if kind == TASK_CELL and cell["method"] != DENSE and not rec.get("compression"):
         return "no compression summary (a compressed model's cell carries what was deployed)"
-    typed = field_problem(rec) or records_problem(upgrade(rec) if rec.get("schema_version") in (2, 3) else rec)
+    typed = field_problem(rec) or records_problem(upgrade(rec))  # an older cell's records as the leaderboard reads them
     if typed:
         return typed
     fp = rec.get("model_fingerprint") or {}  # a mapping of scalars, by field_problem

@@ -405,3 +405,18 @@ def test_the_fingerprints_name_is_the_cells_model_or_its_second_folder():
         if not ok:
             named = fp.get("alias") or fp.get("id")
             assert got == f"cell.model {model!r} is not the model its fingerprint names ({named!r})"
+
+
+def test_an_older_cells_records_are_checked_as_the_leaderboard_reads_them():
+    """A schema-2 LAMA cell stored ranks, not "correct": its records are upgraded before they are checked, so a
+    micro P@1 its ranks contradict is refused, and one they agree with is not."""
+    from core.record import cell_problem
+
+    cell = json.loads((FAMILIES / "model-c" / "pca" / "rank-0.5" / "lama-c1.json").read_text())
+    cell = {**cell, "schema_version": 2, "cell": {k: v for k, v in cell["cell"].items() if k != "kind"},
+            "records": [{"relation": "r", "rank": 0, "n_candidates": 4}, {"relation": "r", "rank": 3,
+                                                                           "n_candidates": 4}]}
+    cell["metrics"] = {"p@1": 0.5, "p@1_micro": 0.5}
+    assert cell_problem(cell) is None
+    cell["metrics"] = {"p@1": 0.5, "p@1_micro": 1.0}
+    assert cell_problem(cell) == "metric p@1_micro 1.0 is not the share of its records that are correct (0.5)"
