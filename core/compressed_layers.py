@@ -141,14 +141,21 @@ def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def choose_decode_kernel(device_type: str, requested: str | None = None) -> str:
-    """The kernel the gathered product runs on `device_type` ("cpu", "cuda"): `requested`, else
-    ACBENCH_DECODE_KERNEL, else auto (triton on CUDA where it imports, embedding_bag elsewhere). One line naming
-    the fix where the request cannot be met."""
+def requested_decode_kernel(requested: str | None = None) -> str:
+    """`requested`, else ACBENCH_DECODE_KERNEL, else auto; ValueError naming the fix for a name that is not a
+    kernel (whether it can run on a device is `choose_decode_kernel`'s to say)."""
     requested = requested or os.environ.get("ACBENCH_DECODE_KERNEL") or "auto"
     if requested not in DECODE_KERNELS:
         raise ValueError(f"ACBENCH_DECODE_KERNEL={requested!r} is not a decode kernel: set it to one of "
                          f"{', '.join(DECODE_KERNELS)}, or unset it")
+    return requested
+
+
+def choose_decode_kernel(device_type: str, requested: str | None = None) -> str:
+    """The kernel the gathered product runs on `device_type` ("cpu", "cuda"): `requested`, else
+    ACBENCH_DECODE_KERNEL, else auto (triton on CUDA where it imports, embedding_bag elsewhere). One line naming
+    the fix where the request cannot be met."""
+    requested = requested_decode_kernel(requested)
     if requested == "embedding_bag":
         return requested
     if requested == "triton":

@@ -178,15 +178,15 @@ def check_environment(cmd: str) -> None:
     the variable and the fix (never a traceback at the first cell that reads it)."""
     from bench.bandwidth import array_bytes
     from bench.store import lock_ttl
-    from core.compressed_layers import DECODE_KERNELS
+    from core.compressed_layers import requested_decode_kernel
     from core.io import cache_dir, stats_cache_dir
 
     lock_ttl()
     array_bytes()
-    kernel = os.environ.get("ACBENCH_DECODE_KERNEL")
-    if kernel and kernel not in DECODE_KERNELS:
-        raise UserError(f"ACBENCH_DECODE_KERNEL={kernel!r} is not a decode kernel: set it to one of "
-                        f"{', '.join(DECODE_KERNELS)}, or unset it")
+    try:
+        requested_decode_kernel()  # its name here; whether it runs on the model's device, when the model loads
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if cmd != "ls":
         cache_dir()
         stats_cache_dir()
