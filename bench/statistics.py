@@ -41,14 +41,14 @@ def held_stats(folder: Path, group: str) -> frozenset[str]:
     """The statistics a group's cache file holds, read from its tensors (not from info.json's list)."""
     from safetensors import safe_open
 
-    from .stats_store import STAT_TENSORS, missing_stats
+    from .stats_store import STATS, missing_stats
 
     try:
         with safe_open(str(group_file(folder, group)), framework="pt") as f:
             keys = set(f.keys())
     except Exception:  # unreadable: it holds nothing usable
         return frozenset()
-    return frozenset(set(STAT_TENSORS) | {"row_fisher"}) - set(missing_stats(keys, set(STAT_TENSORS) | {"row_fisher"}))
+    return STATS - set(missing_stats(keys, STATS))
 
 
 def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:

@@ -133,6 +133,9 @@ STAT_TENSORS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("m
                 "pairs": ("xs", "gs")}
 
 
+STATS = frozenset(STAT_TENSORS) | {"row_fisher"}  # every statistic a group file can hold
+
+
 def missing_stats(keys, needed) -> list[str]:
     """The statistics of `needed` that a group file's tensors (`keys`) do not hold: what a file holds is read from
     its tensors, never from a list written beside them."""
