@@ -14,6 +14,8 @@ from core.io import cache_dir
 from core.errors import UserError
 from core.stats import SparsitySpec
 
+from bench.smoke_verdict import smoke_verdict
+
 
 def tiny_checkpoint() -> Path:
     """A 2-block random Llama with SmolLM2's tokenizer, saved once in the cache."""
@@ -127,12 +129,6 @@ def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConf
         latency_seconds=1.0, measure_latency=latency)
 
 
-def broken_threshold(dense_ppl: float, vocab: int) -> float:
-    """The perplexity a variant must stay below: halfway, in log terms, from the dense model's to a uniform guess
-    over the vocabulary's. A right method at the smoke budgets loses far less; a wrong formula more."""
-    return math.exp((math.log(dense_ppl) + math.log(vocab)) / 2)
-
-
 def check_smoke_names(names: list[str] | None) -> None:
     """The methods `bench smoke` was asked to check, each built as `bench run` builds it (an unknown name with the
     closest known one, a variant's bad setting in the same words)."""
@@ -177,31 +173,14 @@ def smoke(output: str | None = None, names: list[str] | None = None, latency: bo
     src = prepared.source
     wanted = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.run.n_blocks), overwrite=True)
     cells = [c for c in (_read_cell(w.path) for w in wanted) if c is not None]
-    bad = [c["cell"] for c in cells if not all(isinstance(v, (int, float)) and math.isfinite(v)
-                                                for v in c["metrics"].values())]
-    expected = len(wanted)
     md = write_report(str(root), display=report_display())
-    ppl = {(c["cell"]["method"], c["cell"].get("allocation"), c["cell"].get("budget"), c["cell"].get("rank")):
-           c["metrics"].get("ppl") for c in cells if c["cell"]["task"] == "ppl-token"}
-    dense = next((v for (m, *_), v in ppl.items() if m == "dense"), None)
-    broken = []
-    if dense and not bad:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
-        limit = broken_threshold(dense, AutoConfig.from_pretrained(run.config.model).vocab_size)
-        print(f"perplexity (ppl-token): dense {dense:.0f}; a variant above {limit:.0f} is broken")
-        for (m, _, budget, ratio), v in sorted((k, v) for k, v in ppl.items() if k[0] != "dense"):
-            verdict = "BROKEN" if v is None or v > limit else "ok"
-            if methods.get_method(methods.base_name(m)).control:
-                verdict = "control"  # expected to lose the model: the floor the others beat
-            label = budget if ":" in str(budget) else f"{budget} {ratio:g}"  # 2:4 names its density itself
-            shown = "no perplexity" if v is None else f"{v:.0f} ({v / dense:.2f}x dense)"
-            print(f"  {verdict:7s} {m} @ {label}: {shown}")
-            if verdict == "BROKEN":
-                broken.append(m)
-    if bad or len(cells) != expected or broken or not dense:
-        print(f"smoke FAILED: {len(cells)} cells (expected {expected}), non-finite metrics in {bad}, "
-              f"perplexity of a broken model: {sorted(set(broken))}")
+    vocab = AutoConfig.from_pretrained(run.config.model).vocab_size
+    verdict = smoke_verdict(cells, len(wanted), vocab,
+                            lambda m: methods.get_method(methods.base_name(m)).control)
+    print("\n".join(verdict.lines))
+    if verdict.failed:
         return 1
     print(f"smoke OK: {len(cells)} cells, leaderboard {md}")
     return 0
