@@ -1,3 +1,18 @@
-"""acbench: calibration, the sweep runner, the results store and measurement."""
+"""acbench: a benchmark harness for post-training activation compression, as a library and a CLI (`bench`).
+
+The Python calls (bench/api.py): `load_model`, `compress`, `evaluate`, `sweep`, `load_results`. They are loaded on
+first use, so `import bench` (and the CLI's start) stays light.
+"""
 
 __version__ = "0.1.0"
+
+_API = ("Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "sweep")
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from bench import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'bench' has no attribute '{name}'")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import methods
-from bench.groups import InputGroup
+from bench.model.groups import InputGroup
 from core.errors import UserError
 from core.linalg import NumericError
 from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, GroupStats, RankSpec, SparsitySpec,
@@ -79,8 +79,8 @@ def tiny_llama(hidden: int = 32, inter: int = 48, layers: int = 2, vocab: int = 
 
 def calibrated_tiny_llama(needs=EVERY_STAT, windows: int = 4, seq_len: int = 24, pair_tokens: int = 64, **kw):
     """A tiny random Llama and the statistics `needs` names for every input group, from seeded random windows."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.groups import find_input_groups
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
 
     model = tiny_llama(**kw)
     ids = torch.randint(0, model.config.vocab_size, (windows, seq_len), generator=torch.Generator().manual_seed(0))
@@ -238,7 +238,7 @@ def check_patterns(name: str, d: int = 16) -> Check:
 
 def _round_trip(name: str, budget, d: int = 16) -> str | None:
     """Why the deployed form of one group's result differs from what it stands for, or None."""
-    from bench.apply import apply_compression, restore
+    from bench.deploy.apply import apply_compression, restore
     from core.compressed_layers import InputSparsifier
     from methods.base import GroupCompression, MaskedWeights, SparseActivation
 
@@ -291,8 +291,8 @@ def check_deployment(name: str) -> Check:
 
 def check_checkpoint(name: str) -> Check:
     """Compressed in a tiny model, saved as `bench compress` saves it, reloaded by the loader: equal logits."""
-    from bench.checkpoint import load_checkpoint, write_checkpoint
-    from bench.compress import compressed
+    from bench.model.checkpoint import load_checkpoint, write_checkpoint
+    from bench.deploy.compression import compressed
 
     needs = methods.build(name).required_stats()
     model, stats = calibrated_tiny_llama(needs)
@@ -320,7 +320,7 @@ def check_reference(name: str, reference, d: int = 16) -> Check:
     """The method against the author's reference on random statistics. Low-rank: reference(weights, stats, k)
     returns {site: W_hat}, the matrix each site's factors stand for (k from rank 0.4 of the method's own rank
     rule). Sparsity: reference(x, stats, pattern) returns x as kept (zeros where dropped) for x (tokens x d)."""
-    from bench.apply import sparsifier_for
+    from bench.deploy.apply import sparsifier_for
     from methods.base import SparseActivation
 
     weights, stats = random_weights((7, 5), d), random_stats(d, sites={"s0": 7, "s1": 5})

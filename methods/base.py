@@ -1,7 +1,7 @@
 """The Compressor interface: what a method needs, its settings, and its typed result per input group.
 
 A method returns one of three small results, each of which knows its parameter, compute and activation ratios
-(DESIGN 13) and is deployed by its own handler (bench.apply dispatches on the type):
+(DESIGN 13) and is deployed by its own handler (bench.deploy.apply dispatches on the type):
 - `GroupCompression`: factors per site, W_i ~ A_i B_i (projections and factorisations; the low-rank family);
 - `SparseActivation`: a per-token mask rule on the group input, N:M or top-k (activation sparsity);
 - `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control).

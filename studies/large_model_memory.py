@@ -32,12 +32,12 @@ def main() -> None:
     os.environ.setdefault("ACBENCH_CACHE", tempfile.mkdtemp(prefix="acbench-large-"))
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from bench.groups import find_input_groups
-    from bench.models import LoadedModel
-    from bench.calibrate import CalibSpec
-    from bench.statistics import load_or_calibrate
+    from bench.model.groups import find_input_groups
+    from bench.model.sources import LoadedModel
+    from bench.calibration.engine import CalibSpec
+    from bench.calibration.cache import load_or_calibrate
     from core.units import parse_bytes
-    from bench.stats_store import nbytes
+    from bench.calibration.group_files import nbytes
 
     cfg = LlamaConfig(**{**json.loads(CONFIG.read_text()), "num_hidden_layers": 2, "vocab_size": 32000})
     torch.manual_seed(0)

@@ -30,7 +30,7 @@ def principal_angles(B1: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:
 
 
 def random_group(d: int, d_out: int, n_pairs: int, seed: int, device: str = "cpu"):
-    from bench.groups import InputGroup
+    from bench.model.groups import InputGroup
     from core.stats import GroupStats
 
     gen = torch.Generator().manual_seed(seed)

@@ -36,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import methods
-    from bench.apply import apply_compression, restore
-    from bench.config import RunConfig, resolve_run
-    from bench.execute import Worker, prepare
+    from bench.deploy.apply import apply_compression, restore
+    from bench.runner.config import RunConfig, resolve_run
+    from bench.runner.execute import Worker, prepare
 
     config = RunConfig(methods=["all"], ranks=[args.rank], tasks=["ppl-token"], progress=False,
                        output="/tmp/acbench-solve-precision")

@@ -16,7 +16,7 @@ from core.stats import ACTIVATION_STATS, GRADIENT_STATS
 
 # A parallel worker (pytest-xdist) runs on one CPU of its own with one thread: two workers each running torch on
 # both cores slow each other's linear algebra tenfold. The affinity is what the harness reads as the CPUs it may use
-# (bench.store.available_cpus), and the processes a test starts inherit it.
+# (bench.results.store.available_cpus), and the processes a test starts inherit it.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))
@@ -95,8 +95,8 @@ EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can a
 
 def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 48, inter: int = 64):
     """A tiny random Llama and every statistic of every group, from `windows` random token windows (seed 0)."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.groups import find_input_groups
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
 
     model = tiny_model("llama", hidden=hidden, inter=inter)
     ids = torch.randint(0, 101, (windows, seq_len), generator=torch.Generator().manual_seed(0))
@@ -152,19 +152,20 @@ def tiny():
 def checked_only(monkeypatch):
     """bench run / compress stop once everything is validated and planned (no weights, no cells): the fuzz targets
     explore the checks, not the compute."""
-    import bench.execute
-    import bench.save
-    from bench.cli import ray_executor
+    import bench.runner.execute
+    import bench.runner.one_variant
+    from bench.runner import ray_executor
 
-    monkeypatch.setattr(bench.execute, "sweep", lambda run: bench.execute.prepare(run) and None)
-    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (bench.execute.prepare(run), {"failed": []})[1])
+    monkeypatch.setattr(bench.runner.execute, "sweep_runs", lambda runs: bench.runner.execute.prepare_models(runs)
+                        if len(runs) > 1 else [bench.runner.execute.prepare(runs[0])])
+    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (bench.runner.execute.prepare(run), {"failed": []})[1])
 
     def checked_save(run, out, merge=False, overwrite=False):
-        bench.execute.open_checked(run)
+        bench.runner.execute.open_checked(run)
         return {"weight_bytes": 1, "dense_bytes": 1, "seconds": 0.0, "custom_code": False,
                 "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
 
-    monkeypatch.setattr(bench.save, "save_compressed", checked_save)
+    monkeypatch.setattr(bench.runner.one_variant, "save_compressed", checked_save)
 
 
 # measured with --durations on a 2-core machine (2026-12-04): the slow tests over 40 s

@@ -80,7 +80,7 @@ def first_table(markdown: str, heading: str) -> str:
 
 
 def leaderboard(results: Path) -> str:
-    from bench.cli.display import report_display
+    from bench.results.leaderboard_display import report_display
     from leaderboard.report import write_report
 
     out = results / "LEADERBOARD.readme.md"
@@ -92,19 +92,19 @@ def leaderboard(results: Path) -> str:
 
 
 def stage_logs(results: Path) -> list[dict]:
-    """The stage logs the runs into `results` stored (bench/execute.py: write_stage_log), oldest first."""
+    """The stage logs the runs into `results` stored (bench/runner/execute.py: write_stage_log), oldest first."""
     import json
 
-    from bench.execute import STAGE_LOG
+    from bench.runner.execute import STAGE_LOG
 
     logs = [json.loads(p.read_text(encoding="utf-8")) for p in (results / STAGE_LOG).glob("*.stages")]
     return sorted(logs, key=lambda log: log["date"])
 
 
 def stage_block(log: dict) -> str:
-    """A run's stage table as the run printed it (bench.execute.stage_table), the per-method compress stages summed
+    """A run's stage table as the run printed it (bench.runner.execute.stage_table), the per-method compress stages summed
     into one row that names the largest."""
-    from bench.execute import stage_table
+    from bench.runner.execute import stage_table
 
     stages = dict(log["stages"])
     compress = {k.removeprefix("compress "): v for k, v in stages.items() if k.startswith("compress ")}

@@ -1,4 +1,4 @@
-"""Rank allocation across groups (bench.allocate) and group/block selection (bench.selection)."""
+"""Rank allocation across groups (bench.deploy.allocation) and group/block selection (bench.runner.selection)."""
 
 import json
 from dataclasses import dataclass
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.allocate import allocate
-from bench.calibrate import CalibSpec, calibrate
-from bench.compress import compressed
-from bench.groups import find_input_groups
-from bench.selection import Selection, format_blocks, parse_blocks
+from bench.deploy.allocation import allocate
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.deploy.compression import compressed
+from bench.model.groups import find_input_groups
+from bench.runner.selection import Selection, format_blocks, parse_blocks
 from core.errors import UserError
 from core.stats import GroupStats, RankSpec
 
@@ -177,7 +177,7 @@ def test_lost_energy_is_the_smallest_values_share_of_the_energy(density):
     """Against the sorted values themselves: the (1 - density) smallest |x| carry this fraction of sum x^2."""
     import numpy as np
 
-    from bench.allocate import lost_energy
+    from bench.deploy.allocation import lost_energy
 
     x = np.random.default_rng(3).standard_t(3, size=200_000)
     a = np.sort(np.abs(x))
@@ -206,8 +206,8 @@ def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, ta
     step of the largest group."""
     import itertools
 
-    import bench.allocate as alloc_mod
-    from bench.allocate import allocate_density, lost_energy
+    import bench.deploy.allocation as alloc_mod
+    from bench.deploy.allocation import allocate_density, lost_energy
     from core.stats import SparsitySpec
 
     monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 8)
@@ -241,7 +241,7 @@ def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, ta
 
 
 def test_greedy_density_refuses_patterns_and_missing_histograms():
-    from bench.allocate import allocate_density
+    from bench.deploy.allocation import allocate_density
     from core.stats import SparsitySpec
 
     groups, stats = _density_case()
@@ -255,7 +255,7 @@ def test_greedy_density_refuses_patterns_and_missing_histograms():
 def test_allocated_densities_deploy_per_group(windows):
     """teal and act-sparse under a greedy allocation: each group's summary carries its allocated density, and
     the parameter-weighted compute ratio is the allocation's density."""
-    from bench.allocate import allocate_density
+    from bench.deploy.allocation import allocate_density
     from core.stats import SparsitySpec
 
     model = tiny_model("llama", hidden=32, inter=96, layers=2)
@@ -270,8 +270,8 @@ def test_allocated_densities_deploy_per_group(windows):
 
 
 def test_greedy_rule_is_checked_against_the_run(tmp_path):
-    from bench.cells import variants
-    from bench.config import RunConfig, resolve_run
+    from bench.runner.cells import variants
+    from bench.runner.config import RunConfig, resolve_run
 
     def run(**kw):
         return resolve_run(RunConfig(model="m", tasks=["ppl-token"], output=str(tmp_path), **kw), writes=False)
@@ -294,7 +294,7 @@ def test_greedy_rule_is_checked_against_the_run(tmp_path):
 def test_greedy_density_stops_at_a_reachable_target_despite_float_drift(monkeypatch):
     """Steps of a tenth: 0.6 of these groups' weights is reachable exactly, and the running sum of reads lands a
     rounding error above it; the greedy stops there instead of taking one more step."""
-    import bench.allocate as alloc_mod
+    import bench.deploy.allocation as alloc_mod
     from core.stats import SparsitySpec
 
     monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 10)
@@ -304,7 +304,7 @@ def test_greedy_density_stops_at_a_reachable_target_despite_float_drift(monkeypa
 
 
 def test_allocation_rules_are_refused_in_one_line_each():
-    from bench.allocate import check_rules
+    from bench.deploy.allocation import check_rules
 
     with pytest.raises(UserError, match=r"^--allocate fishr is unknown\. Did you mean 'fisher'\? Known: fisher, "
                                         r"greedy, uniform, variance\.$"):
@@ -331,7 +331,7 @@ def test_an_allocation_times_its_two_stages():
 
 
 def test_no_energy_is_lost_at_full_density():
-    from bench.allocate import lost_energy
+    from bench.deploy.allocation import lost_energy
 
     assert lost_energy(_hist([0.1, -2.0, 30.0]), 1.0) == 0.0 and lost_energy(_hist([0.1, -2.0, 30.0]), 0.0) == 1.0
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from bench.cells import ModelInfo, plan
-from bench.config import RunConfig, resolve_run
-from bench.store import write_cell
+from bench.runner.cells import ModelInfo, plan
+from bench.runner.config import RunConfig, resolve_run
+from bench.results.store import write_cell
 from core.record import DENSE, CellRecord
 
 MODEL = ModelInfo("tiny", {"sha256": "abc", "dtype": "float32"}, n_blocks=2)

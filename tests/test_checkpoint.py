@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import methods
-from bench.calibrate import CalibSpec, calibrate
-from bench.checkpoint import MODELING_FILE, PROVENANCE_FILE, RECORD_KEY, load_checkpoint, record_digest, write_checkpoint
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.model.checkpoint import MODELING_FILE, PROVENANCE_FILE, RECORD_KEY, load_checkpoint, record_digest, write_checkpoint
 from bench.cli import main
 from bench.cli.smoke import tiny_checkpoint
-from bench.compress import compressed
-from bench.groups import find_input_groups
+from bench.deploy.compression import compressed
+from bench.model.groups import find_input_groups
 from conftest import tiny_model
 from core.stats import ACTIVATION_STATS, GRADIENT_STATS, SPARSITY_FAMILY, RankSpec, SparsitySpec
 

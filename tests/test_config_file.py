@@ -123,7 +123,7 @@ def test_the_layout_table_names_every_module():
 
 def test_the_layout_table_states_the_layering_test_order():
     """The "may import" column says what tests/test_layers.py enforces."""
-    from tests.test_layers import ALLOWED
+    from tests.test_layers import ALLOWED, ROOMS
 
     readme = ARCHITECTURE.read_text()
     table = readme[readme.index("## Layout"):]
@@ -134,12 +134,17 @@ def test_the_layout_table_states_the_layering_test_order():
             text = line.split("|")[3].strip()
             said[folder] = set() if text == "nothing of acbench" else {t.strip() for t in text.split(",")}
     assert said.pop("bench/cli") == said["bench"]  # the CLI is part of the harness's layer, below the studies
+    rooms = [f for f in said if f.startswith("bench/")]
+    # bench's rooms, in the order tests/test_layers.py lets them import each other (each the rows above it)
+    assert ["bench." + f.split("/")[1] for f in rooms] == [r for r in ROOMS if r.count(".") == 1
+                                                          and r not in ("bench.testing", "bench.api", "bench.cli")]
+    assert all(said.pop(f) == {"as `bench/`", "and the rooms in the rows above this one"} for f in rooms)
     assert said == ALLOWED
 
 
 def test_display_says_only_what_the_run_did():
     """No speed note where nothing was timed (--no-latency), no calibration size where nothing is calibrated."""
-    from bench.config import resolve_run
+    from bench.runner.config import resolve_run
     from leaderboard.report import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
 
     untimed = [{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}]

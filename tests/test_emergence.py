@@ -153,7 +153,7 @@ def test_bootstrap_over_seeds():
 
 def test_the_emerge_cell_round_trips_and_renders(tmp_path):
     from studies.emergence import EmergeConfig, report_section, summary_cell
-    from bench.store import write_cell
+    from bench.results.store import write_cell
     from core.record import CellRecord
 
     series = [_point(0, 0.05, False, {0: 0.10}), _point(16, 0.06, False, {0: 0.12}),

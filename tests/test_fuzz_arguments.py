@@ -168,17 +168,18 @@ def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, m
                                                              monkeypatch, picks, in_file):
     """Any list of models, on the command line or as a config file's `model:`: one line naming the problem (a
     model named twice, one that does not exist), or every model planned under a results folder of its own."""
-    import bench.execute
+    import bench.runner.execute
     import yaml
 
     models = [model_folders[p] for p in picks]
     planned = []
 
     def plan_only(runs):
-        planned.extend(p.source.name for p in bench.execute.prepare_models(runs))
-        return []
+        prepared = bench.runner.execute.prepare_models(runs)
+        planned.extend(p.source.name for p in prepared)
+        return prepared
 
-    monkeypatch.setattr(bench.execute, "sweep_models", plan_only)
+    monkeypatch.setattr(bench.runner.execute, "sweep_runs", plan_only)
     root = tmp_path_factory.mktemp("sweep")
     if in_file:
         cfg = root / "run.yaml"

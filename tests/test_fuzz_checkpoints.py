@@ -21,7 +21,7 @@ from fuzz_common import _paths, assert_clean, json_value
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A factorised checkpoint of the tiny model (bench compress), and the logits acbench's load gives."""
-    from bench.models import load_model
+    from bench.model.sources import load_model
 
     out = tmp_path_factory.mktemp("ck") / "pca"
     args = ["compress", "--model", str(tiny_checkpoint()), "--method", "pca", "--rank", "0.5", "--save", str(out),
@@ -42,7 +42,7 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
     """Any change to a saved checkpoint's files (a byte flipped, a file deleted, added or truncated, a JSON field
     edited or dropped) is one UserError on load, or leaves the model it loads bit-identical: never a traceback,
     never other numbers."""
-    from bench.models import load_model
+    from bench.model.sources import load_model
     from core.errors import UserError
 
     folder, x, reference = checkpoint

@@ -91,7 +91,7 @@ def test_a_cell_that_is_not_what_its_place_says_is_never_taken_as_done(tmp_path,
     """Edited in its place, a cell is done only if it still means what its place says: an identity field changed
     (a pca cell relabelled fasc), a metric outside its domain (a ppl of -1), a provenance field dropped: each is
     a reason to recompute it (bench run) and to name it (bench report)."""
-    from bench.store import cell_status
+    from bench.results.store import cell_status
     from core.record import metric_domain
 
     cell = copy.deepcopy(valid_cell)

@@ -42,7 +42,7 @@ def no_cells(out: Path) -> bool:
 def _bad_models(tmp: Path, tiny: Path) -> dict:
     (tmp / "random.gguf").write_bytes(os.urandom(4096))
     (tmp / "garbage.gguf").write_bytes(b"GGUF" + os.urandom(4096))
-    from bench.models import _alias_gguf
+    from bench.model.sources import _alias_gguf
 
     real = _alias_gguf("smollm2-135m").read_bytes()
     (tmp / "truncated.gguf").write_bytes(real[: 1 << 20])
@@ -267,7 +267,7 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
 
 
 def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
-    from bench.store import cell_path, cell_status, write_cell
+    from bench.results.store import cell_path, cell_status, write_cell
     from core.record import CellId, CellRecord
 
     path = cell_path(tmp_path, "m", "pca", 0.5, "rank", "ppl-token", "k")
@@ -353,10 +353,10 @@ def test_sigterm_releases_every_claim(tmp_path, tiny, capsys, monkeypatch, priva
     import os
     import signal
 
-    import bench.execute
-    import bench.statistics
+    import bench.runner.execute
+    import bench.calibration.cache
 
-    target = (bench.statistics, "_calibrate_pending") if stage == "calibration" else (bench.execute.Worker, "claim")
+    target = (bench.calibration.cache, "_calibrate_pending") if stage == "calibration" else (bench.runner.execute.Worker, "claim")
     original = getattr(*target)
 
     def terminated(*args, **kwargs):

@@ -93,7 +93,7 @@ def test_a_back_arrow_from_the_cli_to_a_study_fails():
 
 def test_the_study_command_is_plugged_in_by_entry_point():
     from bench.cli import _parser
-    from bench.commands import plugged_commands
+    from bench.results.plugged import plugged_commands
 
     assert list(plugged_commands()) == ["emerge"]
     sub = next(a for a in _parser()._actions if a.dest == "cmd")
@@ -123,6 +123,60 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [])
     assert not cycles, "\n".join(cycles)
+
+
+# bench/'s rooms, in the order the data flows through them: a room imports only the rooms before it. `bench`
+# itself (its version), `bench.testing` (the method contract) and `bench.api` (the Python calls) sit above the
+# runner; the CLI above everything.
+ROOMS = ["bench", "bench.results", "bench.model", "bench.calibration", "bench.deploy", "bench.measure",
+         "bench.runner", "bench.testing", "bench.api", "bench.cli"]
+
+
+def room(module: str) -> str | None:
+    """The bench room a module belongs to, or None outside bench."""
+    if layer(module) != "bench":
+        return None
+    return next(r for r in reversed(ROOMS) if module == r or module.startswith(r + "."))
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between bench's rooms that point up the flow (a room's __init__ and bench's version excepted;
+    bench's own __init__ re-exports the public calls of bench/api.py, lazily, and is their door, not a room)."""
+    out = []
+    for mod, targets in graph.items():
+        if mod == "bench":
+            continue
+        for t in targets:
+            a, b = room(mod), room(t)
+            if a and b and b != "bench" and ROOMS.index(b) > ROOMS.index(a):
+                out.append(f"{mod} ({a}) imports {t} ({b})")
+    return sorted(out)
+
+
+def test_bench_rooms_import_only_down_the_flow():
+    bad = back_arrows(project_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_every_bench_module_lives_in_a_room():
+    """bench/ holds the rooms, the public calls, the version and the method contract: nothing else at its top."""
+    top = sorted(p.name for p in (ROOT / "bench").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert top == sorted(["__init__.py", "api.py", "testing.py"] + [r.split(".")[1] for r in ROOMS if "." in r
+                                                                    and r not in ("bench.testing", "bench.api")])
+
+
+def test_a_back_arrow_between_rooms_fails():
+    graph = {**project_graph(), "bench.model.x": {"bench.runner.execute"}}
+    assert back_arrows(graph) == ["bench.model.x (bench.model) imports bench.runner.execute (bench.runner)"]
+
+
+def test_no_two_bench_modules_share_a_name_stem():
+    """A newcomer finds a module by its name: none of bench's stems repeats, or names a core module."""
+    stems = [p.stem for p in (ROOT / "bench").rglob("*.py") if p.stem not in ("__init__", "__main__")]
+    stems += [p.name for p in (ROOT / "bench").iterdir() if (p / "__init__.py").exists()]
+    core = {p.stem for p in (ROOT / "core").glob("*.py")}
+    repeated = sorted({s for s in stems if stems.count(s) > 1} | (set(stems) & core))
+    assert not repeated, repeated
 
 
 def test_the_checker_sees_a_violation(tmp_path):
@@ -172,7 +226,7 @@ def _names_in(path: Path) -> list[tuple[int, str]]:
 def plugin_names() -> set[str]:
     import analyses
     import tasks
-    from bench.commands import report_sections
+    from bench.results.plugged import report_sections
 
     # "lm-eval" is also the library whose version the leaderboard header reports, not only the bridge task
     names = set(tasks.known_tasks()) | set(analyses.known_analyses()) | set(report_sections())

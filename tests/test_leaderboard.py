@@ -11,7 +11,7 @@ import pytest
 
 from core.record import SCHEMA_VERSION
 from leaderboard.load import SUPPORTED_SCHEMA, load_results
-from bench.cli.display import report_display
+from bench.results.leaderboard_display import report_display
 from leaderboard.report import build
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import methods
-from bench.apply import apply_compression
-from bench.checkpoint import load_checkpoint, write_checkpoint
-from bench.calibrate import CalibSpec, calibrate, next_token_loss_sum
+from bench.deploy.apply import apply_compression
+from bench.model.checkpoint import load_checkpoint, write_checkpoint
+from bench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
 from core.errors import did_you_mean
-from bench.groups import find_input_groups
+from bench.model.groups import find_input_groups
 from core.linalg import NumericError, whitening_factor
 from core.stats import GroupStats, RankSpec
 from methods.fasc import coupled_selection
@@ -351,7 +351,7 @@ def test_readme_method_example_runs():
 def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, windows):
     """A sweep compresses the one model in place and restores it: no copy per cell, and the dense logits after
     every method equal those before, bit for bit (the originals are kept by reference, never modified)."""
-    from bench.compress import compressed
+    from bench.deploy.compression import compressed
 
     model = tiny_model("llama", hidden=32, inter=96)
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
@@ -374,7 +374,7 @@ def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, window
 
 
 def test_in_place_compression_restores_on_error(windows):
-    from bench.compress import compressed
+    from bench.deploy.compression import compressed
 
     model = tiny_model("llama", hidden=32, inter=96)
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)

@@ -8,7 +8,7 @@ import pytest
 
 import methods
 from bench.cli import main
-from bench.costs import estimate_costs as make_plan
+from bench.measure.costs import estimate_costs as make_plan
 from core.stats import RankSpec, SparsitySpec
 from core.units import parse_bytes
 
@@ -67,7 +67,7 @@ def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
 # ---------------------------------------------------------------- time in the plan (issue 24, item 3)
 
 def _speed(**kw):
-    from bench.costs import DeviceSpeed
+    from bench.measure.costs import DeviceSpeed
 
     base = dict(device="cpu", matmul32=1e11, solve_matmul=4e10, eigh_n=1024, eigh_s=0.2, svd_shape=(1024, 512),
                 svd_s=0.1, bandwidth=1e10)
@@ -75,7 +75,7 @@ def _speed(**kw):
 
 
 def test_plan_times_scale_by_the_declared_operations():
-    from bench.costs import estimate_times as times_of
+    from bench.measure.costs import estimate_times as times_of
 
     llama = str(CONFIGS / "llama-3-8b")
 
@@ -113,7 +113,7 @@ def test_plan_times_scale_by_the_declared_operations():
 
 
 def test_plan_shares_memoised_solves_only_when_the_store_holds_them():
-    from bench.costs import estimate_times
+    from bench.measure.costs import estimate_times
 
     llama = str(CONFIGS / "llama-3-8b")
 
@@ -133,9 +133,9 @@ def test_plan_shares_memoised_solves_only_when_the_store_holds_them():
 
 
 def test_plan_prints_time_under_the_run_stage_names(capsys, monkeypatch):
-    import bench.costs
+    import bench.measure.costs
 
-    monkeypatch.setattr(bench.costs, "measure_speed",
+    monkeypatch.setattr(bench.measure.costs, "measure_speed",
                         lambda device="cpu", n=1024, solve_dtype="float64": _speed(device=device, solve_dtype=solve_dtype))
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "fasc-kfac",
                  "--stats-memory", "64GB"]) == 0
@@ -155,7 +155,7 @@ def test_plan_with_a_missing_solve_device_is_one_line(capsys):
 def test_truncated_svd_priced_as_the_path_each_precision_takes():
     """float64 takes the smaller Gram's eigh (Gram product + eigh at the small side), float32 the SVD itself; the
     per-site methods and whitened-svd (m >= d) declare that operation, whitened-svd at m < d an SVD."""
-    from bench.costs import op_seconds
+    from bench.measure.costs import op_seconds
     from methods.base import factor_svd_ops, site_svd_ops
 
     op = ("", "truncated_svd", 4096, 1024)
@@ -191,7 +191,7 @@ def tiny(tmp_path):
 def test_stat_bytes_of_each_statistic_by_hand():
     from types import SimpleNamespace
 
-    from bench.costs import stat_bytes
+    from bench.calibration.memory import stat_bytes
 
     g = SimpleNamespace(d_in=64, d_outs=(64, 32, 32))
     every = frozenset({"C", "F", "abs_mean", "mean", "pairs", "row_fisher", "abs_hist"})
@@ -286,7 +286,7 @@ def test_calibration_passes_at_the_budget_boundary(tiny):
 
 
 def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
-    from bench.costs import memo_fits
+    from bench.measure.costs import memo_fits
 
     comps = {m: methods.build(m) for m in ("pca", "fasc-kfac")}
     # pca's basis, fasc-kfac's whitening factor and Fisher basis: two d x d float64 matrices each, per group
@@ -310,7 +310,7 @@ def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
 
 
 def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
-    from bench.costs import estimate_times
+    from bench.measure.costs import estimate_times
 
     speed = _speed(eigh_n=64, eigh_s=0.5, solve_matmul=1e9, matmul32=1e10)
     est = make_plan(tiny, ["pca", "fasc-kfac"], [0.5])
@@ -364,7 +364,7 @@ def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
 
 
 def test_op_seconds_by_hand():
-    from bench.costs import op_seconds
+    from bench.measure.costs import op_seconds
 
     s = _speed(eigh_n=100, eigh_s=2.0, svd_shape=(100, 50), svd_s=3.0, solve_matmul=1e9, bandwidth=1e9)
     assert op_seconds(("k", "eigh", 200), s) == pytest.approx(16.0)
@@ -381,7 +381,7 @@ def test_op_seconds_by_hand():
 def test_measure_speed_is_the_median_of_three_timed_runs(monkeypatch):
     import time
 
-    from bench.costs import measure_speed
+    from bench.measure.costs import measure_speed
 
     durations = iter([1.0, 3.0, 2.0] * 5)  # each operation's three timed runs: median 2 s
     now = [0.0]
@@ -405,7 +405,7 @@ def test_model_positions_and_config_refusals(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from bench.costs import load_model_config, model_positions
+    from bench.measure.costs import load_model_config, model_positions
     from core.errors import UserError
 
     assert model_positions(SimpleNamespace(max_position_embeddings=512)) == 512
@@ -467,7 +467,7 @@ def test_a_multimodal_config_plans_its_text_model_and_odd_ratios_round_per_group
 def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatch):
     """A config that reaches the plan without a config.json (an alias, a .gguf header, the hub) is checked there, and
     the refusal names the model as the user gave it."""
-    import bench.costs as costs
+    import bench.measure.costs as costs
     from core.errors import UserError
     from transformers import LlamaConfig
 
@@ -483,8 +483,8 @@ def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatc
 def test_an_alias_plans_from_its_converted_config_or_else_its_gguf_header(tmp_path, monkeypatch):
     import json
 
-    import bench.costs as costs
-    import bench.models as models
+    import bench.measure.costs as costs
+    import bench.model.sources as models
     import transformers
 
     (tmp_path / "gemma-3-270m").mkdir()
@@ -516,7 +516,7 @@ def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
     characters, or the error's type when it says nothing."""
     import json
 
-    import bench.costs as costs
+    import bench.measure.costs as costs
     import transformers
     from core.errors import UserError
 

@@ -1,11 +1,11 @@
 """The numbers the leaderboard prints, against hand computations on small cases: deployed bytes and measured
-density (bench/measure.py), and more as the mutation runs over the analyses, layers, allocation, costs and the
+density (bench/measure/latency.py), and more as the mutation runs over the analyses, layers, allocation, costs and the
 leaderboard's arithmetic show a gap. Each test is a reference computed in the test, not a stored value."""
 
 import pytest
 import torch
 
-from bench.measure import measured_density, weight_bytes
+from bench.measure.latency import measured_density, weight_bytes
 from core.compressed_layers import InputSparsifier, SparseInputLinear
 
 
@@ -125,7 +125,7 @@ def test_the_rho_figure_plots_rho_per_block_and_each_methods_loss_rise(tmp_path,
     assert [ln.get_label() for ln in seen["fig"].axes[1].lines] == ["loss rise, pca"]
 
 
-# ---------------------------------------------------------------- latency (bench/measure.py) on a model whose times are known
+# ---------------------------------------------------------------- latency (bench/measure/latency.py) on a model whose times are known
 
 class _Clock:
     def __init__(self):
@@ -207,7 +207,7 @@ class _Model(torch.nn.Module):
 
 
 def _latency(costs, spec, monkeypatch):
-    import bench.measure as measure
+    import bench.measure.latency as measure
 
     model = _Model(costs)
     monkeypatch.setattr(measure, "time", model.clock)
@@ -220,7 +220,7 @@ def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monk
 
     from scipy.stats import t as student_t
 
-    from bench.measure import LatencySpec
+    from bench.measure.latency import LatencySpec
 
     # round 0 is the warm-up (ten times slower, dropped); then the variant's decode step is 2 ms * (1, 1.02, 0.98, 1.01)
     wobble = [10.0, 1.0, 1.02, 0.98, 1.01, 1.0]
@@ -271,7 +271,7 @@ def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monk
 
 
 def test_compare_latency_stops_at_its_time_cap_and_says_it_did_not_converge(monkeypatch):
-    from bench.measure import LatencySpec
+    from bench.measure.latency import LatencySpec
 
     # the variant alternates 1 ms and 3 ms steps: the interval never narrows to +-3 %
     costs = lambda kind, dense, rnd: 1e-3 if kind == "prefill" or dense else (1e-3 if rnd % 2 else 3e-3)
@@ -288,7 +288,7 @@ def test_the_time_cap_scales_with_the_time_of_one_round(monkeypatch):
     times slower here, moves nothing)."""
     import statistics
 
-    from bench.measure import LatencySpec
+    from bench.measure.latency import LatencySpec
 
     def costs(kind, dense, rnd):
         slow = 3.0 if rnd == 0 else 1.0
@@ -311,7 +311,7 @@ def test_the_time_cap_scales_with_the_time_of_one_round(monkeypatch):
 
 
 def test_latency_spec_conditions_in_full():
-    from bench.measure import LatencySpec
+    from bench.measure.latency import LatencySpec
 
     assert LatencySpec(prompt_len=7, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.04, min_rounds=6,
                        seconds=2.5).conditions() == {
@@ -321,7 +321,7 @@ def test_latency_spec_conditions_in_full():
 
 
 def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):
-    import bench.measure as measure
+    import bench.measure.latency as measure
 
     steps = [9e-3, 2e-3, 3e-3, 1e-3, 5e-3]  # the warm-up's, then four rounds'
     model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else steps[rnd])
@@ -347,7 +347,7 @@ def test_ratio_interval_with_one_and_with_two_rounds():
 
     from scipy.stats import t as student_t
 
-    from bench.measure import ratio_interval
+    from bench.measure.latency import ratio_interval
 
     assert ratio_interval([1.5]) == {"ratio": pytest.approx(1.5), "ci95": None, "n": 1}
     got = ratio_interval([1.0, 4.0])  # logs 0 and ln 4: mean ln 2, sd ln 4 / sqrt 2, half t(0.975, 1) * sd / sqrt 2
@@ -357,7 +357,7 @@ def test_ratio_interval_with_one_and_with_two_rounds():
 
 
 def test_the_probe_feeds_text_windows_or_seeded_random_ids():
-    from bench.measure import LatencySpec, _Probe
+    from bench.measure.latency import LatencySpec, _Probe
 
     spec = LatencySpec(prompt_len=4, new_tokens=3, prefill_len=5, batch=2)
     model = _Model(lambda *a: 0.0)
@@ -390,7 +390,7 @@ def test_the_probe_feeds_text_windows_or_seeded_random_ids():
 
 
 def test_masked_weight_kernel_names_each_distinct_description_once(monkeypatch):
-    import bench.measure as measure
+    import bench.measure.latency as measure
     from core.compressed_layers import LAYOUT_KEY
 
     model = torch.nn.Module()
@@ -409,7 +409,7 @@ def test_masked_weight_kernel_names_each_distinct_description_once(monkeypatch):
 
 
 def test_latency_alone_with_a_single_round(monkeypatch):
-    import bench.measure as measure
+    import bench.measure.latency as measure
 
     model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else 3e-3)
     monkeypatch.setattr(measure, "time", model.clock)
@@ -433,7 +433,7 @@ def test_rho_section_edges_p_at_the_threshold_a_bare_row_and_no_headline():
     assert lines[0].startswith("Correlations (r [bootstrap 95% CI] p)")  # no headline, no blank line before
 
 
-# ---------------------------------------------------------------- density allocation (bench/allocate.py) by hand
+# ---------------------------------------------------------------- density allocation (bench/deploy/allocation.py) by hand
 
 def _two_bin_hist(i: int, j: int, pi: float = 0.5):
     from core.stats import HIST_BINS
@@ -450,7 +450,7 @@ def _centre(i: int) -> float:
 
 
 def test_lost_energy_by_hand_on_two_bins():
-    from bench.allocate import lost_energy
+    from bench.deploy.allocation import lost_energy
     from core.stats import HIST_BINS
 
     i, j = 1000, 3000  # values at the two bins' centres, half the mass each
@@ -471,7 +471,7 @@ def test_lost_energy_by_hand_on_two_bins():
 def test_allocate_density_returns_what_it_allocated_in_full():
     from types import SimpleNamespace
 
-    from bench.allocate import DENSITY_STEP, allocate_density, lost_energy
+    from bench.deploy.allocation import DENSITY_STEP, allocate_density, lost_energy
     from core.stats import GroupStats, SparsitySpec
 
     # two groups of equal size: one whose values are all alike (costly to zero), one with a few large values
@@ -497,7 +497,7 @@ def test_allocate_density_returns_what_it_allocated_in_full():
 def test_allocate_density_refusals_in_full():
     from types import SimpleNamespace
 
-    from bench.allocate import allocate_density
+    from bench.deploy.allocation import allocate_density
     from core.errors import UserError
     from core.stats import HIST_BINS, GroupStats, SparsitySpec
 
@@ -513,10 +513,10 @@ def test_allocate_density_refusals_in_full():
                                 "recalibrate (delete its statistics cache folder)")
 
 
-# ---------------------------------------------------------------- memory (bench/measure.py): what the peak columns read
+# ---------------------------------------------------------------- memory (bench/measure/latency.py): what the peak columns read
 
 def test_proc_status_fields_in_bytes_and_the_high_water_mark_reset():
-    from bench.measure import _proc_status_bytes, _reset_rss_hwm, peak_memory
+    from bench.measure.latency import _proc_status_bytes, _reset_rss_hwm, peak_memory
 
     want = {}
     for line in open("/proc/self/status"):
@@ -535,10 +535,10 @@ def test_proc_status_fields_in_bytes_and_the_high_water_mark_reset():
     del block
 
 
-# ---------------------------------------------------------------- rank allocation (bench/allocate.py) by hand
+# ---------------------------------------------------------------- rank allocation (bench/deploy/allocation.py) by hand
 
 def test_allocation_floors_and_the_minimum_budget_by_hand():
-    from bench.allocate import _floors, _paid_minimum
+    from bench.deploy.allocation import _floors, _paid_minimum
     from core.errors import UserError
 
     shapes = {"a": (4, 4), "b": (300, 600), "c": (150, 50), "d": (50, 50)}
@@ -555,7 +555,7 @@ def test_allocation_floors_and_the_minimum_budget_by_hand():
 
 
 def test_allocation_summary_in_full():
-    from bench.allocate import Allocation
+    from bench.deploy.allocation import Allocation
 
     a = Allocation("fisher", {"g0": 3, "g1": 8}, 600, 550, 1000, {"values_s": 0.5, "greedy_s": 0.25})
     assert a.summary() == {"rule": "fisher", "budget_params": 600, "allocated_params": 550, "dense_params": 1000,
@@ -568,7 +568,7 @@ def test_allocation_summary_in_full():
 def test_a_non_finite_statistic_stops_an_allocation_in_one_line(rule):
     from types import SimpleNamespace
 
-    from bench.allocate import allocate
+    from bench.deploy.allocation import allocate
     from bench.testing import random_stats
     from core.errors import UserError
     from core.stats import RankSpec
@@ -584,7 +584,7 @@ def test_greedy_rank_split_by_hand():
     """Two groups at their minimum k = 1 = kmax: each can only merge (keep everything) for the rest of dense.
     a: (4, 4), merging costs 16 - 8 = 8 for the value 9; b: (6, 2), 12 - 8 = 4 for 6. Value per parameter: b 1.5,
     a 1.125."""
-    from bench.allocate import _greedy
+    from bench.deploy.allocation import _greedy
     from core.errors import UserError
 
     shapes = {"a": (4, 4), "b": (6, 2)}
@@ -604,7 +604,7 @@ def test_greedy_rank_split_by_hand():
 def test_uniform_allocation_and_the_budget_check_by_hand():
     from types import SimpleNamespace
 
-    from bench.allocate import allocate, check_budget
+    from bench.deploy.allocation import allocate, check_budget
     from core.errors import UserError
     from core.stats import RankSpec
 
@@ -717,7 +717,7 @@ def test_the_header_names_what_bounds_decode():
 
 
 def test_bandwidth_probes_and_the_skipped_products():
-    from bench.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
+    from bench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
 
     got = stream_bandwidth(8 * 2**20)
     assert got["array_mb"] == 8 and got["copy_gb_s"] > 0 and got["triad_gb_s"] > 0
@@ -1048,7 +1048,7 @@ def test_weight_bytes_count_shared_storage_once():
 def test_rss_peak_reset_says_when_the_kernel_refuses(monkeypatch):
     import builtins
 
-    from bench.measure import _reset_rss_hwm
+    from bench.measure.latency import _reset_rss_hwm
 
     def refuse(*a, **k):
         raise OSError("no /proc here")
@@ -1062,7 +1062,7 @@ def test_what_bounds_on_a_probe_whose_times_are_known(monkeypatch):
     product's bandwidth is measured on CPU only, at the largest site's shape."""
     from types import SimpleNamespace
 
-    import bench.measure as measure
+    import bench.measure.latency as measure
 
     monkeypatch.setattr(measure, "stream_bandwidth", lambda: {"copy_gb_s": 1.0})
     asked = []
@@ -1101,7 +1101,7 @@ def test_allocation_solves_in_the_runs_precision(monkeypatch):
     memoised there (a float32 run must not pay float64 solves first)."""
     from types import SimpleNamespace
 
-    import bench.allocate as alloc
+    import bench.deploy.allocation as alloc
     from bench.testing import random_stats
     from core.stats import RankSpec
 
@@ -1176,10 +1176,10 @@ def test_a_saved_low_rank_model_loads_back_as_it_ran(tmp_path):
     the dtype it is loaded in."""
     from transformers import AutoModelForCausalLM
 
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.checkpoint import load_checkpoint, write_checkpoint
-    from bench.compress import compressed
-    from bench.groups import find_input_groups
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.checkpoint import load_checkpoint, write_checkpoint
+    from bench.deploy.compression import compressed
+    from bench.model.groups import find_input_groups
     from core.compressed_layers import LowRankLinear
     from core.stats import RankSpec
     from tests.conftest import tiny_config

@@ -11,7 +11,7 @@ import pytest
 
 from bench.cli import main
 from bench.cli.smoke import tiny_checkpoint
-from bench.store import cell_status
+from bench.results.store import cell_status
 
 CRASH_ONCE = '''
 import os

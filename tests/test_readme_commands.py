@@ -86,11 +86,11 @@ def variants(cmd: str) -> list[list[str]]:
 def check(argv: list[str]) -> None:
     """The command's own checks, short of opening a model: raises UserError or SystemExit (the parser's)."""
     from bench.cli import _parser
-    from bench.config import resolve_run
+    from bench.runner.config import resolve_run
 
     args = _parser().parse_args(argv[1:])
     if args.cmd == "run":
-        from bench.cli.run import run_configs
+        from bench.cli.run import run_configs_of as run_configs
 
         for config in run_configs(args):  # one per model
             resolve_run(config, writes=False)
@@ -230,7 +230,7 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from bench.execute import write_stage_log
+    from bench.runner.execute import write_stage_log
     from leaderboard.load import load_results
     from tests.readme_numbers import main
 

@@ -8,14 +8,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    from bench.models import load_model
+    from bench.model.sources import load_model
 
     return load_model("smollm2-135m", progress=False)
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    from bench.models import load_model
+    from bench.model.sources import load_model
 
     return load_model("gemma-3-270m", progress=False)
 
@@ -23,7 +23,7 @@ def gemma():
 def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from bench import models
+    import bench.model.sources as models
 
     gguf = models._alias_gguf("gemma-3-270m")
     direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
@@ -79,9 +79,9 @@ GOLDEN = {
 
 
 def test_golden_values_smollm2(smol):
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.groups import find_input_groups
-    from bench.compress import compressed
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
+    from bench.deploy.compression import compressed
     from core.stats import RankSpec
     from tasks.data.text_data import calibration_windows, load_text
     from tasks.perplexity import token_windows, window_nll
@@ -106,7 +106,7 @@ def test_golden_values_smollm2(smol):
 def test_smollm2_16_32_beats_2_4_activation_sparsity(smol):
     """The reference study's ordering on SmolLM2: at density 0.5 with |x| scores, 16:32 keeps a lower perplexity
     than 2:4 (more freedom per block), and both lie above dense."""
-    from bench.compress import compressed
+    from bench.deploy.compression import compressed
     from core.stats import SparsitySpec
     from tasks.perplexity import PPLToken
 

@@ -84,12 +84,12 @@ def test_correlations_equal_scipy():
 
 def _tiny_context(**spec_kw):
     """The harness's AnalysisContext over the smoke model's calibration statistics."""
-    from bench.calibrate import CalibSpec, calibrate
-    from bench.groups import find_input_groups
-    from bench.models import load_model
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
+    from bench.model.sources import load_model
     from bench.cli.smoke import tiny_checkpoint
-    from bench.config import RunConfig, resolve_run
-    from bench.execute import AnalysisContext
+    from bench.runner.config import RunConfig, resolve_run
+    from bench.runner.execute import AnalysisContext
     from tasks.data.text_data import calibration_windows, load_text
 
     lm = load_model(str(tiny_checkpoint()), progress=False)

@@ -170,7 +170,7 @@ class ZeroFactors(Compressor):
 def test_smoke_calls_a_method_that_destroys_the_model_broken(tmp_path, capsys):
     import methods
     from bench.cli.smoke import smoke
-    from bench.smoke_verdict import broken_threshold
+    from bench.results.smoke_verdict import broken_threshold
 
     assert broken_threshold(100.0, 10_000) == pytest.approx(1000.0)  # halfway in logs from 100 to 10,000
     methods.REGISTRY.register(ZeroFactors)

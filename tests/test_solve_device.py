@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import methods
-from bench.allocate import allocate
-from bench.groups import find_input_groups
+from bench.deploy.allocation import allocate
+from bench.model.groups import find_input_groups
 from core.stats import RankSpec, SparsitySpec
 
 from conftest import calibrated_tiny

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import methods
-from bench.groups import find_input_groups
+from bench.model.groups import find_input_groups
 from core.linalg import whitening_factor
 from core.stats import GroupStats, RankSpec
 
@@ -141,7 +141,7 @@ def test_rank_allocation_solves_in_the_run_precision_and_memoises_there(model_an
     """The allocation's eigen-solves run on the solve device in the solve precision (memoised there, so the
     compression after it reuses them); on well-conditioned statistics the split is float64's, up to directions
     whose values tie within float32's round-off (the groups here share one spectrum)."""
-    from bench.allocate import allocate
+    from bench.deploy.allocation import allocate
 
     model, stats = model_and_stats
     groups = find_input_groups(model)

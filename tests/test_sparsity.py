@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import methods
-from bench.apply import sparsifier_for
+from bench.deploy.apply import sparsifier_for
 from core.compressed_layers import InputSparsifier, SparseInputLinear, compressed_subclass
-from bench.calibrate import CalibSpec, calibrate
-from bench.compress import compressed, compression_summary
-from bench.groups import find_input_groups
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.deploy.compression import compressed, compression_summary
+from bench.model.groups import find_input_groups
 from core.errors import UserError
 from core.sparsity import sparsify, topk_mask
 from core.stats import GroupStats, RankSpec, SparsitySpec
@@ -366,7 +366,7 @@ def test_a_saved_sparse_model_loads_back_as_it_ran(windows, tmp_path, variant, p
     """What a checkpoint's loader rebuilds from the layout in its config (the sites, one sparsifier per group read by
     each of its sites, the score scale, mean and threshold buffers) runs as the deployed model did: the same logits
     at prefill (the masked form) and on one token (the gathered form), and the same readers per group."""
-    from bench.checkpoint import load_checkpoint, write_checkpoint
+    from bench.model.checkpoint import load_checkpoint, write_checkpoint
 
     model = tiny_model("llama", hidden=32, inter=48)
     needs = ALL_STATS | methods.build(variant).required_stats()

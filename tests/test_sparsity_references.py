@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.calibrate import CalibSpec, calibrate
-from bench.compress import compressed
-from bench.groups import find_input_groups
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.deploy.compression import compressed
+from bench.model.groups import find_input_groups
 from core.stats import SparsitySpec
 
 from conftest import tiny_model

@@ -10,10 +10,10 @@ import torch
 from scipy import stats as sps
 
 import core.compressed_layers as layers
-from bench.calibrate import CalibSpec, calibrate
-from bench.compress import compressed, dense_switch
-from bench.groups import find_input_groups
-from bench.measure import LatencySpec, compare_latency, latency, ratio_interval
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.deploy.compression import compressed, deploy
+from bench.model.groups import find_input_groups
+from bench.measure.latency import LatencySpec, compare_latency, latency, ratio_interval
 from core.compressed_layers import InputSparsifier, SparseInputLinear
 from core.sparsity import sparse_input, sparsify, top_indices, topk_mask
 from core.stats import RankSpec, SparsitySpec
@@ -165,18 +165,23 @@ def test_dense_switch_trades_places_by_reference(windows, variant, budget):
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(), progress=False)
     with torch.no_grad():
         dense = model(windows).logits
-        with compressed(model, variant, budget, stats, progress=False) as (m, _):
-            variant_logits = m(windows).logits
-            assert not torch.equal(variant_logits, dense)
-            use_dense = dense_switch(m)
-            for _ in range(2):
-                use_dense(True)
-                assert torch.equal(m(windows).logits, dense)
-                assert not hasattr(m.config, "acbench_compression")
-                use_dense(False)
-                assert torch.equal(m(windows).logits, variant_logits)
+        dep = deploy(model, variant, budget, stats, progress=False)
+        m = dep.model
+        variant_logits = m(windows).logits
+        assert not torch.equal(variant_logits, dense)
+        use_dense = dep.dense_switch()
+        for _ in range(2):
             use_dense(True)
+            assert torch.equal(m(windows).logits, dense)
+            assert not hasattr(m.config, "acbench_compression")
+            use_dense(False)
+            assert torch.equal(m(windows).logits, variant_logits)
+        use_dense(True)
+        dep.restore()
+        dep.restore()  # a second restore does nothing
         assert torch.equal(model(windows).logits, dense)
+        with pytest.raises(RuntimeError, match="restored"):
+            dep.dense_switch()
     assert not hasattr(model.config, "acbench_compression")
 
 
@@ -184,10 +189,11 @@ def test_compare_latency_stores_ratios_intervals_and_conditions(windows):
     model = tiny_model("llama", hidden=32, inter=48)
     spec = LatencySpec(prompt_len=8, new_tokens=3, prefill_len=8, batch=2, min_rounds=3, seconds=0.5)
     with torch.no_grad():
-        with compressed(model, "act-sparse", SparsitySpec.parse("2:4"), {}, progress=False) as (m, _):
-            want = m(windows).logits
-            got = compare_latency(m, dense_switch(m), spec)
-            assert torch.equal(m(windows).logits, want)  # left in the variant's state
+        dep = deploy(model, "act-sparse", SparsitySpec.parse("2:4"), {}, progress=False)
+        want = dep.model(windows).logits
+        got = compare_latency(dep.model, dep.dense_switch(), spec)
+        assert torch.equal(dep.model(windows).logits, want)  # left in the variant's state
+        dep.restore()
     assert got["protocol"] == "interleaved" and got["rounds"] >= 3
     assert got["conditions"]["threads"] == torch.get_num_threads() and got["conditions"]["new_tokens"] == 3
     assert got["conditions"]["decode_kernel"] == "embedding_bag"
@@ -199,8 +205,10 @@ def test_compare_latency_stores_ratios_intervals_and_conditions(windows):
         assert d["decode_ms_per_token"] == pytest.approx(d["decode_body_ms_per_token"] +
                                                          d["decode_outside_ms_per_token"], rel=0.5)
         assert d["decode_body_ms_per_token"] > 0 and d["prefill_body_tokens_per_s"] > 0
-    with torch.no_grad(), compressed(model, "svd", RankSpec(0.5), {}, progress=False) as (m, _):
-        assert compare_latency(m, dense_switch(m), spec)["conditions"]["decode_kernel"] is None  # no sparse site
+    with torch.no_grad():
+        dep = deploy(model, "svd", RankSpec(0.5), {}, progress=False)
+        assert compare_latency(dep.model, dep.dense_switch(), spec)["conditions"]["decode_kernel"] is None  # no sparse
+        dep.restore()
     alone = latency(model, spec)
     assert alone["protocol"] == "alone" and "speedup" not in alone and alone["rounds"] == 3
 
@@ -333,7 +341,7 @@ def test_threshold_site_gathered_equals_masked(threshold, scaled, bag_parts):
 
 
 def test_teal_deploys_its_threshold_and_measures_its_density(windows):
-    from bench.measure import measured_density
+    from bench.measure.latency import measured_density
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
@@ -361,7 +369,7 @@ def test_teal_refuses_an_nm_pattern_in_one_line(capsys, tmp_path):
 
 
 def test_histogram_statistics_survive_the_cache(tmp_path):
-    from bench.stats_store import group_problem, read_group, write_group
+    from bench.calibration.group_files import group_problem, read_group, write_group
     from core.stats import HIST_BINS, GroupStats
 
     hist = torch.rand(HIST_BINS, dtype=torch.float64)
@@ -511,7 +519,7 @@ def test_the_compiled_triton_kernel_on_cuda(dtype, monkeypatch):
 def test_a_threshold_site_decodes_tokens_of_different_kept_counts(monkeypatch):
     """A threshold keeps a different number of channels each token: every token's product reads its own count's bag
     offsets (kept per shape on the site), equal to the masked dense product, the large site's split in bags too."""
-    from bench.apply import sparsifier_for
+    from bench.deploy.apply import sparsifier_for
     from methods.base import SparseActivation
 
     monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 64)  # 24 outputs x 3 or more kept channels: split
@@ -598,7 +606,7 @@ def test_a_bfloat16_sites_buffers_and_outputs_keep_its_dtype():
     ("1", 2**20),
 ])
 def test_the_bandwidth_probe_size_is_read_from_the_environment(monkeypatch, value, expect):
-    from bench.bandwidth import array_bytes
+    from bench.measure.bandwidth import array_bytes
 
     if value is None:
         monkeypatch.delenv("ACBENCH_BANDWIDTH_MB", raising=False)
@@ -615,7 +623,7 @@ def test_the_bandwidth_probe_size_is_read_from_the_environment(monkeypatch, valu
     ("1.5", "ACBENCH_BANDWIDTH_MB='1.5' is not a whole number"),
 ])
 def test_a_bandwidth_probe_size_that_is_not_a_size_is_one_line(monkeypatch, value, needle):
-    from bench.bandwidth import array_bytes
+    from bench.measure.bandwidth import array_bytes
     from core.errors import UserError
 
     monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", value)
@@ -627,7 +635,7 @@ def test_a_bandwidth_probe_size_that_is_not_a_size_is_one_line(monkeypatch, valu
 def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_not(monkeypatch):
     import os
 
-    from bench.bandwidth import array_bytes
+    from bench.measure.bandwidth import array_bytes
     from core.errors import UserError
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -641,10 +649,10 @@ def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_
                             f"this machine's {total / 2**30:.1f} GiB of memory: set it to at most {most}, or unset it")
 
 
-# ---------------------------------------------------------------- bench/bandwidth.py against a fake clock
+# ---------------------------------------------------------------- bench/measure/bandwidth.py against a fake clock
 
 def test_best_of_several_rounds_skips_the_first_touch_and_keeps_the_least(monkeypatch):
-    import bench.bandwidth as bw
+    import bench.measure.bandwidth as bw
 
     ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0])  # three timed rounds: 5, 2 and 7 s
     monkeypatch.setattr(bw.time, "perf_counter", lambda: next(ticks))
@@ -660,7 +668,7 @@ def _closure(fn) -> dict:
 def test_stream_bandwidth_is_bytes_over_the_best_time_and_runs_copy_and_triad(monkeypatch):
     """copy moves 2 arrays, triad 3; each kernel is checked by what it writes (a = b + 3 c); the result is cached
     per whole MB of array size, and another size measures again."""
-    import bench.bandwidth as bw
+    import bench.measure.bandwidth as bw
 
     monkeypatch.setattr(bw, "_STREAM", None)
     seen = []
@@ -695,7 +703,7 @@ def test_gemv_bandwidth_is_one_products_weight_bytes_over_its_share_of_the_best_
                                                                                    copies):
     """Copies of W enough to pass `cold` bytes (at least 2) are cycled; a sweep's best time over 3 rounds, divided
     by the copies, is one product's time; the result is cached per shape, dtype and cold size."""
-    import bench.bandwidth as bw
+    import bench.measure.bandwidth as bw
 
     monkeypatch.setattr(bw, "_GEMV", {})
     products = []
@@ -726,7 +734,7 @@ def test_gemv_bandwidth_is_one_products_weight_bytes_over_its_share_of_the_best_
 
 
 def test_the_largest_linear_is_the_first_of_the_most_weights():
-    from bench.bandwidth import largest_linear
+    from bench.measure.bandwidth import largest_linear
 
     tie = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8))  # 32 weights each: the first stays
     assert largest_linear(tie) == (4, 8, torch.float32)
@@ -736,7 +744,7 @@ def test_the_largest_linear_is_the_first_of_the_most_weights():
 
 
 def test_a_bandwidth_probe_that_exactly_fills_half_the_memory_fits(monkeypatch):
-    import bench.bandwidth as bw
+    import bench.measure.bandwidth as bw
 
     real = bw.os.sysconf
     monkeypatch.setattr(bw.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 2**20, "SC_PHYS_PAGES": 6}.get(name) or

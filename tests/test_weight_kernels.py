@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import bench.semi_structured as ss
-from bench.calibrate import CalibSpec, calibrate
-from bench.compress import compressed, dense_switch
-from bench.groups import find_input_groups
-from bench.measure import LatencySpec, compare_latency, masked_weight_kernel
+import bench.deploy.semi_structured as ss
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.deploy.compression import compressed, deploy
+from bench.model.groups import find_input_groups
+from bench.measure.latency import LatencySpec, compare_latency, masked_weight_kernel
 from core.stats import SparsitySpec
 
 from conftest import tiny_model
@@ -58,11 +58,13 @@ def test_masked_weights_stay_dense_on_cpu_and_the_conditions_say_why(windows, sp
     model = tiny_model("llama", hidden=32, inter=48)
     stats = calibrate(model, find_input_groups(model), windows, frozenset({"C"}), CalibSpec(), progress=False)
     spec = LatencySpec(prompt_len=8, new_tokens=2, prefill_len=8, batch=2, min_rounds=2, seconds=0.2)
-    with torch.no_grad(), compressed(model, "wanda", SparsitySpec.parse(sparsity), stats, progress=False) as (m, _):
-        weights = [mod.weight for mod in m.modules() if isinstance(mod, torch.nn.Linear)]
+    with torch.no_grad():
+        dep = deploy(model, "wanda", SparsitySpec.parse(sparsity), stats, progress=False)
+        weights = [mod.weight for mod in dep.model.modules() if isinstance(mod, torch.nn.Linear)]
         assert not any(ss.is_semi_structured(w) for w in weights)
-        assert masked_weight_kernel(m) == want
-        got = compare_latency(m, dense_switch(m), spec)
+        assert masked_weight_kernel(dep.model) == want
+        got = compare_latency(dep.model, dep.dense_switch(), spec)
+        dep.restore()
     assert got["conditions"]["weight_kernel"] == want and got["conditions"]["decode_kernel"] is None
     assert masked_weight_kernel(model) is None  # dense again: no masked site
 
@@ -70,17 +72,19 @@ def test_masked_weights_stay_dense_on_cpu_and_the_conditions_say_why(windows, sp
 def test_densified_puts_plain_weights_in_for_a_save_and_back_after(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
     marked = model[0].weight
-    monkeypatch.setattr(ss, "is_semi_structured", lambda w: w is marked)
+    import bench.model.checkpoint as ckpt
+
+    monkeypatch.setattr(ckpt, "_semi_structured", lambda w: w is marked)
     monkeypatch.setattr(type(marked), "to_dense", lambda self: self.detach() + 0, raising=False)
     keep = model[1].weight
-    with ss.densified(model):
+    with ckpt.densified(model):
         assert model[0].weight is not marked and torch.equal(model[0].weight, marked)
         assert model[1].weight is keep
     assert model[0].weight is marked
 
 
 def test_a_checkpoint_is_written_with_its_weights_densified(tmp_path, monkeypatch):
-    import bench.checkpoint as ckpt
+    import bench.model.checkpoint as ckpt
 
     seen = []
 
@@ -106,7 +110,7 @@ def test_a_checkpoint_is_written_with_its_weights_densified(tmp_path, monkeypatc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the conversion needs sparse tensor "
                                                          "cores (benchmarks/gpu_check.sh runs this)")
 def test_wanda_2_4_runs_on_sparse_tensor_cores_and_saves_as_plain_weights(windows, tmp_path):
-    from bench.checkpoint import load_checkpoint, write_checkpoint
+    from bench.model.checkpoint import densified, load_checkpoint, write_checkpoint
 
     if torch.cuda.get_device_capability() < ss.MIN_CAPABILITY:
         pytest.skip("this GPU has no sparse tensor cores")
@@ -116,7 +120,7 @@ def test_wanda_2_4_runs_on_sparse_tensor_cores_and_saves_as_plain_weights(window
         sparse = [mod for mod in m.modules() if isinstance(mod, torch.nn.Linear) and ss.is_semi_structured(mod.weight)]
         assert sparse and masked_weight_kernel(m).startswith("semi-structured (")
         got = m(windows[:1].cuda()).logits.float()
-        with ss.densified(m):
+        with densified(m):
             want = m(windows[:1].cuda()).logits.float()
         write_checkpoint(m, None, tmp_path / "ckpt", {})
     assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())

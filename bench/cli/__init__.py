@@ -1,6 +1,6 @@
 """`bench`: run a sweep, plan one, save one compressed model, list what is registered, build the leaderboard, or run the smoke check.
 
-The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `bench.config.Run`
+The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `bench.runner.config.Run`
 at this boundary, builds the analyses and the leaderboard's display from their registries, and picks the executor.
 """
 
@@ -12,14 +12,14 @@ import signal
 import sys
 import threading
 
-from bench.commands import plugged_commands
-from bench.models import ALIASES
+from bench.results.plugged import plugged_commands
+from bench.model.sources import ALIASES
 from core.errors import UserError
 
-from .author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
-from .compress import add_compress_parser, cmd_compress
-from .plan import add_plan_parser, cmd_plan
-from .run import add_run_parser, cmd_run, config_from_args, split_list
+from bench.cli.author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
+from bench.cli.compress import add_compress_parser, cmd_compress
+from bench.cli.plan import add_plan_parser, cmd_plan
+from bench.cli.run import add_run_parser, cmd_run, config_from_args, split_list
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,7 +71,7 @@ def cmd_ls(args) -> int:
             print(f"{'':10s} settings: {line}" + (f"; from the run: {inherited}" if inherited else "")
                   + ("" if line == "(none)" else f" ({flag} {name}.<setting>=<value>)"))
     else:
-        from bench.models import ALIASES
+        from bench.model.sources import ALIASES
 
         for name, alias in ALIASES.items():
             print(f"{name:14s} {alias.description} [pip: {alias.pip_names[0]}]")
@@ -82,7 +82,7 @@ def cmd_ls(args) -> int:
 def cmd_report(args) -> int:
     from leaderboard.report import write_report
 
-    from .display import report_display
+    from bench.results.leaderboard_display import report_display
 
     out = write_report(split_list(args.results, str, "--results"), args.out, args.vs, report_display())
     print(f"leaderboard: {out}")
@@ -90,14 +90,14 @@ def cmd_report(args) -> int:
 
 
 def cmd_smoke(args) -> int:
-    from .smoke import smoke
+    from bench.cli.smoke import smoke
 
     return smoke(args.output, split_list(args.methods, str, "--methods") if args.methods is not None else None,
                  latency=not args.no_latency)
 
 
 def _prepare_model(name: str) -> str:
-    from bench.models import load_model
+    from bench.model.sources import load_model
 
     return load_model(name).fingerprint.get("sha256", "")[:12]
 
@@ -176,8 +176,8 @@ def _on_sigterm(signum, frame):
 def check_environment(cmd: str) -> None:
     """Every ACBENCH_* variable a command may read, parsed before it does any work: a bad value is one line naming
     the variable and the fix (never a traceback at the first cell that reads it)."""
-    from bench.bandwidth import array_bytes
-    from bench.store import lock_ttl
+    from bench.measure.bandwidth import array_bytes
+    from bench.results.store import lock_ttl
     from core.compressed_layers import requested_decode_kernel
     from core.io import cache_dir, stats_cache_dir
 

@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from bench.cli import main
 
 sys.exit(main())

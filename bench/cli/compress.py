@@ -7,7 +7,7 @@ from pathlib import Path
 from core.errors import UserError
 from core.units import human
 
-from .run import RUN_FLAGS, config_from_args
+from bench.cli.run import RUN_FLAGS, config_from_args
 
 # the run's flags that shape one compressed model (the rest are the sweep's: tasks, executors, results)
 COMPRESS_FLAGS = ("model", "ranks", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
@@ -52,9 +52,9 @@ def compress_config(args):
 def cmd_compress(args) -> int:
     import methods
 
-    from bench.checkpoint import check_target
-    from bench.save import save_compressed
-    from bench.config import resolve_run
+    from bench.model.checkpoint import check_target
+    from bench.runner.one_variant import save_compressed
+    from bench.runner.config import resolve_run
     from methods.base import SparsityMethod
 
     config, out = compress_config(args)

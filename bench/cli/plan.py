@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.costs import CostEstimate, estimate_costs
+from bench.measure.costs import CostEstimate, estimate_costs
 from core.units import human
 
 
@@ -12,7 +12,7 @@ PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "
 
 
 def add_plan_parser(sub):
-    from .run import RUN_FLAGS
+    from bench.cli.run import RUN_FLAGS
 
     p = sub.add_parser("plan", help="what a run costs (statistics, passes, memory), from the model's config alone")
     for flag, dest, kw in RUN_FLAGS:
@@ -27,7 +27,7 @@ def plan_configs(args) -> list:
     """The RunConfigs a plan costs, one per model: bench run's, without its tasks (a plan evaluates nothing)."""
     import dataclasses
 
-    from .run import configs_from_args
+    from bench.cli.run import configs_from_args
 
     return [dataclasses.replace(c, tasks=[]) for c in configs_from_args(args)]
 
@@ -41,7 +41,7 @@ def cmd_plan(args) -> int:
     """The run these flags describe, validated as `bench run` validates it (one validator), then costed; a model
     may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
     total."""
-    from bench.config import resolve_run
+    from bench.runner.config import resolve_run
 
     runs = [resolve_run(c, writes=False) for c in plan_configs(args)]  # every model's settings before any costing
     for run in runs:
@@ -67,9 +67,10 @@ def check_against_model(run) -> None:
     """What `bench run` refuses once it has opened the model, refused here from its config alone and by the same
     functions: sequences past the model's positions, --blocks past its blocks, a --rank-align past a group's width,
     a pattern a group cannot keep, --stats-memory below one group's statistics."""
-    from bench.costs import calibration_chunks, load_model_config
-    from bench.execute import check_groups, check_lengths
-    from bench.groups import find_input_groups, meta_model
+    from bench.calibration.memory import calibration_chunks
+    from bench.measure.costs import load_model_config
+    from bench.runner.execute import check_groups, check_lengths
+    from bench.model.groups import find_input_groups, meta_model
 
     config = load_model_config(run.config.model)
     check_lengths(run, config)
@@ -97,7 +98,7 @@ def render_sweep(totals: list[tuple[str, float, int, int]]) -> str:
 def plan_times(run, est: CostEstimate):
     """Calibration and solve time, from a micro-benchmark of the model's device and of the solve device (measured
     once per device and process)."""
-    from bench.costs import estimate_times, measure_speed
+    from bench.measure.costs import estimate_times, measure_speed
 
     c = run.config
     model_speed = measure_speed(c.device)

@@ -7,8 +7,9 @@ import dataclasses
 
 from core.errors import UserError
 
-from bench.config import RunConfig, check_config_types, split_method_names
-from bench.models import ALIASES, DEFAULT_MODEL
+from bench.runner.config import (RunConfig, check_config_types, shortcut_dest, shortcut_options, split_method_names,
+                                 task_shortcuts)
+from bench.model.sources import ALIASES, DEFAULT_MODEL
 
 
 def kv_options(items: list[str] | None, what: str) -> dict:
@@ -107,27 +108,12 @@ RUN_FLAGS = [
 
 # ---------------------------------------------------------------- task shortcuts (--lama-limit, --ppl-windows, ...)
 
-def task_shortcuts() -> dict[str, list[tuple[str, object]]]:
-    """{flag: [(task, Shortcut)]} over every registered task, plugins included."""
-    import tasks
-
-    out: dict[str, list] = {}
-    for name in tasks.known_tasks():
-        for sc in tasks.get_task(name).shortcuts:
-            out.setdefault(sc.flag, []).append((name, sc))
-    return out
-
-
 def _setting_type(task: str, setting: str):
     import tasks
 
     ann = next((f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
                 for f in dataclasses.fields(tasks.get_task(task).Settings) if f.name == setting), "str")
     return int if ann.startswith("int") else float if ann.startswith("float") else str
-
-
-def shortcut_dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
 
 
 def add_shortcuts(parser) -> None:
@@ -137,18 +123,6 @@ def add_shortcuts(parser) -> None:
         kind = _setting_type(task, sc.setting)
         parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None, type=kind,
                             metavar="N" if kind is int else "VALUE", help=f"{sc.help} [= --task-option {targets}]")
-
-
-def shortcut_options(values: dict) -> dict:
-    """{task: {setting: value}} from shortcut values ({dest: value}); a flag several tasks share (--limit) first,
-    so one task's own flag (--lama-limit) overrides it."""
-    out: dict = {}
-    for flag, uses in sorted(task_shortcuts().items(), key=lambda kv: -len(kv[1])):
-        value = values.get(shortcut_dest(flag))
-        if value is not None:
-            for task, sc in uses:
-                out.setdefault(task, {})[sc.setting] = value
-    return out
 
 
 # ---------------------------------------------------------------- a YAML config file
@@ -360,10 +334,10 @@ def config_from_args(args) -> RunConfig:
 
 
 
-def run_configs(args) -> list[RunConfig]:
+def run_configs_of(args) -> list[RunConfig]:
     """bench run's own checks of its flags and config file, short of opening a model or writing anything: one
     config per model."""
-    from bench.commands import plugged_commands
+    from bench.results.plugged import plugged_commands
 
     configs = configs_from_args(args)
     config = configs[0]
@@ -377,40 +351,27 @@ def run_configs(args) -> list[RunConfig]:
 
 def run_config(args) -> RunConfig:
     """The one config of a single-model run."""
-    configs = run_configs(args)
+    configs = run_configs_of(args)
     if len(configs) > 1:
         raise UserError(f"--model names {len(configs)} models: this entry point takes one")
     return configs[0]
 
 
 def cmd_run(args) -> int:
-    from bench.config import resolve_run
+    from bench.api import run_configs, write_leaderboard
+    from bench.runner.config import resolve_run
 
-    configs = run_configs(args)
+    configs = run_configs_of(args)
     config = configs[0]
-    if config.executor == "ray":
-        from .ray_executor import _import_ray
+    if config.executor != "ray":
+        run_configs(configs)  # what bench.sweep runs: resolve every model's settings, sweep, write the leaderboard
+        return 0
+    from bench.runner.ray_executor import _import_ray, probe_ray_address, run_on_ray
 
-        _import_ray()  # a missing Ray is said before anything is written
+    _import_ray()  # a missing Ray is said before anything is written
     runs = [resolve_run(c) for c in configs]  # every model's settings checked before any model is opened
-    failed = []
-    if config.executor == "ray":
-        from .ray_executor import probe_ray_address, run_on_ray
-
-        probe_ray_address(config.ray_address, config.ray_timeout)  # before the model is opened
-
-        failed = run_on_ray(runs if len(runs) > 1 else runs[0])["failed"]
-    else:
-        from bench.execute import sweep, sweep_models
-
-        if len(runs) > 1:
-            sweep_models(runs)
-        else:
-            sweep(runs[0])
+    probe_ray_address(config.ray_address, config.ray_timeout)  # before the model is opened
+    failed = run_on_ray(runs if len(runs) > 1 else runs[0])["failed"]
     if config.report:
-        from leaderboard.report import write_report
-
-        from .display import report_display
-
-        print(f"leaderboard: {write_report(config.output, display=report_display())}")
+        print(f"leaderboard: {write_leaderboard(config.output)}")
     return 1 if failed else 0

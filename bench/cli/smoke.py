@@ -14,7 +14,7 @@ from core.io import cache_dir
 from core.errors import UserError
 from core.stats import SparsitySpec
 
-from bench.smoke_verdict import smoke_verdict
+from bench.results.smoke_verdict import smoke_verdict
 
 
 def tiny_checkpoint() -> Path:
@@ -108,7 +108,7 @@ def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConf
     """What `bench smoke` runs: every method (or `names`) at rank 0.5 and at 2:4 and density 0.5 (the patterns
     each keeps), on the trained tiny model, at small task sizes."""
     import methods
-    from bench.config import RunConfig
+    from bench.runner.config import RunConfig
 
     families = {methods.family_of(n) for n in names} if names else {methods.LOW_RANK_FAMILY, methods.SPARSITY_FAMILY}
     low_rank = methods.LOW_RANK_FAMILY in families
@@ -156,12 +156,12 @@ def _read_cell(path: Path) -> dict | None:
 
 def smoke(output: str | None = None, names: list[str] | None = None, latency: bool = True) -> int:
     import methods
-    from bench.cells import ModelInfo, plan
-    from bench.config import resolve_run
-    from bench.execute import LocalExecutor, execute, prepare
+    from bench.runner.cells import ModelInfo, plan
+    from bench.runner.config import resolve_run
+    from bench.runner.execute import LocalExecutor, execute, prepare
     from leaderboard.report import write_report
 
-    from .display import report_display
+    from bench.results.leaderboard_display import report_display
 
     check_smoke_names(names)  # before the smoke model's training: a bad name or setting is one line at once
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))

@@ -45,7 +45,7 @@ class EmergeConfig:
 
     def tag(self, seed: int) -> str:
         """Names a seed's checkpoints and their results (`emerge-<config hash>-s<seed>`)."""
-        from bench.store import settings_hash
+        from bench.results.store import settings_hash
 
         # what determines the checkpoints (corpus and training), not how they are evaluated
         body = {"train": {**asdict(self.train), "seed": None}, "entities": self.entities, "spacing": self.spacing,
@@ -201,7 +201,7 @@ def _ci(m: dict) -> list[float]:
 
 def summary_cell(cfg: EmergeConfig, summary: dict, seconds: dict, checkpoints: list[str] | None = None) -> CellRecord:
     """The emerge cell: its key covers the configuration (and a user's checkpoint list)."""
-    from bench.store import environment, settings_hash
+    from bench.results.store import environment, settings_hash
 
     first = next(iter(summary["per_seed"].values()), {})
     last_gap = summary["gap"][max(summary["gap"])]["mean"] if summary["gap"] else None
@@ -247,7 +247,7 @@ def checkpoint_config(path: Path, sources: Sources, cfg: EmergeConfig, output: P
                       n_blocks: int, progress: bool):
     """The harness's run on one checkpoint: dense, pca and fasc-kfac at the rank, LAMA on the probes, perplexity
     on the held-out text, and the rho analysis over every block."""
-    from bench.config import RunConfig
+    from bench.runner.config import RunConfig
 
     return RunConfig(
         model=str(path), methods=list(METHODS), ranks=[cfg.rank], tasks=["lama", "ppl-token", "rho"],
@@ -262,9 +262,9 @@ def checkpoint_config(path: Path, sources: Sources, cfg: EmergeConfig, output: P
 def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, output: Path, seed: int,
                       seq_len: int, n_blocks: int, progress: bool) -> list[list[Path]]:
     """The harness's sweep on every checkpoint; returns each checkpoint's cell paths (computed now or before)."""
-    from bench.cells import ModelInfo, plan
-    from bench.config import resolve_run
-    from bench.execute import LocalExecutor, execute, prepare
+    from bench.runner.cells import ModelInfo, plan
+    from bench.runner.config import resolve_run
+    from bench.runner.execute import LocalExecutor, execute, prepare
 
     out = []
     for path in paths:
@@ -301,7 +301,7 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
     """Every seed trained and swept, the series summarised and stored as the emerge cell; returns (summary, path)."""
     import time
 
-    from bench.store import cell_path, write_cell
+    from bench.results.store import cell_path, write_cell
 
     from .train import checkpoint_steps
 
@@ -324,9 +324,9 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
 def run_on_checkpoints(paths: list[Path], steps: list[int], cfg: EmergeConfig, sources: Sources, output: Path,
                        progress: bool = True) -> tuple[dict, Path]:
     """The same analysis over a user's checkpoint series (Pythia or OLMo revisions saved locally)."""
-    from bench.store import cell_path, write_cell
+    from bench.results.store import cell_path, write_cell
 
-    from bench.costs import load_model_config, model_positions
+    from bench.measure.costs import load_model_config, model_positions
 
     model_config = load_model_config(str(paths[0]))
     n_blocks = int(getattr(model_config, "num_hidden_layers", 4))

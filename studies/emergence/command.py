@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.commands import Command
+from bench.results.plugged import Command
 from core.errors import UserError
 
 
@@ -125,7 +125,7 @@ def _one_series(folders: list[Path]) -> None:
 
 def cmd_emerge(args) -> int:
     from . import Sources, report_section, run_emergence, run_on_checkpoints
-    from bench.store import check_writable
+    from bench.results.store import check_writable
     from core.io import atomic_write_text, unwritable
     from core.record import CellRecord
 

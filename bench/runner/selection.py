@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from core.errors import UserError, did_you_mean
 from core.record import ALL_GROUPS as ALL
 
-from .groups import GROUP_KINDS, InputGroup
+from bench.model.groups import GROUP_KINDS, InputGroup
 
 
 MAX_BLOCK = 100_000  # far past the deepest model's block count; a larger index is a typo

@@ -14,9 +14,9 @@ import methods
 from core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
 from core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
 
-from .allocate import SPARSITY_RULES
-from .config import DEFAULT_SOLVE_DTYPE, Run
-from .store import cell_path, cell_status, settings_hash
+from bench.deploy.allocation import SPARSITY_RULES
+from bench.runner.config import DEFAULT_SOLVE_DTYPE, Run
+from bench.results.store import cell_path, cell_status, settings_hash
 
 
 @dataclass(frozen=True)

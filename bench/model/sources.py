@@ -153,7 +153,7 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         for f in sorted(path.glob("*.bin")):
             check_pickle_weights(f)
         fp = _dir_fingerprint(path)
-        from .checkpoint import describe_provenance, read_provenance
+        from bench.model.checkpoint import describe_provenance, read_provenance
 
         prov = read_provenance(path, check_weights=False)  # the digests are checked when the weights load
         return path, fp if prov is None else {**fp, "compressed": describe_provenance(prov)}
@@ -227,7 +227,7 @@ def check_weights_fit(source: "ModelSource") -> None:
     target = source.target
     if not isinstance(target, Path) or not target.is_dir():
         return
-    from .checkpoint import PROVENANCE_FILE, read_provenance
+    from bench.model.checkpoint import PROVENANCE_FILE, read_provenance
 
     if (target / PROVENANCE_FILE).exists():
         read_provenance(target, check_weights=True)  # every weight file against the digest it was saved with
@@ -235,7 +235,7 @@ def check_weights_fit(source: "ModelSource") -> None:
     files = sorted(target.glob("*.safetensors"))
     if not files:
         return
-    from .groups import meta_model
+    from bench.model.groups import meta_model
 
     want = {k: list(t.shape) for k, t in meta_model(source.config).state_dict().items()}
     for f in files:
@@ -289,7 +289,7 @@ class ModelSource:
 
     def input_groups(self) -> list:
         """The input groups on a meta-device copy of the model (shapes only, no storage)."""
-        from .groups import find_input_groups, meta_model
+        from bench.model.groups import find_input_groups, meta_model
 
         return find_input_groups(meta_model(self.config))
 
@@ -322,7 +322,7 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
 
     from core.hub import offline_unless_reachable
 
-    from .checkpoint import checkpoint_config
+    from bench.model.checkpoint import checkpoint_config
 
     if not progress:
         from transformers.utils import logging as hf_logging
@@ -374,7 +374,7 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     larger than one device; `device` is then ignored."""
     from transformers import AutoModelForCausalLM
 
-    from .checkpoint import PROVENANCE_FILE, load_checkpoint
+    from bench.model.checkpoint import PROVENANCE_FILE, load_checkpoint
 
     with transformers_warnings() as warned:
         try:

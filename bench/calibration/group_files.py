@@ -90,7 +90,7 @@ def _digest(tensors: dict[str, torch.Tensor], scalars_text: str, base: str) -> s
 
 def write_group(folder: Path, group: str, stats: GroupStats, d_in: int, base: str = "") -> None:
     """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file. `base`
-    names the calibration (model and tokens) the statistics come from (`bench.statistics.stats_base`)."""
+    names the calibration (model and tokens) the statistics come from (`bench.calibration.cache.stats_base`)."""
     from safetensors.torch import save_file
 
     tensors, scalars = {}, {}

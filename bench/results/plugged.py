@@ -34,7 +34,7 @@ def plugged_commands() -> dict[str, Command]:
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
         command = ep.load()
         if not isinstance(command, Command):
-            raise TypeError(f"entry point {ep.name} = {ep.value} of {GROUP} is not a bench.commands.Command")
+            raise TypeError(f"entry point {ep.name} = {ep.value} of {GROUP} is not a bench.results.plugged.Command")
         out[command.name] = command
     return out
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 def report_display():
     import analyses
     import tasks
-    from bench.commands import report_sections
+    from bench.results.plugged import report_sections
     from leaderboard.tables import Display
 
     labels, order = {}, {}

@@ -180,7 +180,7 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    from . import __version__
+    from bench import __version__
 
     try:
         import lm_eval

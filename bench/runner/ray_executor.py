@@ -43,7 +43,7 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: st
     import ray
     import torch
 
-    from bench.execute import Worker
+    from bench.runner.execute import Worker
 
     os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
     os.environ["ACBENCH_STATS_CACHE"] = stats_cache
@@ -84,7 +84,7 @@ def probe_ray_address(address: str | None, timeout: float) -> None:
     """A HOST:PORT that nothing listens on is said within `timeout` seconds (ray.init itself retries for minutes)."""
     import socket
 
-    from bench.config import ray_host_port
+    from bench.runner.config import ray_host_port
 
     target = ray_host_port(address) if address else None
     if target is None:
@@ -156,7 +156,7 @@ def run_on_ray(runs) -> dict:
 
     from tqdm.auto import tqdm
 
-    from bench.execute import prepare_models
+    from bench.runner.execute import prepare_models
     from core.io import cache_dir, stats_cache_dir
 
     runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -27,8 +28,7 @@ from core.compressed_layers import LAYOUT_KEY, RUNTIME_FORMS, compressed_subclas
 from core.errors import UserError
 from core.io import atomic_write_json, readable_as_umask, sha256_file, unwritable
 
-from . import __version__
-from .semi_structured import densified
+from bench import __version__
 
 PROVENANCE_FILE = "compression.json"
 PROVENANCE_SCHEMA = 2  # 2: a model type of its own, the record's digest in config.json, code digests, versions
@@ -64,6 +64,29 @@ from .configuration_acbench import {config_name}
 {name}.__module__ = __name__
 {name}.config_class = {config_name}
 '''
+
+
+
+def _semi_structured(weight: torch.Tensor) -> bool:
+    # what bench.deploy.semi_structured deploys 2:4 weights as (the model room reads, never deploys, them)
+    from torch.sparse import SparseSemiStructuredTensor
+
+    return isinstance(weight, SparseSemiStructuredTensor)
+
+
+@contextmanager
+def densified(model: torch.nn.Module):
+    """The model with its semi-structured weights as the plain tensors they stand for (what a checkpoint stores),
+    put back after."""
+    swapped = [(mod, mod.weight) for mod in model.modules()
+               if isinstance(getattr(mod, "weight", None), torch.Tensor) and _semi_structured(mod.weight)]
+    try:
+        for mod, weight in swapped:
+            mod.weight = torch.nn.Parameter(weight.to_dense(), requires_grad=False)
+        yield model
+    finally:
+        for mod, weight in swapped:
+            mod.weight = weight
 
 
 def runtime_forms(config) -> list[str]:
@@ -151,7 +174,7 @@ def _is_documentation(name: str) -> bool:
 def _versions() -> dict:
     import transformers
 
-    from .store import git_commit
+    from bench.results.store import git_commit
 
     return {"acbench": __version__, "git_commit": git_commit(), "torch": torch.__version__,
             "transformers": transformers.__version__}

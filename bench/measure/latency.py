@@ -16,8 +16,8 @@ from scipy.stats import t as scipy_t
 from core.compressed_layers import LAYOUT_KEY, SparseInputLinear, decode_kernel
 from core.stats import SparsitySpec
 
-from . import semi_structured
-from .bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
+import bench.deploy.semi_structured as semi_structured
+from bench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
 
 LATENCY_VERSION = 2  # 2: interleaved with dense, body apart from the head, speedups with intervals
 

@@ -1,10 +1,8 @@
 """Masked 2:4 weights (wanda, magnitude-prune) on sparse tensor cores: torch's semi-structured sparse tensors,
 where they apply. Elsewhere the dense-shaped weight with zeros stays, and each cell's latency conditions record why
-(bench.measure): no CPU kernel in torch exploits 2:4 weights, so there they run, and measure, as dense."""
+(bench.measure.latency): no CPU kernel in torch exploits 2:4 weights, so there they run, and measure, as dense."""
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import torch
 
@@ -68,18 +66,3 @@ def describe(weight: torch.Tensor, n: int, m: int) -> str:
     if is_semi_structured(weight):
         return f"{SEMI_STRUCTURED} ({weight.BACKEND})"  # each backend's subclass names itself
     return f"{DENSE}: {refusal(weight, n, m) or 'not converted'}"
-
-
-@contextmanager
-def densified(model: torch.nn.Module):
-    """The model with its semi-structured weights as the plain tensors they stand for (what a checkpoint stores),
-    put back after."""
-    swapped = [(mod, mod.weight) for mod in model.modules()
-               if isinstance(getattr(mod, "weight", None), torch.Tensor) and is_semi_structured(mod.weight)]
-    try:
-        for mod, weight in swapped:
-            mod.weight = torch.nn.Parameter(weight.to_dense(), requires_grad=False)
-        yield model
-    finally:
-        for mod, weight in swapped:
-            mod.weight = weight

@@ -14,7 +14,7 @@ from core.compressed_layers import LAYOUT_KEY, InputSparsifier, SparseInputLinea
 from core.compressed_layers import set_module as _set_module
 from methods.base import GroupCompression, MaskedWeights, SparseActivation
 
-from . import semi_structured
+import bench.deploy.semi_structured as semi_structured
 
 @dataclass
 class Undo:
@@ -63,7 +63,7 @@ def apply_compression(model: nn.Module, group, result) -> Undo:
     for kind, handler in HANDLERS.items():
         if isinstance(result, kind):
             return handler(model, group, result)
-    raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.apply.HANDLERS")
+    raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.deploy.apply.HANDLERS")
 
 
 def sparsifier_for(result: SparseActivation, dtype=None, device=None) -> InputSparsifier:

@@ -24,10 +24,10 @@ from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
 from tasks.base import RunShared, Task
 
-from .allocate import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
-from .calibrate import CalibSpec, needed_stats
-from .models import DEFAULT_MODEL
-from .selection import ALL, Selection
+from bench.deploy.allocation import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
+from bench.calibration.engine import CalibSpec, needed_stats
+from bench.model.sources import DEFAULT_MODEL
+from bench.runner.selection import ALL, Selection
 
 # MMLU is one flag away (`--tasks mmlu ...`): 0-shot on a 270M model it sits at chance and costs LAMA probes
 DEFAULT_TASKS = ("lama", "ppl-token", "rho")
@@ -82,7 +82,7 @@ class RunConfig:
     task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
     analysis_options: dict = field(default_factory=dict)  # {analysis: {setting: value}}, e.g. {"rho": {"units": 4}}
     measure_latency: bool = True
-    latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (bench.measure.LatencySpec)
+    latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (bench.measure.latency.LatencySpec)
     report: bool = True
     progress: bool = True
 
@@ -328,7 +328,7 @@ def _check_distinct(names, config: RunConfig) -> None:
 def _without_refused_patterns(names: list[str], given: list[str], patterns) -> list[str]:
     """A sparsity method named on its own must keep every given pattern (else one line naming it and the fix);
     one that `all` brought in is left out where it keeps none of them (teal under --sparsity 2:4), and its
-    refused patterns are left out of the plan (bench.cells.variants)."""
+    refused patterns are left out of the plan (bench.runner.cells.variants)."""
     explicit = set(methods.expand_methods([g for g in given if g != "all"])) if given else set()
     out = []
     for m in names:
@@ -527,7 +527,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
     if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:
         raise UserError(f"--seed must be an integer in [0, 2^32), got {config.seed!r}")
     if writes:
-        from .store import check_writable
+        from bench.results.store import check_writable
 
         check_writable(Path(config.output))
 
@@ -570,3 +570,32 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
                allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,
                analyses=analyses, stats_memory=parse_bytes(config.stats_memory) if config.stats_memory else None)
+
+
+# ---------------------------------------------------------------- task shortcuts (--lama-limit and friends)
+
+def task_shortcuts() -> dict[str, list[tuple[str, object]]]:
+    """{flag: [(task, Shortcut)]} over every registered task, plugins included."""
+    import tasks
+
+    out: dict[str, list] = {}
+    for name in tasks.known_tasks():
+        for sc in tasks.get_task(name).shortcuts:
+            out.setdefault(sc.flag, []).append((name, sc))
+    return out
+
+
+def shortcut_dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def shortcut_options(values: dict) -> dict:
+    """{task: {setting: value}} from shortcut values ({dest: value}); a flag several tasks share (--limit) first,
+    so one task's own flag (--lama-limit) overrides it."""
+    out: dict = {}
+    for flag, uses in sorted(task_shortcuts().items(), key=lambda kv: -len(kv[1])):
+        value = values.get(shortcut_dest(flag))
+        if value is not None:
+            for task, sc in uses:
+                out.setdefault(task, {})[sc.setting] = value
+    return out

@@ -25,18 +25,19 @@ from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widt
 
 import methods
 
-from . import __version__
-from .allocate import SPARSITY_RULES, allocate, allocate_density, check_budget
-from .cells import Cell, ModelInfo, plan
-from .compress import compressed, compression_summary, dense_switch
-from .costs import calibration_chunks, model_positions
-from .config import Run, solve_device_for
-from .groups import find_input_groups
-from .measure import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
-from .models import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
-from .selection import ALL
-from .statistics import calibration_windows, load_or_calibrate
-from .store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
+from bench import __version__
+from bench.deploy.allocation import SPARSITY_RULES, allocate, allocate_density, check_budget
+from bench.runner.cells import Cell, ModelInfo, plan
+from bench.deploy.compression import Deployment, compressed, compression_summary, deploy
+from bench.calibration.memory import calibration_chunks
+from bench.measure.costs import model_positions
+from bench.runner.config import Run, solve_device_for
+from bench.model.groups import find_input_groups
+from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
+from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
+from bench.runner.selection import ALL
+from bench.calibration.cache import calibration_windows, load_or_calibrate
+from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
                     write_cell)
 
 
@@ -54,6 +55,7 @@ class Prepared:
     source: ModelSource
     cells: list[Cell]
     calib_windows: torch.Tensor | None = None  # tokenized once, for the calibration
+    outcome: dict | None = None  # once executed: {"written", "seconds", "elsewhere", "failed"}
 
 
 def check_groups(run: Run, groups: list) -> list:
@@ -102,7 +104,7 @@ def open_checked(run: Run) -> Prepared:
     nothing is planned yet (`bench compress` stops here)."""
     from tasks.data.text_data import resolve_bos
 
-    from .checkpoint import runtime_forms
+    from bench.model.checkpoint import runtime_forms
 
     c = run.config
     for line in run.describe():
@@ -219,6 +221,17 @@ def _on_claimed(stage):
     return on_claimed
 
 
+def variant_allocation(run: Run, rule: str, budget, selected, stats, solve_device: str):
+    """The allocation of `rule` at `budget` over the selected groups: k per group under a parameter budget, a
+    density per group under a sparsity one; None for uniform."""
+    if rule == UNIFORM:
+        return None
+    if rule in SPARSITY_RULES:
+        return allocate_density(rule, selected, stats, budget)
+    return allocate(rule, selected, stats, budget, progress=run.config.progress, device=solve_device,
+                    dtype=solve_torch_dtype(run.config.solve_dtype))
+
+
 @dataclass
 class Worker:
     """One process's state across the cells it computes: the loaded model, its groups, the statistics, the rank
@@ -239,6 +252,7 @@ class Worker:
     claimed: set = field(default_factory=set)
     elsewhere: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)  # wall seconds per stage, in the order they first ran
+    solve_device: str | None = None  # where the solves run: resolved once, when the model is loaded
 
     def spent(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + seconds
@@ -260,6 +274,7 @@ class Worker:
             if self.models is not None:
                 self.models.clear()  # one model per process
                 self.models[key] = self.lm
+        self.solve_device = solve_device_for(self.run.config, self.lm.model)
         if not self.run.methods:  # the model as it is (--methods dense): a compressed checkpoint has no dense groups
             return self.lm
         self.groups = find_input_groups(self.lm.model)
@@ -271,10 +286,6 @@ class Worker:
     @property
     def scope(self) -> str:
         return self.run.selection.scope
-
-    @property
-    def solve_device(self) -> str:
-        return solve_device_for(self.run.config, self.model().model)
 
     def common(self) -> dict:
         lm = self.model()
@@ -334,16 +345,17 @@ class Worker:
         return self.calib_windows
 
     def evaluate(self, model, cells: list[Cell], compression: dict | None, timings: dict,
-                 common: dict) -> list[CellRecord]:
-        """Evaluate the cells of one model variant and write each as soon as it is done."""
+                 common: dict, deployment: Deployment | None = None) -> list[CellRecord]:
+        """Evaluate the cells of one model variant (dense, or `deployment`'s) and write each as soon as it is
+        done."""
         run = self.run
         eff = {"weight_bytes": weight_bytes(model)}
         if run.config.measure_latency:
             t0 = time.perf_counter()
             spec = LatencySpec(batch=run.config.batch_size, seconds=float(run.config.latency_seconds))
             # a variant is timed against dense in the same process, alternating; dense alone for its own row
-            eff["latency"] = latency(model, spec, text=self.text()) if compression is None else \
-                compare_latency(model, dense_switch(model), spec, text=self.text())
+            eff["latency"] = latency(model, spec, text=self.text()) if deployment is None else \
+                compare_latency(model, deployment.dense_switch(), spec, text=self.text())
             timings["latency_s"] = time.perf_counter() - t0
             self.spent("latency", timings["latency_s"])
         method = cells[0].id.method
@@ -379,17 +391,10 @@ class Worker:
     def allocation(self, rule: str, budget):
         """The allocation of `rule` at `budget` over the selected groups (None: uniform), computed once: k per
         group under a parameter budget, or a density per group under a sparsity one."""
-        if rule == UNIFORM:
-            return None
-        if (rule, budget) in self.allocations:
-            return self.allocations[(rule, budget)]
-        if rule in SPARSITY_RULES:
-            alloc = allocate_density(rule, self.selected, self.stats, budget)
-        else:
-            alloc = allocate(rule, self.selected, self.stats, budget, progress=self.run.config.progress,
-                             device=self.solve_device, dtype=solve_torch_dtype(self.run.config.solve_dtype))
-        self.allocations[(rule, budget)] = alloc
-        return alloc
+        if (rule, budget) not in self.allocations:
+            self.allocations[(rule, budget)] = variant_allocation(self.run, rule, budget, self.selected, self.stats,
+                                                                  self.solve_device)
+        return self.allocations[(rule, budget)]
 
     @_on_claimed
     def variant(self, cells: list[Cell]) -> int:
@@ -403,10 +408,12 @@ class Worker:
         uses_stats = run.uses_stats(m, rule)
         opts = run.method_options(m)
         t0 = time.perf_counter()
-        with compressed(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
-                        only_groups=None if self.scope == ALL else {g.name for g in self.selected},
-                        solve_device=self.solve_device, solve_dtype=run.config.solve_dtype,
-                        **(alloc.compress_args() if alloc else {})) as (model, summaries):
+        dep = deploy(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
+                     only_groups=None if self.scope == ALL else {g.name for g in self.selected},
+                     solve_device=self.solve_device, solve_dtype=run.config.solve_dtype,
+                     **(alloc.compress_args() if alloc else {}))
+        try:
+            model, summaries = dep.model, dep.summaries
             timings["compress_s"] = time.perf_counter() - t0
             self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
             if self.calib_info and uses_stats:
@@ -414,7 +421,9 @@ class Worker:
             common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
             summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope,
                                           self.solve_device, run.config.solve_dtype)
-            recs = self.evaluate(model, cells, summary, timings, common)
+            recs = self.evaluate(model, cells, summary, timings, common, dep)
+        finally:
+            dep.restore()
         log(f"[{cells[0].label}] {summary_line(recs)}")
         return len(recs)
 
@@ -520,12 +529,6 @@ class LocalExecutor:
                 "elsewhere": [str(p) for p in worker.elsewhere], "failed": []}
 
 
-def sweep(run: Run) -> dict:
-    """`bench run` on this machine: prepare, then execute locally."""
-    prepared = prepare(run)
-    return execute(prepared.cells, prepared.run, LocalExecutor(prepared.source, prepared.calib_windows))
-
-
 def prepare_models(runs: list[Run]) -> list[Prepared]:
     """Every model of a sweep opened, its weights checked against its config (and an acbench checkpoint's against
     its digests) and its cells planned, before any cell is computed; one model named twice (a path and a link to it,
@@ -545,12 +548,23 @@ def prepare_models(runs: list[Run]) -> list[Prepared]:
     return prepared
 
 
-def sweep_models(runs: list[Run]) -> list[dict]:
-    """`bench run --model A B ...` on this machine: every model opened and checked, and its cells planned, before
-    any cell is computed (a model that cannot load stops the sweep before it starts); then each model's cells."""
-    prepared = prepare_models(runs)
-    out = []
+def sweep_runs(runs: list[Run]) -> list[Prepared]:
+    """`bench run` on this machine: with several models, every model opened and checked, and its cells planned,
+    before any cell is computed (a model that cannot load stops the sweep before it starts); then each model's
+    cells. Returns each model's Prepared with its `outcome` ({"written", "seconds", "elsewhere", "failed"})."""
+    prepared = prepare_models(runs) if len(runs) > 1 else [prepare(runs[0])]
     for i, p in enumerate(prepared):
-        log(f"computing model {i + 1} of {len(prepared)}: {p.run.config.model}")
-        out.append(execute(p.cells, p.run, LocalExecutor(p.source, p.calib_windows)))
-    return out
+        if len(prepared) > 1:
+            log(f"computing model {i + 1} of {len(prepared)}: {p.run.config.model}")
+        p.outcome = execute(p.cells, p.run, LocalExecutor(p.source, p.calib_windows))
+    return prepared
+
+
+def sweep(run: Run) -> dict:
+    """One model's sweep on this machine: prepare, then execute locally."""
+    return sweep_runs([run])[0].outcome
+
+
+def sweep_models(runs: list[Run]) -> list[dict]:
+    """Several models' sweep on this machine (`sweep_runs`): each model's outcome."""
+    return [p.outcome for p in sweep_runs(runs)]

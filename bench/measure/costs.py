@@ -18,37 +18,12 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
-from core.units import human
-from core.stats import HIST_BINS, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
+from core.stats import RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
-from .groups import InputGroup, find_input_groups, meta_model
+from bench.calibration.memory import calibration_chunks, stat_bytes
+from bench.model.groups import InputGroup, find_input_groups, meta_model
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width: int = 8) -> dict[str, int]:
-    """Bytes of each statistic of one group: moments at `width` bytes per number (float64 in memory, float32 in
-    the cache), the (x, g) token sample always float32."""
-    d = group.d_in
-    sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "mean": d * width, "pairs": 2 * pair_tokens * d * 4,
-             "row_fisher": sum(group.d_outs) * width, "abs_hist": HIST_BINS * width}
-    return {k: v for k, v in sizes.items() if k in needs}
-
-
-def calibration_chunks(groups, needed: frozenset[str], pair_tokens: int, budget: int) -> list[list]:
-    """Consecutive groups whose float64 statistics fit the budget together: one calibration pass each."""
-    chunks, size = [[]], 0
-    for g in groups:
-        b = sum(stat_bytes(g, needed, pair_tokens).values())
-        if b > budget:
-            raise UserError(f"group {g.name}'s statistics take {human(b)}, more than --stats-memory {human(budget)}: "
-                            f"raise it to at least {human(b)}")
-        if chunks[-1] and size + b > budget:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(g)
-        size += b
-    return [c for c in chunks if c]
-
-
 def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, int]:
     """(k per site, form, deployed parameters) exactly as `Compressor.compress` decides them."""
     k = comp.rank_for(group, rank)
@@ -71,7 +46,7 @@ def load_model_config(model: str):
 
     from huggingface_hub.errors import StrictDataclassError
 
-    from .models import ALIASES, _alias_gguf, check_model_config
+    from bench.model.sources import ALIASES, _alias_gguf, check_model_config
 
     path = Path(model).expanduser()
     try:
@@ -127,7 +102,7 @@ class CostEstimate:
     calibration_peak: int = 0
     evaluation_peak: int = 0
     activation_bytes: int = 0
-    # what the time estimate reads (bench.costs.estimate_times), so the config is read and the groups found once
+    # what the time estimate reads (bench.measure.costs.estimate_times), so the config is read and the groups found once
     groups: list = field(default_factory=list, repr=False)
     needs: frozenset = frozenset()
     method_names: list[str] = field(default_factory=list)
@@ -141,7 +116,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
                    dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
                    eval_seq_len: int = 256, sparsity: list[SparsitySpec] | None = None) -> CostEstimate:
-    from .models import check_model_config
+    from bench.model.sources import check_model_config
 
     config = load_model_config(model)
     check_model_config(config, f"model {model}")

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from core.stats import GRADIENT_STATS, HIST_BINS, GroupStats, magnitude_histogram
 
-from .groups import InputGroup
+from bench.model.groups import InputGroup
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.

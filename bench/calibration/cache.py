@@ -15,12 +15,12 @@ from core.errors import UserError
 from core.io import atomic_write_json, stats_cache_dir
 from core.stats import GroupStats
 
-from . import __version__
-from .calibrate import STATS_VERSION, CalibSpec, calibrate
-from .costs import calibration_chunks
-from .stats_store import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
+from bench import __version__
+from bench.calibration.engine import STATS_VERSION, CalibSpec, calibrate
+from bench.calibration.memory import calibration_chunks
+from bench.calibration.group_files import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
                           write_group)
-from .store import claim_cell, release_cell, settings_hash
+from bench.results.store import claim_cell, release_cell, settings_hash
 
 CLAIM = "calibration"  # the claim file (.calibration.lock) in a statistics folder
 CLAIM_POLL_S = 2.0
@@ -41,7 +41,7 @@ def held_stats(folder: Path, group: str) -> frozenset[str]:
     """The statistics a group's cache file holds, read from its tensors (not from info.json's list)."""
     from safetensors import safe_open
 
-    from .stats_store import STATS, missing_stats
+    from bench.calibration.group_files import STATS, missing_stats
 
     try:
         with safe_open(str(group_file(folder, group)), framework="pt") as f:

@@ -75,7 +75,7 @@ class Allocation:
                 "k": dict(self.ks)}
 
     def compress_args(self) -> dict:
-        """What `bench.compress.compressed` takes from it."""
+        """What `bench.deploy.compression.compressed` takes from it."""
         return {"ks": self.ks}
 
 

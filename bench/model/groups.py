@@ -55,7 +55,7 @@ def architecture_of(model: nn.Module) -> dict:
     if model_type not in ARCHITECTURES:
         raise UserError(
             f"unknown architecture '{model_type}': acbench knows {', '.join(sorted(ARCHITECTURES))}; "
-            "add its block path and group sites to bench.groups.ARCHITECTURES"
+            "add its block path and group sites to bench.model.groups.ARCHITECTURES"
         )
     return ARCHITECTURES[model_type]
 
@@ -74,7 +74,7 @@ def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) ->
                 if not isinstance(mod, nn.Linear):
                     raise UserError(
                         f"site {arch['blocks']}.{i}.{rel} is {type(mod).__name__}, not nn.Linear: "
-                        "compress the dense model, or fix bench.groups.ARCHITECTURES"
+                        "compress the dense model, or fix bench.model.groups.ARCHITECTURES"
                     )
                 sites.append(mod)
             groups.append(

@@ -1,0 +1,341 @@
+"""acbench as a library: the calls the CLI is a layer over, for notebooks and scripts.
+
+    import bench
+    lm = bench.load_model("smollm2-135m")
+    with bench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
+        scores = bench.evaluate(c.model, lm.tokenizer, tasks=["lama", "ppl-token"])
+        c.save("smollm2-fasc-kfac-0.5")
+    cells = bench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5])
+    frame = bench.load_results("results")
+
+Each call checks what it is given as `bench run` does and raises `core.errors.UserError` with the same one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from core.errors import UserError
+
+from bench.calibration.cache import check_finite, load_or_calibrate
+from bench.calibration.engine import CalibSpec, calibrate
+from bench.calibration.group_files import from_stored, to_stored
+from bench.calibration.memory import calibration_chunks
+from bench.model.checkpoint import runtime_forms
+from bench.model.groups import find_input_groups
+from bench.model.sources import DEFAULT_MODEL, LoadedModel, load_model as _load_model
+from bench.runner.cells import ModelInfo, plan
+from bench.runner.config import RunConfig, check_config_types, resolve_run, shortcut_options, task_shortcuts
+from bench.runner.execute import check_groups, check_lengths
+from bench.runner.one_variant import Compressed, compress_variant
+
+__all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "sweep"]
+
+
+def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu",
+               device_map: str | None = None, progress: bool = True) -> LoadedModel:
+    """A model as `bench run --model` opens it (a built-in alias, a local checkpoint folder, a GGUF file or a hub
+    id), with its tokenizer and the fingerprint of its weights: `compress` caches its statistics under it."""
+    return _load_model(model, dtype=dtype, device=device, progress=progress, device_map=device_map)
+
+
+# ---------------------------------------------------------------- compress
+
+def _digest(windows: torch.Tensor) -> str:
+    return hashlib.sha256(windows.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed: int, bos: str,
+                       text_column: str = "text") -> tuple[str, torch.Tensor | None]:
+    """(source label, windows) for what `compress` was given: a built-in source name ("wiki", "wikitext2",
+    "file:<path>"; windows drawn later, as a run draws them), a list of texts or a `datasets.Dataset` (its
+    `text_column`; joined by blank lines and cut into `samples` seeded windows of `seq_len` tokens, as for a
+    file), or a 2-D integer tensor of token windows used as they are. A label that is not a name is the digest
+    of the windows, so cached statistics are found by content."""
+    from tasks.data.text_data import calibration_windows
+
+    if isinstance(calibration, str):
+        return calibration, None
+    if isinstance(calibration, torch.Tensor):
+        if calibration.dim() != 2 or calibration.dtype.is_floating_point or calibration.dtype == torch.bool:
+            raise UserError(f"calibration tensor of shape {tuple(calibration.shape)} and dtype {calibration.dtype}: "
+                            "pass token ids as a 2-D integer tensor (windows x tokens)")
+        if calibration.shape[0] < 1 or calibration.shape[1] < 2:
+            raise UserError(f"calibration tensor of shape {tuple(calibration.shape)}: pass at least one window of "
+                            "two tokens or more")
+        return f"tokens:{_digest(calibration)}", calibration.to(torch.long)
+    if type(calibration).__name__ == "Dataset" and hasattr(calibration, "column_names"):
+        if text_column not in calibration.column_names:
+            raise UserError(f"calibration dataset has no column '{text_column}' (it has "
+                            f"{', '.join(calibration.column_names)}): pass text_column=")
+        calibration = calibration[text_column]
+    if isinstance(calibration, Sequence) and calibration and all(isinstance(t, str) for t in calibration):
+        windows = calibration_windows(tokenizer, "\n\n".join(calibration), samples, seq_len, seed, bos)
+        return f"texts:{_digest(windows)}", windows
+    raise UserError(f"calibration of type {type(calibration).__name__}: pass a source name (wiki, wikitext2, "
+                    "file:<path>), a non-empty list of texts, a datasets.Dataset, or a 2-D tensor of token ids")
+
+
+def _loaded(model, tokenizer) -> LoadedModel:
+    if isinstance(model, LoadedModel):
+        return model if tokenizer is None else replace(model, tokenizer=tokenizer)
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise UserError(f"model of type {type(model).__name__}: pass a loaded transformers causal LM (or what "
+                        "bench.load_model returns)")
+    if tokenizer is None:
+        raise UserError("no tokenizer: pass the model's tokenizer (or a model from bench.load_model, which has one)")
+    name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    return LoadedModel(model, tokenizer, None, Path(name).name or name)
+
+
+def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, windows, stats_memory, batch_size,
+                          progress) -> tuple[dict, dict]:
+    """Statistics of a model without a fingerprint, held in memory: calibrated in as many passes as
+    `stats_memory` asks and rounded as the cache stores them, so they equal what a cached run would read."""
+    from bench.calibration.group_files import default_stats_memory
+
+    t0 = time.perf_counter()
+    chunks = calibration_chunks(groups, needed, cspec.pair_tokens, stats_memory or default_stats_memory())
+    held = {}
+    for i, chunk in enumerate(chunks):
+        stats = calibrate(lm.model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
+                          progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
+        check_finite(stats)
+        held.update({name: from_stored(to_stored(s)) for name, s in stats.items()})
+    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": None, "base": None,
+            "n_tokens": int(windows.numel()), "seconds": time.perf_counter() - t0, "cached": False,
+            "passes": len(chunks), "groups_calibrated": len(groups)}
+    return held, info
+
+
+def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
+    if (rank is None) == (sparsity is None):
+        raise UserError("give rank= (a low-rank method's ratio, e.g. 0.5) or sparsity= (e.g. '2:4' or 0.5), "
+                        "one of the two")
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, (int, float)):
+            raise UserError(f"rank {rank!r}: pass one number in (0, 1], e.g. rank=0.5")
+        return [float(rank)], None
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (str, int, float)):
+        raise UserError(f"sparsity {sparsity!r}: pass one N:M pattern or density, e.g. '2:4' or 0.5")
+    return None, [str(sparsity)]
+
+
+def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsity: str | float | None = None,
+             calibration="wiki", text_column: str = "text", samples: int = 12, seq_len: int = 256,
+             pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
+             allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
+             solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
+             stats_memory: str | None = None, cache: bool = True, merge: bool = False, progress: bool = True,
+             **settings) -> Compressed:
+    """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
+    at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
+    `.restore()`, `.save(path)`). `model`: a loaded transformers causal LM on any device (`device_map` included),
+    or what `load_model` returns (then `tokenizer` may be None). `calibration`: a source name, a list of texts, a
+    `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
+    (`bench ls methods`), as `--method-option` gives them. The other keywords are `bench compress`'s flags.
+    Statistics are cached by content when the model has a fingerprint (a model from `load_model`) and `cache`,
+    and held in memory otherwise."""
+    import methods
+
+    from tasks.data.text_data import resolve_bos
+
+    lm = _loaded(model, tokenizer)
+    ranks, patterns = _budget_lists(rank, sparsity)
+    options = {methods.base_name(method): settings} if settings and isinstance(method, str) else {}
+    config = RunConfig(
+        model=lm.name, methods=[method], ranks=ranks, sparsity=patterns, budget=budget, rank_align=rank_align,
+        allocate=[allocate], groups=groups, blocks=blocks, tasks=[], seed=seed, bos=bos, calib_samples=samples,
+        calib_seq_len=seq_len, pair_tokens=pair_tokens, solve_device=solve_device, solve_dtype=solve_dtype,
+        batch_size=batch_size, stats_memory=stats_memory, method_options=options, measure_latency=False,
+        report=False, progress=progress)
+    check_config_types(config)
+    run = resolve_run(config, writes=False)
+    if len(run.methods) != 1:
+        raise UserError(f"method {method!r} names {len(run.methods)} methods: compress with one (see `bench ls "
+                        "methods`)")
+    forms = runtime_forms(lm.model.config)
+    if forms:
+        raise UserError(f"this model is a compressed checkpoint ({', '.join(forms)} sites): compress the original")
+    run = run.with_bos(resolve_bos(lm.tokenizer, run.bos))
+    all_groups = find_input_groups(lm.model)
+    run = run.for_blocks(len({g.block for g in all_groups}))
+    selected = check_groups(run, all_groups)
+    check_lengths(run, lm.model.config)
+    label, windows = calibration_tokens(calibration, lm.tokenizer, samples, seq_len, seed, run.bos, text_column)
+    run = replace(run, config=replace(run.config, calib_source=label, calib_samples=samples if windows is None
+                                      else int(windows.shape[0]),
+                                      calib_seq_len=seq_len if windows is None else int(windows.shape[1])))
+    stats, info = {}, None
+    needed = run.stats_needs()
+    if needed:
+        if windows is None:
+            from bench.calibration.cache import calibration_windows
+
+            windows = calibration_windows(lm.tokenizer, run.calibration)
+        if lm.fingerprint and cache:
+            stats, info = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
+                                            progress, windows)
+        else:
+            stats, info = _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
+                                                batch_size, progress)
+    source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
+    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, info, merge)
+
+
+# ---------------------------------------------------------------- evaluate
+
+def _with_shortcuts(shortcuts: dict, task_options):
+    """The task shortcuts' options under the explicit `task_options` (which win, as --task-option wins over
+    --lama-limit); `task_options` that are not {task: {setting: value}} are passed on for the run's checks to
+    refuse in their words."""
+    if task_options is None:
+        return shortcuts
+    if not isinstance(task_options, Mapping) or not all(isinstance(v, Mapping) for v in task_options.values()):
+        return task_options
+    out = {task: dict(values) for task, values in shortcuts.items()}
+    for task, values in task_options.items():
+        out.setdefault(task, {}).update(values)
+    return out
+
+
+def _task_config(tasks: Sequence[str], task_options: Mapping | None, settings: dict, **run) -> RunConfig:
+    """A RunConfig with these tasks, their options, and the task shortcuts among `settings` (`lama_limit=5` as
+    `--lama-limit 5`); an unknown keyword is one line naming the known ones."""
+    known = {flag.lstrip("-").replace("-", "_") for flag in task_shortcuts()}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise UserError(f"unknown task setting {unknown[0]}=: use one of {', '.join(sorted(known))}, or "
+                        "task_options={task: {setting: value}}")
+    options = _with_shortcuts(shortcut_options(settings), task_options)
+    return RunConfig(tasks=list(tasks), task_options=options, methods=["dense"], **run)
+
+
+def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token"), *, task_options=None,
+             bos: str = "auto", seed: int = 0, batch_size: int = 4, progress: bool = True, **settings) -> dict:
+    """Score `model` (any transformers causal LM, compressed or not) on `tasks` as a run's cells score it:
+    {task: TaskResult} with `.metrics`, `.stderr`, `.records` (per item, for paired tests) and `.config`.
+    `**settings`: the task shortcuts of `bench run` (`lama_limit=`, `ppl_windows=`, `mmlu_shots=`...);
+    `task_options`: {task: {setting: value}} as `--task-option` gives them."""
+    from tasks.data.text_data import resolve_bos
+
+    lm = _loaded(model, tokenizer)
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    config = _task_config(tasks, task_options, settings, model=lm.name, bos=bos, seed=seed, batch_size=batch_size,
+                          measure_latency=False, report=False, progress=progress)
+    check_config_types(config)
+    run = resolve_run(config, writes=False)
+    if run.analyses:
+        raise UserError(f"{', '.join(run.analyses)} is an analysis of a sweep, not a task: run it with bench.sweep")
+    run = run.with_bos(resolve_bos(lm.tokenizer, run.bos))
+    check_lengths(run, lm.model.config)
+    out = {}
+    for task in run.tasks.values():
+        task.check(lm.tokenizer)
+    for name, task in run.tasks.items():
+        with torch.no_grad():
+            out[name] = task.evaluate(lm.model, lm.tokenizer, progress=progress)
+    return out
+
+
+# ---------------------------------------------------------------- sweep and results
+
+_FLAG_NAMES = {"rank": "ranks", "method": "methods", "task": "tasks"}
+
+
+def sweep_configs(models, keywords: dict) -> list[RunConfig]:
+    """One RunConfig per model from `sweep`'s keywords: RunConfig's fields or the flags' names (`rank` for
+    --rank), and the task shortcuts (`lama_limit`)."""
+    fields_ = RunConfig.field_names()
+    data, shortcuts = {}, {}
+    known = {flag.lstrip("-").replace("-", "_") for flag in task_shortcuts()}
+    for key, value in keywords.items():
+        dest = _FLAG_NAMES.get(key, key)
+        if dest in fields_ and dest != "model":
+            data[dest] = value
+        elif key in known:
+            shortcuts[key] = value
+        else:
+            raise UserError(f"unknown sweep setting {key}=: use bench run's flags in snake_case (rank=, methods=, "
+                            f"calib_source=, lama_limit=...)")
+    for dest in ("methods", "tasks", "ranks", "allocate", "groups", "sparsity"):
+        if isinstance(data.get(dest), (str, int, float)) and not isinstance(data.get(dest), bool):
+            data[dest] = [data[dest]]  # one value where the flag takes several
+    options = _with_shortcuts(shortcut_options(shortcuts), data.pop("task_options", None))
+    models = [models] if isinstance(models, (str, Path)) else list(models)
+    if not models:
+        raise UserError("model=[] names no model: pass one or more models")
+    configs = []
+    for m in models:
+        config = RunConfig(model=str(m), task_options=options, **data)
+        check_config_types(config)
+        configs.append(config)
+    return configs
+
+
+def sweep(model=DEFAULT_MODEL, **keywords) -> list[dict]:
+    """What `bench run` does, with its flags as keywords (`methods=["pca", "fasc-kfac"], rank=[0.5],
+    lama_limit=5, output="results"`): the missing cells computed and stored, the leaderboard written (unless
+    report=False). `model`: one model or a list (one results folder each, pooled in the report). Returns every
+    cell the sweep asks for, as stored (a rerun computes only what is missing and returns them all)."""
+    configs = sweep_configs(model, keywords)
+    if any(c.executor != "local" for c in configs):
+        raise UserError("executor= other than local: run a Ray sweep with `bench run --executor ray`")
+    prepared = run_configs(configs)
+    return [cell for p in prepared for cell in stored_cells(p)]
+
+
+def run_configs(configs: list[RunConfig]) -> list:
+    """`bench run` on this machine for checked configs (one per model): every model's settings resolved before
+    any model opens, the sweep computed, the leaderboard written unless report is off. Returns each model's
+    Prepared (its plan and `outcome`)."""
+    from bench.runner.execute import sweep_runs
+
+    runs = [resolve_run(c) for c in configs]
+    prepared = sweep_runs(runs)
+    if configs[0].report:
+        print(f"leaderboard: {write_leaderboard(configs[0].output)}")
+    return prepared
+
+
+def stored_cells(prepared) -> list[dict]:
+    """The stored record of every cell a prepared run asks for (computed now or before), as written."""
+    import json
+
+    src = prepared.source
+    wanted = plan(prepared.run, ModelInfo(src.name, src.fingerprint, prepared.run.n_blocks), overwrite=True)
+    return [json.loads(c.path.read_text(encoding="utf-8")) for c in wanted if c.path.exists()]
+
+
+def write_leaderboard(folder: str | Path) -> Path:
+    """The markdown leaderboard of every cell under `folder` (as `bench report` writes it)."""
+    from leaderboard.report import write_report
+
+    from bench.results.leaderboard_display import report_display
+
+    return Path(write_report(str(folder), display=report_display()))
+
+
+def load_results(*folders: str | Path):
+    """Every stored cell under the folders as one pandas DataFrame: one row per cell and metric, with the cell's
+    coordinates (model, method, budget, rank, allocation, scope, task), its settings key, the metric's value and
+    stderr, the compression ratios and the cell's file. Cells the leaderboard would skip (unreadable, invalid,
+    superseded) are left out the same way, and the DataFrame's `attrs["problems"]` names them."""
+    from leaderboard.frame import results_frame
+    from leaderboard.load import load_results as load_cells
+
+    for f in folders:
+        if not Path(f).is_dir():
+            raise UserError(f"results folder {f} does not exist: pass the --output of a run (default results)")
+    rs = load_cells(*folders)
+    frame = results_frame(rs.cells)
+    frame.attrs["problems"] = list(rs.problems) + list(rs.superseded)
+    return frame
+

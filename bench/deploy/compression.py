@@ -1,0 +1,143 @@
+"""The harness's public compression step: one method at one rank over a model's input groups (or some of them).
+
+Analyses compress through `compress` too, so a method's settings and numeric fallbacks mean the same wherever a
+compressed model comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import contextmanager
+
+from tqdm.auto import tqdm
+
+import methods
+from core.errors import UserError
+from core.linalg import NumericError
+from core.record import ALL_GROUPS, UNIFORM
+from core.registry import code_provenance
+from core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
+from methods.base import GroupCompression
+
+from bench.deploy.apply import apply_compression, restore, swap
+from bench.model.groups import find_input_groups
+
+
+class Deployment:
+    """A variant deployed in a model, in place: the model (the same object, now compressed), each group's summary,
+    and what undoes it. `restore()` puts the dense modules and weights back (kept by reference, so bit for bit);
+    `dense_switch()` lets latency alternate between dense and deployed in one process."""
+
+    def __init__(self, model, summaries: list[dict], undo: list):
+        self.model, self.summaries, self._undo = model, summaries, undo
+        self._restored = False
+
+    @property
+    def restored(self) -> bool:
+        return self._restored
+
+    def restore(self) -> None:
+        """The dense model again (a second call does nothing)."""
+        if self._restored:
+            return
+        self._restored = True
+        for u in reversed(self._undo):
+            restore(self.model, u)
+
+    def dense_switch(self):
+        """`use_dense(flag)`: True puts the dense modules back in place, False the deployed ones (both kept by
+        reference)."""
+        if self._restored:
+            raise RuntimeError("this deployment was restored: deploy the variant again to switch it")
+        undo, model = self._undo, self.model
+        state = {"dense": False, "redo": []}
+
+        def use_dense(flag: bool) -> None:
+            if flag == state["dense"]:
+                return
+            if flag:
+                state["redo"] = [swap(model, u) for u in reversed(undo)]
+            else:
+                for r in reversed(state["redo"]):
+                    swap(model, r)
+                state["redo"] = []
+            state["dense"] = flag
+        return use_dense
+
+
+def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
+           method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
+           ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None,
+           solve_dtype: str = "float64", densities: Mapping[str, float] | None = None) -> Deployment:
+    """The model itself, compressed in place one group at a time (each group's statistics and factors are freed
+    before the next), as a Deployment to restore. Nothing is copied: the dense modules and weights are kept by
+    reference, so a sweep holds one model plus the deployed factors instead of a copy per cell. An error part way
+    restores the groups already deployed. `ks`: each group's k from a rank allocation (bench.deploy.allocation),
+    for a projection method; without it every group's k comes from `rank`. `densities`: each group's density from
+    a density allocation (an unstructured sparsity budget's). `merge`: factors are deployed as dense-shaped weights
+    W_i' = A_i B_i even where the factorised form is smaller. `solve_device`: where each group's statistics are
+    moved and solved (default the host); `solve_dtype`: the low-rank solves' precision, float64 (default) or
+    float32 (the sparsity family's scores stay float64). `method` is a name or a variant (`act-sparse:score=fisher`);
+    `rank` is a RankSpec (low-rank family) or a SparsitySpec (sparsity)."""
+    comp = methods.build(method, method_options)
+    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
+    undo, summaries = [], []
+    try:
+        for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
+            try:
+                budget = rank if densities is None else SparsitySpec(density=densities[g.name])
+                res = comp.compress(g, stats.get(g.name) or GroupStats(), budget, k=None if ks is None else ks[g.name],
+                                    device=solve_device, dtype=solve_torch_dtype(solve_dtype))
+            except NumericError as e:
+                raise UserError(str(e)) from None
+            if merge and isinstance(res, GroupCompression):
+                res.form = "merged"
+            undo.append(apply_compression(model, g, res))
+            summaries.append(res.summary())
+            del res
+    except BaseException:
+        Deployment(model, summaries, undo).restore()
+        raise
+    model.eval()
+    return Deployment(model, summaries, undo)
+
+
+@contextmanager
+def compressed(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
+               method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
+               ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None,
+               solve_dtype: str = "float64", densities: Mapping[str, float] | None = None):
+    """`with compressed(...) as (model, summaries):` `deploy`'s model and summaries, restored to the dense model
+    on exit, error or not (the settings as `deploy`'s)."""
+    dep = deploy(model, method, rank, stats, method_options, only_groups, progress, ks, merge, solve_device,
+                 solve_dtype, densities)
+    try:
+        yield dep.model, dep.summaries
+    finally:
+        dep.restore()
+
+
+def compression_summary(summaries: list[dict], rank: RankSpec | SparsitySpec, method: str,
+                        method_options: dict | None, allocation: dict | None = None, scope: str = ALL_GROUPS,
+                        solve_device: str = "cpu", solve_dtype: str = "float64") -> dict:
+    dense = sum(s["params_dense"] for s in summaries)
+    deployed = sum(s["params_deployed"] for s in summaries)
+    fallbacks = [dict(f, group=s["group"]) for s in summaries for f in s["fallbacks"]]
+    comp = methods.build(method, method_options)
+    # totals: multiply-adds weighted by each group's dense multiply-adds (its dense parameters, once per token);
+    # activation numbers kept over the groups' input widths
+    macs = sum(s["compute_ratio"] * s["params_dense"] for s in summaries)
+    kept = sum(s["activation_ratio"] * s["d_in"] for s in summaries)
+    width = sum(s["d_in"] for s in summaries)
+    budget = ({"rank_ratio": rank.ratio, "budget": rank.budget, "align": rank.align} if isinstance(rank, RankSpec)
+              else {"rank_ratio": rank.ratio, "budget": rank.budget, "pattern": rank.budget, "density": rank.density})
+    return {
+        **budget, "family": comp.family,
+        "params_dense": dense, "params_deployed": deployed, "param_ratio": deployed / dense if dense else None,
+        "compute_ratio": macs / dense if dense else None, "activation_ratio": kept / width if width else None,
+        "groups_factorised": sum(s["form"] == "factorised" for s in summaries), "groups": summaries,
+        "fallbacks": fallbacks, "n_fallbacks": len(fallbacks), "method_settings": comp.settings_dict(),
+        "method_version": comp.version, "method_code": code_provenance(type(comp)), "capabilities": comp.capabilities(), "scope": scope,
+        "allocation": allocation or {"rule": UNIFORM}, "solve_device": solve_device,
+        "solve_dtype": solve_dtype if comp.family == methods.LOW_RANK_FAMILY else "float64",
+    }

@@ -1,0 +1,199 @@
+"""The Python calls (`bench.compress`, `bench.evaluate`, `bench.sweep`, `bench.load_results`) on the smoke check's
+tiny Llama: each equals what its CLI command computes on the same settings, to the last digit, and refuses what the
+CLI refuses in the same one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bench
+from bench.cli import main
+from core.errors import UserError
+
+TEXTS = ["The capital of France is Paris. It lies on the Seine and has been the seat of the government for centuries.",
+         "Water boils at one hundred degrees Celsius at sea level; on a mountain it boils at a lower temperature.",
+         "A triangle has three sides and three angles, and the angles of a triangle add up to one hundred and eighty "
+         "degrees in a flat plane."] * 6
+SMALL = dict(samples=2, seq_len=32, pair_tokens=32, progress=False)
+PPL = dict(tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny):
+    return bench.load_model(str(tiny), progress=False)
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_import_bench_is_light_and_names_the_calls():
+    import subprocess
+    import sys
+
+    code = "import sys, bench; print('torch' in sys.modules, sorted(bench.__all__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False")  # the CLI's start and `import bench` load no torch until a call needs it
+    for name in ("compress", "evaluate", "sweep", "load_results", "load_model"):
+        assert name in out and callable(getattr(bench, name))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        bench.nope  # noqa: B018
+
+
+def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
+    ids = torch.randint(3, 1000, (1, 16))
+    dense = logits(lm.model, ids)
+    with bench.compress(lm, None, "pca", rank=0.5, calibration=TEXTS, **SMALL) as c:
+        assert c.model is lm.model and c.method == "pca"
+        assert c.summary["param_ratio"] < 1 and len(c.summaries) == len(c.summary["groups"]) > 0
+        assert c.calibration["stats"] == ["C"] and c.calibration["spec"]["source"].startswith("texts:")
+        compressed = logits(c.model, ids)
+        assert not torch.equal(compressed, dense)
+        c.save(tmp_path / "ck")
+    assert c.restored and torch.equal(logits(lm.model, ids), dense)
+    with pytest.raises(RuntimeError, match="restored"):
+        c.save(tmp_path / "again")
+    from bench.model.checkpoint import load_checkpoint
+
+    assert torch.allclose(logits(load_checkpoint(tmp_path / "ck"), ids), compressed, atol=1e-5)
+
+
+def test_a_model_without_fingerprint_calibrates_in_memory_to_the_cached_values(lm, tiny):
+    """A plain transformers model (no fingerprint: its weights may have changed since it was loaded) is calibrated
+    in memory, rounded as the cache stores statistics: the same deployed model as the cached path."""
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    ids = torch.randint(3, 1000, (1, 16))
+    with bench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as cached:
+        want = logits(cached.model, ids)
+    with bench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as held:
+        assert held.calibration["cache"] is None and held.calibration["cached"] is False
+        assert torch.equal(logits(held.model, ids), want)
+
+
+def test_compress_equals_bench_compress_on_the_same_text(lm, tiny, tmp_path):
+    """A list of texts is the file holding them, blank-line separated: the checkpoint's weights are the CLI's."""
+    text = tmp_path / "calib.txt"
+    text.write_text("\n\n".join(TEXTS))
+    assert main(["compress", "--model", str(tiny), "--method", "whitened-svd", "--rank", "0.5", "--save",
+                 str(tmp_path / "cli"), "--calib-source", f"file:{text}", "--calib-samples", "2", "--calib-seq-len",
+                 "32", "--pair-tokens", "32", "--quiet"]) == 0
+    with bench.compress(lm, None, "whitened-svd", rank=0.5, calibration=TEXTS, **SMALL) as c:
+        c.save(tmp_path / "api")
+    cli, api = load_file(tmp_path / "cli" / "model.safetensors"), load_file(tmp_path / "api" / "model.safetensors")
+    assert cli.keys() == api.keys() and all(torch.equal(cli[k], api[k]) for k in cli)
+    prov = [json.loads((tmp_path / d / "compression.json").read_text()) for d in ("cli", "api")]
+    assert prov[0]["compression"]["groups"] == prov[1]["compression"]["groups"]
+
+
+def test_calibration_forms_give_the_same_windows(lm):
+    """A datasets column is its texts; a token tensor is used as it is (its digest names it)."""
+    import datasets
+
+    from bench.api import calibration_tokens
+
+    texts = calibration_tokens(TEXTS, lm.tokenizer, 2, 32, 0, "none")
+    column = calibration_tokens(datasets.Dataset.from_dict({"body": TEXTS}), lm.tokenizer, 2, 32, 0, "none",
+                                text_column="body")
+    assert texts[0] == column[0] and torch.equal(texts[1], column[1]) and texts[1].shape == (2, 32)
+    label, windows = calibration_tokens(texts[1], lm.tokenizer, 9, 9, 9, "none")
+    assert label == texts[0].replace("texts:", "tokens:") and torch.equal(windows, texts[1])
+    assert calibration_tokens("wiki", lm.tokenizer, 2, 32, 0, "none") == ("wiki", None)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(method="pca"), "give rank= "),
+    (dict(method="pca", rank=0.5, sparsity="2:4"), "one of the two"),
+    (dict(method="pca", rank=1.5), "rank"),
+    (dict(method="pca", rank="half"), "rank 'half'"),
+    (dict(method="pcaa", rank=0.5), "pca"),
+    (dict(method="all", rank=0.5), "compress with one"),
+    (dict(method="act-sparse", sparsity="3:2"), "3:2"),
+    (dict(method="pca", rank=0.5, calibration=42), "calibration of type int"),
+    (dict(method="pca", rank=0.5, calibration=[]), "calibration of type list"),
+    (dict(method="pca", rank=0.5, calibration=torch.zeros(2, 8)), "2-D integer tensor"),
+    (dict(method="pca", rank=0.5, calibration="nowhere"), "text source 'nowhere' is unknown"),
+    (dict(method="fasc", rank=0.5, max_swapz=3), "max_swapz"),
+    (dict(method="pca", rank=0.5, groups=["attn"]), "attn"),
+    (dict(method="pca", rank=0.5, seq_len=10**6), "longer than the model's"),
+])
+def test_compress_refuses_in_bench_runs_words(lm, kwargs, needle):
+    with pytest.raises(UserError) as e:
+        bench.compress(lm, None, **{**dict(progress=False, samples=2), **kwargs})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_compress_refuses_what_is_not_a_model():
+    with pytest.raises(UserError, match="pass a loaded transformers causal LM"):
+        bench.compress("smollm2-135m", None, "pca", rank=0.5)
+    class Headless(torch.nn.Module):
+        config = None
+
+    with pytest.raises(UserError, match="no tokenizer"):
+        bench.compress(Headless(), None, "pca", rank=0.5)
+
+
+def test_evaluate_scores_as_the_dense_cell_stores(lm, tiny, tmp_path):
+    got = bench.evaluate(lm, None, **PPL, progress=False)
+    assert main(["run", "--model", str(tiny), "--methods", "dense", "--tasks", "ppl-token", "--ppl-windows", "2",
+                 "--ppl-seq-len", "32", "--no-latency", "--no-report", "--quiet", "--output", str(tmp_path)]) == 0
+    cell = json.loads(next(tmp_path.rglob("*ppl-token*.json")).read_text())
+    assert got["ppl-token"].metrics == cell["metrics"] and len(got["ppl-token"].records) == len(cell["records"])
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(tasks=["lamaa"]), "lama"),
+    (dict(tasks=["ppl-token"], ppl_windowz=2), "unknown task setting ppl_windowz"),
+    (dict(tasks=["ppl-token"], ppl_windows=-1), "ppl"),
+    (dict(tasks=["rho"]), "rho"),
+])
+def test_evaluate_refuses_in_one_line(lm, kwargs, needle):
+    with pytest.raises(UserError) as e:
+        bench.evaluate(lm, None, progress=False, **kwargs)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sweep_returns_its_cells_a_rerun_computes_nothing_and_load_results_frames_them(tiny, tmp_path):
+    out = tmp_path / "results"
+    kw = dict(methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
+              measure_latency=False, output=str(out), progress=False, **PPL)
+    cells = bench.sweep(str(tiny), **kw)
+    assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
+    assert (out / "LEADERBOARD.md").exists()
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if not p.name.startswith("LEADERBOARD")}
+    assert bench.sweep(str(tiny), **kw) == cells  # stored, not recomputed
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    frame = bench.load_results(out)
+    ppl = frame[(frame.metric == "ppl") & (frame.task == "ppl-token")].set_index("method")["value"]
+    assert ppl.to_dict() == {c["cell"]["method"]: c["metrics"]["ppl"] for c in cells}
+    assert set(frame.method) == {"dense", "pca"} and frame.attrs["problems"] == []
+    assert frame.loc[frame.method == "pca", "param_ratio"].iloc[0] < 1
+    (out / "bad.json").write_text("{")
+    assert any("bad.json" in p for p in bench.load_results(out).attrs["problems"])
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(methods=["pca"], rankz=0.5), "unknown sweep setting rankz="),
+    (dict(methods=["pca"], rank=2.0), "rank"),
+    (dict(methods=["pcaa"]), "pca"),
+    (dict(executor="ray"), "bench run --executor ray"),
+    (dict(model=[]), "names no model"),
+])
+def test_sweep_refuses_in_one_line_before_any_model_opens(kwargs, needle, tmp_path, monkeypatch):
+    import bench.model.sources
+
+    monkeypatch.setattr(bench.model.sources, "open_model", lambda *a, **k: pytest.fail("a model was opened"))
+    with pytest.raises(UserError) as e:
+        bench.sweep(**{"output": str(tmp_path), **kwargs})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_load_results_of_a_missing_folder_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        bench.load_results(tmp_path / "none")

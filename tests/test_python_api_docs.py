@@ -1,0 +1,46 @@
+"""docs/python-api.md's examples run as written: every ```python block, in order, in one namespace, with `OUT` a
+fresh folder. The fast test swaps the page's model for the smoke check's tiny Llama (the calls and keywords are the
+page's own); the slow one runs the page unchanged on SmolLM2-135M."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
+MODEL_LINE = 'MODEL = "smollm2-135m"'
+
+
+def page_code() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+    assert len(blocks) >= 2, "the page's examples are its python blocks"
+    return "\n".join(blocks)
+
+
+def run_page(code: str, out: Path, capsys) -> str:
+    namespace = {"OUT": out, "__name__": "python_api_page"}
+    exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page is the project's own
+    return capsys.readouterr().out
+
+
+def check_ran(printed: str, out: Path):
+    assert (out / "smollm2-fasc-kfac-0.5" / "config.json").exists()  # c.save wrote a checkpoint
+    cells = list((out / "results").rglob("*.json"))
+    assert cells, "the sweep stored its cells"
+    assert "ppl" in printed and "fasc-kfac" in printed and "->" in printed
+
+
+def test_the_page_names_its_model_once():
+    assert page_code().count(MODEL_LINE) == 1  # the line the fast test swaps
+
+
+def test_the_page_runs_on_the_tiny_model(tiny, tmp_path, capsys):
+    code = page_code().replace(MODEL_LINE, f"MODEL = {str(tiny)!r}")
+    check_ran(run_page(code, tmp_path, capsys), tmp_path)
+
+
+@pytest.mark.slow
+def test_the_page_runs_as_written_on_smollm2(tmp_path, capsys):
+    check_ran(run_page(page_code(), tmp_path, capsys), tmp_path)
