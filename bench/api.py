@@ -23,7 +23,7 @@ import torch
 
 from core.errors import UserError
 
-from bench.calibration.cache import check_finite, load_or_calibrate
+from bench.calibration.cache import Calibration, check_finite, load_or_calibrate
 from bench.calibration.engine import CalibSpec, calibrate
 from bench.calibration.group_files import from_stored, to_stored
 from bench.calibration.memory import calibration_chunks
@@ -95,7 +95,7 @@ def _loaded(model, tokenizer) -> LoadedModel:
 
 
 def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, windows, stats_memory, batch_size,
-                          progress) -> tuple[dict, dict]:
+                          progress) -> Calibration:
     """Statistics of a model without a fingerprint, held in memory: calibrated in as many passes as
     `stats_memory` asks and rounded as the cache stores them, so they equal what a cached run would read."""
     from bench.calibration.group_files import default_stats_memory
@@ -111,7 +111,7 @@ def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, win
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": None, "base": None,
             "n_tokens": int(windows.numel()), "seconds": time.perf_counter() - t0, "cached": False,
             "passes": len(chunks), "groups_calibrated": len(groups)}
-    return held, info
+    return Calibration(held, info)
 
 
 def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
@@ -172,7 +172,7 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
     run = replace(run, config=replace(run.config, calib_source=label, calib_samples=samples if windows is None
                                       else int(windows.shape[0]),
                                       calib_seq_len=seq_len if windows is None else int(windows.shape[1])))
-    stats, info = {}, None
+    calibrated = None
     needed = run.stats_needs()
     if needed:
         if windows is None:
@@ -180,13 +180,14 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
 
             windows = calibration_windows(lm.tokenizer, run.calibration)
         if lm.fingerprint and cache:
-            stats, info = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
-                                            progress, windows)
+            calibrated = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
+                                           progress, windows)
         else:
-            stats, info = _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
-                                                batch_size, progress)
+            calibrated = _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
+                                               batch_size, progress)
     source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
-    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, info, merge)
+    stats, record = (calibrated.stats, calibrated.record) if calibrated else ({}, None)
+    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merge)
 
 
 # ---------------------------------------------------------------- evaluate

@@ -568,3 +568,30 @@ def test_plan_refuses_what_run_refuses_in_the_same_words(tmp_path, capsys, extra
         lines[cmd] = err[0].split("error: ", 1)[1]
     assert lines["plan"] == lines["run"]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.json"))
+
+
+def test_a_resolved_run_is_costed_with_its_own_settings():
+    """estimate_run_costs reads every setting from the run bench plan resolved, none from defaults: each changed
+    flag changes the estimate as estimate_costs given that value does."""
+    from bench.cli import _parser
+    from bench.cli.plan import plan_config
+    from bench.measure.costs import estimate_run_costs
+    from bench.runner.config import resolve_run
+
+    model = str(CONFIGS / "llama-3-8b")
+    flags = ["--model", model, "--methods", "pca", "fasc-kfac", "act-sparse", "--rank", "0.5", "0.25",
+             "--sparsity", "2:4", "--budget", "params", "--rank-align", "8", "--dtype", "bfloat16",
+             "--stats-memory", "16GB", "--calib-samples", "6", "--calib-seq-len", "128", "--batch-size", "8",
+             "--pair-tokens", "256"]
+    run = resolve_run(plan_config(_parser().parse_args(["plan", *flags])), writes=False)
+    got = estimate_run_costs(run)
+    want = make_plan(model, ["pca", "fasc-kfac", "act-sparse"], [0.5, 0.25], "params", 8, "bfloat16",
+                     parse_bytes("16GB"), 6, 128, 4, 256, sparsity=[SparsitySpec.parse("2:4")])
+    def costed(est):  # every field but the meta model's groups (module objects, equal by name and shape only)
+        import dataclasses
+
+        return {**dataclasses.asdict(dataclasses.replace(est, groups=[])),
+                "groups": [(g.name, g.d_in, g.d_outs) for g in est.groups]}
+
+    assert costed(got) == costed(want)
+    assert costed(got) != costed(make_plan(model, ["pca", "fasc-kfac", "act-sparse"], [0.5, 0.25]))

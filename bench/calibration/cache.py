@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
+from typing import NamedTuple
 from pathlib import Path
 
 import torch
@@ -21,6 +23,35 @@ from bench.calibration.memory import calibration_chunks
 from bench.calibration.group_files import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
                           write_group)
 from bench.results.store import claim_cell, release_cell, settings_hash
+
+class Calibration(NamedTuple):
+    """What the calibration stage hands on: the statistics (read lazily from their files, or held in memory) and
+    the record a cell's `calibration` field stores about them (the text spec, the statistics, the cache folder,
+    and how they were computed: tokens, seconds, passes, or read from the cache). A named pair: `stats, record =
+    load_or_calibrate(...)` unpacks it."""
+
+    stats: Mapping[str, GroupStats]
+    record: dict
+
+    @property
+    def cached(self) -> bool:
+        return self.record.get("cached") is True
+
+    @property
+    def seconds(self) -> float | None:
+        return self.record.get("seconds")
+
+    @property
+    def passes(self) -> int:
+        return self.record.get("passes", 1)
+
+    @property
+    def stage(self) -> str:
+        """The stage's name in a run's timing table."""
+        if self.cached:
+            return "calibration (from the cache)"
+        return "calibration" + (f" ({self.passes} passes)" if self.passes > 1 else "")
+
 
 CLAIM = "calibration"  # the claim file (.calibration.lock) in a statistics folder
 CLAIM_POLL_S = 2.0
@@ -126,7 +157,7 @@ def _saved_info(folder: Path) -> dict:
 
 def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stats_memory: int | None = None,
                       batch_size: int = 4, progress: bool = True,
-                      windows: torch.Tensor | None = None) -> tuple[StatsStore, dict]:
+                      windows: torch.Tensor | None = None) -> Calibration:
     """Statistics from the cache, calibrating (in as many passes as `stats_memory` asks) the groups it lacks."""
     folder = stats_folder(lm.fingerprint, cspec, needed)
     budget = stats_memory or default_stats_memory()
@@ -137,13 +168,14 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
         if wider is not None:
             holds = sorted(frozenset.intersection(*(held_stats(wider, g.name) for g in groups)))
             tqdm.write(f"calibration statistics from cache ({wider.name}, which holds {', '.join(holds)})")
-            return StatsStore(wider, [g.name for g in groups], budget), {
+            return Calibration(StatsStore(wider, [g.name for g in groups], budget), {
                 "spec": cspec.as_dict(), "stats": holds, "cache": wider.name, "base": base, **_saved_info(wider),
-                "cached": True, "needed": sorted(needed)}
+                "cached": True, "needed": sorted(needed)})
     pending = _claimed_pending(folder, groups, base, needed)
     if not pending:
         tqdm.write(f"calibration statistics from cache ({folder.name})")
-        return StatsStore(folder, [g.name for g in groups], budget), {**info, **_saved_info(folder), "cached": True}
+        return Calibration(StatsStore(folder, [g.name for g in groups], budget),
+                           {**info, **_saved_info(folder), "cached": True})
     try:
         return _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch_size, progress, windows,
                                   info)
@@ -172,7 +204,7 @@ def _claimed_pending(folder: Path, groups, base: str, needed: frozenset[str]) ->
 
 
 def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch_size, progress, windows,
-                       info) -> tuple[StatsStore, dict]:
+                       info) -> Calibration:
     if windows is None:
         windows = calibration_windows(lm.tokenizer, cspec)
     chunks = calibration_chunks(pending, needed, cspec.pair_tokens, budget)
@@ -193,7 +225,7 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
     info.update(n_tokens=int(windows.numel()), seconds=time.perf_counter() - t0, cached=False, passes=len(chunks),
                 groups_calibrated=len(pending))
     atomic_write_json(folder / "info.json", info)
-    return StatsStore(folder, [g.name for g in groups], budget, preloaded=held), info
+    return Calibration(StatsStore(folder, [g.name for g in groups], budget, preloaded=held), info)
 
 
 def check_finite(stats: dict[str, GroupStats]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.measure.costs import CostEstimate, estimate_costs
+from bench.measure.costs import CostEstimate, estimate_run_costs
 from core.units import human
 
 
@@ -49,9 +49,7 @@ def cmd_plan(args) -> int:
     totals = []
     for run in runs:
         c = run.config
-        est = estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align,
-                             c.dtype, run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
-                             c.pair_tokens, sparsity=list(run.patterns))
+        est = estimate_run_costs(run)
         if len(runs) > 1:
             print(f"## {c.model}\n")
         print(render(est))

@@ -193,6 +193,16 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     return est
 
 
+def estimate_run_costs(run) -> CostEstimate:
+    """The costs of a resolved run (`bench.runner.config.Run`, as `resolve_run` returns it): its model, methods,
+    budgets, precision, statistics memory and calibration sizes, at the batch its calibration passes use (half of
+    --batch-size)."""
+    c = run.config
+    return estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
+                          run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
+                          c.pair_tokens, sparsity=list(run.patterns))
+
+
 # ------------------------------------------------------------------------------------- time, from a micro-benchmark
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from bench.model.groups import find_input_groups
 from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
-from bench.calibration.cache import calibration_windows, load_or_calibrate
+from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
 from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
                     write_cell)
 
@@ -247,7 +247,7 @@ class Worker:
     groups: list = field(default_factory=list)  # every input group of the loaded model (analyses read them all)
     selected: list = field(default_factory=list)  # those the run compresses
     stats: Mapping = field(default_factory=dict)
-    calib_info: dict | None = None
+    calibration: Calibration | None = None  # once the statistics stage ran
     allocations: dict = field(default_factory=dict)
     claimed: set = field(default_factory=set)
     elsewhere: list = field(default_factory=list)
@@ -323,20 +323,21 @@ class Worker:
         """The sweep's statistics (all its methods', rules' and analyses'), whichever cells are missing now, so a
         rerun and every worker read the same cache folder. Analyses read every group; methods the selected ones."""
         needs = self.run.stats_needs()
-        if not needs or self.calib_info is not None:
+        if not needs or self.calibration is not None:
             return
         lm = self.model()
         run = self.run
         t0 = time.perf_counter()
-        self.stats, self.calib_info = load_or_calibrate(
+        self.calibration = load_or_calibrate(
             lm, self.groups if every_group else self.selected, run.calibration, needs, run.stats_memory,
             run.config.batch_size, run.config.progress, self.calib_windows)
-        if self.calib_info.get("cached"):
-            stage = "calibration (from the cache)"
-        else:
-            passes = self.calib_info.get("passes", 1)
-            stage = "calibration" + (f" ({passes} passes)" if passes > 1 else "")
-        self.spent(stage, time.perf_counter() - t0)
+        self.stats = self.calibration.stats
+        self.spent(self.calibration.stage, time.perf_counter() - t0)
+
+    @property
+    def calibration_record(self) -> dict | None:
+        """What a cell's `calibration` field stores (None before the statistics stage, or when none is needed)."""
+        return None if self.calibration is None else self.calibration.record
 
     def text(self) -> torch.Tensor:
         """Token windows of the calibration text, for latency to decode and prefill (tokenized once)."""
@@ -416,9 +417,9 @@ class Worker:
             model, summaries = dep.model, dep.summaries
             timings["compress_s"] = time.perf_counter() - t0
             self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
-            if self.calib_info and uses_stats:
-                timings["calibrate_s"] = self.calib_info.get("seconds")
-            common = {**self.common(), "calibration": self.calib_info if uses_stats else None}
+            if self.calibration is not None and uses_stats:
+                timings["calibrate_s"] = self.calibration.seconds
+            common = {**self.common(), "calibration": self.calibration_record if uses_stats else None}
             summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope,
                                           self.solve_device, run.config.solve_dtype)
             recs = self.evaluate(model, cells, summary, timings, common, dep)
@@ -439,7 +440,7 @@ class Worker:
             seconds = time.perf_counter() - t0
             self.spent(f"analysis {cell.id.task}", seconds)
             write_cell(cell.path, cell_record(
-                analysis, result, **self.common(), calibration=self.calib_info, cell=cell.id,
+                analysis, result, **self.common(), calibration=self.calibration_record, cell=cell.id,
                 versions={"analysis": analysis.version}, timings={f"{cell.id.task}_s": seconds}))
             self.unclaim(cell.path)
             log(f"[{cell.id.task} @ {cell.budget.label}] " + analysis.summary_line(result))

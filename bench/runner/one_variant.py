@@ -69,7 +69,8 @@ class Compressed:
         self.restore()
 
 
-def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, stats, calib_info: dict | None,
+def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, stats,
+                     calibration_record: dict | None,
                      merge: bool = False, allocation=None, solve_device: str | None = None) -> Compressed:
     """Deploy the one-variant run's method at its budget over the selected groups of `model` (in place).
     `source_model`: {"given", "name", "fingerprint"} for the provenance; `allocation`: the rule's allocation, if
@@ -86,7 +87,7 @@ def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, s
                  **(alloc.compress_args() if alloc else {}))
     summary = compression_summary(dep.summaries, budget, method, opts, alloc.summary() if alloc else None, scope,
                                   solve_device, run.config.solve_dtype)
-    calibration = calib_info if run.uses_stats(method, rule) else None
+    calibration = calibration_record if run.uses_stats(method, rule) else None
     label = f"{budget.budget} {budget.label}" if isinstance(budget, RankSpec) else f"sparsity {budget.label}"
     provenance = {
         "method": method, "budget": label + ("" if alloc is None else f", {rule} allocation"),
@@ -112,7 +113,7 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
     rule, budget = run.allocate[0], (run.ranks + run.patterns)[0]
     source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
     with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, worker.stats,
-                          worker.calib_info, merge, worker.allocation(rule, budget), worker.solve_device) as done:
+                          worker.calibration_record, merge, worker.allocation(rule, budget), worker.solve_device) as done:
         seconds = time.perf_counter() - t0
         written = done.save(out, overwrite)
     return {**written, "dense_bytes": dense_bytes, "seconds": seconds, "provenance": done.provenance}
