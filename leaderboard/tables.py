@@ -87,7 +87,7 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
         row[col.label] = c.metrics.get(col.metric) if c else None
         row[col.label + " stderr"] = c.stderr.get(col.metric) if c else None
     row["param ratio"] = _first(cells, lambda c: _get(c.compression, "param_ratio"))
-    # theoretical multiply-adds per token and activation numbers kept, vs dense (DESIGN 13); stored since the
+    # theoretical multiply-adds per token and activation numbers kept, vs dense (docs/design.md, sections 1 and 7); stored since the
     # sparsity family (older low-rank cells lack them, and their compute ratio equals their parameter ratio)
     row["compute ratio"] = _first(cells, lambda c: _get(c.compression, "compute_ratio"))
     row["activation ratio"] = _first(cells, lambda c: _get(c.compression, "activation_ratio"))

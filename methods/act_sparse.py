@@ -3,8 +3,8 @@ fraction of all of them) by a score, zero the rest; every site of the group read
 
 Scores (per token, channel j): abs |x_j|; wina |x_j| ||W[:, j]|| (the group's stacked weights); amber |x_j| times
 the column norm of the row-standardised stacked weights over its smallest column norm; fisher |x_j| sqrt(F_jj)
-(zeroing x_j costs about x_j^2 F_jj under the second-order surrogate). Mitigations (DESIGN 13): none, variance,
-shift (calibrated mean, deployed as a bias), median (per-token median).
+(zeroing x_j costs about x_j^2 F_jj under the second-order surrogate). Mitigations (docs/design.md, section 7):
+none, variance, shift (calibrated mean, deployed as a bias), median (per-token median).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Compressor interface: what a method needs, its settings, and its typed result per input group.
 
 A method returns one of three small results, each of which knows its parameter, compute and activation ratios
-(DESIGN 13) and is deployed by its own handler (bench.deploy.apply dispatches on the type):
+(docs/design.md, sections 1 and 7) and is deployed by its own handler (bench.deploy.apply dispatches on the type):
 - `GroupCompression`: factors per site, W_i ~ A_i B_i (projections and factorisations; the low-rank family);
 - `SparseActivation`: a per-token mask rule on the group input, N:M or top-k (activation sparsity);
 - `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control).
@@ -227,7 +227,7 @@ class Compressor(Plugin):
                  device=None, dtype: torch.dtype = torch.float64) -> GroupCompression:
         """`k`: the group's k from a rank allocation (projection methods only); else from `rank`. `device`: where
         the solve runs (default the host); the statistics and weights are moved there and the factors stay.
-        `dtype`: the solve's precision, float64 (default) or float32 (the README gives its measured agreement)."""
+        `dtype`: the solve's precision, float64 (default) or float32 (docs/large-models.md, Solve precision, gives its measured agreement)."""
         if not isinstance(rank, RankSpec):
             raise TypeError(f"{self.name} is a low-rank method: it takes a rank ratio (--rank), not {rank!r}")
         if k is not None and not self.projection:

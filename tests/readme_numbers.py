@@ -7,6 +7,7 @@ A generated block of README.md or of a page of docs/ sits between two comment li
 
 - `plan-8b`: what `bench plan` prints for the Llama-3-8B config in tests/fixtures (weights never needed), time
   estimate included; that estimate is this machine's, so the date it ran is written under the block.
+- `synopsis`: every `bench` command with every flag, from the argument parser (bench/cli/synopsis.py).
 - `stages N`: where the time of the Nth run into `--results DIR` went (oldest first), from the stage log the run
   stored in DIR/.runs; without --results left as it is.
 - `leaderboard "<heading>"`: the first table under that heading of a stored run's LEADERBOARD.md (`make run`, then
@@ -53,6 +54,12 @@ def bench_output(command: str) -> str:
     if rc:
         raise SystemExit(f"`{command}` exited {rc}")
     return out.getvalue()
+
+
+def synopsis_block() -> str:
+    from bench.cli.synopsis import synopsis
+
+    return f"```text\n{synopsis()}\n```\n"
 
 
 def plan_block() -> str:
@@ -130,6 +137,8 @@ def regenerate(text: str, results: Path | None, board: str | None = None, logs: 
         spec = m.group("spec")
         if spec == "plan-8b":
             new = plan_block()
+        elif spec == "synopsis":
+            new = synopsis_block()
         elif spec.startswith("leaderboard "):
             new = first_table(board, shlex.split(spec)[1]) if board else m.group("body")
         elif spec.startswith("stages "):
@@ -138,7 +147,7 @@ def regenerate(text: str, results: Path | None, board: str | None = None, logs: 
                 raise SystemExit(f"README block '{spec}' wants run {nth} of {results}, which stored {len(logs)}")
             new = stage_block(logs[nth - 1]) if results else m.group("body")
         else:
-            raise SystemExit(f"README block '{spec}' is unknown: plan-8b, stages N or leaderboard \"<heading>\"")
+            raise SystemExit(f"README block '{spec}' is unknown: plan-8b, synopsis, stages N or leaderboard \"<heading>\"")
         return m.group(1) + new + m.group(4)
 
     return BLOCK.sub(body, text)

@@ -22,10 +22,13 @@ import pytest
 from core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
+SYNOPSIS = re.compile(r"<!-- generated: synopsis -->\n.*?<!-- end generated -->", re.S)
 
 
 def readme_commands(text: str) -> list[tuple[int, str]]:
-    """(line number, command) of every `bench` command in the README's code blocks."""
+    """(line number, command) of every `bench` command in the README's code blocks (the generated synopsis, whose
+    lines are notation, not commands, excepted: its own test checks it)."""
+    text = SYNOPSIS.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     out: list[tuple[int, str]] = []
     in_block, current = False, None
     for number, raw in enumerate(text.splitlines(), 1):
@@ -143,6 +146,37 @@ def test_readme_command_passes_its_checks(line, cmd, monkeypatch, tmp_path):
         except SystemExit as e:
             bad.append(f"{' '.join(argv)}\n    -> the parser refused it (exit {e.code})")
     assert not bad, f"{line}:\n" + "\n".join(bad)
+
+
+def test_the_readme_synopsis_is_the_parsers():
+    """One synopsis, generated (tests/readme_numbers.py): the README's copy is what bench/cli/synopsis.py gives
+    from the argument parser now, so a flag added, renamed or removed fails here until it is regenerated."""
+    from bench.cli.synopsis import synopsis
+
+    blocks = SYNOPSIS.findall((ROOT / "README.md").read_text())
+    assert len(blocks) == 1
+    assert blocks[0] == f"<!-- generated: synopsis -->\n```text\n{synopsis()}\n```\n<!-- end generated -->"
+    for flag in ("--model X...", "--method-option X", "--lama-limit X", "--family {low-rank,sparsity}"):
+        assert flag in blocks[0]
+
+
+def test_the_synopsis_follows_the_parser(monkeypatch):
+    """The generator reads the parser: a flag the parser gains appears, wrapped between arguments only."""
+    import bench.cli
+    from bench.cli.synopsis import synopsis
+
+    real = bench.cli._parser
+
+    def with_new_flag():
+        parser = real()
+        sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        sub.choices["report"].add_argument("--brand-new-flag", choices=["a", "b"], required=True)
+        return parser
+
+    monkeypatch.setattr(bench.cli, "_parser", with_new_flag)
+    line = next(x for x in synopsis().splitlines() if x.startswith("bench report"))
+    assert line.endswith("--brand-new-flag {a,b}") and "[--vs X]" in line
+    assert all(len(x) <= 118 and x.count("[") == x.count("]") for x in synopsis().splitlines())
 
 
 def test_the_checker_refuses_a_wrong_line():

@@ -177,7 +177,7 @@ class {cls}(Compressor):
     name = "{name}"
     version = 1
     description = "SVD of W diag(rms(x))^power per site, then undone"
-    needs = frozenset({{"C"}})  # E[x x^T]; see `bench ls methods` and docs/adding-a-method.md for the others
+    needs = frozenset({{"C"}})  # E[x x^T]; see `bench ls methods` and docs/method-interface.md for the others
     per_site = True  # one factorisation per site weight (False: one projection B shared by the group)
     Settings = {cls}Settings
 
@@ -214,7 +214,7 @@ class {cls}(SparsityMethod):
     name = "{name}"
     version = 1
     description = "keep |x_j| * ||W[:, j]||^power per token (N:M or a density)"
-    needs = frozenset()  # data-free; ask for {{"abs_mean"}}, {{"C"}}, {{"abs_hist"}}, ... (docs/adding-a-method.md)
+    needs = frozenset()  # data-free; ask for {{"abs_mean"}}, {{"C"}}, {{"abs_hist"}}, ... (docs/method-interface.md)
     Settings = {cls}Settings
 
     @classmethod

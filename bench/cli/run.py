@@ -83,7 +83,7 @@ RUN_FLAGS = [
     ("--solve-device", "solve_device", {"help": "where the solves run: auto (the model's device; default), cpu, "
                                                  "cuda[:i]"}),
     ("--solve-dtype", "solve_dtype", {"help": "the low-rank solves' precision: float64 (default) or float32 (faster on "
-                                               "a GPU; README: its measured agreement with float64)"}),
+                                               "a GPU; docs/large-models.md: its measured agreement with float64)"}),
     ("--device-map", "device_map", {"help": "auto: spread a model larger than one GPU over the GPUs (accelerate)"}),
     ("--dtype", "dtype", {"help": "float32 (default), bfloat16, float16"}),
     ("--batch-size", "batch_size", {"type": int}),

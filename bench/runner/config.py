@@ -66,7 +66,7 @@ class RunConfig:
     device: str = "cpu"
     device_map: str | None = None  # "auto": accelerate places the blocks across the GPUs (a model larger than one)
     solve_device: str = "auto"  # where the solves run: auto (the device of the model's first parameter), cpu, cuda[:i]
-    solve_dtype: str = "float64"  # the low-rank solves' precision: float64, or float32 (README: its measured agreement)
+    solve_dtype: str = "float64"  # the low-rank solves' precision: float64, or float32 (docs/large-models.md, Solve precision: its measured agreement)
     dtype: str = "float32"
     batch_size: int = 4
     stats_memory: str | None = None  # memory for calibration statistics per pass, e.g. "16GB" (default: half of free)
@@ -197,7 +197,8 @@ class Run:
         lines = [what] + (["sizes: " + "; ".join(sizes)] if sizes else [])
         if c.solve_dtype != DEFAULT_SOLVE_DTYPE and self.ranks:
             lines.append(f"solves in {c.solve_dtype}: the eigen-solves of the statistics (pca, fasc-kfac, fasc, "
-                         "espace-nl) lose accuracy there; README, Solve precision, gives the measured agreement")
+                         "espace-nl) lose accuracy there; docs/large-models.md, Solve precision, gives the measured "
+                         "agreement")
         return lines
 
 
