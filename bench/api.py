@@ -165,7 +165,7 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
         raise UserError(f"this model is a compressed checkpoint ({', '.join(forms)} sites): compress the original")
     run = run.with_bos(resolve_bos(lm.tokenizer, run.bos))
     all_groups = find_input_groups(lm.model)
-    run = run.for_blocks(len({g.block for g in all_groups}))
+    run = run.for_blocks(len({g.block for g in all_groups}), tuple(dict.fromkeys(g.kind for g in all_groups)))
     selected = check_groups(run, all_groups)
     check_lengths(run, lm.model.config)
     label, windows = calibration_tokens(calibration, lm.tokenizer, samples, seq_len, seed, run.bos, text_column)

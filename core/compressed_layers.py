@@ -433,4 +433,18 @@ def compressed_subclass(base: type) -> type:
             deploy_layout(self, getattr(config, LAYOUT_KEY, None))
 
     Compressed.__name__ = Compressed.__qualname__ = f"Compressed{base.__name__}"
+    _inherit_key_renames(base, Compressed)
     return Compressed
+
+
+def _inherit_key_renames(base: type, sub: type) -> None:
+    """transformers renames some checkpoint keys by class name (GPT-NeoX saves its head as `embed_out`): the
+    subclass must rename as its base does, or a saved head would not load back."""
+    try:
+        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
+                                                     register_checkpoint_conversion_mapping)
+    except ImportError:  # a transformers without class-keyed renames
+        return
+    mapping = get_checkpoint_conversion_mapping(base.__name__)
+    if mapping:
+        register_checkpoint_conversion_mapping(sub.__name__, mapping, overwrite=True)

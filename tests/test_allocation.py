@@ -99,8 +99,13 @@ def test_selection_parsing_and_scope():
             parse_blocks(bad)
     s = Selection.from_flags(["mlp_out", "attn_in"], "12,0-5").resolve(18)
     assert s.scope == "groups=attn_in,mlp_out;blocks=0-5,12"
-    # everything, spelled out, is the default selection
-    assert Selection.from_flags(["attn_in", "attn_out", "mlp_in", "mlp_out"], "0-17").resolve(18).scope == "all"
+    # everything, spelled out, is the default selection: every kind the model has (a Llama's four)
+    llama = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+    assert Selection.from_flags(list(llama), "0-17").resolve(18, llama).scope == "all"
+    assert Selection.from_flags(list(llama), None).resolve(18, ("attn_mlp_in", "attn_out", "mlp_out")).scope == \
+        "groups=attn_out,mlp_out"  # a parallel block's shared input group is not among the four
+    with pytest.raises(UserError, match="this model has no such groups; its kinds are attn_in, attn_out"):
+        Selection.from_flags(["attn_mlp_in"], None).resolve(18, llama)
     with pytest.raises(UserError, match="block 18 does not exist, the model has 18 blocks"):
         Selection.from_flags(None, "0,18").resolve(18)
     with pytest.raises(UserError, match="Did you mean 'mlp_in'"):

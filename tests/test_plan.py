@@ -595,3 +595,22 @@ def test_a_resolved_run_is_costed_with_its_own_settings():
 
     assert costed(got) == costed(want)
     assert costed(got) != costed(make_plan(model, ["pca", "fasc-kfac", "act-sparse"], [0.5, 0.25]))
+
+
+def test_a_plan_of_an_architecture_without_intermediate_size(tmp_path):
+    """GPT-J's config names no intermediate_size (its MLP is 4 x hidden): the plan takes 4 x hidden, and finds its
+    parallel block's groups (attention and MLP read one input) from the config alone, through a traced twin."""
+    import warnings
+
+    from transformers import GPTJConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        GPTJConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=100, rotary_dim=8, n_positions=128,
+                   bos_token_id=1, eos_token_id=2).save_pretrained(tmp_path)
+    plan = make_plan(str(tmp_path), ["fasc-kfac"], [0.5], calib_seq_len=16, batch_size=2)
+    assert plan.config["intermediate_size"] == 256
+    assert [k["kind"] for k in plan.kinds] == ["attn_mlp_in", "attn_out", "mlp_out"]
+    assert plan.kinds[0]["d_outs"] == (64, 64, 64, 256)  # q, k, v and fc_in read the one normed input
+    tokens = 2 * 16  # the activations kept for the backward: 6 hidden and 4 intermediate numbers per token and block
+    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 256) * 2 * 4 + tokens * 100 * 4 * 2

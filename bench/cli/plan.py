@@ -73,7 +73,7 @@ def check_against_model(run) -> None:
     config = load_model_config(run.config.model)
     check_lengths(run, config)
     groups = find_input_groups(meta_model(config))
-    run = run.for_blocks(len({g.block for g in groups}))
+    run = run.for_blocks(len({g.block for g in groups}), tuple(dict.fromkeys(g.kind for g in groups)))
     selected = check_groups(run, groups)
     if run.stats_needs() and run.stats_memory:
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,

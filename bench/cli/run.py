@@ -66,7 +66,8 @@ RUN_FLAGS = [
                                                     "rise per parameter), variance (pca's eigenvalues), both with "
                                                     "--budget params; greedy (TEAL's density per group under an "
                                                     "unstructured --sparsity, for act-sparse and teal)"}),
-    ("--groups", "groups", {"nargs": "+", "help": "input-group kinds to compress: attn_in, attn_out, mlp_in, mlp_out "
+    ("--groups", "groups", {"nargs": "+", "help": "input-group kinds to compress: attn_in, attn_out, mlp_in, mlp_out, "
+                                                "and where a model has them attn_mid, mlp_mid, attn_mlp_in "
                                                 "(default all)"}),
     ("--blocks", "blocks", {"help": "blocks to compress, indices and ranges, e.g. 0-5,12 (default all)"}),
     ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: lama ppl-token rho; see `bench ls tasks`)"}),

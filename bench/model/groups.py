@@ -1,7 +1,17 @@
-"""Input groups: the sets of linear sites in a block that read the same activation tensor."""
+"""Input groups: the sets of linear sites in a block that read the same activation tensor.
+
+Found, not listed: the decoder blocks are the `nn.ModuleList` of identical blocks that a text-only forward reaches
+first; one short forward (4 tokens) with a pre-hook on every linear site of every block records which tensor each
+site reads, and the sites of a block that read the same tensor form a group. Each group's kind comes from its
+place in its block: the sites under an attention module (a path component naming attn or attention) against the
+rest (the MLP), in forward order. Blocks may differ (a dense first block before mixture-of-experts ones). The
+trace runs once per model object, on whatever device the model is (the meta device included: `bench plan` traces
+a model without storage).
+"""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -9,23 +19,14 @@ from torch import nn
 
 from core.errors import UserError
 
-# Per architecture: where the decoder blocks live, and each group's sites (relative to a block).
-# Groups are listed in forward order. To support a new architecture, add its `config.model_type` here.
-_LLAMA_LIKE = {
-    "blocks": "model.layers",
-    "groups": {
-        "attn_in": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-        "attn_out": ("self_attn.o_proj",),
-        "mlp_in": ("mlp.gate_proj", "mlp.up_proj"),
-        "mlp_out": ("mlp.down_proj",),
-    },
-}
-GROUP_KINDS = tuple(_LLAMA_LIKE["groups"])  # the kinds `--groups` selects from, in forward order
-ARCHITECTURES: dict[str, dict] = {
-    name: _LLAMA_LIKE
-    for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "olmo2")
-}
-ARCHITECTURES["gemma3"] = {"blocks": "model.language_model.layers", "groups": _LLAMA_LIKE["groups"]}
+# The kinds `--groups` selects from, in forward order. A Llama-shaped block has the four classic ones; a parallel
+# block (GPT-J, Falcon: attention and MLP read one normed input) has attn_mlp_in; attention or MLP with more than
+# two groups (low-rank query and key-value projections, as in DeepSeek's) has the middle ones.
+GROUP_KINDS = ("attn_in", "attn_mid", "attn_out", "attn_mlp_in", "mlp_in", "mlp_mid", "mlp_out")
+# Sites that route tokens to experts (or gate a shared expert) stay dense: their few outputs decide which weights
+# run, so compressing them changes the computation itself, not its precision.
+ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate", "expert_gate"})
+TRACE_TOKENS = 4
 
 
 @dataclass
@@ -34,7 +35,7 @@ class InputGroup:
 
     name: str  # e.g. "layers.3.attn_in"
     block: int
-    kind: str  # attn_in | attn_out | mlp_in | mlp_out
+    kind: str  # one of GROUP_KINDS
     site_names: tuple[str, ...]  # full module names in the model
     sites: tuple[nn.Linear, ...]
 
@@ -50,43 +51,237 @@ class InputGroup:
         return torch.cat([s.weight.detach() for s in self.sites], dim=0)
 
 
-def architecture_of(model: nn.Module) -> dict:
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in ARCHITECTURES:
-        raise UserError(
-            f"unknown architecture '{model_type}': acbench knows {', '.join(sorted(ARCHITECTURES))}; "
-            "add its block path and group sites to bench.model.groups.ARCHITECTURES"
-        )
-    return ARCHITECTURES[model_type]
+class InputGroups(list):
+    """A model's input groups, in block and forward order, with what the model holds that no group covers:
+    `fused_experts`, the first block's modules whose experts are one 3-D parameter (not per-expert sites)."""
+
+    def __init__(self, groups=(), fused_experts: tuple[str, ...] = ()):
+        super().__init__(groups)
+        self.fused_experts = fused_experts
 
 
-def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) -> list[InputGroup]:
-    arch = architecture_of(model)
-    blocks = model.get_submodule(arch["blocks"])
+@dataclass(frozen=True)
+class ModelLayout:
+    """What one trace finds: where the blocks are, and per block each group's kind and sites (relative to the block,
+    in forward order), and the modules whose experts are fused 3-D parameters."""
+
+    blocks: str
+    groups: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]  # per block: (kind, relative site names)
+    fused_experts: tuple[str, ...] = ()  # full module names
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _model_type(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__)
+
+
+def _candidate_block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """ModuleLists of blocks: identical classes, each holding at least two linear sites."""
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) and all(type(c) is type(mod[0]) for c in mod):
+            if sum(isinstance(m, nn.Linear) for m in mod[0].modules()) >= 2:
+                out.append((name, mod))
+    return out
+
+
+def _is_router(rel: str) -> bool:
+    return rel.rsplit(".", 1)[-1] in ROUTER_NAMES
+
+
+def _has_fused_experts(module: nn.Module) -> bool:
+    return any(p.dim() == 3 for p in module.parameters(recurse=False))
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    return weight.device if weight is not None else next(model.parameters()).device
+
+
+class _Traced(Exception):
+    """Raised when the last block has run: the head and whatever follows it are skipped (on the meta device some
+    architectures read a value back there, which a tensor without storage cannot give)."""
+
+
+def _stop(module, args, output):
+    raise _Traced
+
+
+def _trace(model: nn.Module) -> tuple[str, nn.ModuleList, list[list[tuple[str, object]]]]:
+    """(blocks path, the blocks, per block [(relative site name, the tensor it read)] in call order) from one
+    short text-only forward. The blocks are the candidate list whose first block the forward reaches first (a
+    multimodal model's vision tower does not run on text)."""
+    candidates = _candidate_block_lists(model)
+    if not candidates:
+        raise UserError(f"architecture '{_model_type(model)}': no list of decoder blocks with linear layers found; "
+                        "acbench compresses nn.Linear sites inside repeated decoder blocks")
+    reads: dict[int, list] = {}
+    first: list[int] = []
+    handles = []
+    for c, (_, blocks) in enumerate(candidates):
+        for block in blocks:
+            log = reads.setdefault(id(block), [])
+            for rel, mod in block.named_modules():
+                if isinstance(mod, nn.Linear) and not _is_router(rel):
+                    handles.append(mod.register_forward_pre_hook(
+                        lambda m, args, rel=rel, log=log: log.append((rel, args[0] if args else None))))
+            handles.append(block.register_forward_pre_hook(lambda m, args, c=c: first.append(c)))
+        handles.append(blocks[-1].register_forward_hook(_stop))  # what follows the blocks (the head) is not needed
+    ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device=_input_device(model))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    except _Traced:
+        pass  # no cache: a hybrid model's cache wants a generation set-up
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the architecture's own forward is said in one line
+        message = str(e).splitlines()[0][:160] if str(e) else ""
+        raise UserError(f"architecture '{_model_type(model)}': a short text-only forward failed "
+                        f"({type(e).__name__}: {message}); acbench finds input groups by tracing one") from None
+    finally:
+        for h in handles:
+            h.remove()
+    if not first:
+        raise UserError(f"architecture '{_model_type(model)}': a text-only forward reached no decoder block; "
+                        "acbench finds input groups by tracing one")
+    name, blocks = candidates[first[0]]
+    return name, blocks, [reads[id(b)] for b in blocks]
+
+
+def _block_groups(model: nn.Module, block: nn.Module, where: str, reads: list) -> list[tuple[str, tuple[str, ...]]]:
+    """One block's groups from what its sites read: sites that read one tensor form a group, in forward order."""
+    seen: dict[str, object] = {}
+    groups: list[list[str]] = []
+    tensors: list[object] = []
+    for rel, x in reads:
+        if rel in seen:
+            if seen[rel] is not x:
+                raise UserError(f"architecture '{_model_type(model)}': site {where}.{rel} runs twice in its block "
+                                "on different inputs; acbench compresses a site that reads one input")
+            continue
+        seen[rel] = x
+        for i, t in enumerate(tensors):
+            if t is x:
+                groups[i].append(rel)
+                break
+        else:
+            tensors.append(x)
+            groups.append([rel])
+    idle = [rel for rel, m in block.named_modules() if isinstance(m, nn.Linear) and not _is_router(rel)
+            and rel not in seen]
+    if idle:
+        raise UserError(f"architecture '{_model_type(model)}': {where}.{idle[0]} (and {len(idle) - 1} more) never "
+                        "ran in a traced forward, so acbench cannot tell which input it reads")
+    return list(zip(_kinds(groups), map(tuple, groups)))
+
+
+def _kinds(groups: list[list[str]]) -> list[str]:
+    """Each group's kind from its place: attention sites against MLP sites, in forward order."""
+    def attention(rel: str) -> bool:
+        return any("attn" in part or "attention" in part for part in rel.split("."))
+
+    has_attn = [any(attention(r) for r in g) for g in groups]
+    has_mlp = [any(not attention(r) for r in g) for g in groups]
+    attn_idx = [i for i, a in enumerate(has_attn) if a]
+    mlp_idx = [i for i, m in enumerate(has_mlp) if m]
+    kinds = []
+    for i in range(len(groups)):
+        if has_attn[i] and has_mlp[i]:
+            kinds.append("attn_mlp_in")
+            continue
+        idx, prefix = (attn_idx, "attn") if has_attn[i] else (mlp_idx, "mlp")
+        pos = idx.index(i)
+        kinds.append(f"{prefix}_in" if pos == 0 else f"{prefix}_out" if pos == len(idx) - 1 else f"{prefix}_mid")
+    return kinds
+
+
+def model_layout(model: nn.Module) -> ModelLayout:
+    """The model's layout, traced once per model object, on the model as it is first asked for (loaded, dense)."""
+    known = _LAYOUTS.get(model)
+    if known is not None:
+        return known
+    try:
+        path, blocks, reads = _trace(model)
+    except UserError:
+        if not _on_meta(model):
+            raise
+        layout = _twin_layout(model)  # an architecture whose forward reads a value back, which meta cannot give
+        _LAYOUTS[model] = layout
+        return layout
+    groups = tuple(tuple(_block_groups(model, block, f"{path}.{i}", r)) for i, (block, r) in
+                   enumerate(zip(blocks, reads)))
+    if not any(groups):
+        raise UserError(f"architecture '{_model_type(model)}': its decoder blocks ran no nn.Linear site; acbench "
+                        "compresses nn.Linear sites")
+    fused = tuple(f"{path}.{i}.{rel}" for i, block in enumerate(blocks) for rel, m in block.named_modules()
+                  if _has_fused_experts(m))
+    layout = ModelLayout(path, groups, fused)
+    _LAYOUTS[model] = layout
+    return layout
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def _twin_layout(model: nn.Module) -> ModelLayout:
+    """The layout of a meta-device model traced on a real twin: the same config with its widths shrunk and its
+    block count kept (tiny, on the CPU), whose module names are the model's own."""
+    from transformers import AutoModelForCausalLM
+
+    from bench.model.tiny import shrink
+
+    try:
+        twin = AutoModelForCausalLM.from_config(shrink(model.config, keep_layers=True), dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - a config that cannot be shrunk: its own trace's failure stands
+        raise UserError(f"architecture '{_model_type(model)}': its structure cannot be traced without its weights "
+                        f"({type(e).__name__}); run with the model's weights (bench run) instead of bench plan") from None
+    layout = model_layout(twin)
+    model.get_submodule(layout.blocks)  # the same module tree: its names are the model's
+    return layout
+
+
+def _group_name(block: int, kind: str, taken: set[str]) -> str:
+    name, n = f"layers.{block}.{kind}", 2
+    while name in taken:
+        name, n = f"layers.{block}.{kind}_{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) -> InputGroups:
+    layout = model_layout(model)
+    blocks = model.get_submodule(layout.blocks)
     groups = []
     for i, block in enumerate(blocks):
-        for kind, rel_names in arch["groups"].items():
+        taken: set[str] = set()
+        for kind, rel_names in layout.groups[i]:
+            name = _group_name(i, kind, taken)
             if kinds is not None and kind not in kinds:
                 continue
-            sites = []
-            for rel in rel_names:
-                mod = block.get_submodule(rel)
-                if not isinstance(mod, nn.Linear):
-                    raise UserError(
-                        f"site {arch['blocks']}.{i}.{rel} is {type(mod).__name__}, not nn.Linear: "
-                        "compress the dense model, or fix bench.model.groups.ARCHITECTURES"
-                    )
-                sites.append(mod)
-            groups.append(
-                InputGroup(
-                    name=f"layers.{i}.{kind}",
-                    block=i,
-                    kind=kind,
-                    site_names=tuple(f"{arch['blocks']}.{i}.{rel}" for rel in rel_names),
-                    sites=tuple(sites),
-                )
-            )
-    return groups
+            sites = tuple(block.get_submodule(rel) for rel in rel_names)
+            for rel, mod in zip(rel_names, sites):
+                if not isinstance(mod, nn.Linear):  # a variant deployed in place, or a compressed checkpoint
+                    raise UserError(f"site {layout.blocks}.{i}.{rel} is {type(mod).__name__}, not nn.Linear: "
+                                    "compress the dense model")
+            groups.append(InputGroup(name=name, block=i, kind=kind,
+                                     site_names=tuple(f"{layout.blocks}.{i}.{rel}" for rel in rel_names),
+                                     sites=sites))
+    return InputGroups(groups, layout.fused_experts)
+
+
+def fused_experts_problem(groups: list, kinds: tuple[str, ...] | None) -> str | None:
+    """One line when the run would compress the MLP of a model whose experts are fused 3-D parameters, which no
+    group covers (they would stay dense without a word); None otherwise."""
+    fused = getattr(groups, "fused_experts", ())
+    if not fused or (kinds is not None and not any(k.startswith("mlp") or k == "attn_mlp_in" for k in kinds)):
+        return None
+    return (f"{fused[0]} holds its experts as fused 3-D parameters, not per-expert nn.Linear sites: acbench cannot "
+            "compress them yet; compress attention only with --groups attn_in attn_out")
 
 
 def meta_model(config):

@@ -169,17 +169,38 @@ _CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_a
                  "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings")
 
 
+def _config_keys(data: dict) -> tuple[dict, set]:
+    """The config class's aliases ({hidden_size: n_embd, ...}) and the sizes it defines, for a config mapping of
+    a model_type the installed transformers knows (GPT-J's config.json says n_embd where Llama's says hidden_size);
+    ({}, every size) for one it does not."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return {}, set(_CONFIG_SIZES)
+    cls = CONFIG_MAPPING[model_type]
+    aliases = dict(getattr(cls, "attribute_map", None) or {})
+    try:
+        defined = {k for k in _CONFIG_SIZES if k in aliases or k in cls().to_dict()}
+    except Exception:  # noqa: BLE001 - a config class that cannot build its defaults: check every size
+        defined = set(_CONFIG_SIZES)
+    return aliases, defined
+
+
 def check_model_config(config, where: str) -> None:
     """The sizes of a model config (a config.json's mapping or a transformers config), checked before anything is
-    built from them: one line naming the key."""
+    built from them: one line naming the key. A size is read under the name its architecture gives it."""
     data = config if isinstance(config, dict) else config.to_dict()
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    aliases, defined = _config_keys(text)
     for key in _CONFIG_SIZES:
-        value = text.get(key)
-        if value is None and key in ("head_dim", "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
-            continue  # optional: derived by the architecture
+        name = key if key in text or aliases.get(key) not in text else aliases[key]
+        value = text.get(name)
+        if value is None and (key in ("head_dim", "num_key_value_heads", "intermediate_size",
+                                      "max_position_embeddings") or key not in defined):
+            continue  # optional: derived by the architecture, or not one of its sizes
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"{where}: config.json's {key} is {value!r}, not a positive integer: fix the config "
+            raise UserError(f"{where}: config.json's {name} is {value!r}, not a positive integer: fix the config "
                             "(or re-save the checkpoint with save_pretrained)")
 
 

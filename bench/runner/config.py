@@ -51,7 +51,7 @@ class RunConfig:
     rank_align: int = 1
     # how k is split across the selected groups: uniform (each group at the run's ratio), fisher, variance
     allocate: list[str] = field(default_factory=lambda: ["uniform"])
-    groups: list[str] | None = None  # group kinds to compress (attn_in, attn_out, mlp_in, mlp_out); None: all
+    groups: list[str] | None = None  # group kinds to compress (bench.model.groups.GROUP_KINDS); None: all
     blocks: str | None = None  # block indices and ranges to compress, e.g. "0-5,12"; None: all
     tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     # calibration
@@ -128,7 +128,7 @@ class Run:
         run = replace(self, bos=bos)
         return replace(run, tasks={name: run.task(name) for name in self.tasks})
 
-    def for_blocks(self, n_blocks: int) -> "Run":
+    def for_blocks(self, n_blocks: int, kinds: tuple[str, ...] | None = None) -> "Run":
         """The run with its group selection checked against a model of `n_blocks` blocks and canonical (a selection
         of everything is the default scope): resolved once, when the model is opened, and read by the plan and the
         workers."""
@@ -136,7 +136,7 @@ class Run:
             if self.n_blocks != n_blocks:
                 raise ValueError(f"run resolved for {self.n_blocks} blocks, used on a model of {n_blocks}")
             return self
-        return replace(self, selection=self.selection.resolve(n_blocks), n_blocks=n_blocks)
+        return replace(self, selection=self.selection.resolve(n_blocks, kinds), n_blocks=n_blocks)
 
     def compressor(self, variant: str):
         """The Compressor of a method or variant under the run's --method-option values for its base name."""

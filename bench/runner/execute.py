@@ -32,7 +32,7 @@ from bench.deploy.compression import Deployment, compressed, compression_summary
 from bench.calibration.memory import calibration_chunks
 from bench.measure.costs import model_positions
 from bench.runner.config import Run, solve_device_for
-from bench.model.groups import find_input_groups
+from bench.model.groups import find_input_groups, fused_experts_problem
 from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
@@ -62,6 +62,9 @@ def check_groups(run: Run, groups: list) -> list:
     """The selected groups (of a meta-device model; `run` resolved for it); budgets and patterns that cannot apply
     to them are refused before any cell is computed."""
     selection = run.selection
+    problem = fused_experts_problem(groups, selection.kinds)
+    if problem:
+        raise UserError(problem)
     selected = [g for g in groups if selection.includes(g)]
     if selection.scope != ALL:
         log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
@@ -127,7 +130,7 @@ def open_checked(run: Run) -> Prepared:
         log(f"{', '.join(run.analyses)}: run at rank ratios, and this run gives none: skipped; add --rank 0.5 (and "
             "a method) to run them")
     groups = source.input_groups()
-    run = run.for_blocks(len({g.block for g in groups}))  # the selection, resolved once for the whole run
+    run = run.for_blocks(len({g.block for g in groups}), tuple(dict.fromkeys(g.kind for g in groups)))  # the selection, resolved once for the whole run
     selected = check_groups(run, groups)
     if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,

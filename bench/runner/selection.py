@@ -68,8 +68,17 @@ class Selection:
         return cls(kinds=None if groups is None else tuple(k for k in GROUP_KINDS if k in groups),
                    blocks=None if blocks is None else parse_blocks(blocks))
 
-    def resolve(self, n_blocks: int) -> "Selection":
-        """Checked against the model; a selection of everything is the default selection (same scope, same cells)."""
+    def resolve(self, n_blocks: int, kinds_present: tuple[str, ...] | None = None) -> "Selection":
+        """Checked against the model (its block count, and the group kinds it has where given); a selection of
+        everything is the default selection (same scope, same cells)."""
+        if self.kinds is not None and kinds_present is not None:
+            if not set(self.kinds) & set(kinds_present):
+                raise UserError(f"--groups {','.join(self.kinds)}: this model has no such groups; its kinds are "
+                                f"{', '.join(kinds_present)}")
+            if set(self.kinds) >= set(kinds_present):
+                return Selection(None, self.blocks).resolve(n_blocks)
+            # the kinds this model has: the scope names what is compressed
+            return Selection(tuple(k for k in self.kinds if k in kinds_present), self.blocks).resolve(n_blocks)
         if self.blocks is not None:
             outside = [b for b in self.blocks if b >= n_blocks]
             if outside:
