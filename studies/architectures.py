@@ -88,6 +88,9 @@ def check_architecture(model_type: str, save_to: Path | None = None, seed: int =
     if fused_experts_problem(groups, None):
         cov.scope = "attention"
         groups = [g for g in groups if g.kind.startswith("attn") and g.kind != "attn_mlp_in"]
+    if not groups:  # nothing acbench compresses here: no check may pass vacuously
+        cov.refused = "no input group acbench can compress (every linear site sits in fused experts)"
+        return cov
     cov.kinds = list(dict.fromkeys(g.kind for g in groups))
     only = {g.name for g in groups}
     vocab = model.get_input_embeddings().weight.shape[0]
