@@ -113,3 +113,21 @@ def test_the_dense_cell_of_another_task_is_not_the_reference():
     cells = [other_cell("dense", acc=0.3), ppl_cell("dense", 100.0, rank=None, budget=None), ppl_cell("svd", 900.0)]
     v = smoke_verdict(cells, 3, 10_000, never)
     assert v.lines[0] == "perplexity (ppl-token): dense 100; a variant above 1000 is broken" and not v.failed
+
+
+def test_variants_are_listed_by_allocation_then_budget_then_ratio():
+    """One method's variants in a fixed order (no allocation first, then budget by name, then ratio), whatever
+    order the cells come in; a perplexity exactly at the limit is still ok."""
+    limit = broken_threshold(100.0, 10_000)
+    cells = [ppl_cell("dense", 100.0, rank=None, budget=None),
+             ppl_cell("svd", 200.0, rank=0.25, allocation="fisher"), ppl_cell("svd", limit, rank=0.5),
+             ppl_cell("svd", 300.0, rank=0.25), ppl_cell("svd", 400.0, rank=0.5, budget="params")]
+    v = smoke_verdict(cells, 5, 10_000, never)
+    assert v.lines == (
+        "perplexity (ppl-token): dense 100; a variant above 1000 is broken",
+        "  ok      svd @ params 0.5: 400 (4.00x dense)",
+        "  ok      svd @ rank 0.25: 300 (3.00x dense)",
+        "  ok      svd @ rank 0.5: 1000 (10.00x dense)",
+        "  ok      svd @ rank 0.25: 200 (2.00x dense)",
+    )
+    assert not v.failed

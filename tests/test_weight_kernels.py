@@ -128,3 +128,24 @@ def test_wanda_2_4_runs_on_sparse_tensor_cores_and_saves_as_plain_weights(window
     with torch.no_grad():
         again = loaded(windows[:1].cuda()).logits.float()
     assert torch.allclose(again, want, rtol=0, atol=1e-3 * float(want.abs().max()))
+
+
+def test_a_compressed_subclass_renames_checkpoint_keys_as_its_base_does():
+    """transformers renames GPT-NeoX's saved head by class name (`embed_out` <-> `lm_head`): the compressed
+    subclass registers the same renames under its own name, or a saved head would not load back; a base without
+    renames registers none."""
+    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    from core.compressed_layers import compressed_subclass
+
+    sub = compressed_subclass(GPTNeoXForCausalLM)
+    assert compressed_subclass(GPTNeoXForCausalLM).__name__ == sub.__name__  # built again (each load): no clash
+    assert sub.__name__ == "CompressedGPTNeoXForCausalLM" and issubclass(sub, GPTNeoXForCausalLM)
+    base_map = get_checkpoint_conversion_mapping("GPTNeoXForCausalLM")
+    got = get_checkpoint_conversion_mapping(sub.__name__)
+    assert base_map and got is not None
+    assert [(r.source_patterns, r.target_patterns) for r in got] == [(r.source_patterns, r.target_patterns)
+                                                                      for r in base_map]
+    compressed_subclass(LlamaForCausalLM)
+    assert get_checkpoint_conversion_mapping("CompressedLlamaForCausalLM") is None
