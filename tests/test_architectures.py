@@ -83,3 +83,24 @@ def test_kinds_follow_the_forward_order():
     assert _kinds([["self_attn.q_a", "self_attn.kv_a"], ["self_attn.q_b"], ["self_attn.kv_b"], ["self_attn.o"]]) == [
         "attn_in", "attn_mid", "attn_mid", "attn_out"]
     assert _kinds([["fc1"], ["fc2"]]) == ["mlp_in", "mlp_out"]
+
+
+def test_bench_plan_of_a_mixture_of_experts_config(tmp_path, capsys):
+    """The refusal's own advice works: attention only is planned; the default names the fused experts in one line."""
+    import warnings
+
+    from transformers import MixtralConfig
+
+    from bench.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=100, num_local_experts=4, bos_token_id=1,
+                      eos_token_id=2).save_pretrained(tmp_path)
+    common = ["plan", "--model", str(tmp_path), "--methods", "pca", "--rank", "0.5"]
+    assert main([*common, "--groups", "attn_in", "attn_out"]) == 0
+    assert "attn_in" in capsys.readouterr().out
+    assert main(common) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fused 3-D parameters" in err and "--groups attn_in attn_out" in err and len(err.splitlines()) == 1

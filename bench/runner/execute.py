@@ -62,7 +62,9 @@ def check_groups(run: Run, groups: list) -> list:
     """The selected groups (of a meta-device model; `run` resolved for it); budgets and patterns that cannot apply
     to them are refused before any cell is computed."""
     selection = run.selection
-    problem = fused_experts_problem(groups, selection.kinds)
+    # the kinds as typed: a resolved selection naming every group the model has reads as "all", which for a
+    # model with fused experts does not mean its MLP
+    problem = fused_experts_problem(groups, tuple(run.config.groups) if run.config.groups else None)
     if problem:
         raise UserError(problem)
     selected = [g for g in groups if selection.includes(g)]
