@@ -23,8 +23,8 @@ import torch
 
 from core.errors import UserError
 
-from bench.calibration.cache import Calibration, check_finite, load_or_calibrate
-from bench.calibration.engine import CalibSpec, calibrate
+from bench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
+from bench.calibration.engine import CalibSpec
 from bench.calibration.group_files import from_stored, to_stored
 from bench.calibration.memory import calibration_chunks
 from bench.model.checkpoint import runtime_forms
@@ -103,10 +103,7 @@ def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, win
     t0 = time.perf_counter()
     chunks = calibration_chunks(groups, needed, cspec.pair_tokens, stats_memory or default_stats_memory())
     held = {}
-    for i, chunk in enumerate(chunks):
-        stats = calibrate(lm.model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
-                          progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
-        check_finite(stats)
+    for _, stats in calibrated_passes(lm.model, chunks, windows, needed, cspec, batch_size, progress):
         held.update({name: from_stored(to_stored(s)) for name, s in stats.items()})
     info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": None, "base": None,
             "n_tokens": int(windows.numel()), "seconds": time.perf_counter() - t0, "cached": False,

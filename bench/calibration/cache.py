@@ -211,10 +211,7 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
     base = stats_base(lm.fingerprint, cspec)  # under each file's digest: whose statistics these are
     t0 = time.perf_counter()
     held: dict[str, GroupStats] = {}
-    for i, chunk in enumerate(chunks):
-        stats = calibrate(lm.model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
-                          progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
-        check_finite(stats)
+    for chunk, stats in calibrated_passes(lm.model, chunks, windows, needed, cspec, batch_size, progress):
         width = {g.name: g.d_in for g in chunk}
         for name in list(stats):
             write_group(folder, name, stats[name], width[name], base)
@@ -226,6 +223,17 @@ def _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch
                 groups_calibrated=len(pending))
     atomic_write_json(folder / "info.json", info)
     return Calibration(StatsStore(folder, [g.name for g in groups], budget, preloaded=held), info)
+
+
+def calibrated_passes(model, chunks: list[list], windows: torch.Tensor, needed: frozenset[str], cspec: CalibSpec,
+                      batch_size: int, progress: bool):
+    """(groups, their statistics) of each pass, checked finite: one calibration per chunk of groups, at half the
+    run's batch (the backward's activations are kept)."""
+    for i, chunk in enumerate(chunks):
+        stats = calibrate(model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
+                          progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
+        check_finite(stats)
+        yield chunk, stats
 
 
 def check_finite(stats: dict[str, GroupStats]) -> None:

@@ -133,9 +133,10 @@ def _trace(model: nn.Module) -> tuple[str, nn.ModuleList, list[list[tuple[str, o
     ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device=_input_device(model))
     try:
         with torch.no_grad():
+            # no cache: a hybrid model's cache wants a generation set-up
             model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     except _Traced:
-        pass  # no cache: a hybrid model's cache wants a generation set-up
+        pass
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the architecture's own forward is said in one line
