@@ -438,13 +438,17 @@ def compressed_subclass(base: type) -> type:
 
 
 def _inherit_key_renames(base: type, sub: type) -> None:
-    """transformers renames some checkpoint keys by class name (GPT-NeoX saves its head as `embed_out`): the
-    subclass must rename as its base does, or a saved head would not load back."""
+    """transformers renames some checkpoint keys by class name (GPT-NeoX saves its head as `embed_out`) or by model
+    type (Gemma 3's multimodal head): the subclass, which transformers takes for custom code, must rename as its
+    base does, or a saved head would not load back."""
     try:
         from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,
                                                      register_checkpoint_conversion_mapping)
     except ImportError:  # a transformers without class-keyed renames
         return
     mapping = get_checkpoint_conversion_mapping(base.__name__)
+    model_type = getattr(getattr(base, "config_class", None), "model_type", None)
+    if not mapping and model_type:  # keyed by model type (Gemma 3 saves its language model's head under its prefix)
+        mapping = get_checkpoint_conversion_mapping(model_type)
     if mapping:
         register_checkpoint_conversion_mapping(sub.__name__, mapping, overwrite=True)

@@ -19,8 +19,15 @@ HAND_WRITTEN = {t: ("model.layers", _LLAMA_GROUPS) for t in ("llama", "mistral",
 HAND_WRITTEN["gemma3"] = ("model.language_model.layers", _LLAMA_GROUPS)
 
 ISSUE_63 = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi",
-            "phi3", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "olmoe", "starcoder2", "granite"]
+            "phi3", "gpt2", "gpt_neox", "gptj", "opt", "falcon", "olmo2", "olmoe", "starcoder2", "granite"]
 MIXTURE_OF_EXPERTS = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+# one type per shape the tiny configs or the checkpoint path had to learn: multi-head latent attention (DeepSeek-V3),
+# per-layer size overrides (Gemma 4), a causal LM on a config class the auto mapping does not key (Emu3), a fused
+# query_key_value in the original key format (Sarvam-MoE), GPT-Neo's attention-kind pattern, a head_dim left unset
+# (Hunyuan), a multimodal head saved under its language model's prefix (Gemma 3), a sparse-attention indexer
+# (DeepSeek-V3.2), GPT-2's Conv1D siblings (OpenAI GPT)
+REACHED = ["deepseek_v3", "gemma4_text", "emu3", "sarvam_moe", "gpt_neo", "hunyuan_v1_dense", "gemma3",
+           "deepseek_v32", "openai-gpt"]
 PARALLEL = {"phi", "gptj", "falcon"}  # attention and MLP read one normed input: one group
 
 
@@ -51,6 +58,15 @@ def test_every_method_on_the_architecture(model_type, tmp_path):
         assert cov.kinds == ["attn_in", "attn_out", "mlp_in", "mlp_out"]
 
 
+@pytest.mark.parametrize("model_type", REACHED)
+def test_every_check_passes_on_the_shapes_reached_later(model_type, tmp_path):
+    from studies.architectures import check_architecture
+
+    cov = check_architecture(model_type, save_to=tmp_path / "checkpoint")
+    assert cov.refused is None, cov.refused
+    assert {k: v for k, v in cov.checks.items() if v != "ok"} == {} and "save and reload" in cov.checks
+
+
 def test_fused_experts_are_refused_in_one_line_unless_attention_only():
     from bench.model.groups import find_input_groups, fused_experts_problem
     from studies.architectures import tiny_model
@@ -64,14 +80,70 @@ def test_fused_experts_are_refused_in_one_line_unless_attention_only():
 
 
 def test_an_architecture_without_linear_blocks_is_refused_in_one_line():
-    """GPT-2 keeps its projections in transformers' Conv1D (weights stored transposed), which acbench does not
-    compress yet: one line says so, no traceback."""
+    """Blocks with no linear layer (here, convolutions only) give acbench nothing to compress: one line says so."""
+    import torch
+    from torch import nn
+
     from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+
+    class ConvOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.blocks = nn.ModuleList(nn.Conv1d(8, 8, 1) for _ in range(2))
+
+        def forward(self, input_ids, **kwargs):
+            x = self.embed(input_ids).transpose(1, 2)
+            for b in self.blocks:
+                x = b(x)
+            return x
 
     with pytest.raises(UserError, match="no list of decoder blocks with linear layers") as e:
-        find_input_groups(tiny_model("gpt2"))
+        find_input_groups(ConvOnly())
     assert "\n" not in str(e.value)
+    assert torch.is_tensor(ConvOnly()(torch.zeros(1, 4, dtype=torch.long)))
+
+
+def test_conv1d_sites_are_linear_views_of_the_same_storage(tmp_path):
+    """GPT-2's Conv1D sites become nn.Linear over the same storage: the same logits bit for bit, the same state
+    dict (keys, [in, out] shapes, values), and a model whose site weights were replaced (a pruned mask merged in)
+    saves a checkpoint plain transformers loads with that model's logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    from bench.model.conv1d import Conv1DLinear, linearize_conv1d
+    from studies.architectures import tiny_model
+
+    model = tiny_model("gpt2")
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    pointers = {n: m.weight.data_ptr() for n, m in model.named_modules() if isinstance(m, Conv1D)}
+    assert linearize_conv1d(model) == len(pointers) == 8
+    assert not any(isinstance(m, Conv1D) for m in model.modules())
+    for name, ptr in pointers.items():
+        site = model.get_submodule(name)
+        assert isinstance(site, Conv1DLinear) and site.weight.data_ptr() == ptr
+        assert site.weight.shape == (site.out_features, site.in_features)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    after = model.state_dict()
+    assert list(after) == list(state) and all(torch.equal(after[k], state[k]) for k in state)
+
+    site = model.get_submodule("transformer.h.0.mlp.c_fc")
+    with torch.no_grad():
+        site.weight = torch.nn.Parameter(site.weight * (site.weight.abs() > 0.01))  # a merged mask: [out, in]
+        want = model(ids).logits
+    model.save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(plain.get_submodule("transformer.h.0.mlp.c_fc"), Conv1D)
+    with torch.no_grad():
+        assert torch.allclose(plain(ids).logits, want, atol=1e-6)
+    model.load_state_dict(plain.state_dict())  # read back in Conv1D's layout
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain(ids).logits)
 
 
 def test_kinds_follow_the_forward_order():

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as Fn
 from tqdm.auto import tqdm
 
+from core.errors import UserError
 from core.stats import GRADIENT_STATS, HIST_BINS, GroupStats, magnitude_histogram
 
 from bench.model.groups import InputGroup
@@ -108,6 +109,10 @@ class _GroupCollector:
     def after_backward(self):
         if self.row_fisher is not None:
             for n, s in zip(self.group.site_names, self.group.sites):
+                if s.weight.grad is None:  # its output reaches the loss only through a selection (an index, a top-k)
+                    raise UserError(f"site {n} got no gradient in calibration: its output does not reach the loss "
+                                    "differentiably, so gradient statistics cannot weigh it; leave its group out "
+                                    "with --groups or use a method that needs no gradients")
                 self.row_fisher[n] += (s.weight.grad.double() ** 2).sum(1).cpu()
                 s.weight.grad = None
 

@@ -193,7 +193,10 @@ def write_checkpoint(model, tokenizer, out: Path, provenance: dict, overwrite: b
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with densified(model):  # 2:4 weights on sparse tensor cores are stored as the plain tensors they stand for
-            model.save_pretrained(tmp)
+            # Compressed layers are stored under the installed transformers' own module names: the conversions to an
+            # architecture's original key format (a fused query_key_value, per-expert keys) cannot split or fuse
+            # low-rank factors. A dense-shaped checkpoint keeps the original format other tools read.
+            model.save_pretrained(tmp, save_original_format=not runtime_forms(model.config))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
@@ -320,16 +323,33 @@ def checkpoint_config(folder: Path | str):
     return CONFIG_MAPPING[base].from_dict(plain)
 
 
+def _causal_lm_class(config) -> type:
+    """The causal-LM class of a config: the auto mapping's, or, for a config class the mapping does not key (Emu3's
+    causal LM runs on its text config), the class of the config's own modeling module that declares it."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        pass
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        cls = getattr(module, name, None)
+        if cls is not None and getattr(cls, "config_class", None) is type(config):
+            return cls
+    raise UserError(f"config {type(config).__name__} has no causal-LM class in the installed transformers: {FIX}")
+
+
 def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     """A compressed checkpoint as a model, built from the installed acbench (its custom code is never run); a
     weight the layout expects and the files lack (or the reverse) is one line."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
     folder = Path(folder)
     if read_provenance(folder) is None:
         raise UserError(f"{folder} is not a checkpoint bench compress wrote (no {PROVENANCE_FILE})")
     config = checkpoint_config(folder)
-    base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    base = _causal_lm_class(config)
     model, info = compressed_subclass(base).from_pretrained(folder, config=config, dtype=dtype,
                                                          output_loading_info=True, **kwargs)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}

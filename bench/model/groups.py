@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bench.model.conv1d import linearize_conv1d
 from core.errors import UserError
 
 # The kinds `--groups` selects from, in forward order. A Llama-shaped block has the four classic ones; a parallel
@@ -26,6 +27,10 @@ GROUP_KINDS = ("attn_in", "attn_mid", "attn_out", "attn_mlp_in", "mlp_in", "mlp_
 # Sites that route tokens to experts (or gate a shared expert) stay dense: their few outputs decide which weights
 # run, so compressing them changes the computation itself, not its precision.
 ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate", "expert_gate"})
+# Modules whose every site routes: a router built of several layers (LongCat-Flash's router.classifier), and a
+# sparse-attention indexer (DeepSeek-V3.2's lightning indexer), which picks the keys each query attends to (its
+# output reaches the loss only through a top-k, so it has no gradient either).
+ROUTING_MODULES = frozenset({"router", "indexer"})
 TRACE_TOKENS = 4
 
 
@@ -88,7 +93,8 @@ def _candidate_block_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 
 
 def _is_router(rel: str) -> bool:
-    return rel.rsplit(".", 1)[-1] in ROUTER_NAMES
+    parts = rel.split(".")
+    return parts[-1] in ROUTER_NAMES or any(p in ROUTING_MODULES for p in parts[:-1])
 
 
 def _has_fused_experts(module: nn.Module) -> bool:
@@ -205,6 +211,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
     known = _LAYOUTS.get(model)
     if known is not None:
         return known
+    linearize_conv1d(model)  # GPT-2's transposed Conv1D sites become nn.Linear views of the same storage
     try:
         path, blocks, reads = _trace(model)
     except UserError:
