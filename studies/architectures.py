@@ -3,11 +3,13 @@ of the installed transformers (2 blocks, a few hundred parameters per site; the 
 put through acbench's checks, written as docs/architectures.md.
 
     python -m studies.architectures [--only llama gpt2 ...] [--out docs/architectures.md]   (make architectures)
+    python -m studies.architectures --only llama gpt2 --models DIR --bench-run   (tiny model folders, bench run on each)
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +37,61 @@ def tiny_model(model_type: str, seed: int = 0):
 
 class TooLarge(Exception):
     pass
+
+
+def tiny_tokenizer():
+    """A BPE of exactly the tiny models' vocabulary (bench.model.tiny.VOCAB words, <s> prepended), trained on the
+    embedded Wikipedia calibration text: `bench run` reads a model folder's own tokenizer, and any real one has
+    words past a tiny model's embedding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from bench.model.tiny import VOCAB
+    from tasks.data.text_data import wiki_split
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=80,
+                                  show_progress=False)
+    text = wiki_split("calib")[:300_000]
+    tok.train_from_iterator([p for p in text.split("\n\n") if p.strip()], trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    if len(fast) != VOCAB:
+        raise RuntimeError(f"the tiny tokenizer has {len(fast)} words, not {VOCAB}")
+    return fast
+
+
+def save_tiny(model_type: str, folder: Path, tokenizer=None, seed: int = 0) -> Path:
+    """The tiny random `model_type` with a tokenizer of its vocabulary, saved as a model folder `bench run` opens."""
+    model = tiny_model(model_type, seed)
+    model.save_pretrained(folder)
+    (tokenizer or tiny_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+def bench_run(folder: Path, results: Path, seconds: int) -> str:
+    """`bench run --model folder --methods all --rank 0.5 --sparsity 0.5` (attention only where the experts are
+    fused 3-D parameters, as the refusal advises): "ok", or the last line it printed."""
+    import subprocess
+
+    from bench.model.groups import find_input_groups, fused_experts_problem
+    from transformers import AutoModelForCausalLM
+
+    groups = find_input_groups(AutoModelForCausalLM.from_pretrained(folder))
+    only = ["--groups", "attn_in", "attn_out"] if fused_experts_problem(groups, None) else []
+    cmd = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())", "run", "--model", str(folder), "--methods", "all", "--rank", "0.5",
+           "--sparsity", "0.5", "--output", str(results), "--quiet", *only]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return f"ran past {seconds} s"
+    if done.returncode == 0:
+        return "ok" + (" (attention only)" if only else "")
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return f"exit {done.returncode}: {lines[-1][:200] if lines else ''}"
 
 
 @dataclass
@@ -278,6 +335,28 @@ def check_all(types: list[str], seconds: int, folder: Path):
         worker.join(timeout=5)
 
 
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} s: give a positive number of seconds")
+    return value
+
+
+def _save_and_run(types: list[str], folder: Path, run: bool, seconds: int) -> dict[str, str]:
+    """Each type's tiny model saved under `folder`; with `run`, `bench run`'s outcome on it, printed as it comes."""
+    tokenizer = tiny_tokenizer()
+    outcomes = {}
+    for model_type in types:
+        path = save_tiny(model_type, folder / model_type, tokenizer)
+        if run:
+            outcomes[model_type] = bench_run(path, folder / "_results", seconds)
+            print(f"bench run {path}: {outcomes[model_type]}", flush=True)
+    return outcomes
+
+
 def main(argv=None) -> int:
     import tempfile
     import warnings
@@ -289,9 +368,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", default=None, help="these model types only (the table is not written)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "architectures.md")
-    ap.add_argument("--seconds", type=int, default=120, help="a type's checks are stopped after this long (a table row "
-                    "says so)")
+    ap.add_argument("--seconds", type=_positive_seconds, default=120, help="a type's checks are stopped after this "
+                    "long (a table row says so)")
+    ap.add_argument("--models", type=Path, default=None, help="also save each passing type's tiny model, with a "
+                    "tokenizer of its vocabulary, as a folder `bench run --model` opens: MODELS/<model_type>")
+    ap.add_argument("--bench-run", action="store_true", help="with --models: run `bench run --methods all --rank 0.5 "
+                    "--sparsity 0.5` on each saved folder and print its outcome")
     args = ap.parse_args(argv)
+    if args.bench_run and args.models is None:
+        ap.error("--bench-run runs bench on the folders --models saves: pass --models DIR")
+    if args.models is not None and (args.models.exists() and (not args.models.is_dir() or any(args.models.iterdir()))):
+        ap.error(f"--models {args.models}: pass a new or empty folder (the tiny models are written there)")
+    unknown = [t for t in args.only or () if t not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, n=1)
+        ap.error(f"--only {unknown[0]!r} is not a causal-LM model_type of transformers {transformers.__version__}"
+                 + (f" (did you mean {near[0]!r}?)" if near else ""))
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     types = args.only or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -303,6 +395,11 @@ def main(argv=None) -> int:
             rows.append((cov, None))
             tqdm.write(_row(cov, None)[:200])
     rows += [(Coverage(t), why) for t, why in scoped.items() if why is not None]
+    if args.models is not None:
+        ran = _save_and_run([c.model_type for c, why in rows if why is None and c.passed], args.models,
+                            args.bench_run, 10 * args.seconds)
+        if args.bench_run and not all(v.startswith("ok") for v in ran.values()):
+            return 1
     if args.only:
         return 0 if all(c.passed or why for c, why in rows) else 1
     passing, target = write_table(rows, time.perf_counter() - t0, args.out)

@@ -176,3 +176,25 @@ def test_bench_plan_of_a_mixture_of_experts_config(tmp_path, capsys):
     assert main(common) == 2
     err = capsys.readouterr().err.strip()
     assert "fused 3-D parameters" in err and "--groups attn_in attn_out" in err and len(err.splitlines()) == 1
+
+
+def test_routing_sites_stay_dense_and_a_site_without_gradient_is_one_line():
+    """DeepSeek-V3.2's sparse-attention indexer picks keys through a top-k: discovery leaves its sites out (as it
+    leaves routers out), and a group made of one anyway gets one line from gradient calibration, not a crash."""
+    import torch
+
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import InputGroup, find_input_groups
+    from core.stats import ACTIVATION_STATS, GRADIENT_STATS
+    from studies.architectures import tiny_model
+
+    model = tiny_model("deepseek_v32")
+    groups = find_input_groups(model)
+    assert groups and not any("indexer" in s for g in groups for s in g.site_names)
+    name = "model.layers.0.self_attn.indexer.wk"
+    forced = InputGroup("layers.0.indexer", 0, "attn_in", (name,), (model.get_submodule(name),))
+    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    calibrate(model, [forced], ids, ACTIVATION_STATS, CalibSpec(pair_tokens=16), progress=False)  # no gradients: fine
+    with pytest.raises(UserError, match=f"site {name} got no gradient") as e:
+        calibrate(model, [forced], ids, ACTIVATION_STATS | GRADIENT_STATS, CalibSpec(pair_tokens=16), progress=False)
+    assert "\n" not in str(e.value)

@@ -192,3 +192,41 @@ def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, m
     rc = assert_clean(argv)
     if rc == 0:
         assert len(planned) == len(set(planned)), planned  # one folder per model
+
+
+# ---------------------------------------------------------------- the architecture coverage script
+
+@settings(max_examples=40, deadline=None)
+@given(seconds=st.one_of(WEIRD, st.sampled_from(["30", "120"])),
+       only=st.lists(st.sampled_from(["llama", "gpt2", "lama", "bogus", "", "mixtral"]), min_size=1, max_size=3),
+       models=st.sampled_from(["none", "new", "file", "full", "empty"]), bench_run=st.booleans())
+def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_factory, monkeypatch, capsys, seconds,
+                                                                     only, models, bench_run):
+    """`python -m studies.architectures`: --seconds, --only, --models and --bench-run as a user might type them;
+    each ends in exit 2 with one line, or reaches the checks (stood in for: the real ones are test_architectures')."""
+    import studies.architectures as arch
+
+    root = tmp_path_factory.mktemp("arch")
+    where = {"none": None, "new": root / "new", "file": root / "a-file", "full": root / "full", "empty": root / "empty"}
+    (root / "a-file").write_text("x")
+    (root / "full").mkdir()
+    (root / "full" / "kept").write_text("x")
+    (root / "empty").mkdir()
+    reached = []
+    monkeypatch.setattr(arch, "check_all", lambda types, secs, folder: [(t, arch.Coverage(t, checks={"svd": "ok"}))
+                                                                          for t in types])
+    monkeypatch.setattr(arch, "_save_and_run", lambda types, folder, run, secs: reached.append(types) or {})
+    argv = ["--seconds", seconds, "--only", *only] + (["--models", str(where[models])] if where[models] else [])
+    argv += ["--bench-run"] if bench_run else []
+    try:
+        code = arch.main(argv)
+    except SystemExit as e:
+        code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and err and ": error: " in err[-1], err  # argparse's usage, then the one line
+        assert "Traceback" not in "\n".join(err)
+        return
+    assert code == 0
+    assert int(seconds) > 0 and all(t in ("llama", "gpt2", "mixtral") for t in only)
+    assert models in ("none", "new", "empty") and (models != "none" or not bench_run)
+    assert reached == ([] if models == "none" else [only])
