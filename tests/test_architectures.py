@@ -198,3 +198,16 @@ def test_routing_sites_stay_dense_and_a_site_without_gradient_is_one_line():
     with pytest.raises(UserError, match=f"site {name} got no gradient") as e:
         calibrate(model, [forced], ids, ACTIVATION_STATS | GRADIENT_STATS, CalibSpec(pair_tokens=16), progress=False)
     assert "\n" not in str(e.value)
+
+
+def test_only_an_experts_module_counts_as_fused_experts():
+    """A 3-D weight outside an experts module (RecurrentGemma's per-head recurrent gates, a convolution's kernel)
+    stays dense like a norm and does not shut the MLP out; Nemotron-H's stacked experts do."""
+    from bench.model.groups import find_input_groups, fused_experts_problem
+    from studies.architectures import tiny_model
+
+    gemma = find_input_groups(tiny_model("recurrent_gemma"))
+    assert gemma.fused_experts == () and fused_experts_problem(gemma, None) is None
+    assert any(p.dim() == 3 for n, p in tiny_model("recurrent_gemma").named_parameters() if "rg_lru" in n)
+    nemotron = find_input_groups(tiny_model("nemotron_h"))
+    assert nemotron.fused_experts and nemotron.fused_experts[0].endswith("mixer.experts")

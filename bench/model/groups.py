@@ -97,8 +97,11 @@ def _is_router(rel: str) -> bool:
     return parts[-1] in ROUTER_NAMES or any(p in ROUTING_MODULES for p in parts[:-1])
 
 
-def _has_fused_experts(module: nn.Module) -> bool:
-    return any(p.dim() == 3 for p in module.parameters(recurse=False))
+def _has_fused_experts(rel: str, module: nn.Module) -> bool:
+    """An experts module holding its experts stacked in one 3-D parameter. Other 3-D weights (a convolution's kernel,
+    per-head recurrent gates as in RecurrentGemma and Zamba) are no experts: like norms, they stay dense."""
+    named = "expert" in rel.rsplit(".", 1)[-1].lower() or "expert" in type(module).__name__.lower()
+    return named and any(p.dim() == 3 for p in module.parameters(recurse=False))
 
 
 def _input_device(model: nn.Module) -> torch.device:
@@ -226,7 +229,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
         raise UserError(f"architecture '{_model_type(model)}': its decoder blocks ran no nn.Linear site; acbench "
                         "compresses nn.Linear sites")
     fused = tuple(f"{path}.{i}.{rel}" for i, block in enumerate(blocks) for rel, m in block.named_modules()
-                  if _has_fused_experts(m))
+                  if _has_fused_experts(rel, m))
     layout = ModelLayout(path, groups, fused)
     _LAYOUTS[model] = layout
     return layout

@@ -11,7 +11,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS, EXPERTS = 32, 4, 2, 8, 
 
 # size fields shrunk wherever a config has them (each family spells them its own way)
 SIZES = {
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim"), HIDDEN),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "lru_width"), HIDDEN),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads"), HEADS),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), KV_HEADS),
     **dict.fromkeys(("head_dim", "kv_channels", "attention_head_dim", "v_head_dim", "linear_key_head_dim",
