@@ -264,7 +264,10 @@ def write_table(rows: list[tuple[Coverage, str | None]], seconds: float, out: Pa
              "defaults (2 blocks, sizes shrunk; the mechanics only, nothing downloaded), put through acbench's checks: "
              "input groups found by tracing; every method deploys dense's logits at full rank (low-rank) or density 1 "
              "(sparsity) to 1e-5, runs at rank or density 0.5 with finite logits, and restores the dense model bit for "
-             "bit; a fasc-kfac checkpoint at rank 0.5 reloads with its logits.")
+             "bit; a fasc-kfac checkpoint at rank 0.5 reloads with its logits. What acbench compresses is every nn.Linear "
+             "site in the decoder blocks (transformers' Conv1D, GPT-2's transposed linear layer, included); routers, "
+             "sparse-attention indexers, and weights that are no linear site (embeddings, norms, the head, "
+             "convolution kernels, per-head recurrent gates) stay dense.")
     count = (f"**{len(passing)} of the {len(target)} decoder-only text types pass** "
              f"({100 * len(passing) / max(1, len(target)):.0f} %): {len(full)} with every group, "
              f"{len(passing) - len(full)} attention only (their experts are fused 3-D parameters, which acbench does "
