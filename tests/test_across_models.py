@@ -431,3 +431,152 @@ def test_win_rates_skip_a_lone_method_and_split_a_tie_whichever_direction_is_bet
     assert win_rates([({"a": 1.0}, True), ({"a": 1.0, "b": 2.0}, True)]) == {"a": 0.0, "b": 1.0}
     assert win_rates([({"a": 1.0, "b": 1.0}, False)]) == {"a": 0.5, "b": 0.5}
     assert win_rates([({"a": 1.0, "b": 2.0}, False)]) == {"a": 1.0, "b": 0.0}
+
+
+# ---------------------------------------------------------------- the section's pieces, on hand-built cells
+
+def _cell(model: str, method: str, task: str, records: list):
+    """A stored cell of `task` (lama: accuracy records; ppl-token: per-window NLL records) for the pieces below."""
+    from core.record import CellRecord
+
+    if all("correct" in r for r in records):
+        metrics, higher = {"p@1": sum(bool(r["correct"]) for r in records) / len(records)}, {"p@1": True}
+    else:
+        metrics, higher = {"ppl": math.exp(sum(r["nll"] for r in records) / len(records))}, {"ppl": False}
+    rank = None if method == "dense" else 0.5
+    return CellRecord.from_json({
+        "schema_version": 2, "cell": {"model": model, "method": method, "rank": rank, "budget": "rank", "task": task,
+                                      "key": "k1"},
+        "higher_is_better": higher, "versions": {"task": 1, "method": None if method == "dense" else 1},
+        "model_fingerprint": {"source": "gguf", "sha256": f"{model}-sha", "dtype": "float32"}, "seed": 0,
+        "env": {"date": "2026-12-01T00:00:00Z"}, "metrics": metrics, "stderr": {}, "primary_metric": next(iter(metrics)),
+        "records": records, "details": {}, "compression": None if method == "dense" else {"param_ratio": 0.5}})
+
+
+def _acc(correct: list) -> list:
+    return [{"id": i, "correct": bool(c), "chance": 0.1} for i, c in enumerate(correct)]
+
+
+def _nll(values: list) -> list:
+    return [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
+
+
+def test_paired_takes_two_or_more_items_of_one_kind_on_the_same_keys():
+    from leaderboard.across_models import _paired
+
+    a = _cell("m", "pca", "lama", _acc([1, 0, 1]))
+    b = _cell("m", "svd", "lama", _acc([1, 1, 0]))
+    assert _paired(a, b) == ("accuracy", [1.0, 0.0, 1.0], [1.0, 1.0, 0.0])
+    assert _paired(a, None) is None and _paired(None, b) is None
+    assert _paired(_cell("m", "pca", "lama", _acc([1])), _cell("m", "svd", "lama", _acc([0]))) is None  # one item
+    same_keys_other_kind = _cell("m", "svd", "lama", [{"id": i, "nll": v} for i, v in enumerate([1.0, 2.0, 3.0])])
+    assert _paired(a, same_keys_other_kind) is None
+    assert _paired(a, _cell("m", "svd", "lama", _acc([1, 0]))) is None  # fewer items
+    reordered = _cell("m", "svd", "lama", [dict(r, id=2 - r["id"]) for r in _acc([1, 1, 0])])
+    assert _paired(a, reordered) is None
+
+
+def test_better_is_strict_in_both_directions():
+    from leaderboard.across_models import _better
+
+    assert _better(0.1, True) and _better(-0.1, False)
+    assert not _better(-0.1, True) and not _better(0.1, False)
+    assert not _better(0.0, True) and not _better(0.0, False)
+
+
+def _hand_grouped():
+    """Four models: pca (the reference) and svd everywhere but mw (no pca); aaa on mx alone; bbb on mx and my; ccc
+    on every model, but on mz only for ppl-token; svd equals pca on my's lama items (a difference of exactly 0)."""
+    from leaderboard.tables import group_cells
+
+    lama = {"mx": {"dense": [1] * 8 + [0] * 2, "pca": [1] * 6 + [0] * 4, "svd": [1] * 4 + [0] * 6,
+                   "aaa": [1] * 5 + [0] * 5, "bbb": [1] * 7 + [0] * 3, "ccc": [1] * 6 + [0] * 4},
+            "my": {"dense": [1] * 9 + [0], "pca": [1] * 5 + [0] * 5, "svd": [1] * 5 + [0] * 5,
+                   "bbb": [1] * 3 + [0] * 7, "ccc": [1] * 7 + [0] * 3},
+            "mz": {"dense": [1] * 9 + [0], "pca": [1] * 7 + [0] * 3, "svd": [1] * 8 + [0] * 2},
+            "mw": {"dense": [1] * 9 + [0], "svd": [1] * 2 + [0] * 8}}
+    cells = []
+    for model, methods in lama.items():
+        for method, correct in methods.items():
+            cells.append(_cell(model, method, "lama", _acc(correct)))
+            cells.append(_cell(model, method, "ppl-token", _nll([3 + 0.1 * sum(correct) + 0.01 * i for i in range(4)])))
+    cells.append(_cell("mz", "ccc", "ppl-token", _nll([3.5, 3.6, 3.7, 3.8])))
+    return group_cells(cells)
+
+
+def test_pooled_rows_take_each_model_that_can_be_paired_and_skip_the_rest():
+    from leaderboard.across_models import pooled_rows
+    from leaderboard.tables import Column
+
+    grouped = _hand_grouped()
+    models = ["mw", "mx", "my", "mz"]
+    cols = [Column("no direction", "lama", "p@1", None), Column("lama p@1", "lama", "p@1", True),
+            Column("ppl", "ppl-token", "ppl", False)]
+    rows = pooled_rows(grouped, ("rank", 0.5), models, cols, "pca", set())
+    got = [(r["method"], r["column"].task, sorted(r["per_model"])) for r in rows]
+    assert got == [("bbb", "lama", ["mx", "my"]), ("ccc", "lama", ["mx", "my"]), ("svd", "lama", ["mx", "my", "mz"]),
+                   ("bbb", "ppl-token", ["mx", "my"]), ("ccc", "ppl-token", ["mx", "my", "mz"]),
+                   ("svd", "ppl-token", ["mx", "my", "mz"])]
+    svd = rows[2]
+    assert svd["per_model"]["my"]["diff"] == 0 and svd["better"] == 1  # mz only: mx worse, my the same
+    # a model at chance on a task is left out of that task's rows only
+    rows = pooled_rows(grouped, ("rank", 0.5), models, cols, "pca", {("mx", "lama")})
+    assert [(r["method"], sorted(r["per_model"])) for r in rows if r["column"].task == "lama"] == [
+        ("svd", ["my", "mz"])]
+
+
+def test_pooled_table_marks_a_difference_of_exactly_zero():
+    from leaderboard.across_models import pooled_rows, pooled_table
+    from leaderboard.tables import Column
+
+    models = ["mx", "my", "mz"]
+    rows = pooled_rows(_hand_grouped(), ("rank", 0.5), models, [Column("lama p@1", "lama", "p@1", True)], "pca", set())
+    line = next(l for l in pooled_table(rows, models, "pca").splitlines() if l.startswith("| svd "))
+    assert "| 1 of 3 (− = +) |" in line
+    bbb = next(l for l in pooled_table(rows, models, "pca").splitlines() if l.startswith("| bbb "))
+    assert "| 1 of 2 (+ − ·) |" in bbb
+
+
+def test_scenarios_name_the_methods_left_out_for_lacking_one():
+    from leaderboard.across_models import scenarios
+    from leaderboard.tables import Column
+
+    cols = [Column("lama p@1", "lama", "p@1", True)]
+    scen, left, mixed = scenarios(_hand_grouped(), ("rank", 0.5), ["mx", "my"], cols, set())
+    assert [label for label, _, _ in scen] == ["mx / lama p@1", "my / lama p@1"]
+    assert sorted(scen[0][1]) == ["bbb", "ccc", "pca", "svd"] and left == ["aaa"] and mixed == []
+
+
+def _scen(values: list[dict]) -> list:
+    return [(f"s{i}", v, True) for i, v in enumerate(values)]
+
+
+def test_ranking_lines_order_by_win_rate_and_say_the_verdict(monkeypatch, tmp_path):
+    from leaderboard import across_models
+
+    assert across_models.ranking_lines(("rank", 0.5), [], [], "t", tmp_path, []) == []
+    one = across_models.ranking_lines(("rank", 0.5), _scen([{"zz": 0.9, "aa": 0.1}]), ["mm"], "t", tmp_path, [])
+    body = [l for l in "\n".join(one).splitlines() if l.startswith("| ")]
+    assert body[1].startswith("| zz ") and body[2].startswith("| aa ")  # the better first, not the first by name
+    assert one[-4:] == ["- left out of the ranking for lacking a scenario the others have: mm", "",
+                        "- Friedman's test needs at least 3 methods; with 2, read the pooled differences above", ""]
+
+    titles = []
+    monkeypatch.setattr(across_models.plots, "critical_difference",
+                        lambda mean, cd, cl, title, path: titles.append(title) or path)
+    clear = _scen([{"c": 0.9, "b": 0.5, "a": 0.1}] * 6)  # every scenario ranks c > b > a
+    lines = across_models.ranking_lines(("rank", 0.5), clear, [], "rank 0.5", tmp_path, [])
+    fr = friedman([{"c": 1, "b": 2, "a": 3}] * 6)
+    assert fr["p"] < 0.05
+    assert lines[-4:] == [
+        f"- Friedman χ² = {fr['statistic']:.2f} (df 2, n = 6 scenarios), p = {fr['p']:.2g}: the mean ranks differ at "
+        f"the 0.05 level; Nemenyi critical difference at 0.05: {nemenyi_cd(3, 6):.2f} mean ranks", "",
+        "![critical difference diagram](plots/across_models_cd_rank_0.5.png)", ""]
+    assert titles == ["rank 0.5: mean rank over 6 scenarios"]
+
+    mixed = _scen([{"c": 0.9, "b": 0.5, "a": 0.1}, {"c": 0.1, "b": 0.9, "a": 0.5}, {"c": 0.5, "b": 0.1, "a": 0.9}])
+    lines = across_models.ranking_lines(("rank", 0.5), mixed, [], "rank 0.5", tmp_path, [])  # exactly 3: a figure
+    assert "no difference between the mean ranks is shown at the 0.05 level" in lines[-4]
+    assert lines[-2:] == ["![critical difference diagram](plots/across_models_cd_rank_0.5.png)", ""]
+    two = across_models.ranking_lines(("rank", 0.5), mixed[:2], [], "rank 0.5", tmp_path, [])
+    assert not any("critical difference diagram" in l for l in two) and two[-1] == ""
