@@ -110,6 +110,10 @@ class Coverage:
         return self.refused is None and bool(self.checks) and all(v == "ok" for v in self.checks.values())
 
 
+def vocab_rows(model) -> int:
+    return model.get_input_embeddings().weight.shape[0]
+
+
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids, use_cache=False).logits.float()
@@ -151,11 +155,17 @@ def check_architecture(model_type: str, save_to: Path | None = None, seed: int =
         return cov
     cov.kinds = list(dict.fromkeys(g.kind for g in groups))
     only = {g.name for g in groups}
-    vocab = model.get_input_embeddings().weight.shape[0]
+    # ids that both embed and are predicted (CPM-Ant embeds prompt tokens past the vocabulary it predicts)
+    vocab = min(vocab_rows(model), getattr(model.get_output_embeddings(), "out_features", None) or vocab_rows(model))
     ids = torch.randint(3, vocab, (2, 16), generator=torch.Generator().manual_seed(seed))
     dense = _logits(model, ids)
-    stats = calibrate(model, groups, ids, ACTIVATION_STATS | GRADIENT_STATS, CalibSpec(pair_tokens=16),
-                      progress=False)
+    try:
+        stats = calibrate(model, groups, ids, ACTIVATION_STATS | GRADIENT_STATS, CalibSpec(pair_tokens=16),
+                          progress=False)
+    except Exception as e:  # noqa: BLE001 - the architecture's own loss or backward failing is the table's to say
+        cov.checks["calibration"] = f"{type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
+        cov.seconds = time.perf_counter() - t0
+        return cov
     for name in methods.known_methods():
         family = methods.family_of(name)
         full, half = ((RankSpec(1.0), RankSpec(0.5)) if family == methods.LOW_RANK_FAMILY
@@ -325,13 +335,24 @@ def check_all(types: list[str], seconds: int, folder: Path):
         jobs.put(None)
         while pending:
             model_type = pending[0]
-            try:
-                got = results.get(timeout=seconds + 60)  # + the worker's start-up
-            except queue.Empty:
+            got, waited = None, 0.0
+            while got is None and waited < seconds + 60 and worker.is_alive():  # + the worker's start-up
+                try:
+                    got = results.get(timeout=5)
+                except queue.Empty:
+                    waited += 5
+            if got is None and not worker.is_alive():  # a result it put before it ended is still in the queue
+                try:
+                    got = results.get(timeout=1)
+                except queue.Empty:
+                    pass
+            if got is None:
+                died = not worker.is_alive()
                 worker.kill()
                 pending.pop(0)
-                yield model_type, Coverage(model_type, refused=f"its checks ran past {seconds} s on this machine's "
-                                                               "CPU and were stopped")
+                why = (f"its checks ended the checking process (exit code {worker.exitcode})" if died else
+                       f"its checks ran past {seconds} s on this machine's CPU and were stopped")
+                yield model_type, Coverage(model_type, refused=why)
                 break
             pending.pop(0)
             yield model_type, Coverage(**got)
