@@ -193,14 +193,22 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# per-item fields of a task that scores two accuracies (MMLU's cloze form: raw and per character)
+CORRECT_BY_METRIC = {"acc": "correct_acc", "acc_norm": "correct_acc_norm"}
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
 def _record_problem(r: dict, task: str) -> str | None:
     """What is wrong with one per-item record, or None: the fields the paired tests and the chance test read."""
-    if "correct" in r and not (isinstance(r["correct"], (bool, int, float)) and r["correct"] in (0, 1)):
-        return f"correct {r['correct']!r} is not 0 or 1"
+    for key in ("correct", *CORRECT_BY_METRIC.values()):
+        if key in r and not (isinstance(r[key], (bool, int, float)) and r[key] in (0, 1)):
+            return f"{key} {r[key]!r} is not 0 or 1"
+    if "loglikelihoods" in r and not (isinstance(r["loglikelihoods"], list) and r["loglikelihoods"] and all(
+            _number(v) and v <= 0 for v in r["loglikelihoods"])):
+        return f"loglikelihoods {r['loglikelihoods']!r} is not a list of finite numbers <= 0"
     if "nll" in r and not (_number(r["nll"]) and r["nll"] >= 0):
         return f"nll {r['nll']!r} is not a finite number >= 0"
     if "rank" in r and r["rank"] is not None and not (isinstance(r["rank"], int) and not isinstance(r["rank"], bool)
@@ -233,12 +241,25 @@ def records_problem(rec: dict) -> str | None:
             return f"metric nll {metrics['nll']!r} is not the mean of its records' nll ({mean!r})"
         if _number(metrics.get("ppl")) and mean < 700 and not _close(metrics["ppl"], math.exp(mean)):
             return f"metric ppl {metrics['ppl']!r} is not exp of its records' mean nll ({math.exp(mean)!r})"
-    right = [r["correct"] for r in recs if "correct" in r]
-    if right and len(right) == len(recs):
+    shown = CORRECT_BY_METRIC.get(rec.get("primary_metric"))
+    kept = [m for m, key in CORRECT_BY_METRIC.items() if recs and all(key in r for r in recs)]
+    if kept and shown is None:  # which accuracy "correct" is would be anyone's guess
+        return (f"primary metric {rec.get('primary_metric')!r} is not one of the accuracies its records keep "
+                f"({', '.join(kept)})")
+    for i, r in enumerate(recs):  # "correct" is the shown accuracy's, which the paired tests read
+        if shown in r and "correct" in r and float(r["correct"]) != float(r[shown]):
+            return f"records[{i}]: correct {r['correct']!r} disagrees with {shown} {r[shown]!r} (the metric shown)"
+    # the accuracies over items (acc_macro and p@1 average per subject/relation), each against its own records'
+    # field where the records keep one per accuracy (MMLU's cloze form), else against "correct"
+    for name in ("acc", "acc_norm", "p@1_micro"):
+        key = CORRECT_BY_METRIC.get(name) if recs and all(CORRECT_BY_METRIC.get(name) in r for r in recs) else "correct"
+        right = [r[key] for r in recs if key in r]
+        if not right or len(right) != len(recs) or not _number(metrics.get(name)):
+            continue
         share = sum(map(float, right)) / len(right)
-        for name in ("acc", "p@1_micro"):  # the accuracies over items (acc_macro and p@1 average per subject/relation)
-            if _number(metrics.get(name)) and not _close(metrics[name], share):
-                return f"metric {name} {metrics[name]!r} is not the share of its records that are correct ({share!r})"
+        if not _close(metrics[name], share):
+            which = "that are correct" if key == "correct" else f"whose {key} is 1"
+            return f"metric {name} {metrics[name]!r} is not the share of its records {which} ({share!r})"
     return None
 
 

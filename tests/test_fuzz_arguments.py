@@ -44,9 +44,11 @@ VALUES = {
     "--ppl-seq-len": ["1", "32", "0"],
     "--lama-candidates": ["1", "2", "8", "0"],
     "--mmlu-shots": ["0", "5", "1000", "-1"],
+    "--mmlu-format": ["letter", "cloze", "Cloze", "essay", ""],
     "--text-source": ["wiki", "file:/nonexistent", "file:/etc/hostname", "file:/", "hub:nothing"],
     "--method-option": ["fasc.max_swaps=-5", "pca.bogus=1", "fasc.folds=abc", "bogus", "fasc.folds=[1", "a.b=c"],
-    "--task-option": ["lama.per_relation=0", "mmlu.shots=x", "bogus.a=1", "ppl-token.max_windows=[]"],
+    "--task-option": ["lama.per_relation=0", "mmlu.shots=x", "bogus.a=1", "ppl-token.max_windows=[]",
+                      "mmlu.format=cloze", "mmlu.metric=acc_norm", "mmlu.metric=f1", "mmlu.format=3"],
     "--analysis-option": ["rho.units=0", "rho.per_group=maybe", "rho.units=2"],
 }
 flag_value = st.sampled_from(sorted(VALUES)).flatmap(

@@ -52,8 +52,9 @@ def test_a_config_that_sets_a_key_twice_is_one_line_naming_it(tmp_path, tiny, ch
 OPTION_NAMES = {"method_options": ["fasc", "pca", "act-sparse", "bogus"], "task_options": ["lama", "mmlu", "ppl-token"],
                 "analysis_options": ["rho", "bogus"]}
 option_block = st.sampled_from(sorted(OPTION_NAMES)).flatmap(lambda block: st.tuples(st.just(block), st.dictionaries(
-    st.sampled_from(OPTION_NAMES[block]) | st.integers(0, 2), st.sampled_from([5, "x", [1], True]) | st.dictionaries(
-        st.sampled_from(["max_swaps", "folds", "units", "per_relation", "shots", "limit"]) | st.integers(0, 2),
+    st.sampled_from(OPTION_NAMES[block]) | st.integers(0, 2), st.sampled_from([5, "x", [1], True, "cloze", "acc_norm"]) | st.dictionaries(
+        st.sampled_from(["max_swaps", "folds", "units", "per_relation", "shots", "limit", "format", "metric"])
+        | st.integers(0, 2),
         json_value, max_size=2), max_size=2)))
 
 

@@ -5,6 +5,7 @@ import contextlib
 import copy
 import io
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -302,6 +303,14 @@ RECORD_CASES = [  # (task, record, the problem or None)
     ("mmlu", {"chance": 0.25}, None), ("mmlu", {"chance": 0.3}, "chance 0.3 is not 1 / the 4 candidates it was "
                                                                 "guessed among"),
     ("lama", {"chance": 0.3}, None),
+    # MMLU's cloze form keeps both accuracies per item, and each choice's log-likelihood
+    ("mmlu", {"correct_acc": 1, "correct_acc_norm": 0}, None), ("mmlu", {"correct_acc": 2}, "correct_acc 2 is not 0 or 1"),
+    ("mmlu", {"correct_acc_norm": "1"}, "correct_acc_norm '1' is not 0 or 1"),
+    ("mmlu", {"loglikelihoods": [-1.5, -2.0, 0.0, -9.0]}, None),
+    ("mmlu", {"loglikelihoods": [-1.5, 0.5]}, "loglikelihoods [-1.5, 0.5] is not a list of finite numbers <= 0"),
+    ("mmlu", {"loglikelihoods": []}, "loglikelihoods [] is not a list of finite numbers <= 0"),
+    ("mmlu", {"loglikelihoods": "-1"}, "loglikelihoods '-1' is not a list of finite numbers <= 0"),
+    ("mmlu", {"loglikelihoods": [float("nan")]}, "loglikelihoods [nan] is not a list of finite numbers <= 0"),
 ]
 
 
@@ -420,3 +429,44 @@ def test_an_older_cells_records_are_checked_as_the_leaderboard_reads_them():
     assert cell_problem(cell) is None
     cell["metrics"] = {"p@1": 0.5, "p@1_micro": 1.0}
     assert cell_problem(cell) == "metric p@1_micro 1.0 is not the share of its records that are correct (0.5)"
+
+
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True),
+                      st.text(max_size=3), st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=4),
+                      st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+
+
+@settings(max_examples=200)
+@given(field=st.sampled_from(["correct", "correct_acc", "correct_acc_norm", "loglikelihoods"]), value=ANY_VALUE,
+       primary=st.sampled_from(["acc", "acc_norm", "acc_macro", 3, None]))
+def test_a_cloze_mmlu_record_with_any_value_is_valid_or_named(field, value, primary):
+    """A cloze MMLU cell (both accuracies per item, the shown one as "correct") with one field of one record replaced
+    by any value: valid exactly when every value is of its kind, "correct" is the shown accuracy's, and each
+    accuracy is the share of its own field; otherwise one line naming the problem."""
+    from core.record import records_problem
+
+    shown = {"acc": "correct_acc", "acc_norm": "correct_acc_norm"}.get(primary, "correct_acc_norm")
+    recs = [{"subject": "s", "gold": "A", "pred": "A", "correct_acc": 0, "correct_acc_norm": 1,
+             "loglikelihoods": [-1.0, -2.0, -3.0, -4.0], "chance": 0.25},
+            {"subject": "s", "gold": "B", "pred": "A", "correct_acc": 1, "correct_acc_norm": 0,
+             "loglikelihoods": [-1.0, -0.5, -3.0, -4.0], "chance": 0.25}]
+    for r in recs:
+        r["correct"] = r[shown]
+    cell = {"cell": {"task": "mmlu"}, "metrics": {"acc_norm": 0.5, "acc": 0.5, "acc_macro": 0.5},
+            "primary_metric": primary, "records": recs}
+    assert (records_problem(cell) is None) == (primary in ("acc", "acc_norm"))
+    recs[0][field] = value
+    problem = records_problem(cell)
+    assert problem is None or (isinstance(problem, str) and "\n" not in problem)
+
+    def one_or_zero(v):
+        return isinstance(v, (bool, int, float)) and not isinstance(v, str) and v in (0, 1)
+
+    lls = recs[0]["loglikelihoods"]
+    ok = (primary in ("acc", "acc_norm")
+          and isinstance(lls, list) and bool(lls) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                          and -math.inf < v <= 0 for v in lls)
+          and all(one_or_zero(r[k]) for r in recs for k in ("correct", "correct_acc", "correct_acc_norm"))
+          and all(float(r["correct"]) == float(r[shown]) for r in recs)
+          and all(sum(float(r[k]) for r in recs) / 2 == 0.5 for k in ("correct_acc", "correct_acc_norm")))
+    assert (problem is None) == ok, problem

