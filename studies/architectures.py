@@ -127,7 +127,8 @@ def check_architecture(model_type: str, save_to: Path | None = None, seed: int =
     """Every check of issue 63's list on a tiny random `model_type`: input groups found; every low-rank method at
     full rank and every sparsity method at density 1 deploys dense's logits (1e-5 relative to the largest logit);
     every method runs at rank 0.5 / density 0.5 with finite logits; the dense model comes back bit for bit; with
-    `save_to`, a fasc-kfac checkpoint at rank 0.5 reloads with its logits."""
+    `save_to`, a fasc-kfac checkpoint at rank 0.5 reloads with its logits, in acbench and in plain transformers
+    (trust_remote_code)."""
     import methods
     from bench.calibration.engine import CalibSpec, calibrate
     from bench.deploy.compression import deploy
@@ -208,9 +209,17 @@ def _save_and_reload(model, groups, stats, ids, folder: Path) -> str:
         dep.restore()
     try:
         loaded = load_checkpoint(folder)
-        return "ok" if _close(_logits(loaded, ids), want) else "reloaded logits differ"
+        if not _close(_logits(loaded, ids), want):
+            return "reloaded logits differ"
     except Exception as e:  # noqa: BLE001
         return f"reload: {type(e).__name__}: {str(e).splitlines()[0][:140] if str(e) else ''}"
+    try:  # and in plain transformers, through the modeling code the checkpoint carries
+        from transformers import AutoModelForCausalLM
+
+        plain = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+        return "ok" if _close(_logits(plain, ids), want) else "logits differ reloaded in plain transformers"
+    except Exception as e:  # noqa: BLE001
+        return f"plain transformers reload: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
 AUDIO = {"musicgen", "musicgen_melody", "moshi", "moss_transcribe_diarize", "whisper"}
@@ -274,7 +283,8 @@ def write_table(rows: list[tuple[Coverage, str | None]], seconds: float, out: Pa
              "defaults (2 blocks, sizes shrunk; the mechanics only, nothing downloaded), put through acbench's checks: "
              "input groups found by tracing; every method deploys dense's logits at full rank (low-rank) or density 1 "
              "(sparsity) to 1e-5, runs at rank or density 0.5 with finite logits, and restores the dense model bit for "
-             "bit; a fasc-kfac checkpoint at rank 0.5 reloads with its logits. What acbench compresses is every nn.Linear "
+             "bit; a fasc-kfac checkpoint at rank 0.5 reloads with its logits in acbench and in plain transformers "
+             "(trust_remote_code). What acbench compresses is every nn.Linear "
              "site in the decoder blocks (transformers' Conv1D, GPT-2's transposed linear layer, included); routers, "
              "sparse-attention indexers, and weights that are no linear site (embeddings, norms, the head, "
              "convolution kernels, per-head recurrent gates) stay dense.")
