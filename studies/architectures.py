@@ -40,7 +40,7 @@ class TooLarge(Exception):
 
 
 def tiny_tokenizer():
-    """A BPE of exactly the tiny models' vocabulary (bench.model.tiny.VOCAB words, <s> prepended), trained on the
+    """A BPE of exactly the tiny models' vocabulary (bench.model.tiny.VOCAB words, <s> prepended, <pad>), trained on the
     embedded Wikipedia calibration text: `bench run` reads a model folder's own tokenizer, and any real one has
     words past a tiny model's embedding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -51,14 +51,16 @@ def tiny_tokenizer():
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=80,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>", "<pad>"], limit_alphabet=80,
                                   show_progress=False)
     text = wiki_split("calib")[:300_000]
     tok.train_from_iterator([p for p in text.split("\n\n") if p.strip()], trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", bos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    # every special token named, so no model type's tokenizer class adds its own past the vocabulary on loading
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
     if len(fast) != VOCAB:
         raise RuntimeError(f"the tiny tokenizer has {len(fast)} words, not {VOCAB}")
     return fast
