@@ -580,3 +580,35 @@ def test_ranking_lines_order_by_win_rate_and_say_the_verdict(monkeypatch, tmp_pa
     assert lines[-2:] == ["![critical difference diagram](plots/across_models_cd_rank_0.5.png)", ""]
     two = across_models.ranking_lines(("rank", 0.5), mixed[:2], [], "rank 0.5", tmp_path, [])
     assert not any("critical difference diagram" in l for l in two) and two[-1] == ""
+
+
+def test_the_section_names_models_at_chance_and_flat_rows_per_pooled_verdict(tmp_path):
+    """The section itself on hand-built cells: the models at chance in one line, a budget where nothing pairs with the
+    reference said so, and one flat row per pooled verdict with its keys (what LEADERBOARD.json and .csv hold)."""
+    from leaderboard.across_models import across_models_section
+    from leaderboard.tables import Display, group_cells
+
+    cells = []
+    for model, dense in (("ma", [1] + [0] * 9), ("mb", [0] * 9 + [1]), ("mc", [1] * 9 + [0])):
+        cells.append(_cell(model, "dense", "lama", _acc(dense)))
+        cells.append(_cell(model, "pca", "lama", _acc([1] * 5 + [0] * 5)))
+        cells.append(_cell(model, "svd", "lama", _acc([1] * 3 + [0] * 7)))
+        cells.append(_cell(model, "svd", "ppl-token", _nll([3.0, 3.1, 3.2])))  # no pca to pair with
+    flat, written = [], []
+    md = across_models_section(group_cells(cells), "pca", Display(), tmp_path, written, flat)
+    assert "- at chance, so left out of the pooled verdicts and the ranking: lama on ma, lama on mb" in md
+    i = md.index("- no method can be paired with `pca` on the same items in two or more models")
+    assert md[i + 1] == "" and md[0] == "## Across models"
+    assert flat == []  # lama pairs on mc alone, ppl-token nowhere
+
+    cells = [c for c in cells if c.cell.model != "ma"] + [_cell("ma", m, "lama", _acc(v)) for m, v in
+                                                          (("dense", [1] * 9 + [0]), ("pca", [1] * 4 + [0] * 6),
+                                                           ("svd", [1] * 6 + [0] * 4))]
+    flat = []
+    across_models_section(group_cells(cells), "pca", Display(), tmp_path, [], flat)
+    assert [(r["model"], r["budget"], r["rank"], r["scope"], r["method"], r["task"], r["reference"], r["models"])
+            for r in flat] == [("across models", "rank", 0.5, "all", "svd", "lama", "pca", 2)]
+    assert set(flat[0]) == {"model", "budget", "rank", "scope", "method", "task", "reference", "models", "better in",
+                            "pooled Δ", "pooled Δ lo", "pooled Δ hi", "pooled Δ p", "tau2", "I2", "stratified Δ",
+                            "stratified p"}
+    assert flat[0]["better in"] == 1 and flat[0]["pooled Δ lo"] < flat[0]["pooled Δ"] < flat[0]["pooled Δ hi"]
