@@ -3,7 +3,8 @@ over (model, task) scenarios.
 
 - Pooled difference: DerSimonian and Laird's random-effects estimate of the per-model paired differences, each
   weighted by 1 / (its variance + tau^2), where tau^2 is the between-model variance estimated from Cochran's Q; its
-  95 % interval is normal. I^2 is the share of Q beyond what the within-model variances explain.
+  95 % interval is normal. I^2 is the share of Q beyond what the within-model variances explain. With few models
+  the Hartung-Knapp interval (t with k - 1 degrees of freedom, the effects' own weighted spread) is also given.
 - Accuracy, over the items of every model at once: McNemar's exact test on the pooled discordant pairs. Each item
   pair is its own stratum, so this is the Cochran-Mantel-Haenszel test stratified by model (and by item).
 - Win rate (HELM): per scenario, the share of the other methods a method beats (a tie counts a half), averaged
@@ -58,7 +59,24 @@ def dersimonian_laird(effects: list[float], variances: list[float]) -> dict:
     p = float(2 * stats.norm.sf(abs(est) / se))
     i2 = max(0.0, (q - df) / q) if q > 0 else 0.0
     return {"estimate": est, "se": se, "ci95": [est - Z95 * se, est + Z95 * se], "p": p, "tau2": tau2, "i2": i2,
-            "q": q, "df": df, "k": len(y), "weights": (ws / ws.sum()).tolist()}
+            "q": q, "df": df, "k": len(y), "weights": (ws / ws.sum()).tolist(),
+            "hartung_knapp": hartung_knapp(y, v, tau2) if df > 0 else None}
+
+
+def hartung_knapp(y: np.ndarray, v: np.ndarray, tau2: float) -> dict:
+    """The Hartung-Knapp(-Sidik-Jonkman) interval around the random-effects estimate: the weighted spread of the
+    effects about it as its variance, t with k - 1 degrees of freedom; the interval the Cochrane Handbook prefers to
+    DerSimonian-Laird's normal one when there are few studies (here, models). The spread's scale is kept at 1 or
+    more (the ad hoc variant, Knapp and Hartung 2003; Roever et al. 2015): two models with nearly equal effects
+    would otherwise give an interval narrower than DerSimonian-Laird's own. {se, ci95, p, df, scale}."""
+    ws = 1.0 / (v + tau2)
+    est = float(np.sum(ws * y) / np.sum(ws))
+    df = len(y) - 1
+    scale = float(np.sum(ws * (y - est) ** 2)) / df
+    se = math.sqrt(max(1.0, scale) / float(np.sum(ws)))
+    t = float(stats.t.ppf(1 - ALPHA / 2, df))
+    return {"se": se, "ci95": [est - t * se, est + t * se], "p": float(2 * stats.t.sf(abs(est) / se, df)), "df": df,
+            "scale": scale}
 
 
 def stratified_mcnemar(pairs: list[tuple[list[float], list[float]]]) -> dict:

@@ -90,7 +90,11 @@ def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Colu
     return rows
 
 
+HARTUNG_KNAPP_MODELS = 3  # up to this many models the Hartung-Knapp interval is shown beside DerSimonian-Laird's
+
+
 def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
+    few = len(models) <= HARTUNG_KNAPP_MODELS
     body = []
     for r in rows:
         per = r["per_model"]
@@ -103,11 +107,13 @@ def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
         pl = r["pooled"]
         ex = r["exact"]
         kind = next(iter(per.values()))["kind"]
+        hk = pl.get("hartung_knapp")
         body.append([r["method"], r["column"].label + (" (Δ NLL)" if kind == "nll" else ""), *cells, f"{r['better']} of {len(per)} ({signs})",
                      fmt_interval(pl["estimate"], *pl["ci95"], pl["p"]), f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %",
-                     fmt_interval(ex["diff"], *ex["ci95"], ex["p"]) if ex else ""])
+                     fmt_interval(ex["diff"], *ex["ci95"], ex["p"]) if ex else "",
+                     *([fmt_interval(pl["estimate"], *hk["ci95"], hk["p"]) if hk else ""] if few else [])])
     headers = ["method", "task", *[f"Δ vs {ref}: {m}" for m in models], "better in", "pooled Δ (random effects)",
-               "τ² / I²", "all items (stratified exact)"]
+               "τ² / I²", "all items (stratified exact)", *(["pooled Δ (Hartung-Knapp)"] if few else [])]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -185,7 +191,8 @@ def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, writ
           "models it is better, and the DerSimonian-Laird random-effects pooled difference over the models [95 % "
           "interval] with the between-model variance τ² and I² (the share of the spread beyond chance); accuracy "
           "also over every model's items at once (McNemar's exact test on the pooled discordant pairs, stratified by "
-          f"model). * marks p < {ALPHA}.", ""]
+          f"model); with {HARTUNG_KNAPP_MODELS} models or fewer, also the Hartung-Knapp interval (t with k − 1 "
+          f"degrees of freedom), the one to read with so few. * marks p < {ALPHA}.", ""]
     for key, models in shared.items():
         cells = [c for m in models for cs in grouped[m]["ranks"][(*key, ALL_GROUPS)].values() for c in cs]
         columns = metric_columns(cells + [c for m in models for c in grouped[m]["dense"]], display)
@@ -207,7 +214,10 @@ def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, writ
                               "models": len(r["per_model"]), "better in": r["better"],
                               "pooled Δ": pl["estimate"], "pooled Δ lo": pl["ci95"][0], "pooled Δ hi": pl["ci95"][1],
                               "pooled Δ p": pl["p"], "tau2": pl["tau2"], "I2": pl["i2"],
-                              "stratified Δ": ex["diff"] if ex else None, "stratified p": ex["p"] if ex else None})
+                              "stratified Δ": ex["diff"] if ex else None, "stratified p": ex["p"] if ex else None,
+                              "Hartung-Knapp lo": pl["hartung_knapp"]["ci95"][0],
+                              "Hartung-Knapp hi": pl["hartung_knapp"]["ci95"][1],
+                              "Hartung-Knapp p": pl["hartung_knapp"]["p"]})
         scen, left, mixed = scenarios(grouped, key, models, columns, chance)
         if mixed:
             md += ["- left out of the ranking, its methods scored on different items (a rerun at other sizes): "

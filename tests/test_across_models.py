@@ -43,6 +43,32 @@ def test_dersimonian_laird_by_hand():
     assert got["weights"][0] == pytest.approx(ws[0] / sum(ws))
 
 
+def test_hartung_knapp_by_hand():
+    """The interval around DerSimonian-Laird's estimate from the effects' weighted spread about it, t with k - 1
+    degrees of freedom; the spread's scale kept at 1 or more (two near-equal effects get no narrower interval than
+    their weights give)."""
+    y, v = [0.10, 0.30, -0.05], [0.01, 0.02, 0.015]
+    got = dersimonian_laird(y, v)
+    tau2, est = got["tau2"], got["estimate"]
+    ws = [1 / (vi + tau2) for vi in v]
+    scale = sum(w * (yi - est) ** 2 for w, yi in zip(ws, y)) / 2
+    assert scale > 1
+    se = math.sqrt(scale / sum(ws))
+    t = stats.t.ppf(0.975, 2)
+    assert t == pytest.approx(4.302653, rel=1e-6)
+    hk = got["hartung_knapp"]
+    assert hk["df"] == 2 and hk["scale"] == pytest.approx(scale) and hk["se"] == pytest.approx(se)
+    assert hk["ci95"] == pytest.approx([est - t * se, est + t * se], rel=1e-9)
+    assert hk["p"] == pytest.approx(2 * stats.t.sf(est / se, 2))
+    # nearly equal effects: the scale (about 0) is held at 1, so the se is DerSimonian-Laird's
+    close = dersimonian_laird([0.2, 0.2001], [0.01, 0.02])
+    assert close["hartung_knapp"]["scale"] < 1e-3
+    assert close["hartung_knapp"]["se"] == pytest.approx(close["se"])
+    assert close["hartung_knapp"]["ci95"][1] - close["hartung_knapp"]["ci95"][0] == pytest.approx(
+        2 * stats.t.ppf(0.975, 1) * close["se"])
+    assert dersimonian_laird([0.1], [0.01])["hartung_knapp"] is None  # one model: no spread to read
+
+
 def test_dersimonian_laird_homogeneous_is_the_fixed_effect():
     """Q below its degrees of freedom: tau^2 is 0 and the estimate the inverse-variance mean."""
     got = dersimonian_laird([0.1, 0.12], [0.01, 0.04])
@@ -206,6 +232,9 @@ def test_the_report_pools_each_method_over_the_models(three_models):
     assert row[6].startswith(f"{pooled['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     # over all 80 items: 9 discordant pairs, all for fasc-kfac
     assert row[8].startswith(f"{9 / 80:+.3f}") and f"p={stats.binomtest(9, 9, 0.5).pvalue:.2g}" in row[8]
+    hk = pooled["hartung_knapp"]
+    assert row[9].startswith(f"{pooled['estimate']:+.3f} [{hk['ci95'][0]:+.3f}, {hk['ci95'][1]:+.3f}]")
+    assert "pooled Δ (Hartung-Knapp)" in text
     nll = _row(text, "fasc-kfac", "ppl-token ppl (Δ NLL)")
     assert nll[5] == "2 of 3 (+ + −)" and nll[8] == ""  # worse than pca on model-z; no exact test for NLL
     svd = _row(text, "svd", "lama p@1")
@@ -535,6 +564,9 @@ def test_pooled_table_marks_a_difference_of_exactly_zero():
     assert "| 1 of 3 (− = +) |" in line
     bbb = next(l for l in pooled_table(rows, models, "pca").splitlines() if l.startswith("| bbb "))
     assert "| 1 of 2 (+ − ·) |" in bbb
+    assert pooled_table(rows, models, "pca").splitlines()[0].rstrip(" |").endswith("pooled Δ (Hartung-Knapp)")
+    four = pooled_table(rows, ["mw", *models], "pca")  # past 3 models DerSimonian-Laird's interval alone
+    assert "Hartung-Knapp" not in four and four.splitlines()[0].rstrip(" |").endswith("all items (stratified exact)")
 
 
 def test_scenarios_name_the_methods_left_out_for_lacking_one():
@@ -610,5 +642,5 @@ def test_the_section_names_models_at_chance_and_flat_rows_per_pooled_verdict(tmp
             for r in flat] == [("across models", "rank", 0.5, "all", "svd", "lama", "pca", 2)]
     assert set(flat[0]) == {"model", "budget", "rank", "scope", "method", "task", "reference", "models", "better in",
                             "pooled Δ", "pooled Δ lo", "pooled Δ hi", "pooled Δ p", "tau2", "I2", "stratified Δ",
-                            "stratified p"}
+                            "stratified p", "Hartung-Knapp lo", "Hartung-Knapp hi", "Hartung-Knapp p"}
     assert flat[0]["better in"] == 1 and flat[0]["pooled Δ lo"] < flat[0]["pooled Δ"] < flat[0]["pooled Δ hi"]
