@@ -75,8 +75,8 @@ def save_tiny(model_type: str, folder: Path, tokenizer=None, seed: int = 0) -> P
 
 
 def bench_run(folder: Path, results: Path, seconds: int) -> str:
-    """`bench run --model folder --methods all --rank 0.5 --sparsity 0.5` (attention only where the experts are
-    fused 3-D parameters, as the refusal advises): "ok", or the last line it printed."""
+    """`bench plan` then `bench run --model folder --methods all --rank 0.5 --sparsity 0.5` (attention only where the
+    experts are fused 3-D parameters, as the refusal advises): "ok", or the failing command's last line."""
     import subprocess
 
     from bench.model.groups import find_input_groups, fused_experts_problem
@@ -84,16 +84,18 @@ def bench_run(folder: Path, results: Path, seconds: int) -> str:
 
     groups = find_input_groups(AutoModelForCausalLM.from_pretrained(folder))
     only = ["--groups", "attn_in", "attn_out"] if fused_experts_problem(groups, None) else []
-    cmd = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())", "run", "--model", str(folder), "--methods", "all", "--rank", "0.5",
-           "--sparsity", "0.5", "--output", str(results), "--quiet", *only]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
-    except subprocess.TimeoutExpired:
-        return f"ran past {seconds} s"
-    if done.returncode == 0:
-        return "ok" + (" (attention only)" if only else "")
-    lines = (done.stderr or done.stdout).strip().splitlines()
-    return f"exit {done.returncode}: {lines[-1][:200] if lines else ''}"
+    bench = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
+    budget = ["--model", str(folder), "--methods", "all", "--rank", "0.5", "--sparsity", "0.5", *only]
+    for what, cmd in (("plan", [*bench, "plan", *budget]),  # its estimates, then the run itself
+                      ("run", [*bench, "run", *budget, "--output", str(results), "--quiet"])):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return f"bench {what} ran past {seconds} s"
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            return f"bench {what} exit {done.returncode}: {lines[-1][:200] if lines else ''}"
+    return "ok" + (" (attention only)" if only else "")
 
 
 @dataclass
