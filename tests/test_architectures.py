@@ -25,9 +25,9 @@ MIXTURE_OF_EXPERTS = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
 # per-layer size overrides (Gemma 4), a causal LM on a config class the auto mapping does not key (Emu3), a fused
 # query_key_value in the original key format (Sarvam-MoE), GPT-Neo's attention-kind pattern, a head_dim left unset
 # (Hunyuan), a multimodal head saved under its language model's prefix (Gemma 3), a sparse-attention indexer
-# (DeepSeek-V3.2), GPT-2's Conv1D siblings (OpenAI GPT)
+# (DeepSeek-V3.2), GPT-2's Conv1D siblings (OpenAI GPT), embeddings added to in place during calibration (GIT)
 REACHED = ["deepseek_v3", "gemma4_text", "emu3", "sarvam_moe", "gpt_neo", "hunyuan_v1_dense", "gemma3",
-           "deepseek_v32", "openai-gpt"]
+           "deepseek_v32", "openai-gpt", "git"]
 PARALLEL = {"phi", "gptj", "falcon"}  # attention and MLP read one normed input: one group
 
 

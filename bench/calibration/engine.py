@@ -166,9 +166,10 @@ def calibrate(
                 for s in g.sites:
                     s.weight.requires_grad_(True)
         if want_grad:
-            # Gradients must flow to every group input even with frozen weights.
+            # Gradients must flow to every group input even with frozen weights. A copy of the embeddings (not the
+            # leaf itself) goes on, since some models add to it in place (GIT, CTRL: embeddings += positions).
             embed_handle = model.get_input_embeddings().register_forward_hook(
-                lambda m, a, out: out.requires_grad_(True)
+                lambda m, a, out: out.requires_grad_(True).clone()
             )
         for b in tqdm(range(n_batches), desc=desc, disable=not progress, leave=False):
             ids = windows[b * batch_size:(b + 1) * batch_size].to(device)
