@@ -11,18 +11,20 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS, EXPERTS = 32, 4, 2, 8, 
 
 # size fields shrunk wherever a config has them (each family spells them its own way)
 SIZES = {
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "lru_width"), HIDDEN),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "lru_width",
+                     "attention_hidden_size"), HIDDEN),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads"), HEADS),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), KV_HEADS),
     **dict.fromkeys(("head_dim", "kv_channels", "attention_head_dim", "v_head_dim", "linear_key_head_dim",
-                     "linear_value_head_dim"), HEAD_DIM),
+                     "linear_value_head_dim", "swa_head_dim", "linear_head_dim", "dim_head"), HEAD_DIM),
     # linear attention (Qwen3-Next's gated delta rule) counts its own heads
     **dict.fromkeys(("linear_num_key_heads",), KV_HEADS), **dict.fromkeys(("linear_num_value_heads",), HEADS),
     **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "d_ff", "inner_hidden_size",
-                     "mlp_hidden_size", "dense_intermediate_size", "shared_expert_intermediate_size",
+                     "mlp_hidden_size", "dense_intermediate_size", "dff", "dim_ff",
+                     "mlp_only_intermediate_size", "shared_expert_intermediate_size",
                      "moe_intermediate_size", "expert_intermediate_size"), INTER),
     **dict.fromkeys(LAYER_KEYS, LAYERS),
-    **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input"), VOCAB),
+    **dict.fromkeys(("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size"), VOCAB),
     **dict.fromkeys(("hidden_size_per_layer_input", "global_head_dim"), HEAD_DIM),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len"), 512),
     **dict.fromkeys(("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"), EXPERTS),
@@ -99,7 +101,8 @@ def shrink(config, keep_layers: bool = False):
     if mha and isinstance(_field(cfg, "num_key_value_heads"), int):
         cfg.num_key_value_heads = cfg.num_attention_heads
     _shrink_overrides(cfg, keep_layers)
-    if isinstance(_field(cfg, "qk_head_dim"), int):  # derived at construction: follows its parts
+    if all(isinstance(_field(cfg, k), int) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")):
+        # derived at construction: follows its parts
         cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     for key in TOKEN_IDS:
         v = _field(cfg, key)
