@@ -101,7 +101,7 @@ def test_a_checkpoint_is_written_with_its_weights_densified(tmp_path, monkeypatc
     monkeypatch.setattr(ckpt, "densified", Spy)
     model = tiny_model("llama", hidden=32, inter=48)
     real = model.save_pretrained
-    monkeypatch.setattr(model, "save_pretrained", lambda folder: seen.append("saved") or real(folder))
+    monkeypatch.setattr(model, "save_pretrained", lambda folder, **kw: seen.append("saved") or real(folder, **kw))
     with pytest.raises(ValueError, match="records no compression layout"):  # the dense model: the save ran inside
         ckpt.write_checkpoint(model, None, tmp_path / "out", {})
     assert seen == [model, "in", "saved", "out"]
