@@ -20,7 +20,7 @@ class Conv1DLinear(nn.Linear):
         nn.Module.__init__(lin)
         lin.in_features, lin.out_features = int(conv.weight.shape[0]), int(conv.weight.shape[1])
         lin.weight = nn.Parameter(conv.weight.detach().t(), requires_grad=conv.weight.requires_grad)
-        lin.bias = conv.bias if conv.bias is not None else None
+        lin.bias = conv.bias
         return lin
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
