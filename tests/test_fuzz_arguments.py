@@ -232,3 +232,43 @@ def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_fa
     assert int(seconds) > 0 and all(t in ("llama", "gpt2", "mixtral") for t in only)
     assert models in ("none", "new", "empty") and (models != "none" or not bench_run)
     assert reached == ([] if models == "none" else [only])
+
+
+# ---------------------------------------------------------------- the claims study
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.lists(st.one_of(WEIRD, st.sampled_from(["0.9", "0.75", "0.5", "1", "1.5"])), min_size=1, max_size=3),
+       limit=st.one_of(WEIRD, st.sampled_from(["10", "1"])), doc=st.sampled_from(["docs/claims.md", "x.txt", "", "a/"]),
+       models=st.lists(st.sampled_from(["smollm2-135m", "gemma-3-270m", "nope"]), min_size=1, max_size=2))
+def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, ranks, limit, doc, models):
+    """`python -m studies.claims`: --ranks, --mmlu-limit, --doc and --models as typed; each ends in exit 2 with one
+    line (argparse's, or bench's UserError for a model bench refuses), or reaches the sweep with checked values."""
+    import studies.claims as claims
+    from core.errors import UserError
+
+    reached = []
+
+    def fake_sweep(s):
+        if "nope" in s.models:
+            raise UserError("unknown model nope: did you mean ...")
+        reached.append(s)
+        return []
+
+    monkeypatch.setattr(claims, "sweep", fake_sweep)
+    monkeypatch.setattr(claims, "write_doc", lambda s, cells: Path(s.doc))
+    argv = ["--ranks", *ranks, "--mmlu-limit", limit, "--doc", doc, "--models", *models]
+    try:
+        code = claims.main(argv)
+    except SystemExit as e:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.code == 2 and err and ": error: " in err[-1], err
+        assert "Traceback" not in "\n".join(err)
+        return
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:
+        assert "nope" in models and len(err) == 1 and err[0].startswith("error: ")
+        return
+    assert code == 0 and len(reached) == 1
+    s = reached[0]
+    assert all(0 < r <= 1 for r in s.ranks) and len(set(s.ranks)) == len(s.ranks) == len(ranks)
+    assert s.mmlu_limit >= 1 and s.doc.endswith(".md")

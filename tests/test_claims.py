@@ -1,0 +1,161 @@
+"""The claims study (studies/claims.py): its verdicts from hand-built cells whose intervals are known, the page it
+writes, and the sweep it asks bench for."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core.record import CellRecord
+
+TASK_METRIC = {"mmlu": "acc_norm", "lama": "p@1", "ppl-token": "ppl"}
+
+
+def _cell(model: str, method: str, task: str, rank, values: list) -> CellRecord:
+    """A stored cell: accuracy records (mmlu, lama; chance 0.25) or per-window NLL records (ppl-token)."""
+    if task == "ppl-token":
+        records = [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
+        metrics = {"ppl": math.exp(sum(values) / len(values))}
+    else:
+        records = [{"id": i, "correct": bool(v), "chance": 0.25} for i, v in enumerate(values)]
+        metrics = {TASK_METRIC[task]: sum(map(bool, values)) / len(values)}
+    return CellRecord.from_json({
+        "schema_version": 4,
+        "cell": {"model": model, "method": method, "rank": None if method == "dense" else rank, "budget": "rank",
+                 "task": task, "key": "k1"},
+        "higher_is_better": {TASK_METRIC[task]: task != "ppl-token"}, "metrics": metrics,
+        "primary_metric": TASK_METRIC[task], "versions": {"task": 1, "method": None if method == "dense" else 1},
+        "model_fingerprint": {"source": "gguf", "sha256": f"{model}-sha", "dtype": "float32"}, "seed": 0,
+        "stderr": {}, "details": {}, "compression": None if method == "dense" else {"param_ratio": rank},
+        "records": records, "timings": {"calibrate_s": 60.0, "compress_s": 10.0, "evaluate_s": 20.0},
+        "env": {"cpu_threads": 2, "cpu_model": "test CPU", "device": "cpu", "git_commit": "abcdef1234",
+                "date": "2026-12-05T00:00:00Z"}})
+
+
+def _set(spec: dict) -> dict:
+    from studies.claims import index
+
+    return index([_cell(m, meth, t, r, v) for (m, meth, t, r), v in spec.items()])
+
+
+N = 40
+DENSE_ABOVE = [1] * 30 + [0] * 10  # 75 % against chance 25 %
+DENSE_AT_CHANCE = [1] * 10 + [0] * 30  # 25 %
+
+
+def test_one_model_above_chance_reads_its_own_exact_interval():
+    from core.significance import mcnemar
+    from studies.claims import Z_POWER, comparison
+
+    base = [1] * 10 + [0] * 30
+    claim = [1] * 25 + [0] * 15  # 15 discordant pairs, all for the claimant
+    cells = _set({("a", "dense", "mmlu", None): DENSE_ABOVE, ("a", "pca", "mmlu", 0.5): base,
+                  ("a", "fasc", "mmlu", 0.5): claim,
+                  ("b", "dense", "mmlu", None): DENSE_AT_CHANCE, ("b", "pca", "mmlu", 0.5): claim,
+                  ("b", "fasc", "mmlu", 0.5): base})  # b would reverse it, but b is at chance: left out
+    r = comparison(cells, ["a", "b"], 0.5, "mmlu", "fasc", "pca")
+    assert list(r["per_model"]) == ["a"] and r["pooled"] is None
+    want = mcnemar([float(x) for x in base], [float(x) for x in claim])
+    assert r["estimate"] == pytest.approx(15 / N) and r["interval"] == pytest.approx(want["ci95"])
+    d = [c - b for b, c in zip(base, claim)]
+    mean = sum(d) / N
+    var = sum((x - mean) ** 2 for x in d) / (N - 1) / N
+    assert r["detectable"] == pytest.approx(Z_POWER * math.sqrt(var))
+    assert r["verdict"] == "holds"
+
+
+def test_two_models_pool_and_the_verdict_follows_the_pooled_interval():
+    from core.meta_analysis import dersimonian_laird, paired_effect
+    from studies.claims import Z_POWER, comparison
+
+    base = [1] * 20 + [0] * 20
+    worse = [1] * 12 + [0] * 28  # the claimant loses 8 items on each model
+    spec = {}
+    for m in ("a", "b"):
+        spec.update({(m, "dense", "lama", None): DENSE_ABOVE, (m, "whitened-svd", "lama", 0.75): base,
+                     (m, "fasc-kfac", "lama", 0.75): worse})
+    r = comparison(_set(spec), ["a", "b"], 0.75, "lama", "fasc-kfac", "whitened-svd")
+    d, v = paired_effect([float(x) for x in base], [float(x) for x in worse])
+    want = dersimonian_laird([d, d], [v, v])
+    assert r["interval"] == pytest.approx(want["ci95"]) and r["estimate"] == pytest.approx(-8 / N)
+    assert r["detectable"] == pytest.approx(Z_POWER * want["se"])
+    assert r["verdict"] == "reversed"
+
+
+def test_perplexity_counts_a_lower_nll_for_the_claim_and_a_tie_as_not_detected():
+    from studies.claims import comparison
+
+    base = [3.0, 3.2, 2.9, 3.1, 3.05, 2.95]
+    lower = [x - 0.1 for x in base]
+    noisy = [x + e for x, e in zip(base, [0.2, -0.2, 0.1, -0.1, 0.15, -0.15])]
+    spec = {("a", "dense", "ppl-token", None): base, ("a", "pca", "ppl-token", 0.9): base,
+            ("a", "fasc", "ppl-token", 0.9): lower, ("a", "fasc-kfac", "ppl-token", 0.9): noisy}
+    cells = _set(spec)
+    assert comparison(cells, ["a"], 0.9, "ppl-token", "fasc", "pca")["verdict"] == "holds"
+    assert comparison(cells, ["a"], 0.9, "ppl-token", "fasc-kfac", "pca")["verdict"] == "not detected"
+
+
+def test_every_model_at_chance_says_so_and_missing_cells_are_not_compared():
+    from studies.claims import comparison
+
+    spec = {("a", "dense", "mmlu", None): DENSE_AT_CHANCE, ("a", "pca", "mmlu", 0.5): DENSE_ABOVE,
+            ("a", "fasc", "mmlu", 0.5): DENSE_AT_CHANCE, ("b", "dense", "mmlu", None): DENSE_ABOVE,
+            ("b", "pca", "mmlu", 0.5): DENSE_ABOVE}  # b lacks fasc
+    r = comparison(_set(spec), ["a", "b"], 0.5, "mmlu", "fasc", "pca")
+    assert r["verdict"] == "at chance" and r["per_model"] == {} and r["detectable"] is None
+
+
+def test_verdict_reads_the_side_of_the_interval_by_direction():
+    from studies.claims import verdict
+
+    assert verdict([0.01, 0.2], True, True) == "holds"
+    assert verdict([0.01, 0.2], False, True) == "reversed"
+    assert verdict([-0.2, -0.01], False, True) == "holds"
+    assert verdict([-0.2, -0.01], True, True) == "reversed"
+    assert verdict([-0.1, 0.1], True, True) == "not detected"
+    assert verdict([0.0, 0.1], True, True) == "not detected"  # an interval touching zero does not exclude it
+    assert verdict(None, True, False) == "at chance"
+
+
+def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
+    from studies.claims import BASELINES, CLAIMANTS, TASKS, Settings, write_doc
+
+    ranks = (0.9, 0.5)
+    values = {"mmlu": (DENSE_ABOVE, [1] * 20 + [0] * 20), "lama": (DENSE_ABOVE, [1] * 18 + [0] * 22),
+              "ppl-token": ([3.0, 3.1, 2.9], [3.4, 3.6, 3.3])}
+    cells = []
+    for m in ("a", "b"):
+        for task, (dense, comp) in values.items():
+            cells.append(_cell(m, "dense", task, None, dense))
+            for method in (*CLAIMANTS, *BASELINES):
+                for r in ranks:
+                    cells.append(_cell(m, method, task, r, comp))
+    s = Settings(models=("a", "b"), ranks=ranks, mmlu_limit=3, output="out", doc=str(tmp_path / "claims.md"))
+    page = write_doc(s, cells).read_text()
+    lines = page.splitlines()
+    assert len(lines) <= 150
+    table = [ln for ln in lines if ln.startswith("| 0.")]
+    assert len(table) == len(ranks) * len(TASKS) * len(CLAIMANTS) * len(BASELINES)
+    # equal scores: every difference is 0, nothing is detected, and each benchmark's sentence says so
+    assert all(ln.rstrip(" |").endswith("not detected") for ln in table)
+    assert sum(ln.startswith("- **") for ln in lines) == len(TASKS)
+    assert "(plots/claims.png)" in page and (tmp_path / "plots" / "claims.png").stat().st_size > 10_000
+    # compute: per cell 30 s of compression and evaluation, plus one calibration (60 s) per model
+    n = len(cells)
+    assert f"Compute: {(n * 30 + 2 * 60) / 60:.0f} minutes" in page
+    assert "| a       | dense" in page or "| a | dense" in page.replace("  ", " ")
+
+
+def test_the_sweep_asks_for_cloze_mmlu_every_pair_and_rank_without_latency():
+    from bench.api import sweep_configs
+    from studies.claims import Settings, sweep_keywords
+
+    kw = sweep_keywords(Settings(mmlu_limit=7, output="x"))
+    models = kw.pop("model")
+    configs = sweep_configs(models, kw)
+    assert [c.model for c in configs] == ["gemma-3-270m", "smollm2-135m"]
+    c = configs[0]
+    assert c.methods == ["fasc-kfac", "fasc", "pca", "whitened-svd"] and c.ranks == [0.9, 0.75, 0.5]
+    assert c.tasks == ["mmlu", "lama", "ppl-token"] and not c.measure_latency and c.output == "x"
+    assert c.task_options["mmlu"] == {"format": "cloze", "limit": 7}
