@@ -259,7 +259,7 @@ def _round_trip(name: str, budget, d: int = 16) -> str | None:
                     A, B = res.factors[n]
                     want = x @ (A.float() @ B.float()).T
                 elif isinstance(res, MaskedWeights):
-                    want = x @ (weights[n] * res.masks[n].to(weights[n].dtype)).T
+                    want = x @ res.deployed_weight(n, weights[n]).T
                 elif isinstance(res, SparseActivation):
                     sp = next(m for m in holder.modules() if isinstance(m, InputSparsifier))
                     sp.gather = False

@@ -164,7 +164,15 @@ class MaskedWeights(SparseResult):
     """A 0/1 mask per site weight (d_out x d_in): `pattern` of every site's input weights kept per output row."""
 
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the weights the masks apply to where a method also updates the kept ones (SparseGPT); a site left out keeps
+    # its own weight
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
     form: str = "masked-weights"
+
+    def deployed_weight(self, name: str, original: torch.Tensor) -> torch.Tensor:
+        """Site `name`'s deployed weight: its (updated) weight times its mask, in the original's dtype and device."""
+        W = self.weights.get(name, original).to(device=original.device, dtype=original.dtype)
+        return W * self.masks[name].to(device=original.device, dtype=original.dtype)
 
     def summary(self) -> dict:
         kept = sum(int(m.sum()) for m in self.masks.values())
