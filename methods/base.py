@@ -221,6 +221,12 @@ class Compressor(Plugin):
         """Whether this instance factorises each site on its own (a setting may switch it, as whitened-svd's)."""
         return self.per_site
 
+    def site_ranks(self, groups, stats, rank: RankSpec):
+        """A method that splits its budget across groups itself (SVD-LLM V2) returns ({group: {site: k}}, fallbacks)
+        from every selected group's statistics (`stats[group.name]`), before any group is compressed; None (the
+        default): each group's k from `rank` alone."""
+        return None
+
     def rank_for(self, group, rank: RankSpec) -> int | dict[str, int]:
         if self.site_wise:
             return {n: rank.k_site(group.d_in, d) for n, d in zip(group.site_names, group.d_outs)}
@@ -238,9 +244,14 @@ class Compressor(Plugin):
         `dtype`: the solve's precision, float64 (default) or float32 (docs/large-models.md, Solve precision, gives its measured agreement)."""
         if not isinstance(rank, RankSpec):
             raise TypeError(f"{self.name} is a low-rank method: it takes a rank ratio (--rank), not {rank!r}")
-        if k is not None and not self.projection:
+        if k is not None and not self.projection and not isinstance(k, dict):
             raise ValueError(f"{self.name} factorises each site on its own: a per-group k does not apply")
-        k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
+        if isinstance(k, dict):  # per site, from the method's own site_ranks
+            if self.projection or set(k) != set(group.site_names):
+                raise ValueError(f"{self.name}: per-site ks must name each site of group {group.name} once")
+            k_arg = {n: min(max(1, int(k[n])), group.d_in, d) for n, d in zip(group.site_names, group.d_outs)}
+        else:
+            k_arg = self.rank_for(group, rank) if k is None else min(max(1, int(k)), group.d_in)
         k = max(k_arg.values()) if isinstance(k_arg, dict) else k_arg
         # Solved in `dtype` on `device` whatever dtype the model has; the factors are copied to each site's device
         # when deployed.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite
+from core.linalg import NumericError, check_finite
 
 from .base import MaskedWeights, SparsityMethod
 
@@ -36,16 +36,27 @@ class SparseGPTSettings:
                              "use 128")
 
 
-def inverse_hessian_factor(H: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U, dead): the upper Cholesky factor of (H + damping * mean(diag H) I)^-1, with every input that never fires
-    given H_jj = 1 (its weights are pruned as a whole), and the mask of those inputs."""
+def inverse_hessian_factor(H: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+    """(U, dead, fallbacks): the upper Cholesky factor of (H + damping * mean(diag H) I)^-1, with every input that
+    never fires given H_jj = 1 (its weights are pruned as a whole), and the mask of those inputs. Where a
+    factorisation fails the damping is raised tenfold (at most to 1) and the fallback recorded."""
     H = H.clone()
     dead = torch.diagonal(H) == 0
     H[dead, dead] = 1.0
-    lam = damping * torch.diagonal(H).mean()
-    H = H + lam * torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-    Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
-    return torch.linalg.cholesky(Hinv, upper=True), dead
+    eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
+    fallbacks, asked = [], damping
+    while True:
+        try:
+            Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H + damping * torch.diagonal(H).mean() * eye))
+            U = torch.linalg.cholesky(Hinv, upper=True)
+            if damping != asked:
+                fallbacks.append({"fallback": "sparsegpt damping raised", "damping": damping, "asked": asked})
+            return U, dead, fallbacks
+        except torch.linalg.LinAlgError:
+            if damping >= 1:
+                raise NumericError("sparsegpt: H = E[x x^T] stays singular with damping 1: recalibrate on more "
+                                   "tokens") from None
+            damping = min(1.0, damping * 10)
 
 
 def prune_site(W: torch.Tensor, U: torch.Tensor, keep: int, m: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +109,7 @@ class SparseGPT(SparsityMethod):
         if keep >= d_in:  # nothing pruned, so nothing to move: the dense weights (dead inputs included)
             return MaskedWeights(pattern=pattern, masks={n: torch.ones_like(W, dtype=torch.bool)
                                                          for n, W in weights.items()})
-        U, dead = inverse_hessian_factor(stats.C, self.settings.damping)
+        U, dead, fallbacks = inverse_hessian_factor(stats.C, self.settings.damping)
         updated, masks = {}, {}
         for name, W in weights.items():
             W = W.clone()
@@ -106,5 +117,5 @@ class SparseGPT(SparsityMethod):
                 W[:, dead] = 0  # an input that never fires carries nothing: its weights are the first pruned
             W, masks[name] = prune_site(W, U, keep, m, self.settings.block_size)
             updated[name] = W.float()  # stored as factors are: float32, cast to the site's dtype when deployed
-        return MaskedWeights(pattern=pattern, masks=masks, weights=updated,
+        return MaskedWeights(pattern=pattern, masks=masks, weights=updated, fallbacks=fallbacks,
                              extras={"dead_inputs": int(dead.sum())})

@@ -272,3 +272,29 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
     s = reached[0]
     assert all(0 < r <= 1 for r in s.ranks) and len(set(s.ranks)) == len(s.ranks) == len(ranks)
     assert s.mmlu_limit >= 1 and s.doc.endswith(".md")
+
+
+# ---------------------------------------------------------------- the newer baselines' settings
+
+@settings(max_examples=80, deadline=None)
+@given(variant=st.sampled_from(["sparsegpt:damping=", "sparsegpt:block_size=", "svd-llm-v2:allocate="]),
+       value=st.one_of(WEIRD, st.sampled_from(["0.01", "0.5", "1", "128", "7", "true", "false", "[1]", "{a: 1}",
+                                               "1e-300", "-0.01"])))
+def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, variant, value):
+    """sparsegpt's damping and block_size, svd-llm-v2's allocate, as a user may write them in a variant: one line
+    naming the setting (bench check-method: exit 2), or a method whose settings are in range."""
+    import methods
+
+    monkeypatch.setattr("bench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
+    name = variant + value
+    rc = assert_clean(["check-method", name])
+    try:
+        comp = methods.build(name)
+    except (ValueError, methods.UnknownName) as e:
+        assert rc == 2 and "\n" not in str(e)
+        return
+    s = comp.settings
+    if variant.startswith("sparsegpt"):
+        assert 0 < s.damping < 1 and isinstance(s.block_size, int) and s.block_size >= 1
+    else:
+        assert isinstance(s.allocate, bool)

@@ -87,3 +87,12 @@ def test_sparsegpt_at_full_density_is_dense_and_bad_settings_are_refused():
     for bad in ("damping=0", "damping=1.5", "damping=nan", "block_size=0", "block_size=2.5", "damping=true"):
         with pytest.raises(ValueError, match="sparsegpt"):
             methods.build(f"sparsegpt:{bad}")
+
+
+def test_a_singular_hessian_raises_the_damping_and_records_it():
+    W, C = _layer()
+    C = torch.ones_like(C)  # rank one: the Cholesky of H + 1e-300 mean(diag H) I fails
+    res = methods.build("sparsegpt:damping=1.0e-300").compress(FakeGroup({"a": W.float()}),
+                                                              GroupStats(n_tokens=60, C=C), SparsitySpec.parse("2:4"))
+    assert [f["fallback"] for f in res.fallbacks] == ["sparsegpt damping raised"]
+    assert res.fallbacks[0]["damping"] > 1e-300 and res.summary()["fallbacks"] == res.fallbacks

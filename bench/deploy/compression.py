@@ -23,6 +23,16 @@ from bench.deploy.apply import apply_compression, restore, swap
 from bench.model.groups import find_input_groups
 
 
+class _StatsOf:
+    """`stats[name]` for a method's site_ranks: a group calibration never reached reads as empty statistics."""
+
+    def __init__(self, stats: Mapping[str, GroupStats]):
+        self._stats = stats
+
+    def get(self, name: str) -> GroupStats:
+        return self._stats.get(name) or GroupStats()
+
+
 class Deployment:
     """A variant deployed in a model, in place: the model (the same object, now compressed), each group's summary,
     and what undoes it. `restore()` puts the dense modules and weights back (kept by reference, so bit for bit);
@@ -82,6 +92,17 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
     comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
+    own_fallbacks: dict[str, list] = {}
+    if ks is None and isinstance(rank, RankSpec):  # a method that allocates across groups itself
+        try:
+            own = comp.site_ranks(groups, _StatsOf(stats), rank)
+        except NumericError as e:
+            raise UserError(str(e)) from None
+        if own is not None:
+            ks, fallbacks = own
+            for f in fallbacks:
+                group = next((g.name for g in groups if f.get("site") in g.site_names), groups[0].name)
+                own_fallbacks.setdefault(group, []).append(f)
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
@@ -90,6 +111,7 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
                                     device=solve_device, dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None
+            res.fallbacks = [*res.fallbacks, *own_fallbacks.get(g.name, [])]
             if merge and isinstance(res, GroupCompression):
                 res.form = "merged"
             undo.append(apply_compression(model, g, res))
