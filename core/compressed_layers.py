@@ -6,7 +6,8 @@ code a saved model runs, with or without acbench installed.
 
 A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by form:
 - factorised: {k, d_in, d_out, bias, owner}: y = A (B x) + bias; sites naming one owner share its B;
-- sparse-activation: {keep, block, mitigation, scale, mu, threshold, d_in, d_out, owner}: the group input sparsified once
+- sparse-activation: {keep, block, mitigation, scale, mu, threshold, d_in, d_out, owner, and rotation where the
+  input is rotated before its top-k}: the group input sparsified once
   (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site, whose
   weight is stored input-major (`weight_t`, the layout the decode path's gathered product reads);
 - merged and masked-weights: dense-shaped weights, nothing to build.
@@ -252,7 +253,7 @@ class InputSparsifier(ReadOnce, nn.Module):
     count above a threshold) and ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
-                 dtype=None, device=None, threshold: float | None = None):
+                 dtype=None, device=None, threshold: float | None = None, rotation: torch.Tensor | None = None):
         nn.Module.__init__(self)
         ReadOnce.__init__(self)
         self.n, self.m, self.mitigation = n, m, mitigation
@@ -264,6 +265,8 @@ class InputSparsifier(ReadOnce, nn.Module):
         # None); no mitigation applies to it (SparseActivation refuses the combination)
         self.register_buffer("threshold", None if threshold is None else
                              torch.tensor(float(threshold), dtype=dtype, device=device))
+        # LaRoSa: the top-k is taken on z = x Q, and every reading site holds W Q
+        self.register_buffer("rotation", as_buffer(rotation))
         self.reset_counts()
 
     def reset_counts(self) -> None:
@@ -271,6 +274,8 @@ class InputSparsifier(ReadOnce, nn.Module):
         self.kept, self.seen = 0, 0
 
     def _sparsify(self, x: torch.Tensor):
+        if self.rotation is not None:
+            x = x @ self.rotation
         decode = self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]
         if self.threshold is not None:
             keep = (x.abs() if self.scale is None else x.abs() * self.scale) > self.threshold
@@ -295,7 +300,8 @@ class InputSparsifier(ReadOnce, nn.Module):
         if self.threshold is not None:
             score = "|x|" if self.scale is None else "|x| * scale"
             return f"keep {score} > {float(self.threshold):.4g}, readers={self.n_readers}"
-        return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}, readers={self.n_readers}"
+        turn = ", rotated" if self.rotation is not None else ""
+        return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}{turn}, readers={self.n_readers}"
 
 
 class SparseInputLinear(nn.Module):
@@ -316,6 +322,8 @@ class SparseInputLinear(nn.Module):
             self.sparsifier = sparsifier  # and stored (its buffers) once, under the group's first site
         W = dense.weight.detach()
         with torch.no_grad():
+            if sparsifier.rotation is not None:  # W Q: the site reads z = x Q
+                W = (W.double() @ sparsifier.rotation.double()).to(W.dtype)
             self.weight_t = nn.Parameter(W.t().contiguous(), requires_grad=False)
             bias = dense.bias.detach().clone() if dense.bias is not None else None
             if sparsifier.mitigation == "shift":
@@ -405,9 +413,11 @@ def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]
         ref = dense.weight
         if spec["owner"] == site:
             empty = lambda wanted: torch.zeros(spec["d_in"], dtype=ref.dtype, device=ref.device) if wanted else None
+            turn = (torch.zeros(spec["d_in"], spec["d_in"], dtype=ref.dtype, device=ref.device)
+                    if spec.get("rotation") else None)
             sparsifiers[site] = InputSparsifier(spec["keep"], spec["block"], spec["mitigation"], empty(spec["scale"]),
                                                 empty(spec["mu"]), ref.dtype, ref.device,
-                                                0.0 if spec.get("threshold") else None)
+                                                0.0 if spec.get("threshold") else None, turn)
             sparsifiers[site].n_readers = 0
         sparsifier = sparsifiers[spec["owner"]]
         sparsifier.n_readers += 1

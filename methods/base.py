@@ -132,6 +132,9 @@ class SparseActivation(SparseResult):
     mitigation: str = "none"
     mu: torch.Tensor | None = None
     threshold: float | None = None  # keep |x_j| * scale_j > threshold instead of a top-k (density varies per token)
+    # an orthogonal d_in x d_in Q: the mask is taken on z = x Q and each site deploys W Q (LaRoSa); stored and
+    # applied per token, so it costs d_in^2 parameters and multiply-adds
+    rotation: torch.Tensor | None = None
     form: str = "sparse-activation"
 
     def deployment_problem(self) -> str | None:
@@ -149,13 +152,22 @@ class SparseActivation(SparseResult):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (self.d_in,):
                 return f"{name} has shape {tuple(value.shape)}, not ({self.d_in},): one factor per input channel"
+        if self.rotation is not None:
+            if tuple(self.rotation.shape) != (self.d_in, self.d_in):
+                return (f"rotation has shape {tuple(self.rotation.shape)}, not ({self.d_in}, {self.d_in}): one "
+                        "orthogonal basis of the group input")
+            if self.mitigation != "none" or self.threshold is not None:
+                return "a rotation with a mitigation or a threshold: a rotated input takes a plain top-k"
         return None
 
     def summary(self) -> dict:
         # every weight is kept and n/m of them are read per token; the mask metadata is reported beside
         kept = self.pattern.keep(self.d_in) / self.d_in
-        out = self._summary(self.params_dense, kept, kept)
-        out.update(mitigation=self.mitigation, index_bits_per_token=self.pattern.index_bits(self.d_in))
+        # a rotation is one more d_in x d_in product per token, stored once: priced beside the sites' products
+        turn = self.d_in * self.d_in if self.rotation is not None else 0
+        out = self._summary(self.params_dense + turn, kept + turn / self.params_dense, kept)
+        out.update(mitigation=self.mitigation, index_bits_per_token=self.pattern.index_bits(self.d_in),
+                   rotated=self.rotation is not None)
         return out
 
 
@@ -299,6 +311,12 @@ class SparsityMethod(Compressor):
     def pattern_problem(cls, pattern: SparsitySpec) -> str | None:
         """Why this method cannot keep `pattern` (one line naming the fix), or None; checked before a run starts."""
         return None
+
+    def group_pattern(self, kind: str, pattern: SparsitySpec) -> tuple[SparsitySpec, bool]:
+        """What a group of `kind` keeps under the run's `pattern`, and whether its input is rotated first (one more
+        d_in x d_in product per token): the run's pattern, unrotated, unless a method splits its budget by kind
+        (LaRoSa). `bench plan` prices each group by it."""
+        return pattern, False
 
     def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None,
                  device=None, dtype: torch.dtype = torch.float64) -> SparseResult:

@@ -277,11 +277,12 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
 # ---------------------------------------------------------------- the newer baselines' settings
 
 @settings(max_examples=80, deadline=None)
-@given(variant=st.sampled_from(["sparsegpt:damping=", "sparsegpt:block_size=", "svd-llm-v2:allocate="]),
+@given(variant=st.sampled_from(["sparsegpt:damping=", "sparsegpt:block_size=", "svd-llm-v2:allocate=",
+                                "larosa:in_factor=", "larosa:out_factor="]),
        value=st.one_of(WEIRD, st.sampled_from(["0.01", "0.5", "1", "128", "7", "true", "false", "[1]", "{a: 1}",
                                                "1e-300", "-0.01"])))
 def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, variant, value):
-    """sparsegpt's damping and block_size, svd-llm-v2's allocate, as a user may write them in a variant: one line
+    """sparsegpt's damping and block_size, svd-llm-v2's allocate, larosa's factors, as a user may write them: one line
     naming the setting (bench check-method: exit 2), or a method whose settings are in range."""
     import methods
 
@@ -296,5 +297,7 @@ def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, va
     s = comp.settings
     if variant.startswith("sparsegpt"):
         assert 0 < s.damping < 1 and isinstance(s.block_size, int) and s.block_size >= 1
+    elif variant.startswith("larosa"):
+        assert 0 < s.in_factor <= 10 and 0 < s.out_factor <= 10
     else:
         assert isinstance(s.allocate, bool)

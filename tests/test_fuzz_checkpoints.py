@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.cli import main
@@ -83,6 +83,53 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
         return
     with torch.no_grad():
         assert torch.equal(lm.model(x).logits, reference), (tamper, target.name)
+
+
+@pytest.fixture(scope="module")
+def rotated_checkpoint(tmp_path_factory):
+    """A LaRoSa checkpoint of the tiny model (rotated inputs: the layout's `rotation` field), and its logits."""
+    from bench.model.sources import load_model
+
+    out = tmp_path_factory.mktemp("ck") / "larosa"
+    args = ["compress", "--model", str(tiny_checkpoint()), "--method", "larosa", "--sparsity", "0.5", "--save",
+            str(out), "--calib-samples", "2", "--calib-seq-len", "32", "--quiet"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(args) == 0
+    x = torch.arange(1, 13)[None]
+    with torch.no_grad():
+        return out, x, load_model(str(out), progress=False).model(x).logits
+
+
+@settings(max_examples=25, deadline=None)
+@given(value=json_value, drop=st.booleans(), which=st.integers(0, 50))
+def test_a_tampered_rotation_field_is_refused_or_loads_as_written(tmp_path_factory, rotated_checkpoint, value, drop,
+                                                                   which):
+    """The `rotation` field of a rotated site's layout spec set to any JSON value, or dropped: one UserError on
+    load, or the model it loads is the one saved."""
+    from bench.model.sources import load_model
+    from core.compressed_layers import LAYOUT_KEY
+    from core.errors import UserError
+
+    folder, x, reference = rotated_checkpoint
+    f = tmp_path_factory.mktemp("rot") / "ck"
+    shutil.copytree(folder, f)
+    cfg = json.loads((f / "config.json").read_text())
+    rotated = sorted(site for site, spec in cfg[LAYOUT_KEY].items() if spec.get("rotation"))
+    assert rotated
+    spec = cfg[LAYOUT_KEY][rotated[which % len(rotated)]]
+    if drop:
+        del spec["rotation"]
+    else:
+        spec["rotation"] = value
+    (f / "config.json").write_text(json.dumps(cfg))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            lm = load_model(str(f), progress=False)
+    except UserError as e:
+        assert "\n" not in str(e).strip(), str(e)
+        return
+    with torch.no_grad():
+        assert torch.equal(lm.model(x).logits, reference)
 
 
 # ---------------------------------------------------------------- saved checkpoints, run as the dense model

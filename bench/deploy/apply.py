@@ -68,7 +68,8 @@ def apply_compression(model: nn.Module, group, result) -> Undo:
 
 def sparsifier_for(result: SparseActivation, dtype=None, device=None) -> InputSparsifier:
     n, m = result.pattern.topk_args(result.d_in)
-    return InputSparsifier(n, m, result.mitigation, result.scale, result.mu, dtype, device, result.threshold)
+    return InputSparsifier(n, m, result.mitigation, result.scale, result.mu, dtype, device, result.threshold,
+                           result.rotation)
 
 
 def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) -> Undo:
@@ -83,7 +84,8 @@ def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) 
     shape = {"form": result.form, "pattern": result.pattern.budget, "density": result.pattern.density,
              "mitigation": result.mitigation, "owner": group.site_names[0], "keep": sparsifier.n,
              "block": sparsifier.m, "scale": result.scale is not None, "mu": result.mu is not None,
-             "threshold": result.threshold is not None, "d_in": group.d_in}
+             "threshold": result.threshold is not None, "d_in": group.d_in,
+             **({"rotation": True} if result.rotation is not None else {})}
     _record_layout(model, {n: {**shape, "d_out": s.out_features} for n, s in zip(group.site_names, group.sites)})
     return undo
 

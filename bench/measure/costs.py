@@ -112,6 +112,25 @@ class CostEstimate:
     stats_budget: int | None = None  # --stats-memory (None: every group's statistics held at once)
 
 
+def _sparse_costs(comp, groups, sparsity: list[SparsitySpec], dense_linear: int) -> dict:
+    """{pattern label: ratios} of one sparsity method over the model's groups, each group at the pattern the method
+    keeps for its kind (a rotated input pays its d_in x d_in product per token and its d_in^2 numbers)."""
+    out = {}
+    for p in sparsity:
+        check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
+        if comp.pattern_problem(p):
+            continue  # a pattern the method keeps none of (teal at 2:4): no cell either
+        own = [(x, *comp.group_pattern(x.kind, p)) for x in groups]
+        turns = sum(x.d_in * x.d_in for x, q, rotated in own if rotated and q.density < 1)
+        kept = (sum(q.keep(x.d_in) * sum(x.d_outs) for x, q, _ in own) + turns) / dense_linear
+        out[p.label] = {
+            "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0 + turns / dense_linear,
+            # per token, the masks of one block's group inputs (a weight mask is static: none per token)
+            "index_bits_per_token": None if comp.masks_weights else
+            sum(p.index_bits(x.d_in) for x in groups if x.block == groups[0].block)}
+    return out
+
+
 def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
                    dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
@@ -149,17 +168,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     dense_linear = sum(x.d_in * sum(x.d_outs) for x in groups)
     for name, comp in comps.items():
         if comp.family != methods.LOW_RANK_FAMILY:
-            est.sparse[name] = {}
-            for p in sparsity or []:
-                check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
-                if comp.pattern_problem(p):
-                    continue  # a pattern the method keeps none of (teal at 2:4): no cell either
-                kept = sum(p.keep(x.d_in) * sum(x.d_outs) for x in groups) / dense_linear
-                est.sparse[name][p.label] = {
-                    "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0,
-                    # per token, the masks of one block's group inputs (a weight mask is static: none per token)
-                    "index_bits_per_token": None if comp.masks_weights else
-                    sum(p.index_bits(x.d_in) for x in groups if x.block == groups[0].block)}
+            est.sparse[name] = _sparse_costs(comp, groups, sparsity or [], dense_linear)
             continue
         est.methods[name] = {}
         for r in ranks:
