@@ -261,10 +261,12 @@ def _round_trip(name: str, budget, d: int = 16) -> str | None:
                 elif isinstance(res, MaskedWeights):
                     want = x @ res.deployed_weight(n, weights[n]).T
                 elif isinstance(res, SparseActivation):
-                    sp = next(m for m in holder.modules() if isinstance(m, InputSparsifier))
-                    sp.gather = False
+                    sps = [m for m in holder.modules() if isinstance(m, InputSparsifier)]  # one, or one per mask
+                    for sp in sps:
+                        sp.gather = False
                     want = torch.cat([site(x[i:i + 1]) for i in range(len(x))])  # the masked dense form
-                    sp.gather = True
+                    for sp in sps:
+                        sp.gather = True
                     got = torch.cat([site(x[i:i + 1]) for i in range(len(x))])  # decode: the gathered form
                     if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
                         return f"site {n}: the gathered decode product differs from the masked product"

@@ -135,7 +135,18 @@ class SparseActivation(SparseResult):
     # an orthogonal d_in x d_in Q: the mask is taken on z = x Q and each site deploys W Q (LaRoSa); stored and
     # applied per token, so it costs d_in^2 parameters and multiply-adds
     rotation: torch.Tensor | None = None
+    # a mask per site instead of one per group: {site: its own score factors, or None for |x| alone}; the sites
+    # with None share one mask (WINA as its authors run it weighs k_proj and gate_proj by their own column norms)
+    site_scales: dict[str, torch.Tensor | None] | None = None
     form: str = "sparse-activation"
+
+    def mask_groups(self, site_names) -> list[tuple[tuple[str, ...], torch.Tensor | None]]:
+        """The group's masks: (the sites reading it, its score factors), in site order."""
+        if self.site_scales is None:
+            return [(tuple(site_names), self.scale)]
+        plain = tuple(n for n in site_names if self.site_scales.get(n) is None)
+        own = [((n,), self.site_scales[n]) for n in site_names if self.site_scales.get(n) is not None]
+        return ([(plain, None)] if plain else []) + own
 
     def deployment_problem(self) -> str | None:
         """Why a deployed layer could not honour every field of this result (one line naming the fix), or None: a
@@ -152,6 +163,13 @@ class SparseActivation(SparseResult):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (self.d_in,):
                 return f"{name} has shape {tuple(value.shape)}, not ({self.d_in},): one factor per input channel"
+        if self.site_scales is not None:
+            if self.scale is not None or self.rotation is not None or self.mitigation != "none" or \
+                    self.threshold is not None:
+                return "per-site masks with a group scale, rotation, mitigation or threshold: give per-site scales alone"
+            for site, value in self.site_scales.items():
+                if value is not None and tuple(value.shape) != (self.d_in,):
+                    return f"site_scales[{site}] has shape {tuple(value.shape)}, not ({self.d_in},)"
         if self.rotation is not None:
             if tuple(self.rotation.shape) != (self.d_in, self.d_in):
                 return (f"rotation has shape {tuple(self.rotation.shape)}, not ({self.d_in}, {self.d_in}): one "
@@ -166,8 +184,9 @@ class SparseActivation(SparseResult):
         # a rotation is one more d_in x d_in product per token, stored once: priced beside the sites' products
         turn = self.d_in * self.d_in if self.rotation is not None else 0
         out = self._summary(self.params_dense + turn, kept + turn / self.params_dense, kept)
-        out.update(mitigation=self.mitigation, index_bits_per_token=self.pattern.index_bits(self.d_in),
-                   rotated=self.rotation is not None)
+        masks = 1 if self.site_scales is None else len(self.mask_groups(self.site_scales))
+        out.update(mitigation=self.mitigation, index_bits_per_token=masks * self.pattern.index_bits(self.d_in),
+                   rotated=self.rotation is not None, masks=masks)
         return out
 
 

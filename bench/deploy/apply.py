@@ -66,27 +66,32 @@ def apply_compression(model: nn.Module, group, result) -> Undo:
     raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.deploy.apply.HANDLERS")
 
 
-def sparsifier_for(result: SparseActivation, dtype=None, device=None) -> InputSparsifier:
+def sparsifier_for(result: SparseActivation, dtype=None, device=None, scale="group") -> InputSparsifier:
+    """The sparsifier of the group's mask, or (`scale` given) of one of its per-site masks."""
     n, m = result.pattern.topk_args(result.d_in)
-    return InputSparsifier(n, m, result.mitigation, result.scale, result.mu, dtype, device, result.threshold,
-                           result.rotation)
+    return InputSparsifier(n, m, result.mitigation, result.scale if scale == "group" else scale, result.mu, dtype,
+                           device, result.threshold, result.rotation)
 
 
 def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) -> Undo:
     """Every site of the group wrapped to read one sparse x; the dense modules are kept, unchanged, inside."""
     undo = _new_undo(model)
     ref = group.sites[0].weight
-    sparsifier = sparsifier_for(result, ref.dtype, ref.device)
-    sparsifier.n_readers = len(group.sites)
     undo.modules = {n: model.get_submodule(n) for n in group.site_names}
-    for i, (name, site) in enumerate(zip(group.site_names, group.sites)):
-        _set_module(model, name, SparseInputLinear(site, sparsifier, owner=i == 0))
-    shape = {"form": result.form, "pattern": result.pattern.budget, "density": result.pattern.density,
-             "mitigation": result.mitigation, "owner": group.site_names[0], "keep": sparsifier.n,
-             "block": sparsifier.m, "scale": result.scale is not None, "mu": result.mu is not None,
-             "threshold": result.threshold is not None, "d_in": group.d_in,
-             **({"rotation": True} if result.rotation is not None else {})}
-    _record_layout(model, {n: {**shape, "d_out": s.out_features} for n, s in zip(group.site_names, group.sites)})
+    sites = dict(zip(group.site_names, group.sites))
+    layout = {}
+    for readers, scale in result.mask_groups(group.site_names):  # one mask per group, or one per site (WINA)
+        sparsifier = sparsifier_for(result, ref.dtype, ref.device, scale if result.site_scales is not None else "group")
+        sparsifier.n_readers = len(readers)
+        shape = {"form": result.form, "pattern": result.pattern.budget, "density": result.pattern.density,
+                 "mitigation": result.mitigation, "owner": readers[0], "keep": sparsifier.n, "block": sparsifier.m,
+                 "scale": sparsifier.scale is not None, "mu": result.mu is not None,
+                 "threshold": result.threshold is not None, "d_in": group.d_in,
+                 **({"rotation": True} if result.rotation is not None else {})}
+        for i, name in enumerate(readers):
+            _set_module(model, name, SparseInputLinear(sites[name], sparsifier, owner=i == 0))
+            layout[name] = {**shape, "d_out": sites[name].out_features}
+    _record_layout(model, {n: layout[n] for n in group.site_names})
     return undo
 
 
