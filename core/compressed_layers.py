@@ -7,7 +7,8 @@ code a saved model runs, with or without acbench installed.
 A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by form:
 - factorised: {k, d_in, d_out, bias, owner}: y = A (B x) + bias; sites naming one owner share its B;
 - sparse-activation: {keep, block, mitigation, scale, mu, threshold, d_in, d_out, owner, and rotation where the
-  input is rotated before its top-k}: the group input sparsified once
+  input is rotated before its top-k, rank where the dropped channels go through low-rank factors}: the group input
+  sparsified once
   (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site, whose
   weight is stored input-major (`weight_t`, the layout the decode path's gathered product reads);
 - merged and masked-weights: dense-shaped weights, nothing to build.
@@ -331,7 +332,16 @@ class SparseInputLinear(nn.Module):
                 bias = shift if bias is None else bias + shift
             self.register_buffer("bias", bias)
             self.register_buffer("row_sum", W.sum(1) if sparsifier.mitigation == "median" else None)
+        # R-Sparse: the dropped channels through low-rank factors, y += A (B (x - kept x)); None: no branch
+        self.register_buffer("res_A", None)
+        self.register_buffer("res_B", None)
         self._plans: dict = {}  # (rows, per_row, threads, device) -> this site's bag offsets (see _bags)
+
+    def set_residual(self, A: torch.Tensor, B: torch.Tensor) -> None:
+        """The low-rank branch of the dropped channels (A: d_out x r, B: r x d_in), in the site's dtype and device."""
+        like = self.weight_t
+        self.res_A = A.detach().to(dtype=like.dtype, device=like.device).contiguous()
+        self.res_B = B.detach().to(dtype=like.dtype, device=like.device).contiguous()
 
     def _bags(self, rows: int, per_row: int, device) -> tuple[torch.Tensor, int]:
         """bag_offsets for this site's product of `rows` rows of `per_row` kept channels: split into one bag per
@@ -367,9 +377,15 @@ class SparseInputLinear(nn.Module):
                 y = y + bias
             y = y.reshape(*x.shape[:-1], self.out_features)
             eta = None if eta is None else eta.reshape(x.shape[:-1])
+            if self.res_A is not None:  # the dropped channels: x with the kept ones zeroed
+                dropped = x.reshape(rows, -1).clone()
+                dropped.scatter_(1, idx.view(rows, per_row), 0)
+                y = y + Fn.linear(Fn.linear(dropped, self.res_B), self.res_A).reshape(y.shape)
         else:
             _, xs, eta = value
             y = Fn.linear(xs, self.weight_t.t(), bias)
+            if self.res_A is not None:
+                y = y + Fn.linear(Fn.linear(x - xs, self.res_B), self.res_A)
         return y if eta is None else y + eta.unsqueeze(-1) * self.row_sum
 
     def extra_repr(self) -> str:
@@ -422,6 +438,8 @@ def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]
         sparsifier = sparsifiers[spec["owner"]]
         sparsifier.n_readers += 1
         built[site] = SparseInputLinear(dense, sparsifier, owner=spec["owner"] == site)
+        if spec.get("rank"):  # R-Sparse's low-rank branch, its values from the checkpoint
+            built[site].set_residual(torch.zeros(spec["d_out"], spec["rank"]), torch.zeros(spec["rank"], spec["d_in"]))
     for site, mod in built.items():
         set_module(model, site, mod)
     return built

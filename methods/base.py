@@ -138,6 +138,9 @@ class SparseActivation(SparseResult):
     # a mask per site instead of one per group: {site: its own score factors, or None for |x| alone}; the sites
     # with None share one mask (WINA as its authors run it weighs k_proj and gate_proj by their own column norms)
     site_scales: dict[str, torch.Tensor | None] | None = None
+    # per site, low-rank factors the dropped channels still go through: y = W (m * x) + A (B ((1 - m) * x)), with
+    # the whole W kept beside them (R-Sparse); a site left out has no low-rank branch
+    residual_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
     form: str = "sparse-activation"
 
     def mask_groups(self, site_names) -> list[tuple[tuple[str, ...], torch.Tensor | None]]:
@@ -170,6 +173,11 @@ class SparseActivation(SparseResult):
             for site, value in self.site_scales.items():
                 if value is not None and tuple(value.shape) != (self.d_in,):
                     return f"site_scales[{site}] has shape {tuple(value.shape)}, not ({self.d_in},)"
+        for site, (A, B) in (self.residual_factors or {}).items():
+            if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0] or B.shape[1] != self.d_in:
+                return f"residual_factors[{site}] are {tuple(A.shape)} and {tuple(B.shape)}: not A (d_out x r), B (r x d_in)"
+            if self.rotation is not None or self.mitigation != "none" or self.threshold is not None:
+                return "residual factors with a rotation, mitigation or threshold: the low-rank branch reads x - the kept x"
         if self.rotation is not None:
             if tuple(self.rotation.shape) != (self.d_in, self.d_in):
                 return (f"rotation has shape {tuple(self.rotation.shape)}, not ({self.d_in}, {self.d_in}): one "
@@ -183,7 +191,10 @@ class SparseActivation(SparseResult):
         kept = self.pattern.keep(self.d_in) / self.d_in
         # a rotation is one more d_in x d_in product per token, stored once: priced beside the sites' products
         turn = self.d_in * self.d_in if self.rotation is not None else 0
-        out = self._summary(self.params_dense + turn, kept + turn / self.params_dense, kept)
+        # R-Sparse's branch: r (d_in + d_out) numbers and multiply-adds per site, and it reads the whole x
+        low = sum(A.shape[1] * (A.shape[0] + B.shape[1]) for A, B in (self.residual_factors or {}).values())
+        out = self._summary(self.params_dense + turn + low, kept + (turn + low) / self.params_dense,
+                            1.0 if low else kept)
         masks = 1 if self.site_scales is None else len(self.mask_groups(self.site_scales))
         out.update(mitigation=self.mitigation, index_bits_per_token=masks * self.pattern.index_bits(self.d_in),
                    rotated=self.rotation is not None, masks=masks)

@@ -278,7 +278,8 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
 
 @settings(max_examples=80, deadline=None)
 @given(variant=st.sampled_from(["sparsegpt:damping=", "sparsegpt:block_size=", "svd-llm-v2:allocate=",
-                                "larosa:in_factor=", "larosa:out_factor=", "wina:weighted="]),
+                                "larosa:in_factor=", "larosa:out_factor=", "wina:weighted=",
+                                "r-sparse:sparse_ratio="]),
        value=st.one_of(WEIRD, st.sampled_from(["0.01", "0.5", "1", "128", "7", "true", "false", "[1]", "{a: 1}",
                                                "1e-300", "-0.01", "authors", "all"])))
 def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, variant, value):
@@ -297,6 +298,8 @@ def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, va
     s = comp.settings
     if variant.startswith("sparsegpt"):
         assert 0 < s.damping < 1 and isinstance(s.block_size, int) and s.block_size >= 1
+    elif variant.startswith("r-sparse"):
+        assert 0 < s.sparse_ratio <= 1
     elif variant.startswith("wina"):
         assert s.weighted in ("authors", "all")
     elif variant.startswith("larosa"):

@@ -86,41 +86,47 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
 
 
 @pytest.fixture(scope="module")
-def rotated_checkpoint(tmp_path_factory):
-    """A LaRoSa checkpoint of the tiny model (rotated inputs: the layout's `rotation` field), and its logits."""
+def newer_checkpoints(tmp_path_factory):
+    """A LaRoSa checkpoint (rotated inputs: the layout's `rotation` field) and an R-Sparse one (low-rank branches:
+    `rank`) of the tiny model, with their logits."""
     from bench.model.sources import load_model
 
-    out = tmp_path_factory.mktemp("ck") / "larosa"
-    args = ["compress", "--model", str(tiny_checkpoint()), "--method", "larosa", "--sparsity", "0.5", "--save",
-            str(out), "--calib-samples", "2", "--calib-seq-len", "32", "--quiet"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(args) == 0
+    out = {}
     x = torch.arange(1, 13)[None]
-    with torch.no_grad():
-        return out, x, load_model(str(out), progress=False).model(x).logits
+    for method in ("larosa", "r-sparse"):
+        folder = tmp_path_factory.mktemp("ck") / method
+        args = ["compress", "--model", str(tiny_checkpoint()), "--method", method, "--sparsity", "0.5", "--save",
+                str(folder), "--calib-samples", "2", "--calib-seq-len", "32", "--quiet"]
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(args) == 0
+        with torch.no_grad():
+            out[method] = folder, x, load_model(str(folder), progress=False).model(x).logits
+    return out
 
 
-@settings(max_examples=25, deadline=None)
-@given(value=json_value, drop=st.booleans(), which=st.integers(0, 50))
-def test_a_tampered_rotation_field_is_refused_or_loads_as_written(tmp_path_factory, rotated_checkpoint, value, drop,
-                                                                   which):
-    """The `rotation` field of a rotated site's layout spec set to any JSON value, or dropped: one UserError on
-    load, or the model it loads is the one saved."""
+@settings(max_examples=30, deadline=None)
+@given(field=st.sampled_from([("larosa", "rotation"), ("r-sparse", "rank")]), value=json_value, drop=st.booleans(),
+       which=st.integers(0, 50))
+def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_path_factory, newer_checkpoints, field,
+                                                                          value, drop, which):
+    """The `rotation` field of a rotated site's layout spec, or the `rank` of a site's low-rank branch, set to any
+    JSON value or dropped: one UserError on load, or the model it loads is the one saved."""
     from bench.model.sources import load_model
     from core.compressed_layers import LAYOUT_KEY
     from core.errors import UserError
 
-    folder, x, reference = rotated_checkpoint
-    f = tmp_path_factory.mktemp("rot") / "ck"
+    method, key = field
+    folder, x, reference = newer_checkpoints[method]
+    f = tmp_path_factory.mktemp("tampered") / "ck"
     shutil.copytree(folder, f)
     cfg = json.loads((f / "config.json").read_text())
-    rotated = sorted(site for site, spec in cfg[LAYOUT_KEY].items() if spec.get("rotation"))
-    assert rotated
-    spec = cfg[LAYOUT_KEY][rotated[which % len(rotated)]]
+    holders = sorted(site for site, spec in cfg[LAYOUT_KEY].items() if spec.get(key))
+    assert holders
+    spec = cfg[LAYOUT_KEY][holders[which % len(holders)]]
     if drop:
-        del spec["rotation"]
+        del spec[key]
     else:
-        spec["rotation"] = value
+        spec[key] = value
     (f / "config.json").write_text(json.dumps(cfg))
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

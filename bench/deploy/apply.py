@@ -89,8 +89,13 @@ def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) 
                  "threshold": result.threshold is not None, "d_in": group.d_in,
                  **({"rotation": True} if result.rotation is not None else {})}
         for i, name in enumerate(readers):
-            _set_module(model, name, SparseInputLinear(sites[name], sparsifier, owner=i == 0))
-            layout[name] = {**shape, "d_out": sites[name].out_features}
+            mod = SparseInputLinear(sites[name], sparsifier, owner=i == 0)
+            spec = {**shape, "d_out": sites[name].out_features}
+            if result.residual_factors and name in result.residual_factors:
+                mod.set_residual(*result.residual_factors[name])
+                spec["rank"] = int(mod.res_B.shape[0])
+            _set_module(model, name, mod)
+            layout[name] = spec
     _record_layout(model, {n: layout[n] for n in group.site_names})
     return undo
 
