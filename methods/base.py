@@ -348,6 +348,17 @@ class SparsityMethod(Compressor):
         (LaRoSa). `bench plan` prices each group by it."""
         return pattern, False
 
+    def group_cost(self, group, pattern: SparsitySpec) -> tuple[int, int, int]:
+        """(multiply-adds per token, parameters deployed, mask index bits per token) of one group under `pattern`,
+        from its shapes alone (`bench plan` prices a model it never loads with it)."""
+        own, rotated = self.group_pattern(group.kind, pattern)
+        out = sum(group.d_outs)
+        turn = group.d_in * group.d_in if rotated and own.density < 1 else 0
+        macs = own.keep(group.d_in) * out + turn
+        if self.masks_weights:  # the kept weights, and a static mask: nothing per token
+            return macs, own.keep(group.d_in) * out, 0
+        return macs, group.d_in * out + turn, own.index_bits(group.d_in)
+
     def compress(self, group, stats: GroupStats, pattern: SparsitySpec, k: int | None = None,
                  device=None, dtype: torch.dtype = torch.float64) -> SparseResult:
         """`dtype` is accepted for the common signature: the family's scores are elementwise and always float64."""

@@ -54,6 +54,18 @@ class RSparse(SparsityMethod):
                     f"a rank, not an N:M pattern ({pattern.budget}): pass a density, e.g. --sparsity 0.5")
         return None
 
+    def group_cost(self, group, pattern):
+        if pattern.density >= 1:
+            return super().group_cost(group, pattern)
+        n, rho = group.d_in, self.settings.sparse_ratio
+        k, macs, params = budget(1, n, pattern.density, rho)[0], 0, 0
+        for m in group.d_outs:
+            r = budget(m, n, pattern.density, rho)[1] if rho < 1 else 0
+            macs += k * m + r * (m + n)
+            params += m * n + r * (m + n)
+        masks = len(group.d_outs) if rho < 1 else 1
+        return macs, params, masks * SparsitySpec(density=k / n).index_bits(n)
+
     def solve(self, weights, stats, pattern):
         problem = self.pattern_problem(pattern)
         if problem:

@@ -42,6 +42,12 @@ class Wina(SparsityMethod):
     def weighs(self, site: str) -> bool:
         return self.settings.weighted == "all" or site.rsplit(".", 1)[-1] in WEIGHTED_AUTHORS
 
+    def group_cost(self, group, pattern):
+        macs, params, bits = super().group_cost(group, pattern)
+        weighted = sum(map(self.weighs, group.site_names))
+        masks = weighted + (weighted < len(group.site_names))
+        return macs, params, max(1, masks) * bits
+
     def solve(self, weights, stats, pattern):
         scales = {n: W.pow(2).sum(0).sqrt().float() if self.weighs(n) else None for n, W in weights.items()}
         if not any(v is not None for v in scales.values()):

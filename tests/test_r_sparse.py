@@ -78,3 +78,19 @@ def test_full_density_is_dense_and_settings_and_patterns_are_refused(model_and_s
     for bad in ("sparse_ratio=0", "sparse_ratio=1.5", "sparse_ratio=nan", "sparse_ratio=true"):
         with pytest.raises(ValueError, match="r-sparse"):
             methods.build(f"r-sparse:{bad}")
+
+
+@pytest.mark.parametrize("method", ["r-sparse", "r-sparse:sparse_ratio=1", "wina", "larosa", "sparsegpt",
+                                    "act-sparse", "wanda"])
+def test_plan_prices_each_group_as_deployed(model_and_stats, method):
+    """`bench plan`'s per-group price (group_cost, from shapes alone) equals what the deployed group reports: its
+    multiply-adds, its parameters and its mask index bits per token."""
+    model, groups, stats = model_and_stats
+    comp = methods.build(method)
+    pattern = SparsitySpec(density=0.5)
+    with compressed(model, method, pattern, stats, progress=False) as (_, summaries):
+        for g, s in zip(groups, summaries):
+            macs, params, bits = comp.group_cost(g, pattern)
+            assert macs == pytest.approx(s["compute_ratio"] * s["params_dense"]), (method, g.name)
+            assert params == s["params_deployed"], (method, g.name)
+            assert bits == s.get("index_bits_per_token", 0), (method, g.name)

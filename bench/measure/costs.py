@@ -113,21 +113,20 @@ class CostEstimate:
 
 
 def _sparse_costs(comp, groups, sparsity: list[SparsitySpec], dense_linear: int) -> dict:
-    """{pattern label: ratios} of one sparsity method over the model's groups, each group at the pattern the method
-    keeps for its kind (a rotated input pays its d_in x d_in product per token and its d_in^2 numbers)."""
+    """{pattern label: ratios} of one sparsity method over the model's groups, each group priced by the method
+    (`group_cost`: its own pattern per kind, a rotation, a low-rank branch, a mask per matrix)."""
     out = {}
     for p in sparsity:
         check_pattern_widths([p], groups)  # the run's own refusal, from the config alone
         if comp.pattern_problem(p):
             continue  # a pattern the method keeps none of (teal at 2:4): no cell either
-        own = [(x, *comp.group_pattern(x.kind, p)) for x in groups]
-        turns = sum(x.d_in * x.d_in for x, q, rotated in own if rotated and q.density < 1)
-        kept = (sum(q.keep(x.d_in) * sum(x.d_outs) for x, q, _ in own) + turns) / dense_linear
+        costs = [(x, comp.group_cost(x, p)) for x in groups]
         out[p.label] = {
-            "compute_ratio": kept, "param_ratio": kept if comp.masks_weights else 1.0 + turns / dense_linear,
+            "compute_ratio": sum(c[0] for _, c in costs) / dense_linear,
+            "param_ratio": sum(c[1] for _, c in costs) / dense_linear,
             # per token, the masks of one block's group inputs (a weight mask is static: none per token)
             "index_bits_per_token": None if comp.masks_weights else
-            sum(p.index_bits(x.d_in) for x in groups if x.block == groups[0].block)}
+            sum(c[2] for x, c in costs if x.block == groups[0].block)}
     return out
 
 
