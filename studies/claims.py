@@ -353,6 +353,9 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: cannot write {s.doc} or its figure ({e.strerror or e}): pass a writable --doc", file=sys.stderr)
+        return 2
     print(f"wrote {doc} ({(time.perf_counter() - start) / 60:.1f} minutes)")
     return 0
 

@@ -306,3 +306,33 @@ def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, va
         assert 0 < s.in_factor <= 10 and 0 < s.out_factor <= 10
     else:
         assert isinstance(s.allocate, bool)
+
+
+@settings(max_examples=30, deadline=None)
+@given(models=st.lists(st.sampled_from(["smollm2-135m", "nope", "", "gemma-3-270m"]), min_size=0, max_size=2),
+       doc=st.sampled_from(["docs/baselines.md", "", "x.md", "x.txt"]), extra=st.sampled_from([[], ["--bogus"], ["--models"]]))
+def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, tmp_path, models, doc, extra):
+    """`python -m studies.baselines`: --models, --output, --doc as typed; exit 2 with one line (argparse's or
+    bench's UserError), or the sweep reached and the page written."""
+    import studies.baselines as baselines
+    from core.errors import UserError
+
+    def fake_sweep(ms, output):
+        if not ms or any(m in ("nope", "") for m in ms):
+            raise UserError("unknown model: did you mean ...")
+        return []
+
+    monkeypatch.setattr(baselines, "sweep", fake_sweep)
+    out = str(tmp_path / doc) if doc else doc
+    argv = (["--models", *models] if models else []) + ["--doc", out, "--output", str(tmp_path / "r")] + extra
+    try:
+        code = baselines.main(argv)
+    except SystemExit as e:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.code == 2 and err and ": error: " in err[-1] and "Traceback" not in "\n".join(err)
+        return
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:
+        assert len(err) == 1 and err[0].startswith("error: ")
+        return
+    assert code == 0 and doc.endswith(".md") and (tmp_path / doc).is_file()
