@@ -131,6 +131,10 @@ class SVDLLMV2(Compressor):
                                "calibrate on text that reaches it, or leave its kind out with --groups")
         factors = {}
         for n, W in weights.items():
+            if k[n] >= min(W.shape):  # nothing truncated: W itself (the pseudo-inverse would drop the directions
+                # calibration never saw, which an expert reached by few tokens has)
+                factors[n] = (W.clone(), torch.eye(W.shape[1], dtype=W.dtype, device=W.device))
+                continue
             U, S, Vh = torch.linalg.svd((W @ Us) * root[None, :], full_matrices=False)
             r = min(k[n], S.numel())
             factors[n] = (U[:, :r] * S[:r], (Vh[:r] / root[None, :]) @ Us.T)

@@ -140,3 +140,12 @@ def test_deployed_model_carries_the_allocated_ranks():
         assert {s["group"]: s["k_sites"] for s in summaries} == want
     uniform = {g.name: {n: RankSpec(0.5).k_site(g.d_in, d) for n, d in zip(g.site_names, g.d_outs)} for g in groups}
     assert want != uniform  # the allocation moved some rank
+
+
+def test_full_rank_keeps_the_directions_calibration_never_saw():
+    X = _tokens(rank=5)  # 5 directions of 12 carry variance: an expert reached by few tokens
+    rng = np.random.default_rng(4)
+    W = torch.from_numpy(rng.standard_normal((4, 12))).float()
+    res = methods.build("svd-llm-v2").compress(FakeGroup({"s": W}), _stats(X), RankSpec(1.0))
+    A, B = res.factors["s"]
+    assert torch.allclose(A @ B, W, atol=1e-6)
