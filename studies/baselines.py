@@ -67,7 +67,10 @@ def _fmt(d) -> str:
     return f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]{star}"
 
 
-def tables(cells: list[CellRecord], models) -> list[str]:
+def tables(cells: list[CellRecord]) -> list[str]:
+    """Per model (as its cells name it, in the order they come), each new method against the older ones of its
+    family."""
+    models = list(dict.fromkeys(c.cell.model for c in cells))
     by, ranks = {}, {}
     for c in cells:
         if c.cell.method == DENSE or c.cell.rank == COMPUTE:
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
             f"{str(env.get('git_commit', '?'))[:7]}, {str(env.get('date', '?'))[:10]}, {env.get('cpu_threads', '?')} "
             "threads); do not edit by hand.", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
             "`*` marks p < 0.05; a positive Δ P@1 and a negative Δ NLL favour the new method. Compute is the "
-            "multiply-adds per token over dense's, as the cell records it.", "", *tables(cells, a.models)]
+            "multiply-adds per token over dense's, as the cell records it.", "", *tables(cells)]
     try:
         atomic_write_text(Path(a.doc), "\n".join(text) + "\n")
     except OSError as e:
