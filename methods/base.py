@@ -196,8 +196,11 @@ class SparseActivation(SparseResult):
         out = self._summary(self.params_dense + turn + low, kept + (turn + low) / self.params_dense,
                             1.0 if low else kept)
         masks = 1 if self.site_scales is None else len(self.mask_groups(self.site_scales))
-        out.update(mitigation=self.mitigation, index_bits_per_token=masks * self.pattern.index_bits(self.d_in),
-                   rotated=self.rotation is not None, masks=masks)
+        out.update(mitigation=self.mitigation, index_bits_per_token=masks * self.pattern.index_bits(self.d_in))
+        if self.rotation is not None:  # named only where present: every other method's summary stays as it was
+            out["rotated"] = True
+        if masks > 1:
+            out["masks"] = masks
         return out
 
 

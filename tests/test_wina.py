@@ -62,7 +62,7 @@ def test_each_site_keeps_its_own_top_k(model_and_stats, weighted, budget):
                     decode = torch.cat([site(x[i:i + 1]) for i in range(3)])
                 for got in (prefill, decode):
                     assert np.allclose(got.double().numpy(), np.stack(want), rtol=1e-4, atol=1e-4), (name, budget)
-    masks = {s["group"].rsplit(".", 1)[-1]: s["masks"] for s in summaries}
+    masks = {s["group"].rsplit(".", 1)[-1]: s.get("masks", 1) for s in summaries}
     assert masks == ({"attn_in": 2, "attn_out": 1, "mlp_in": 2, "mlp_out": 1} if weighted == "authors" else
                      {"attn_in": 3, "attn_out": 1, "mlp_in": 2, "mlp_out": 1})
 
