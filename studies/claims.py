@@ -210,7 +210,22 @@ def summary_lines(rows: list[dict], ranks) -> list[str]:
         power = (f"; 80 % power for differences of {fmt_float(min(detect), task)} to "
                  f"{fmt_float(max(detect), task)} {unit}" if detect else "")
         out.append(f"- **{label}**: " + "; ".join(parts) + power + ".")
+    weak = [r for r in rows if r["verdict"] in ("holds", "reversed") and _p(r) > 0.01]
+    per = len(rows) // max(1, len(TASKS))
+    out.append(f"- Not corrected for multiplicity ({per} comparisons per benchmark): "
+               + ("; ".join(f"{TASKS[r['task']][0]} {r['claimant']} − {r['baseline']} at {r['rank']:g} "
+                            f"{r['verdict']} with p = {_p(r):.2g}" for r in weak)
+                  + " would not survive a correction (p above 0.01)." if weak else
+                  "every verdict that holds or reverses has p at most 0.01."))
     return out
+
+
+def _p(r: dict) -> float:
+    """The p-value of the interval the verdict reads: the pooled one, or the one model's own."""
+    if r["pooled"] is not None:
+        return r["pooled"]["p"]
+    (only,) = r["per_model"].values()
+    return only["shown"]["p"]
 
 
 def compute_time(cells: list[CellRecord]) -> tuple[float, dict]:

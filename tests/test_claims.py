@@ -140,6 +140,7 @@ def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
     # equal scores: every difference is 0, nothing is detected, and each benchmark's sentence says so
     assert all(ln.rstrip(" |").endswith("not detected") for ln in table)
     assert sum(ln.startswith("- **") for ln in lines) == len(TASKS)
+    assert "- Not corrected for multiplicity (8 comparisons per benchmark): every verdict" in page
     assert "(plots/claims.png)" in page and (tmp_path / "plots" / "claims.png").stat().st_size > 10_000
     # compute: per cell 30 s of compression and evaluation, plus one calibration (60 s) per model
     n = len(cells)
