@@ -374,10 +374,14 @@ class SparsityMethod(Compressor):
         weights, stats = _on_solve_device(group, stats, device)
         res = self.solve(weights, stats, pattern)
         res.group, res.method, res.d_in, res.d_outs = group.name, self.name, group.d_in, group.d_outs
+        self.check_deployable(res)
+        return res
+
+    def check_deployable(self, res: SparseResult) -> None:
+        """UserError naming what a layer could not honour in a (completed) result, else nothing."""
         problem = res.deployment_problem() if isinstance(res, SparseActivation) else None
         if problem:
-            raise UserError(f"method {self.name} (group {group.name}) returned {problem}")
-        return res
+            raise UserError(f"method {self.name} (group {res.group}) returned {problem}")
 
 
 def projection_ops(d_in: int, d_outs: tuple[int, ...], k: int) -> list[tuple]:

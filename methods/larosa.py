@@ -20,7 +20,7 @@ import torch
 
 from core.linalg import check_finite, pca_basis
 
-from .base import SparseActivation, SparsityMethod, _on_solve_device
+from .base import SparseActivation, SparsityMethod
 
 ROTATED_KINDS = frozenset({"attn_in", "mlp_in", "attn_mlp_in"})  # inputs read after a norm: the residual stream
 PLAIN_KINDS = frozenset({"attn_out", "mlp_out"})  # o_proj's and down_proj's inputs
@@ -70,11 +70,9 @@ class LaRoSa(SparsityMethod):
         own, rotate = self.group_pattern(group.kind, pattern)
         res = super().compress(group, stats, own, k, device, dtype)
         if rotate and own.density < 1:  # at full density nothing is dropped: no rotation to pay for
-            _, st = _on_solve_device(group, stats, device)
-            res.rotation = pca_basis(st)["U"].float()
-            problem = res.deployment_problem()
-            if problem:
-                raise ValueError(f"method {self.name} (group {group.name}) returned {problem}")
+            # C's eigenvectors, solved where the base solved (its memo serves when the statistics are already there)
+            res.rotation = pca_basis(stats.on(torch.device(device or "cpu")))["U"].float()
+            self.check_deployable(res)
         return res
 
     def solve(self, weights, stats, pattern):

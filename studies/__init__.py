@@ -10,6 +10,9 @@ stored; nothing in core, methods, tasks, leaderboard, analyses or bench imports 
 - `solve_8b_group.py`: one Llama-3-8B-shaped group solved on a GPU against the host (benchmarks/gpu_check.sh).
 - `large_model_memory.py`: calibrating Llama-3-8B shapes in bounded memory.
 - `tinyllama_shaped.py`: a random-weight TinyLlama-1.1B-shaped checkpoint for the 1B proof.
+- `architectures.py`: the coverage table of every transformers decoder type (`make architectures`).
+- `claims.py`: the FASC paper's knowledge claim on both embedded models at three ranks (`make claims`).
+- `baselines.py`: the 2025 baselines against the older methods at matched compute.
 
 Each script runs as `python -m studies.<name>`; figures the README shows are in `studies/figures/`.
 """

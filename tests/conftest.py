@@ -105,6 +105,18 @@ def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 
     return model, stats
 
 
+def one_block_with_c():
+    """(model, groups, stats): a one-block tiny Llama (hidden 32, MLP 48) and its groups' C from 4 random windows of
+    16 tokens (seed 1), for the sparsity methods' deployed-form tests."""
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
+
+    model = tiny_model("llama", hidden=32, inter=48, layers=1)
+    windows = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(1))
+    groups = find_input_groups(model)
+    return model, groups, calibrate(model, groups, windows, frozenset({"C"}), CalibSpec(), progress=False)
+
+
 @pytest.fixture(params=["llama", "gemma3"])
 def arch(request):
     return request.param

@@ -18,19 +18,39 @@ from fuzz_common import _paths, assert_clean, json_value
 
 # ---------------------------------------------------------------- checkpoint folders
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A factorised checkpoint of the tiny model (bench compress), and the logits acbench's load gives."""
+def _saved(folder, method: str, budget: list[str]):
+    """(folder, x, logits): the tiny model compressed by `bench compress --save folder`, and what acbench's load of
+    it gives for a fixed x."""
     from bench.model.sources import load_model
 
-    out = tmp_path_factory.mktemp("ck") / "pca"
-    args = ["compress", "--model", str(tiny_checkpoint()), "--method", "pca", "--rank", "0.5", "--save", str(out),
+    args = ["compress", "--model", str(tiny_checkpoint()), "--method", method, *budget, "--save", str(folder),
             "--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--quiet"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(args) == 0
     x = torch.arange(1, 13)[None]
     with torch.no_grad():
-        return out, x, load_model(str(out), progress=False).model(x).logits
+        return folder, x, load_model(str(folder), progress=False).model(x).logits
+
+
+def _refused_or_as_saved(folder, x, reference, why=()) -> None:
+    """Loading `folder` is one UserError line, or a model whose logits are `reference`'s, bit for bit."""
+    from bench.model.sources import load_model
+    from core.errors import UserError
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            lm = load_model(str(folder), progress=False)
+    except UserError as e:
+        assert "\n" not in str(e).strip(), str(e)
+        return
+    with torch.no_grad():
+        assert torch.equal(lm.model(x).logits, reference), why
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A factorised checkpoint of the tiny model (bench compress), and the logits acbench's load gives."""
+    return _saved(tmp_path_factory.mktemp("ck") / "pca", "pca", ["--rank", "0.5"])
 
 
 CHECKPOINT_TAMPERS = ["flip", "delete", "add", "edit_json", "drop_key", "truncate"]
@@ -42,8 +62,6 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
     """Any change to a saved checkpoint's files (a byte flipped, a file deleted, added or truncated, a JSON field
     edited or dropped) is one UserError on load, or leaves the model it loads bit-identical: never a traceback,
     never other numbers."""
-    from bench.model.sources import load_model
-    from core.errors import UserError
 
     folder, x, reference = checkpoint
     f = tmp_path / "ck"
@@ -75,33 +93,14 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
         else:
             parent[path[-1]] = value
         (f / name).write_text(json.dumps(obj))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            lm = load_model(str(f), progress=False)
-    except UserError as e:
-        assert "\n" not in str(e).strip(), str(e)
-        return
-    with torch.no_grad():
-        assert torch.equal(lm.model(x).logits, reference), (tamper, target.name)
+    _refused_or_as_saved(f, x, reference, (tamper, target.name))
 
 
 @pytest.fixture(scope="module")
 def newer_checkpoints(tmp_path_factory):
     """A LaRoSa checkpoint (rotated inputs: the layout's `rotation` field) and an R-Sparse one (low-rank branches:
     `rank`) of the tiny model, with their logits."""
-    from bench.model.sources import load_model
-
-    out = {}
-    x = torch.arange(1, 13)[None]
-    for method in ("larosa", "r-sparse"):
-        folder = tmp_path_factory.mktemp("ck") / method
-        args = ["compress", "--model", str(tiny_checkpoint()), "--method", method, "--sparsity", "0.5", "--save",
-                str(folder), "--calib-samples", "2", "--calib-seq-len", "32", "--quiet"]
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert main(args) == 0
-        with torch.no_grad():
-            out[method] = folder, x, load_model(str(folder), progress=False).model(x).logits
-    return out
+    return {m: _saved(tmp_path_factory.mktemp("ck") / m, m, ["--sparsity", "0.5"]) for m in ("larosa", "r-sparse")}
 
 
 @settings(max_examples=30, deadline=None)
@@ -111,9 +110,7 @@ def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_pa
                                                                           value, drop, which):
     """The `rotation` field of a rotated site's layout spec, or the `rank` of a site's low-rank branch, set to any
     JSON value or dropped: one UserError on load, or the model it loads is the one saved."""
-    from bench.model.sources import load_model
     from core.compressed_layers import LAYOUT_KEY
-    from core.errors import UserError
 
     method, key = field
     folder, x, reference = newer_checkpoints[method]
@@ -128,14 +125,7 @@ def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_pa
     else:
         spec[key] = value
     (f / "config.json").write_text(json.dumps(cfg))
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            lm = load_model(str(f), progress=False)
-    except UserError as e:
-        assert "\n" not in str(e).strip(), str(e)
-        return
-    with torch.no_grad():
-        assert torch.equal(lm.model(x).logits, reference)
+    _refused_or_as_saved(f, x, reference, (method, key))
 
 
 # ---------------------------------------------------------------- saved checkpoints, run as the dense model

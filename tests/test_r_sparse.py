@@ -10,12 +10,10 @@ import pytest
 import torch
 
 import methods
-from bench.calibration.engine import CalibSpec, calibrate
 from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
 from core.stats import SparsitySpec
 
-from conftest import tiny_model
+from conftest import one_block_with_c
 
 
 def reference(x, W, density, rho):
@@ -35,10 +33,7 @@ def reference(x, W, density, rho):
 
 @pytest.fixture(scope="module")
 def model_and_stats():
-    model = tiny_model("llama", hidden=32, inter=48, layers=1)
-    windows = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(1))
-    groups = find_input_groups(model)
-    return model, groups, calibrate(model, groups, windows, frozenset({"C"}), CalibSpec(), progress=False)
+    return one_block_with_c()
 
 
 @pytest.mark.parametrize("density,rho", [(0.5, 0.95), (0.5, 0.6), (0.3, 0.8), (0.5, 1.0)])

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 import methods
-from bench.calibration.engine import CalibSpec, calibrate
 from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
 from core.stats import SparsitySpec
 
-from conftest import tiny_model
+from conftest import one_block_with_c
 
 
 def brute(x, W, keep, weighted):
@@ -26,10 +24,7 @@ def brute(x, W, keep, weighted):
 
 @pytest.fixture(scope="module")
 def model_and_stats():
-    model = tiny_model("llama", hidden=32, inter=48, layers=1)
-    windows = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(1))
-    groups = find_input_groups(model)
-    return model, groups, calibrate(model, groups, windows, frozenset({"C"}), CalibSpec(), progress=False)
+    return one_block_with_c()
 
 
 @pytest.mark.parametrize("weighted", ["authors", "all"])

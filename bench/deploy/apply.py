@@ -66,10 +66,13 @@ def apply_compression(model: nn.Module, group, result) -> Undo:
     raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.deploy.apply.HANDLERS")
 
 
-def sparsifier_for(result: SparseActivation, dtype=None, device=None, scale="group") -> InputSparsifier:
-    """The sparsifier of the group's mask, or (`scale` given) of one of its per-site masks."""
+_GROUP_SCALE = object()  # sparsifier_for's default: the result's own (group) scale
+
+
+def sparsifier_for(result: SparseActivation, dtype=None, device=None, scale=_GROUP_SCALE) -> InputSparsifier:
+    """The sparsifier of the group's mask, or (`scale` given: a tensor, or None for |x|) of one of its masks."""
     n, m = result.pattern.topk_args(result.d_in)
-    return InputSparsifier(n, m, result.mitigation, result.scale if scale == "group" else scale, result.mu, dtype,
+    return InputSparsifier(n, m, result.mitigation, result.scale if scale is _GROUP_SCALE else scale, result.mu, dtype,
                            device, result.threshold, result.rotation)
 
 
@@ -81,7 +84,7 @@ def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) 
     sites = dict(zip(group.site_names, group.sites))
     layout = {}
     for readers, scale in result.mask_groups(group.site_names):  # one mask per group, or one per site (WINA)
-        sparsifier = sparsifier_for(result, ref.dtype, ref.device, scale if result.site_scales is not None else "group")
+        sparsifier = sparsifier_for(result, ref.dtype, ref.device, scale)
         sparsifier.n_readers = len(readers)
         shape = {"form": result.form, "pattern": result.pattern.budget, "density": result.pattern.density,
                  "mitigation": result.mitigation, "owner": readers[0], "keep": sparsifier.n, "block": sparsifier.m,
