@@ -26,7 +26,7 @@ from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, Group
 EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can ask for
 # the GroupStats fields each statistic name fills (pairs: the token sample of x and of its gradient)
 STAT_FIELDS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("mean",), "abs_hist": ("abs_hist",),
-               "pairs": ("xs", "gs"), "row_fisher": ("row_fisher",)}
+               "act_hist": ("act_hist",), "pairs": ("xs", "gs"), "row_fisher": ("row_fisher",)}
 PATTERNS = ("2:4", "8:16", "0.5")  # what the sparsity checks try: two N:M patterns and an unstructured density
 
 
@@ -52,7 +52,7 @@ def random_weights(d_outs: tuple[int, ...] = (7, 5), d: int = 16, seed: int = 2)
 def random_stats(d: int = 16, n: int = 400, seed: int = 0, coupled: bool = True,
                  sites: dict[str, int] | None = None) -> GroupStats:
     """Every statistic of one group from n correlated random tokens (float64 moments, float32 token sample, as
-    calibration makes them): C, F, the (x, g) sample, abs_mean, mean, abs_hist, and row_fisher for `sites`
+    calibration makes them): C, F, the (x, g) sample, abs_mean, mean, abs_hist, act_hist (of SiLU(x)), and row_fisher for `sites`
     ({name: d_out}). `coupled`: the gradients depend on x (the case FASC's coupling term is for)."""
     gen = torch.Generator().manual_seed(seed)
     xs = torch.randn(n, d, generator=gen, dtype=torch.float64) @ torch.randn(d, d, generator=gen, dtype=torch.float64)
@@ -61,9 +61,11 @@ def random_stats(d: int = 16, n: int = 400, seed: int = 0, coupled: bool = True,
         a, b = torch.randn(d, generator=gen, dtype=torch.float64), torch.randn(d, generator=gen, dtype=torch.float64)
         gs = gs + (xs @ a)[:, None] * b[None, :]
     hist = magnitude_histogram(xs.reshape(-1))
+    act = magnitude_histogram(torch.nn.functional.silu(xs).reshape(-1))  # as if x were an MLP's gate output
     rows = {s: torch.rand(o, generator=gen, dtype=torch.float64) + 0.1 for s, o in (sites or {}).items()}
     return GroupStats(n_tokens=n, C=xs.T @ xs / n, F=gs.T @ gs / n, xs=xs.float(), gs=gs.float(),
-                      abs_mean=xs.abs().mean(0), mean=xs.mean(0), abs_hist=hist / hist.sum(), row_fisher=rows or None)
+                      abs_mean=xs.abs().mean(0), mean=xs.mean(0), abs_hist=hist / hist.sum(), act_hist=act / act.sum(),
+                      row_fisher=rows or None)
 
 
 def tiny_llama(hidden: int = 32, inter: int = 48, layers: int = 2, vocab: int = 101, seed: int = 0):
@@ -240,11 +242,13 @@ def _round_trip(name: str, budget, d: int = 16) -> str | None:
     """Why the deployed form of one group's result differs from what it stands for, or None."""
     from bench.deploy.apply import apply_compression, restore
     from core.compressed_layers import InputSparsifier
-    from methods.base import GroupCompression, MaskedWeights, SparseActivation
+    from methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
 
     weights = random_weights((7, 5), d, seed=3)
     group = FakeGroup(weights)
     res = methods.build(name).compress(group, random_stats(d, sites={"s0": 7, "s1": 5}), budget)
+    if isinstance(res, ActivationThreshold):  # deployed on an MLP's activation module, which a bare group lacks
+        return _threshold_round_trip(res, d)
     holder = nn.Module()
     for n, site in zip(group.site_names, group.sites):
         holder.add_module(n, site)
@@ -279,6 +283,20 @@ def _round_trip(name: str, budget, d: int = 16) -> str | None:
     finally:
         restore(holder, undo)
     return None
+
+
+def _threshold_round_trip(res, d: int) -> str | None:
+    """Why the activation module a threshold result deploys differs from SiLU with |a| <= threshold zeroed."""
+    from core.compressed_layers import ThresholdedActivation
+
+    if res.threshold is None:
+        return None  # nothing deployed: the group's sites stay as they are
+    z = torch.randn(3, d, generator=torch.Generator().manual_seed(4))
+    a = nn.functional.silu(z)
+    want = torch.where(a.abs() > res.threshold, a, torch.zeros(()))
+    with torch.no_grad():
+        got = ThresholdedActivation(nn.SiLU(), res.threshold)(z)
+    return None if torch.equal(got, want) else "the thresholded activation differs from act(z) with |a| <= t zeroed"
 
 
 def check_deployment(name: str) -> Check:

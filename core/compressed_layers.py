@@ -11,6 +11,8 @@ A layout is `{site name: spec}`, stored in the config under LAYOUT_KEY. Specs by
   sparsified once
   (keep `keep` of every `block` channels per token; block 0 = of the whole row), read by every site, whose
   weight is stored input-major (`weight_t`, the layout the decode path's gathered product reads);
+- activation-threshold (keyed by the activation module's name, not a site's): {d_in}: the MLP's activation wrapped
+  so that every |act(z)_i| <= threshold becomes 0 (CATS), the threshold a buffer;
 - merged and masked-weights: dense-shaped weights, nothing to build.
 """
 
@@ -27,7 +29,7 @@ from torch import nn
 from .sparsity import sparse_input, sparsify
 
 LAYOUT_KEY = "acbench_compression"
-RUNTIME_FORMS = ("factorised", "sparse-activation")  # the forms whose modules a loader must build
+RUNTIME_FORMS = ("factorised", "sparse-activation", "activation-threshold")  # the forms whose modules a loader must build
 
 
 class _Memo:
@@ -392,6 +394,32 @@ class SparseInputLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, input-major weight"
 
 
+class ThresholdedActivation(nn.Module):
+    """CATS: a = act(z), with every |a_i| <= threshold set to 0 per token. In a gated MLP the product a * up(x) is
+    then 0 there, so down_proj's column i and up_proj's row i need not be read (the masked dense form here computes
+    them; its output is the same). Counts what it keeps on evaluation inputs, as a threshold sparsifier does."""
+
+    def __init__(self, act: nn.Module, threshold: float, device=None):
+        super().__init__()
+        self.act = act
+        # float32 whatever the model's dtype: a 0-d tensor compares with any activation dtype without casting it
+        self.register_buffer("threshold", torch.tensor(float(threshold), dtype=torch.float32, device=device))
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        self.kept, self.seen = 0, 0
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        a = self.act(z)
+        keep = a.abs() > self.threshold
+        if a.numel() > a.shape[-1]:  # evaluation inputs, not a decode step (as InputSparsifier counts)
+            self.kept, self.seen = self.kept + keep.sum(), self.seen + keep.numel()
+        return torch.where(keep, a, torch.zeros((), dtype=a.dtype, device=a.device))
+
+    def extra_repr(self) -> str:
+        return f"keep |act| > {float(self.threshold):.4g}"
+
+
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent), child, module)
@@ -445,10 +473,25 @@ def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]
     return built
 
 
+def build_thresholded(model: nn.Module, layout: dict) -> dict[str, ThresholdedActivation]:
+    """The layout's activation modules wrapped with a threshold buffer (its value from the checkpoint), on the device
+    of their MLP's weights."""
+    built = {}
+    for name, spec in layout.items():
+        if spec.get("form") == "activation-threshold":
+            act = model.get_submodule(name)
+            parent = model.get_submodule(name.rpartition(".")[0])
+            ref = next(parent.parameters(), None)
+            built[name] = ThresholdedActivation(act, 0.0, None if ref is None else ref.device)
+    for name, mod in built.items():
+        set_module(model, name, mod)
+    return built
+
+
 def deploy_layout(model: nn.Module, layout: dict | None) -> dict[str, nn.Module]:
     """Build the modules a layout names, in place; their tensors are filled by loading the checkpoint."""
     layout = layout or {}
-    return {**build_factorised(model, layout), **build_sparse(model, layout)}
+    return {**build_factorised(model, layout), **build_sparse(model, layout), **build_thresholded(model, layout)}
 
 
 def compressed_subclass(base: type) -> type:

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
-ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean", "abs_hist"})
+# act_hist: the |a| histogram of the activation function whose output the group reads (an MLP down projection's
+# act(gate x)); zeros where no activation module feeds the group
+ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean", "abs_hist", "act_hist"})
 GRADIENT_STATS = frozenset({"F", "pairs", "row_fisher"})
 
 
@@ -199,6 +201,8 @@ class GroupStats:
     abs_mean: torch.Tensor | None = None  # E|x| per channel
     mean: torch.Tensor | None = None  # E[x] per channel (the shift of activation sparsity)
     abs_hist: torch.Tensor | None = None  # fraction of the group's |x| values per log-magnitude bin (HIST_*)
+    # the same of |act(z)|, the activation output the group's input is made of (CATS); all zeros where none is
+    act_hist: torch.Tensor | None = None
     F: torch.Tensor | None = None  # E[g g^T], g = dL/dx at the group input
     xs: torch.Tensor | None = None  # (N, d) token sample of x
     gs: torch.Tensor | None = None  # (N, d) the same tokens' g

@@ -4,7 +4,9 @@ A method returns one of three small results, each of which knows its parameter, 
 (docs/design.md, sections 1 and 7) and is deployed by its own handler (bench.deploy.apply dispatches on the type):
 - `GroupCompression`: factors per site, W_i ~ A_i B_i (projections and factorisations; the low-rank family);
 - `SparseActivation`: a per-token mask rule on the group input, N:M or top-k (activation sparsity);
-- `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control).
+- `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control);
+- `ActivationThreshold`: a threshold on the activation function an MLP's last group reads (CATS), or the rows of
+  the group's sites that the threshold's mask lets a kernel skip.
 """
 
 from __future__ import annotations
@@ -223,6 +225,39 @@ class MaskedWeights(SparseResult):
         kept = sum(int(m.sum()) for m in self.masks.values())
         # stored as the kept weights (N:M compressed storage, as sparse tensor cores read it); x is read whole
         return self._summary(kept, kept / self.params_dense, 1.0)
+
+
+@dataclass
+class ActivationThreshold(SparseResult):
+    """CATS's answer for one group. On the group that reads an MLP's activation (down_proj): zero every |act(z)_i|
+    <= threshold, per token (act(z) * up(x) is then zero there, so a kernel skips down_proj's column i). On the
+    group beside it (gate and up): `follows` names the sites whose rows that mask lets a kernel skip (up_proj's
+    row i; the gate's output is needed to compute the mask). With neither, the group stays dense (attention)."""
+
+    threshold: float | None = None
+    follows: tuple[str, ...] = ()
+    follow_rows: int = 0  # the output rows of the `follows` sites together
+    form: str = "activation-threshold"
+
+    @property
+    def role(self) -> str:
+        return "threshold" if self.threshold is not None else "follows" if self.follows else "dense"
+
+    def summary(self) -> dict:
+        if self.role == "threshold":
+            kept = self.pattern.keep(self.d_in)
+            out = self._summary(self.params_dense, kept / self.d_in, kept / self.d_in)
+            out["index_bits_per_token"] = self.pattern.index_bits(self.d_in)
+        else:
+            # a followed site computes only the rows the threshold keeps: its density of them
+            rows, skipped = sum(self.d_outs), self.follow_rows
+            compute = (rows - skipped + skipped * self.pattern.density) / rows
+            out = self._summary(self.params_dense, compute, 1.0)
+            out.update(density=1.0, kept_per_token=self.d_in, index_bits_per_token=0)
+        out["cats_role"] = self.role
+        if self.follows:
+            out["follows"] = ",".join(n.rsplit(".", 1)[-1] for n in self.follows)
+        return out
 
 
 class _instance_or_default:

@@ -65,7 +65,7 @@ def test_reloaded_logits_equal_the_in_sweep_model(saved, windows_module, case):
     layout = json.loads((folder / "config.json").read_text())["acbench_compression"]
     forms = {spec["form"] for spec in layout.values()}
     # custom code exactly where a module beyond the base architecture is needed
-    assert (folder / MODELING_FILE).exists() == bool(forms & {"factorised", "sparse-activation"})
+    assert (folder / MODELING_FILE).exists() == bool(forms & {"factorised", "sparse-activation", "activation-threshold"})
     if case[2]:
         assert forms == {"merged"}
 

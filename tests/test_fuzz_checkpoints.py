@@ -98,18 +98,22 @@ def test_a_tampered_checkpoint_is_refused_or_loads_as_written(tmp_path, checkpoi
 
 @pytest.fixture(scope="module")
 def newer_checkpoints(tmp_path_factory):
-    """A LaRoSa checkpoint (rotated inputs: the layout's `rotation` field) and an R-Sparse one (low-rank branches:
-    `rank`) of the tiny model, with their logits."""
-    return {m: _saved(tmp_path_factory.mktemp("ck") / m, m, ["--sparsity", "0.5"]) for m in ("larosa", "r-sparse")}
+    """A LaRoSa checkpoint (rotated inputs: the layout's `rotation` field), an R-Sparse one (low-rank branches:
+    `rank`) and a CATS one (thresholded activations: entries keyed by an activation module, `form` and `d_in`) of the
+    tiny model, with their logits."""
+    return {m: _saved(tmp_path_factory.mktemp("ck") / m, m, ["--sparsity", "0.5"])
+            for m in ("larosa", "r-sparse", "cats")}
 
 
 @settings(max_examples=30, deadline=None)
-@given(field=st.sampled_from([("larosa", "rotation"), ("r-sparse", "rank")]), value=json_value, drop=st.booleans(),
+@given(field=st.sampled_from([("larosa", "rotation"), ("r-sparse", "rank"), ("cats", "form"), ("cats", "d_in")]),
+       value=json_value, drop=st.booleans(),
        which=st.integers(0, 50))
 def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_path_factory, newer_checkpoints, field,
                                                                           value, drop, which):
-    """The `rotation` field of a rotated site's layout spec, or the `rank` of a site's low-rank branch, set to any
-    JSON value or dropped: one UserError on load, or the model it loads is the one saved."""
+    """The `rotation` field of a rotated site's layout spec, the `rank` of a site's low-rank branch, or the `form` or
+    `d_in` of a thresholded activation, set to any JSON value or dropped: one UserError on load, or the model it
+    loads is the one saved."""
     from core.compressed_layers import LAYOUT_KEY
 
     method, key = field
@@ -161,7 +165,7 @@ def test_every_saved_checkpoint_is_evaluated_by_bench_run_as_dense(tmp_path, tin
     (cell,) = out.rglob("ppl-token-*.json")
     rec = json.loads(cell.read_text())
     assert rec["cell"]["method"] == "dense" and rec["metrics"]["ppl"] > 0
-    thresholds = method == "teal"
+    thresholds = method in ("teal", "cats")
     density = (rec.get("compression") or {}).get("measured_density")
     assert (density is not None) == thresholds, rec.get("compression")
     if thresholds:

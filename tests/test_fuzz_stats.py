@@ -33,7 +33,7 @@ def calibrated(tmp_path_factory):
     try:
         lm = load_model(str(tiny_checkpoint()), progress=False)
         groups = find_input_groups(lm.model)
-        cspec, needs = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none"), frozenset({"C", "F", "pairs"})
+        cspec, needs = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none"), frozenset({"C", "F", "pairs", "act_hist"})
         windows = calibration_windows(lm.tokenizer, cspec)  # tokenized once: recomputing a group is then quick
         store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
         reference = {g.name: store[g.name] for g in groups}

@@ -140,7 +140,7 @@ def test_teal_refuses_an_n_of_m_pattern_itself():
 def test_capabilities_answer_on_the_class_and_on_an_instance(method):
     cls = methods.get_method(method)
     needs = cls.needs
-    want = {"data_free": not cls().required_stats(), "activations": bool(needs & {"C", "abs_mean", "mean", "abs_hist"}),
+    want = {"data_free": not cls().required_stats(), "activations": bool(needs & {"C", "abs_mean", "mean", "abs_hist", "act_hist"}),
             "gradients": bool(needs & {"F", "pairs", "row_fisher"})}
     assert cls.capabilities() == want == cls().capabilities()
 

@@ -216,7 +216,7 @@ def test_variants_parse_split_and_canonicalise():
         "pca", "act-sparse:score=fisher,mitigation=shift", "wanda"]
     assert methods.expand_methods(["act-sparse:score=fisher,mitigation=shift"]) == [
         "act-sparse:mitigation=shift,score=fisher"]
-    assert methods.expand_methods(["all"], ["sparsity"]) == ["act-sparse", "larosa", "magnitude-prune", "r-sparse", "sparsegpt", "teal", "wanda", "wina"]
+    assert methods.expand_methods(["all"], ["sparsity"]) == ["act-sparse", "cats", "larosa", "magnitude-prune", "r-sparse", "sparsegpt", "teal", "wanda", "wina"]
     assert "act-sparse" not in methods.expand_methods(["all"], ["low-rank"])
     with pytest.raises(ValueError, match="setting=value"):
         methods.parse_variant("act-sparse:fisher")

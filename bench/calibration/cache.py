@@ -238,7 +238,7 @@ def calibrated_passes(model, chunks: list[list], windows: torch.Tensor, needed: 
 
 def check_finite(stats: dict[str, GroupStats]) -> None:
     for name, s in stats.items():
-        for f in ("C", "F", "abs_mean", "mean", "abs_hist", "xs", "gs"):
+        for f in ("C", "F", "abs_mean", "mean", "abs_hist", "act_hist", "xs", "gs"):
             t = getattr(s, f)
             if t is not None and not torch.isfinite(t).all():
                 raise UserError(f"calibration produced non-finite {f} statistics in group {name}: "

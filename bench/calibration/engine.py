@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as Fn
+from torch import nn
 from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.stats import GRADIENT_STATS, HIST_BINS, GroupStats, magnitude_histogram
 
-from bench.model.groups import InputGroup
+from bench.model.groups import InputGroup, activation_module
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
@@ -55,7 +56,8 @@ def _accumulate(total: torch.Tensor, product: torch.Tensor, rows: int = 1024) ->
 
 
 class _GroupCollector:
-    def __init__(self, group: InputGroup, needed: frozenset[str], pairs_per_batch: int, gen: torch.Generator):
+    def __init__(self, group: InputGroup, needed: frozenset[str], pairs_per_batch: int, gen: torch.Generator,
+                 activation: nn.Module | None = None):
         self.group, self.needed = group, needed
         d = group.d_in
         self.n = 0
@@ -63,6 +65,10 @@ class _GroupCollector:
         self.abs_sum = torch.zeros(d, dtype=torch.float64) if "abs_mean" in needed else None
         self.sum = torch.zeros(d, dtype=torch.float64) if "mean" in needed else None
         self.hist = torch.zeros(HIST_BINS, dtype=torch.float64) if "abs_hist" in needed else None
+        # |act(z)| of the activation module feeding the group (CATS); zeros where there is none of the group's width
+        self.act_hist = torch.zeros(HIST_BINS, dtype=torch.float64) if "act_hist" in needed else None
+        self.act_handle = activation.register_forward_hook(self._act_hook) \
+            if activation is not None and self.act_hist is not None else None
         self.F = torch.zeros(d, d, dtype=torch.float64) if "F" in needed else None
         self.xs, self.gs = [], []
         self.pairs_per_batch, self.gen = pairs_per_batch, gen
@@ -98,6 +104,15 @@ class _GroupCollector:
         if (self.F is not None or idx is not None) and x.requires_grad:
             x.register_hook(lambda g, idx=idx: self._grad_hook(g, idx))
 
+    def _act_hook(self, module, args, out):
+        if isinstance(out, torch.Tensor) and out.shape[-1] == self.group.d_in:
+            self.act_hist += magnitude_histogram(out.detach().reshape(-1)).cpu()
+
+    def remove_hooks(self):
+        self.handle.remove()
+        if self.act_handle is not None:
+            self.act_handle.remove()
+
     def _grad_hook(self, g, idx):
         flat = g.detach().reshape(-1, g.shape[-1])
         if self.F is not None:
@@ -117,7 +132,7 @@ class _GroupCollector:
                 s.weight.grad = None
 
     def finish(self) -> GroupStats:
-        self.handle.remove()
+        self.remove_hooks()
         n = max(self.n, 1)
         # in place: a copy of C and F would double the pass's memory at the very end
         return GroupStats(
@@ -126,6 +141,7 @@ class _GroupCollector:
             abs_mean=None if self.abs_sum is None else self.abs_sum.div_(n),
             mean=None if self.sum is None else self.sum.div_(n),
             abs_hist=None if self.hist is None else self.hist.div_(max(float(self.hist.sum()), 1.0)),
+            act_hist=None if self.act_hist is None else self.act_hist.div_(max(float(self.act_hist.sum()), 1.0)),
             F=None if self.F is None else self.F.div_(n),
             xs=torch.cat(self.xs) if self.xs else None,
             gs=torch.cat(self.gs) if self.gs else None,
@@ -152,7 +168,9 @@ def calibrate(
     device = next(model.parameters()).device
     n_batches = math.ceil(len(windows) / batch_size)
     pairs_per_batch = math.ceil(spec.pair_tokens / n_batches)
-    collectors = [_GroupCollector(g, needed, pairs_per_batch, group_generator(spec.seed, g.name)) for g in groups]
+    acts = {g.name: (activation_module(model, g) or (None, None))[1] for g in groups} if "act_hist" in needed else {}
+    collectors = [_GroupCollector(g, needed, pairs_per_batch, group_generator(spec.seed, g.name), acts.get(g.name))
+                  for g in groups]
     want_grad = bool(needed & GRADIENT_STATS)
     was_training = model.training
     model.eval()
@@ -182,7 +200,7 @@ def calibrate(
                 c.after_backward()
     finally:
         for c in collectors:
-            c.handle.remove()
+            c.remove_hooks()
         if embed_handle is not None:
             embed_handle.remove()
         for p, flag in saved_flags.items():

@@ -62,7 +62,7 @@ FORMAT = "acbench-stats-4"
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
 _STORED_DTYPES = {"xs": "F32", "gs": "F32"}  # the token sample; every moment is stored as float32 too
 _SQUARE, _VECTOR, _SAMPLE = ("C", "F"), ("abs_mean", "mean"), ("xs", "gs")
-_HISTOGRAM = ("abs_hist",)  # HIST_BINS long whatever the width
+_HISTOGRAM = ("abs_hist", "act_hist")  # HIST_BINS long whatever the width
 SCALAR_FIELDS = ("n_tokens",)
 
 
@@ -130,7 +130,7 @@ def _shape_problem(key: str, shape: list[int], d_in: int) -> str | None:
 
 # the tensors that hold each statistic a method can need ("row_fisher" is one tensor per site: `_sites_hold`)
 STAT_TENSORS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("mean",), "abs_hist": ("abs_hist",),
-                "pairs": ("xs", "gs")}
+                "act_hist": ("act_hist",), "pairs": ("xs", "gs")}
 
 
 STATS = frozenset(STAT_TENSORS) | {"row_fisher"}  # every statistic a group file can hold

@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from core.compressed_layers import LAYOUT_KEY, InputSparsifier, SparseInputLinear, build_factorised
+from core.compressed_layers import (LAYOUT_KEY, InputSparsifier, SparseInputLinear, ThresholdedActivation,
+                                    build_factorised)
 from core.compressed_layers import set_module as _set_module
-from methods.base import GroupCompression, MaskedWeights, SparseActivation
+from core.errors import UserError
+from methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
+
+from bench.model.groups import activation_module
 
 import bench.deploy.semi_structured as semi_structured
 
@@ -151,6 +155,24 @@ def _apply_factors(model: nn.Module, group, result: GroupCompression) -> Undo:
     return undo
 
 
+def _apply_activation_threshold(model: nn.Module, group, result: ActivationThreshold) -> Undo:
+    """CATS: the activation module the group reads wrapped with its threshold; a group that only follows the mask
+    (gate and up) or stays dense (attention) keeps its modules, its savings priced in its result alone."""
+    undo = _new_undo(model)
+    if result.role != "threshold":
+        return undo
+    found = activation_module(model, group)
+    if found is None:
+        raise UserError(f"group {group.name}: CATS thresholds the activation function its input is made of, and no "
+                        "single activation module sits beside its sites; leave cats out of --methods")
+    name, act = found
+    undo.modules = {name: act}
+    ref = group.sites[0].weight
+    _set_module(model, name, ThresholdedActivation(act, result.threshold, ref.device))
+    _record_layout(model, {name: {"form": result.form, "d_in": group.d_in}})
+    return undo
+
+
 # One deployment per result type (as torchao dispatches on a config's type); a new result type adds its handler.
 HANDLERS = {GroupCompression: _apply_factors, SparseActivation: _apply_sparse_activation,
-            MaskedWeights: _apply_masked_weights}
+            MaskedWeights: _apply_masked_weights, ActivationThreshold: _apply_activation_threshold}

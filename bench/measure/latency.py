@@ -80,9 +80,12 @@ def peak_memory(device: torch.device):
 
 
 def threshold_sparsifiers(model) -> list:
-    from core.compressed_layers import InputSparsifier
+    """The modules whose kept fraction varies per token: threshold sparsifiers (TEAL) and thresholded activations
+    (CATS)."""
+    from core.compressed_layers import InputSparsifier, ThresholdedActivation
 
-    return [m for m in model.modules() if isinstance(m, InputSparsifier) and m.threshold is not None]
+    return [m for m in model.modules() if isinstance(m, ThresholdedActivation) or
+            (isinstance(m, InputSparsifier) and m.threshold is not None)]
 
 
 def measured_density(model) -> float | None:

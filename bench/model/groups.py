@@ -285,6 +285,34 @@ def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) ->
     return InputGroups(groups, layout.fused_experts)
 
 
+# Where an activation function lives as a module: transformers' own (ACT2FN's classes) and torch's.
+ACTIVATION_PACKAGES = ("transformers.activations", "torch.nn.modules.activation")
+
+
+def activation_module(model: nn.Module, group: InputGroup) -> tuple[str, nn.Module] | None:
+    """(name, module) of the activation function whose output an MLP's last group reads (down(act(gate x) * up x),
+    or down(act(fc x))): the one parameter-free activation module beside the group's sites in their MLP, or else the
+    one outside attention in their block; None for any other group, or where the MLP applies its activation as a
+    plain function (no module to hook)."""
+    if group.kind != "mlp_out":
+        return None
+    parent = group.site_names[0].rpartition(".")[0]
+    found = _activations(model, parent, recurse=False)
+    if not found:  # an MLP split in two modules (BERT-like: the activation in the first, down in the second)
+        block = f"{model_layout(model).blocks}.{group.block}"
+        found = [(n, m) for n, m in _activations(model, block, recurse=True)
+                 if not any("attn" in p or "attention" in p for p in n[len(block):].split("."))]
+    return found[0] if len(found) == 1 else None
+
+
+def _activations(model: nn.Module, path: str, recurse: bool) -> list[tuple[str, nn.Module]]:
+    """The parameter-free activation modules under `path`: its children, or every descendant."""
+    root = model.get_submodule(path)
+    items = root.named_modules() if recurse else root.named_children()
+    return [(f"{path}.{rel}", m) for rel, m in items if rel and type(m).__module__ in ACTIVATION_PACKAGES
+            and not any(True for _ in m.parameters())]
+
+
 def fused_experts_problem(groups: list, kinds: tuple[str, ...] | None) -> str | None:
     """One line when the run would compress the MLP of a model whose experts are fused 3-D parameters, which no
     group covers (they would stay dense without a word); None otherwise."""
