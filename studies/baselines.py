@@ -4,7 +4,8 @@ docs/baselines.md from the stored cells.
 
 Each family at compute 0.5: activation sparsity at density 0.5 (act-sparse, TEAL, act-sparse:score=wina; WINA as its
 authors run it, R-Sparse), LaRoSa there and at the density whose compute, its rotations included, is 0.5 (the
-rows with the lower density); weight sparsity at
+rows with the lower density); CATS at density 0.5 of the MLP activation (attention and gate stay dense, so its
+compute is well above 0.5 and cannot reach it) against TEAL and act-sparse at CATS's own compute; weight sparsity at
 density 0.5 (Wanda, SparseGPT); low-rank at parameter ratio 0.5 (pca, whitened-svd, fasc-kfac, SVD-LLM V2). Every
 comparison is paired on the same items within a model: LAMA P@1 (McNemar's exact interval) and perplexity (Δ mean
 per-window NLL, bootstrap interval), the new method minus the old one."""
@@ -23,7 +24,8 @@ from core.significance import above_chance, compare
 MODELS = ("gemma-3-270m", "smollm2-135m")
 COMPUTE = 0.5
 ACTIVATION_OLD = ("act-sparse", "teal", "act-sparse:score=wina")
-ACTIVATION_NEW = ("wina", "r-sparse", "larosa")
+ACTIVATION_NEW = ("wina", "r-sparse", "larosa", "cats")
+CATS_OLD = ("teal", "act-sparse")  # CATS against these at its own compute (it cannot reach 0.5)
 WEIGHT_OLD, WEIGHT_NEW = ("wanda", "magnitude-prune"), ("sparsegpt",)
 LOW_RANK_OLD, LOW_RANK_NEW = ("pca", "whitened-svd", "fasc-kfac"), ("svd-llm-v2",)
 TASKS = ("lama", "ppl-token")
@@ -45,6 +47,15 @@ def matched_density(model: str, method: str, compute: float = COMPUTE) -> float:
     return round(lo, 3)
 
 
+def compute_of(model: str, method: str, density: float) -> float:
+    """`method`'s compute ratio at `density` on `model`, as bench plan prices it, to 3 decimals."""
+    from bench.measure.costs import estimate_costs
+    from core.stats import SparsitySpec
+
+    p = SparsitySpec(density=density)
+    return round(estimate_costs(model, [method], [], sparsity=[p]).sparse[method][p.label]["compute_ratio"], 3)
+
+
 def sweep(models, output: str) -> list[CellRecord]:
     import bench
 
@@ -53,9 +64,11 @@ def sweep(models, output: str) -> list[CellRecord]:
               "report": False}
     cells += bench.sweep(methods=[*ACTIVATION_OLD, *ACTIVATION_NEW, *WEIGHT_OLD, *WEIGHT_NEW],
                          sparsity=[str(COMPUTE)], **common)
-    for m in models:  # LaRoSa's matched density is the model's own
+    for m in models:  # LaRoSa's matched density is the model's own; the older methods at CATS's compute too
         cells += bench.sweep(**{**common, "model": [m]}, methods=["larosa"],
                              sparsity=[str(matched_density(m, "larosa"))])
+        cells += bench.sweep(**{**common, "model": [m]}, methods=list(CATS_OLD),
+                             sparsity=[str(compute_of(m, "cats", COMPUTE))])
     cells += bench.sweep(methods=[*LOW_RANK_OLD, *LOW_RANK_NEW], rank=[COMPUTE], budget="params", **common)
     return [CellRecord.from_json(c) for c in cells]
 
@@ -75,7 +88,7 @@ def tables(cells: list[CellRecord]) -> list[str]:
     for c in cells:
         if c.cell.method == DENSE or c.cell.rank == COMPUTE:
             by[(c.cell.model, c.cell.method, c.cell.task)] = c
-        else:  # LaRoSa at its matched density
+        else:  # LaRoSa at its matched density, the older methods at CATS's
             by[(c.cell.model, f"{c.cell.method}@{c.cell.rank:g}", c.cell.task)] = c
             ranks.setdefault(c.cell.model, []).append(f"{c.cell.method}@{c.cell.rank:g}")
     lines = []
@@ -88,8 +101,10 @@ def tables(cells: list[CellRecord]) -> list[str]:
                   f"perplexity {dense['ppl-token'].metrics['ppl']:.2f}." if chance and dense["ppl-token"] else "", ""]
         rows = []
         matched = tuple(sorted(set(ranks.get(model, []))))
-        for new_set, old_set in ((ACTIVATION_NEW + matched, ACTIVATION_OLD), (WEIGHT_NEW, WEIGHT_OLD),
-                                 (LOW_RANK_NEW, LOW_RANK_OLD)):
+        at_cats = tuple(k for k in matched if k.partition("@")[0] in CATS_OLD)
+        rotated = tuple(k for k in matched if k not in at_cats)
+        for new_set, old_set in (([n for n in ACTIVATION_NEW if n != "cats"] + list(rotated), ACTIVATION_OLD),
+                                 (("cats",), at_cats), (WEIGHT_NEW, WEIGHT_OLD), (LOW_RANK_NEW, LOW_RANK_OLD)):
             for new in new_set:
                 n_lama, n_ppl = by.get((model, new, "lama")), by.get((model, new, "ppl-token"))
                 if not (n_lama and n_ppl):
