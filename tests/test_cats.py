@@ -113,10 +113,48 @@ def test_the_statistic_is_found_only_beside_an_activation_module():
     (down,) = [g for g in groups if g.kind == "mlp_out"]
     assert activation_module(model, down) is None
     stats = calibrate(model, groups, WINDOWS, frozenset({"act_hist"}), CalibSpec(), progress=False)
-    with pytest.raises(UserError, match="leave cats out"):
+    with pytest.raises(UserError, match=r"^group layers\.0\.mlp_out: calibration found no activation module of width "
+                                        r"48 beside its sites, so cats has no threshold to set there: this "
+                                        r"architecture's MLP is not one cats can threshold; leave cats out of "
+                                        r"--methods$"):
         methods.build("cats").compress(down, stats[down.name], SparsitySpec.parse("0.5"))
 
 
 def test_structured_patterns_are_refused_in_one_line():
     problem = methods.pattern_problem("cats", SparsitySpec.parse("2:4"))
     assert problem and "\n" not in problem and "--sparsity 0.5" in problem
+
+
+def test_only_the_up_projection_of_an_mlp_input_follows_the_mask(calibrated):
+    from bench.model.groups import InputGroup
+    from methods.cats import follows
+
+    model, groups, stats = calibrated
+    (mlp_in,) = [g for g in groups if g.kind == "mlp_in"]
+    assert follows(mlp_in) == ("model.layers.0.mlp.up_proj",)
+    s = methods.build("cats").compress(mlp_in, stats[mlp_in.name], SparsitySpec.parse("0.5")).summary()
+    assert s["cats_role"] == "follows" and s["follows"] == "up_proj"
+    other = InputGroup("g", 0, "mlp_out", ("x.up_proj", "x.gate_proj"), mlp_in.sites)
+    assert follows(other) == ()  # an up-named site outside an MLP's first group follows nothing
+    # a group that carries a threshold follows nothing, whatever its sites are called
+    hist = stats[next(g.name for g in groups if g.kind == "mlp_out")]
+    res = methods.build("cats").compress(mlp_in, hist, SparsitySpec.parse("0.5"))
+    assert res.role == "threshold" and res.follows == () and "follows" not in res.summary()
+
+
+def test_non_finite_histograms_and_n_m_patterns_are_refused_by_the_solve(calibrated):
+    from bench.testing import poisoned
+    from core.linalg import NumericError
+
+    model, groups, stats = calibrated
+    (down,) = [g for g in groups if g.kind == "mlp_out"]
+    with pytest.raises(NumericError, match="^non-finite act_hist statistics in cats: "):
+        methods.build("cats").compress(down, poisoned(stats[down.name], "act_hist"), SparsitySpec.parse("0.5"))
+    with pytest.raises(ValueError, match="cannot be an N:M pattern"):
+        methods.build("cats").solve({}, stats[down.name], SparsitySpec.parse("2:4"))
+
+
+def test_a_per_group_k_is_refused(calibrated):
+    model, groups, stats = calibrated
+    with pytest.raises(ValueError, match="a per-group k does not apply"):
+        methods.build("cats").compress(groups[0], stats[groups[0].name], SparsitySpec.parse("0.5"), k=3)
