@@ -1,6 +1,6 @@
 """The modules a compressed model runs, and how to build them from the layout its config records.
 
-This file imports torch and `.sparsity` only (and triton, where the CUDA decode kernel runs): a checkpoint written by `bench compress` carries a copy of both as
+This file imports torch, `.experts` and `.sparsity` only (and triton, where the CUDA decode kernel runs): a checkpoint written by `bench compress` carries a copy of both as
 its custom code (transformers loads them through the config's `auto_map`), so the code a sweep evaluates is the
 code a saved model runs, with or without acbench installed.
 
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from .experts import split_experts
 from .sparsity import sparse_input, sparsify
 
 LAYOUT_KEY = "acbench_compression"
@@ -491,6 +492,7 @@ def build_thresholded(model: nn.Module, layout: dict) -> dict[str, ThresholdedAc
 def deploy_layout(model: nn.Module, layout: dict | None) -> dict[str, nn.Module]:
     """Build the modules a layout names, in place; their tensors are filled by loading the checkpoint."""
     layout = layout or {}
+    split_experts(model, list(layout))  # a site or activation inside fused experts is one of their per-expert views
     return {**build_factorised(model, layout), **build_sparse(model, layout), **build_thresholded(model, layout)}
 
 

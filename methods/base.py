@@ -287,6 +287,14 @@ class Compressor(Plugin):
         """The statistics this instance reads; a method whose needs depend on its settings overrides it."""
         return self.needs
 
+    @property
+    def data_free_twin(self) -> str:
+        """The data-free method standing in where calibration gave a group no token (an expert its router never
+        chose): plain SVD in the low-rank family, |W| pruning for a weight mask, per-token |x| top-k otherwise."""
+        if self.family == LOW_RANK_FAMILY:
+            return "svd"
+        return "magnitude-prune" if getattr(self, "masks_weights", False) else "act-sparse"
+
     @_instance_or_default
     def capabilities(self) -> dict:
         needs = self.required_stats()

@@ -51,10 +51,10 @@ def test_every_method_on_the_architecture(model_type, tmp_path):
     cov = check_architecture(model_type, save_to=tmp_path / "checkpoint")
     assert cov.refused is None, cov.refused
     assert {k: v for k, v in cov.checks.items() if v != "ok"} == {}
-    assert cov.scope == ("attention" if model_type in MIXTURE_OF_EXPERTS else "all")
+    assert cov.scope == "all"  # mixtures of experts too: each expert's sites are groups of their own
     if model_type in PARALLEL:
         assert cov.kinds == ["attn_mlp_in", "attn_out", "mlp_out"]
-    elif model_type not in MIXTURE_OF_EXPERTS:
+    else:
         assert cov.kinds == ["attn_in", "attn_out", "mlp_in", "mlp_out"]
 
 
@@ -67,15 +67,14 @@ def test_every_check_passes_on_the_shapes_reached_later(model_type, tmp_path):
     assert {k: v for k, v in cov.checks.items() if v != "ok"} == {} and "save and reload" in cov.checks
 
 
-def test_fused_experts_are_refused_in_one_line_unless_attention_only():
+def test_fused_experts_are_split_and_grouped_per_expert():
     from bench.model.groups import find_input_groups, fused_experts_problem
     from studies.architectures import tiny_model
 
-    groups = find_input_groups(tiny_model("mixtral"))
-    line = fused_experts_problem(groups, None)
-    assert "fused 3-D parameters" in line and "--groups attn_in attn_out" in line and "\n" not in line
-    assert fused_experts_problem(groups, ("attn_in", "mlp_in")) == line
-    assert fused_experts_problem(groups, ("attn_in", "attn_out")) is None
+    for model_type in sorted(MIXTURE_OF_EXPERTS):
+        groups = find_input_groups(tiny_model(model_type))
+        assert fused_experts_problem(groups, None) is None and groups.fused_experts == ()
+        assert any(".experts.1.mlp_out" in g.name for g in groups)
     assert fused_experts_problem(find_input_groups(tiny_model("llama")), None) is None
 
 
@@ -158,10 +157,11 @@ def test_kinds_follow_the_forward_order():
 
 
 def test_bench_plan_of_a_mixture_of_experts_config(tmp_path, capsys):
-    """The refusal's own advice works: attention only is planned; the default names the fused experts in one line."""
+    """A Mixtral config is planned whole (each expert's groups); Llama 4's experts, outside transformers' experts
+    decorator, are refused in one line whose own advice (attention only) is then planned."""
     import warnings
 
-    from transformers import MixtralConfig
+    from transformers import Llama4TextConfig, MixtralConfig
 
     from bench.cli import main
 
@@ -169,11 +169,17 @@ def test_bench_plan_of_a_mixture_of_experts_config(tmp_path, capsys):
         warnings.simplefilter("ignore")
         MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=100, num_local_experts=4, bos_token_id=1,
-                      eos_token_id=2).save_pretrained(tmp_path)
-    common = ["plan", "--model", str(tmp_path), "--methods", "pca", "--rank", "0.5"]
-    assert main([*common, "--groups", "attn_in", "attn_out"]) == 0
+                      eos_token_id=2).save_pretrained(tmp_path / "mixtral")
+        Llama4TextConfig(hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=100,
+                         num_local_experts=4).save_pretrained(tmp_path / "llama4")
+    common = ["plan", "--methods", "pca", "--rank", "0.5"]
+    assert main([*common, "--model", str(tmp_path / "mixtral")]) == 0
+    assert "mlp_out" in capsys.readouterr().out
+    llama4 = [*common, "--model", str(tmp_path / "llama4")]
+    assert main([*llama4, "--groups", "attn_in", "attn_out"]) == 0
     assert "attn_in" in capsys.readouterr().out
-    assert main(common) == 2
+    assert main(llama4) == 2
     err = capsys.readouterr().err.strip()
     assert "fused 3-D parameters" in err and "--groups attn_in attn_out" in err and len(err.splitlines()) == 1
 
@@ -202,12 +208,29 @@ def test_routing_sites_stay_dense_and_a_site_without_gradient_is_one_line():
 
 def test_only_an_experts_module_counts_as_fused_experts():
     """A 3-D weight outside an experts module (RecurrentGemma's per-head recurrent gates, a convolution's kernel)
-    stays dense like a norm and does not shut the MLP out; Nemotron-H's stacked experts do."""
+    stays dense like a norm and does not shut the MLP out; Nemotron-H's stacked experts (ungated) are split."""
     from bench.model.groups import find_input_groups, fused_experts_problem
+    from core.experts import SplitExperts
     from studies.architectures import tiny_model
 
     gemma = find_input_groups(tiny_model("recurrent_gemma"))
     assert gemma.fused_experts == () and fused_experts_problem(gemma, None) is None
     assert any(p.dim() == 3 for n, p in tiny_model("recurrent_gemma").named_parameters() if "rg_lru" in n)
-    nemotron = find_input_groups(tiny_model("nemotron_h"))
-    assert nemotron.fused_experts and nemotron.fused_experts[0].endswith("mixer.experts")
+    model = tiny_model("nemotron_h")
+    nemotron = find_input_groups(model)
+    assert nemotron.fused_experts == () and any(isinstance(m, SplitExperts) for m in model.modules())
+    assert any(g.site_names[0].endswith("mixer.experts.0.up") for g in nemotron)
+
+def test_a_method_refusing_in_one_line_is_an_answer_a_crash_is_not(tmp_path):
+    """The table counts a type as passing when a method refuses there in one line (CATS without an activation
+    module) and lists the refusal; a method that crashes fails the type."""
+    from studies.architectures import REFUSED, Coverage, write_table
+
+    ok = Coverage("alpha", kinds=["mlp_in"], checks={"svd": "ok", "cats": REFUSED + "no activation module"})
+    crash = Coverage("beta", kinds=["mlp_in"], checks={"svd": "ok", "cats": "AttributeError: weight"})
+    assert ok.passed and ok.refusals == {"cats": "no activation module"}
+    assert not crash.passed and not Coverage("gamma").passed
+    out = tmp_path / "table.md"
+    assert write_table([(ok, None), (crash, None)], 60.0, out) == (1, 2)
+    text = out.read_text()
+    assert "| `alpha` | cats | no activation module |" in text and "| `beta` | 1 of 2 checks |" in text

@@ -116,7 +116,7 @@ torch.save((out, plain), {str(tmp_path / 'y.pt')!r})
 
 def test_carried_code_is_the_package_code(saved):
     folder, _ = saved[("fasc-kfac", "0.5", False)]
-    for name in ("compressed_layers.py", "sparsity.py"):
+    for name in ("compressed_layers.py", "experts.py", "sparsity.py"):
         assert (folder / name).read_bytes() == (ROOT / "core" / name).read_bytes()
     assert "Compressed" in json.loads((folder / "config.json").read_text())["architectures"][0]
 
@@ -295,8 +295,8 @@ def test_the_record_names_its_versions_and_code(saved_cli):
     assert prov["written_by"]["torch"] == torch.__version__
     assert prov["written_by"]["transformers"] == transformers.__version__
     assert "git_commit" in prov["written_by"]
-    assert sorted(prov["code"]) == ["compressed_layers.py", "configuration_acbench.py", "modeling_acbench.py",
-                                    "sparsity.py"]
+    assert sorted(prov["code"]) == ["compressed_layers.py", "configuration_acbench.py", "experts.py",
+                                    "modeling_acbench.py", "sparsity.py"]
     assert "tokenizer.json" in prov["other"] and "generation_config.json" in prov["other"]
     cfg = json.loads((saved_cli / "config.json").read_text())
     assert cfg["model_type"] == "acbench_llama" and cfg[RECORD_KEY] == record_digest(prov)

@@ -75,6 +75,7 @@ class _GroupCollector:
         self.row_fisher = {n: torch.zeros(s.out_features, dtype=torch.float64)
                            for n, s in zip(group.site_names, group.sites)} if "row_fisher" in needed else None
         self._seen: torch.Tensor | None = None
+        self._n_at_backward = 0  # tokens read when the last backward was taken in
         self.handle = group.sites[0].register_forward_pre_hook(self._pre_hook)
 
     def _pre_hook(self, module, args):
@@ -124,12 +125,15 @@ class _GroupCollector:
     def after_backward(self):
         if self.row_fisher is not None:
             for n, s in zip(self.group.site_names, self.group.sites):
+                if s.weight.grad is None and self.n == self._n_at_backward:
+                    continue  # it read no token since the last backward (an expert its router did not choose)
                 if s.weight.grad is None:  # its output reaches the loss only through a selection (an index, a top-k)
                     raise UserError(f"site {n} got no gradient in calibration: its output does not reach the loss "
                                     "differentiably, so gradient statistics cannot weigh it; leave its group out "
                                     "with --groups or use a method that needs no gradients")
                 self.row_fisher[n] += (s.weight.grad.double() ** 2).sum(1).cpu()
                 s.weight.grad = None
+        self._n_at_backward = self.n
 
     def finish(self) -> GroupStats:
         self.remove_hooks()

@@ -107,11 +107,13 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
                 budget = rank if densities is None else SparsitySpec(density=densities[g.name])
-                res = comp.compress(g, stats.get(g.name) or GroupStats(), budget, k=None if ks is None else ks[g.name],
-                                    device=solve_device, dtype=solve_torch_dtype(solve_dtype))
+                solver, unrouted = _solver_for(comp, stats.get(g.name))
+                res = solver.compress(g, stats.get(g.name) or GroupStats(), budget,
+                                      k=None if ks is None else ks[g.name], device=solve_device,
+                                      dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None
-            res.fallbacks = [*res.fallbacks, *own_fallbacks.get(g.name, [])]
+            res.fallbacks = [*res.fallbacks, *own_fallbacks.get(g.name, []), *unrouted]
             if merge and isinstance(res, GroupCompression):
                 res.form = "merged"
             undo.append(apply_compression(model, g, res))
@@ -122,6 +124,17 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
         raise
     model.eval()
     return Deployment(model, summaries, undo)
+
+
+def _solver_for(comp, group_stats: GroupStats | None) -> tuple:
+    """(the method that compresses a group, the fallback record): the method itself, or, where calibration routed
+    no token to the group (an expert its router never chose) and the method reads statistics, its data-free twin,
+    recorded in the cell."""
+    if group_stats is None or group_stats.n_tokens > 0 or not comp.required_stats():
+        return comp, []
+    twin = comp.data_free_twin
+    return methods.build(twin), [{"fallback": f"{twin} (data-free): no calibration token was routed here",
+                                  "method": comp.name}]
 
 
 @contextmanager

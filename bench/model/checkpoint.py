@@ -1,6 +1,6 @@
 """Compressed checkpoints: written with save_pretrained (safetensors), loadable by transformers alone.
 
-A factorised or sparse-activation model carries its modules' code (core/compressed_layers.py and core/sparsity.py,
+A factorised or sparse-activation model carries its modules' code (core/compressed_layers.py, experts.py, sparsity.py,
 copied verbatim, a configuration file and a modeling file declaring the base architecture's compressed subclass)
 under a model type of its own, and names it in the config's `auto_map`: `from_pretrained(path,
 trust_remote_code=True)` then needs no acbench, and without trust_remote_code every tool refuses the folder
@@ -34,7 +34,7 @@ PROVENANCE_FILE = "compression.json"
 PROVENANCE_SCHEMA = 2  # 2: a model type of its own, the record's digest in config.json, code digests, versions
 MODELING_FILE = "modeling_acbench.py"
 CONFIG_FILE = "configuration_acbench.py"
-CARRIED = ("compressed_layers.py", "sparsity.py")  # from core/, copied verbatim
+CARRIED = ("compressed_layers.py", "experts.py", "sparsity.py")  # from core/, copied verbatim
 MODEL_TYPE_PREFIX = "acbench_"  # config.json's model_type of a factorised or sparse-activation checkpoint
 BASE_TYPE_KEY = "acbench_base_model_type"
 RECORD_KEY = "acbench_record_sha256"  # in config.json: compression.json's digest, so neither is edited alone

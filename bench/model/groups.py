@@ -11,6 +11,7 @@ a model without storage).
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from bench.model.conv1d import linearize_conv1d
 from core.errors import UserError
+from core.experts import SplitExperts, split_experts
 
 # The kinds `--groups` selects from, in forward order. A Llama-shaped block has the four classic ones; a parallel
 # block (GPT-J, Falcon: attention and MLP read one normed input) has attn_mlp_in; attention or MLP with more than
@@ -27,10 +29,10 @@ GROUP_KINDS = ("attn_in", "attn_mid", "attn_out", "attn_mlp_in", "mlp_in", "mlp_
 # Sites that route tokens to experts (or gate a shared expert) stay dense: their few outputs decide which weights
 # run, so compressing them changes the computation itself, not its precision.
 ROUTER_NAMES = frozenset({"gate", "router", "shared_expert_gate", "expert_gate"})
-# Modules whose every site routes: a router built of several layers (LongCat-Flash's router.classifier), and a
-# sparse-attention indexer (DeepSeek-V3.2's lightning indexer), which picks the keys each query attends to (its
+# Modules whose every site routes: a router built of several layers (LongCat-Flash's router.classifier), a router
+# module holding its linear layer (Hunyuan-MoE's gate.wg), and a sparse-attention indexer (DeepSeek-V3.2's lightning indexer), which picks the keys each query attends to (its
 # output reaches the loss only through a top-k, so it has no gradient either).
-ROUTING_MODULES = frozenset({"router", "indexer"})
+ROUTING_MODULES = frozenset({"router", "indexer", "gate"})
 TRACE_TOKENS = 4
 
 
@@ -140,6 +142,9 @@ def _trace(model: nn.Module) -> tuple[str, nn.ModuleList, list[list[tuple[str, o
             handles.append(block.register_forward_pre_hook(lambda m, args, c=c: first.append(c)))
         handles.append(blocks[-1].register_forward_hook(_stop))  # what follows the blocks (the head) is not needed
     ids = torch.zeros(1, TRACE_TOKENS, dtype=torch.long, device=_input_device(model))
+    split = [m for m in model.modules() if isinstance(m, SplitExperts)]
+    for m in split:  # 4 tokens reach few experts: every expert runs, each on its own copy of the tokens
+        m.run_every_expert = True
     try:
         with torch.no_grad():
             # no cache: a hybrid model's cache wants a generation set-up
@@ -155,6 +160,8 @@ def _trace(model: nn.Module) -> tuple[str, nn.ModuleList, list[list[tuple[str, o
     finally:
         for h in handles:
             h.remove()
+        for m in split:
+            m.run_every_expert = False
     if not first:
         raise UserError(f"architecture '{_model_type(model)}': a text-only forward reached no decoder block; "
                         "acbench finds input groups by tracing one")
@@ -189,21 +196,30 @@ def _block_groups(model: nn.Module, block: nn.Module, where: str, reads: list) -
     return list(zip(_kinds(groups), map(tuple, groups)))
 
 
+def expert_unit(rel: str) -> str | None:
+    """The path of the expert a site belongs to (`mlp.experts.3`), or None: each expert is an MLP of its own."""
+    m = re.match(r"(.*?(?:^|\.)[^.]*experts?)\.(\d+)\.", rel)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
 def _kinds(groups: list[list[str]]) -> list[str]:
-    """Each group's kind from its place: attention sites against MLP sites, in forward order."""
+    """Each group's kind from its place: attention sites against MLP sites, in forward order; the groups of each
+    expert are placed among that expert's own."""
     def attention(rel: str) -> bool:
         return any("attn" in part or "attention" in part for part in rel.split("."))
 
     has_attn = [any(attention(r) for r in g) for g in groups]
     has_mlp = [any(not attention(r) for r in g) for g in groups]
+    units = [expert_unit(g[0]) if has_mlp[i] and not has_attn[i] else None for i, g in enumerate(groups)]
     attn_idx = [i for i, a in enumerate(has_attn) if a]
-    mlp_idx = [i for i, m in enumerate(has_mlp) if m]
     kinds = []
     for i in range(len(groups)):
         if has_attn[i] and has_mlp[i]:
             kinds.append("attn_mlp_in")
             continue
-        idx, prefix = (attn_idx, "attn") if has_attn[i] else (mlp_idx, "mlp")
+        idx, prefix = (attn_idx, "attn") if has_attn[i] else (
+            [j for j, m in enumerate(has_mlp) if m and not has_attn[j] and units[j] == units[i]]
+            if units[i] is not None else [j for j, m in enumerate(has_mlp) if m and units[j] is None], "mlp")
         pos = idx.index(i)
         kinds.append(f"{prefix}_in" if pos == 0 else f"{prefix}_out" if pos == len(idx) - 1 else f"{prefix}_mid")
     return kinds
@@ -215,6 +231,7 @@ def model_layout(model: nn.Module) -> ModelLayout:
     if known is not None:
         return known
     linearize_conv1d(model)  # GPT-2's transposed Conv1D sites become nn.Linear views of the same storage
+    split_experts(model)  # fused 3-D experts become per-expert nn.Linear views of the same storage
     try:
         path, blocks, reads = _trace(model)
     except UserError:
@@ -256,10 +273,12 @@ def _twin_layout(model: nn.Module) -> ModelLayout:
     return layout
 
 
-def _group_name(block: int, kind: str, taken: set[str]) -> str:
-    name, n = f"layers.{block}.{kind}", 2
+def _group_name(block: int, kind: str, taken: set[str], first_site: str = "") -> str:
+    unit = expert_unit(first_site)
+    stem = f"layers.{block}." + (".".join(unit.split(".")[-2:]) + "." if unit else "")
+    name, n = f"{stem}{kind}", 2
     while name in taken:
-        name, n = f"layers.{block}.{kind}_{n}", n + 1
+        name, n = f"{stem}{kind}_{n}", n + 1
     taken.add(name)
     return name
 
@@ -271,7 +290,7 @@ def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) ->
     for i, block in enumerate(blocks):
         taken: set[str] = set()
         for kind, rel_names in layout.groups[i]:
-            name = _group_name(i, kind, taken)
+            name = _group_name(i, kind, taken, rel_names[0])
             if kinds is not None and kind not in kinds:
                 continue
             sites = tuple(block.get_submodule(rel) for rel in rel_names)
