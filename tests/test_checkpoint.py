@@ -273,6 +273,13 @@ def test_tampered_checkpoints_are_one_line_on_load(tmp_path, capsys, saved_cli):
     with open(f / "compressed_layers.py", "a") as fh:
         fh.write("\n# edited\n")
     _one_line(capsys, run(f), "compressed_layers.py differs")
+    f = copy("experts-code")  # the carried expert splitter is checked like every code file
+    with open(f / "experts.py", "a") as fh:
+        fh.write("\n# edited\n")
+    _one_line(capsys, run(f), "experts.py differs")
+    f = copy("experts-code-gone")
+    (f / "experts.py").unlink()
+    _one_line(capsys, run(f), "experts.py")
     f = copy("extra-code")
     (f / "sitecustomize.py").write_text("")
     _one_line(capsys, run(f), "sitecustomize.py is not a code file")
