@@ -234,3 +234,16 @@ def test_a_method_refusing_in_one_line_is_an_answer_a_crash_is_not(tmp_path):
     assert write_table([(ok, None), (crash, None)], 60.0, out) == (1, 2)
     text = out.read_text()
     assert "| `alpha` | cats | no activation module |" in text and "| `beta` | 1 of 2 checks |" in text
+
+
+def test_sites_the_forward_never_calls_stay_dense_and_are_named():
+    """Mamba's scan reads dt_proj's weight directly: the site is never called, so it is named idle and left out
+    of every group (it stays dense), and the rest of the block is grouped as usual."""
+    from bench.model.groups import find_input_groups
+    from studies.architectures import tiny_model
+
+    groups = find_input_groups(tiny_model("mamba"))
+    assert groups.idle_sites == ("backbone.layers.0.mixer.dt_proj", "backbone.layers.1.mixer.dt_proj")
+    assert not any("dt_proj" in s for g in groups for s in g.site_names)
+    assert [g.kind for g in groups if g.block == 0] == ["mlp_in", "mlp_mid", "mlp_out"]
+    assert find_input_groups(tiny_model("llama")).idle_sites == ()

@@ -60,11 +60,13 @@ class InputGroup:
 
 class InputGroups(list):
     """A model's input groups, in block and forward order, with what the model holds that no group covers:
-    `fused_experts`, the first block's modules whose experts are one 3-D parameter (not per-expert sites)."""
+    `fused_experts`, the modules whose experts are one 3-D parameter (not per-expert sites), and `idle_sites`, the
+    linear sites the forward never calls as modules (their weight read directly), which stay dense."""
 
-    def __init__(self, groups=(), fused_experts: tuple[str, ...] = ()):
+    def __init__(self, groups=(), fused_experts: tuple[str, ...] = (), idle_sites: tuple[str, ...] = ()):
         super().__init__(groups)
         self.fused_experts = fused_experts
+        self.idle_sites = idle_sites
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class ModelLayout:
     blocks: str
     groups: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]  # per block: (kind, relative site names)
     fused_experts: tuple[str, ...] = ()  # full module names
+    idle_sites: tuple[str, ...] = ()  # full names of linear sites the forward never calls (they stay dense)
 
 
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -188,12 +191,16 @@ def _block_groups(model: nn.Module, block: nn.Module, where: str, reads: list) -
         else:
             tensors.append(x)
             groups.append([rel])
-    idle = [rel for rel, m in block.named_modules() if isinstance(m, nn.Linear) and not _is_router(rel)
-            and rel not in seen]
-    if idle:
-        raise UserError(f"architecture '{_model_type(model)}': {where}.{idle[0]} (and {len(idle) - 1} more) never "
-                        "ran in a traced forward, so acbench cannot tell which input it reads")
     return list(zip(_kinds(groups), map(tuple, groups)))
+
+
+def _idle_sites(block: nn.Module, where: str, reads: list) -> list[str]:
+    """The block's linear sites the traced forward never called as modules: their weight is read directly (Mamba's
+    dt_proj, which the scan applies itself) or the forward skips them, so no input of theirs can be hooked and no
+    replacement would run. They stay dense, named by `bench run` in one line."""
+    seen = {rel for rel, _ in reads}
+    return [f"{where}.{rel}" for rel, m in block.named_modules() if isinstance(m, nn.Linear) and not _is_router(rel)
+            and rel not in seen]
 
 
 def expert_unit(rel: str) -> str | None:
@@ -247,7 +254,8 @@ def model_layout(model: nn.Module) -> ModelLayout:
                         "compresses nn.Linear sites")
     fused = tuple(f"{path}.{i}.{rel}" for i, block in enumerate(blocks) for rel, m in block.named_modules()
                   if _has_fused_experts(rel, m))
-    layout = ModelLayout(path, groups, fused)
+    idle = tuple(n for i, (block, r) in enumerate(zip(blocks, reads)) for n in _idle_sites(block, f"{path}.{i}", r))
+    layout = ModelLayout(path, groups, fused, idle)
     _LAYOUTS[model] = layout
     return layout
 
@@ -301,7 +309,7 @@ def find_input_groups(model: nn.Module, kinds: tuple[str, ...] | None = None) ->
             groups.append(InputGroup(name=name, block=i, kind=kind,
                                      site_names=tuple(f"{layout.blocks}.{i}.{rel}" for rel in rel_names),
                                      sites=sites))
-    return InputGroups(groups, layout.fused_experts)
+    return InputGroups(groups, layout.fused_experts, layout.idle_sites)
 
 
 # Where an activation function lives as a module: transformers' own (ACT2FN's classes) and torch's.

@@ -67,6 +67,11 @@ def check_groups(run: Run, groups: list) -> list:
     problem = fused_experts_problem(groups, tuple(run.config.groups) if run.config.groups else None)
     if problem:
         raise UserError(problem)
+    idle = getattr(groups, "idle_sites", ())
+    if idle:
+        log(f"{len(idle)} linear sites stay dense: the traced forward never called them as modules (a weight read "
+            f"directly, as Mamba's dt_proj, or a block the forward skips), so no input of theirs can be calibrated "
+            f"({idle[0]}" + (", ..." if len(idle) > 1 else "") + ")")
     selected = [g for g in groups if selection.includes(g)]
     if selection.scope != ALL:
         log(f"compressing {len(selected)} of {len(groups)} input groups: {describe_scope(selection.scope)}"
