@@ -492,7 +492,9 @@ def build_thresholded(model: nn.Module, layout: dict) -> dict[str, ThresholdedAc
 def deploy_layout(model: nn.Module, layout: dict | None) -> dict[str, nn.Module]:
     """Build the modules a layout names, in place; their tensors are filled by loading the checkpoint."""
     layout = layout or {}
-    split_experts(model, list(layout))  # a site or activation inside fused experts is one of their per-expert views
+    # a built module inside fused experts replaces one of their per-expert views; dense-shaped forms (merged, masked
+    # weights) are saved in the fused layout and need no split
+    split_experts(model, [name for name, spec in layout.items() if spec.get("form") in RUNTIME_FORMS])
     return {**build_factorised(model, layout), **build_sparse(model, layout), **build_thresholded(model, layout)}
 
 

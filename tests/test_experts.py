@@ -140,3 +140,52 @@ def test_a_saved_dense_split_model_loads_in_plain_transformers(tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(plain(_ids()).logits, want, rtol=0, atol=1e-5)
+
+
+def _calibrated_mixtral():
+    from bench.calibration.engine import CalibSpec, calibrate
+    from bench.model.groups import find_input_groups
+    from studies.architectures import tiny_model
+
+    model = tiny_model("mixtral")
+    groups = find_input_groups(model)
+    return model, calibrate(model, groups, _ids(), frozenset({"C"}), CalibSpec(pair_tokens=16), progress=False)
+
+
+@pytest.mark.parametrize("method, budget, merge", [("pca", 0.9, True), ("magnitude-prune", 0.5, False),
+                                                   ("pca", 0.25, False)])
+def test_compressed_experts_save_and_reload_in_acbench_and_plain_transformers(method, budget, merge, tmp_path):
+    """Dense-shaped forms (merged, masked weights) save the fused layout, which the base architecture loads; a
+    factorised form saves the compressed experts module per expert, and only that one: one block's expert 1 is
+    compressed, the other block's experts stay fused on disk."""
+    from transformers import AutoModelForCausalLM
+
+    import methods
+    from bench.deploy.compression import deploy
+    from bench.model.checkpoint import load_checkpoint, write_checkpoint
+    from core.stats import RankSpec, SparsitySpec
+
+    model, stats = _calibrated_mixtral()
+    spec = RankSpec(budget) if methods.family_of(method) == methods.LOW_RANK_FAMILY else SparsitySpec(density=budget)
+    only = None if merge or budget > 0.25 else {"layers.0.experts.1.mlp_in", "layers.0.experts.1.mlp_out"}
+    dep = deploy(model, method, spec, stats, only_groups=only, progress=False, merge=merge)
+    with torch.no_grad():
+        want = model(_ids(seed=1)).logits
+    write_checkpoint(model, None, tmp_path / "ck", {"method": method, "budget": str(budget)})
+    dep.restore()
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "ck" / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    factorised = only is not None
+    split_keys = {k for k in keys if ".experts.1.gate_up." in k or ".experts.1.down." in k}
+    if factorised:  # the compressed experts module per expert, the other one fused as transformers holds it
+        assert "model.layers.1.mlp.experts.gate_up_proj" in keys and split_keys
+        assert all(k.startswith("model.layers.0.") for k in split_keys)
+    else:  # the base architecture's own key format (transformers saves Mixtral's experts per expert, w1/w2/w3)
+        assert not split_keys and "model.layers.0.block_sparse_moe.experts.1.w1.weight" in keys
+    for loaded in (load_checkpoint(tmp_path / "ck"),
+                   AutoModelForCausalLM.from_pretrained(tmp_path / "ck", trust_remote_code=factorised,
+                                                        dtype=torch.float32).eval()):
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(_ids(seed=1)).logits, want, rtol=0, atol=1e-5)
