@@ -36,7 +36,11 @@ def scaled_truncated_factors(W: torch.Tensor, k: int, inputs: torch.Tensor | Non
 def floored(v: torch.Tensor, op: str, kind: str, unit: str, fallbacks: list, rel: float = 1e-6) -> torch.Tensor:
     """v with every entry below rel * mean(v) raised to it, so a dead channel's scaling can be undone; where the
     floor bites, a fallback record {"op", "kind", unit: how many} is appended to `fallbacks` (stored in the
-    result, counted in the leaderboard)."""
+    result, counted in the leaderboard). All zero (a site whose output no gradient reaches: Doge's dt_proj feeds a
+    top-k mask), there is nothing to weigh by: every entry is 1, the plain SVD, recorded as such."""
+    if not bool((v > 0).any()):
+        fallbacks.append({"op": op, "kind": f"{kind}: all zero, unweighted", unit: int(v.numel())})
+        return torch.ones_like(v)
     floor = rel * v.mean().clamp_min(tiny(v.dtype))
     low = v < floor
     if low.any():

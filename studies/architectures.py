@@ -302,7 +302,8 @@ def write_table(rows: list[tuple[Coverage, str | None]], seconds: float, out: Pa
              "bit; a fasc-kfac checkpoint at rank 0.5 reloads with its logits in acbench and in plain transformers "
              "(trust_remote_code). What acbench compresses is every nn.Linear "
              "site in the decoder blocks (transformers' Conv1D, GPT-2's transposed linear layer, included); routers, "
-             "sparse-attention indexers, and weights that are no linear site (embeddings, norms, the head, "
+             "sparse-attention indexers, linear sites the forward never calls as modules (Mamba's dt_proj, whose "
+             "weight the scan reads directly), and weights that are no linear site (embeddings, norms, the head, "
              "convolution kernels, per-head recurrent gates) stay dense.")
     count = (f"**{len(passing)} of the {len(target)} decoder-only text types pass** "
              f"({100 * len(passing) / max(1, len(target)):.0f} %): {len(full)} with every group, "

@@ -105,6 +105,18 @@ def test_fwsvd_floors_the_row_weights_it_cannot_invert_and_says_how_many(scale):
     assert np.allclose((A.double() @ B.double()).numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
+def test_fwsvd_without_any_gradient_is_the_plain_svd_and_says_so():
+    """A site no gradient reaches (Doge's dt_proj feeds a top-k mask) has an all-zero row Fisher: FWSVD is then
+    the plain SVD, recorded, never diag(0)^-1."""
+    W = _w()
+    zero = GroupStats(row_fisher={"s": torch.zeros(W.shape[0], dtype=torch.float64)})
+    res = methods.get_method("fwsvd")().compress(FakeGroup({"s": W.float()}), zero, RankSpec(0.4))
+    plain = methods.get_method("svd")().compress(FakeGroup({"s": W.float()}), GroupStats(), RankSpec(0.4))
+    assert res.fallbacks == [{"op": "fwsvd", "kind": "row-weight-floor: all zero, unweighted", "rows": W.shape[0]}]
+    got, want = (r.factors["s"][0].double() @ r.factors["s"][1].double() for r in (res, plain))
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(12, 5), (5, 12), (6, 6)])
 def test_truncated_factors_is_the_truncated_svd(dtype, shape):

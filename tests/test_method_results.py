@@ -272,8 +272,11 @@ def test_floored_raises_what_is_below_the_floor_and_records_how_many():
     assert fallbacks == [{"op": "op", "kind": "kind", "channels": 2}]
     at = torch.tensor([1.0, 1.0], dtype=torch.float64)  # an entry exactly at the floor (rel = 1) is not raised
     assert torch.equal(floored(at, "op", "kind", "channels", fallbacks, rel=1.0), at) and len(fallbacks) == 1
-    zeros = torch.zeros(3, dtype=torch.float64)  # all zero: the floor is the dtype's tiny, never zero
-    assert float(floored(zeros, "op", "kind", "rows", fallbacks).min()) > 0 and fallbacks[-1]["rows"] == 3
+    zeros = torch.zeros(3, dtype=torch.float64)  # all zero: nothing to weigh by, every entry 1 (the plain SVD)
+    assert torch.equal(floored(zeros, "op", "kind", "rows", fallbacks), torch.ones(3, dtype=torch.float64))
+    assert fallbacks[-1] == {"op": "op", "kind": "kind: all zero, unweighted", "rows": 3}
+    tiny = torch.tensor([0.0, 1e-300], dtype=torch.float64)  # one positive entry: floored as usual
+    assert float(floored(tiny, "op", "kind", "rows", fallbacks)[1]) == 1e-300 and fallbacks[-1]["rows"] == 1
 
 
 def test_scaled_truncated_factors_is_the_scaled_svd_unscaled():
