@@ -61,6 +61,7 @@ class _GroupCollector:
         self.group, self.needed = group, needed
         d = group.d_in
         self.n = 0
+        self.n_grad = 0  # tokens read by calls a gradient reaches
         self.C = torch.zeros(d, d, dtype=torch.float64) if "C" in needed else None
         self.abs_sum = torch.zeros(d, dtype=torch.float64) if "abs_mean" in needed else None
         self.sum = torch.zeros(d, dtype=torch.float64) if "mean" in needed else None
@@ -93,7 +94,11 @@ class _GroupCollector:
         if self.hist is not None:
             self.hist += magnitude_histogram(flat).cpu()
         idx = None
-        if "pairs" in self.needed:
+        # a recurrent model (HRM) runs its blocks several times per forward, all but the last without gradients:
+        # g-statistics average over the calls a gradient reaches, and (x, g) pairs are sampled from those only
+        if x.requires_grad:
+            self.n_grad += flat.shape[0]
+        if "pairs" in self.needed and x.requires_grad:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
             # outsized norms would dominate the fourth-moment (coupling) statistics, so it is never sampled.
             seq = x.shape[1] if x.dim() == 3 else flat.shape[0]
@@ -146,7 +151,7 @@ class _GroupCollector:
             mean=None if self.sum is None else self.sum.div_(n),
             abs_hist=None if self.hist is None else self.hist.div_(max(float(self.hist.sum()), 1.0)),
             act_hist=None if self.act_hist is None else self.act_hist.div_(max(float(self.act_hist.sum()), 1.0)),
-            F=None if self.F is None else self.F.div_(n),
+            F=None if self.F is None else self.F.div_(max(self.n_grad, 1)),
             xs=torch.cat(self.xs) if self.xs else None,
             gs=torch.cat(self.gs) if self.gs else None,
             row_fisher=self.row_fisher,
