@@ -27,9 +27,10 @@ MIXTURE_OF_EXPERTS = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
 # (Hunyuan), a multimodal head saved under its language model's prefix (Gemma 3), a sparse-attention indexer
 # (DeepSeek-V3.2), GPT-2's Conv1D siblings (OpenAI GPT), embeddings added to in place during calibration (GIT),
 # blocks run in cycles whose first ones take no gradient (HRM), a site no gradient reaches (Doge's dt_proj), a site
-# whose weight the forward reads directly (Mamba's dt_proj), transposed experts with biases and a custom gate (GPT-OSS)
+# whose weight the forward reads directly (Mamba's dt_proj), transposed experts with biases and a custom gate (GPT-OSS),
+# Mamba-2 mixer sizes and an infinite float in config.json (Bamba's time_step_limit)
 REACHED = ["deepseek_v3", "gemma4_text", "emu3", "sarvam_moe", "gpt_neo", "hunyuan_v1_dense", "gemma3",
-           "deepseek_v32", "openai-gpt", "git", "hrm_text", "doge", "mamba", "gpt_oss"]
+           "deepseek_v32", "openai-gpt", "git", "hrm_text", "doge", "mamba", "gpt_oss", "bamba"]
 PARALLEL = {"phi", "gptj", "falcon"}  # attention and MLP read one normed input: one group
 
 

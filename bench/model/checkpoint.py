@@ -320,7 +320,11 @@ def checkpoint_config(folder: Path | str):
         raise UserError(f"checkpoint {folder}: config.json's {BASE_TYPE_KEY} {base!r} is not an architecture this "
                         f"transformers knows, or does not fit model_type {cfg['model_type']!r}: {FIX}")
     plain = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures", BASE_TYPE_KEY)}
-    return CONFIG_MAPPING[base].from_dict(plain)
+    config_class = CONFIG_MAPPING[base]
+    # transformers writes an infinite float as {"__float__": "Infinity"} (Mamba-2's time_step_limit) and reads it
+    # back through its own file reader, which this dict bypasses
+    decode = getattr(config_class, "_decode_special_floats", None)
+    return config_class.from_dict(decode(plain) if decode else plain)
 
 
 def _causal_lm_class(config) -> type:

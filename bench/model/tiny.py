@@ -34,6 +34,10 @@ SIZES = {
     # multi-head latent attention (DeepSeek-V2/V3, MiniCPM3 and their descendants): low-rank query and key-value
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim"), HEAD_DIM),
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 2 * HIDDEN // 4),
+    # Mamba-2 mixers (Bamba, Granite-MoE-Hybrid, Zamba2): heads x head width must equal expand x hidden (2 x 32)
+    **dict.fromkeys(("mamba_n_heads", "n_mamba_heads"), 2 * HIDDEN // HEAD_DIM),
+    **dict.fromkeys(("mamba_d_head", "mamba_headdim"), HEAD_DIM), **dict.fromkeys(("mamba_d_ssm",), 2 * HIDDEN),
+    **dict.fromkeys(("mamba_d_state", "state_size"), 16), **dict.fromkeys(("mamba_n_groups", "mamba_ngroups"), 1),
     # experts routed in groups (DeepSeek-V3): the groups must divide the shrunk experts
     **dict.fromkeys(("n_group",), 2), **dict.fromkeys(("topk_group",), 1),
 }
@@ -101,6 +105,9 @@ def shrink(config, keep_layers: bool = False):
     if mha and isinstance(_field(cfg, "num_key_value_heads"), int):
         cfg.num_key_value_heads = cfg.num_attention_heads
     _shrink_overrides(cfg, keep_layers)
+    if all(isinstance(_field(cfg, k), int) for k in ("expand", "state_size", "num_heads", "head_dim", "n_groups")):
+        # a Mamba-2 model's own heads (Mamba2Config's num_heads is the mixer's): they tile expand x hidden
+        cfg.num_heads, cfg.n_groups = cfg.expand * cfg.hidden_size // cfg.head_dim, 1
     if all(isinstance(_field(cfg, k), int) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")):
         # derived at construction: follows its parts
         cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
