@@ -518,6 +518,10 @@ def _hand_grouped():
     on every model, but on mz only for ppl-token; svd equals pca on my's lama items (a difference of exactly 0)."""
     from leaderboard.tables import group_cells
 
+    return group_cells(_hand_cells())
+
+
+def _hand_cells() -> list:
     lama = {"mx": {"dense": [1] * 8 + [0] * 2, "pca": [1] * 6 + [0] * 4, "svd": [1] * 4 + [0] * 6,
                    "aaa": [1] * 5 + [0] * 5, "bbb": [1] * 7 + [0] * 3, "ccc": [1] * 6 + [0] * 4},
             "my": {"dense": [1] * 9 + [0], "pca": [1] * 5 + [0] * 5, "svd": [1] * 5 + [0] * 5,
@@ -530,7 +534,7 @@ def _hand_grouped():
             cells.append(_cell(model, method, "lama", _acc(correct)))
             cells.append(_cell(model, method, "ppl-token", _nll([3 + 0.1 * sum(correct) + 0.01 * i for i in range(4)])))
     cells.append(_cell("mz", "ccc", "ppl-token", _nll([3.5, 3.6, 3.7, 3.8])))
-    return group_cells(cells)
+    return cells
 
 
 def test_pooled_rows_take_each_model_that_can_be_paired_and_skip_the_rest():
@@ -644,3 +648,72 @@ def test_the_section_names_models_at_chance_and_flat_rows_per_pooled_verdict(tmp
                             "pooled Δ", "pooled Δ lo", "pooled Δ hi", "pooled Δ p", "tau2", "I2", "stratified Δ",
                             "stratified p", "Hartung-Knapp lo", "Hartung-Knapp hi", "Hartung-Knapp p"}
     assert flat[0]["better in"] == 1 and flat[0]["pooled Δ lo"] < flat[0]["pooled Δ"] < flat[0]["pooled Δ hi"]
+
+
+def test_the_section_keeps_every_line_and_every_row_and_column_when_methods_left_out(monkeypatch, tmp_path):
+    """On the hand-built four models: a body row has exactly the header's columns (with four models, no
+    Hartung-Knapp cell either), a method lacking a scenario is named in the section, and the figure is titled by
+    the budget."""
+    from leaderboard import across_models
+    from leaderboard.tables import Display, group_cells
+
+    titles = []
+    monkeypatch.setattr(across_models.plots, "critical_difference",
+                        lambda mean, cd, cl, title, path: titles.append(title) or path)
+    md = across_models.across_models_section(_hand_grouped(), "pca", Display(), tmp_path, [], [])
+    table = next(block for block in md if block.startswith("| method "))
+    widths = {line.count("|") for line in table.splitlines()}
+    assert len(widths) == 1, table  # every row as wide as the header
+    assert "Hartung-Knapp" not in table
+    assert md[0] == "## Across models" and any(line.startswith("### rank ratio 0.5: 4 models") for line in md)
+    # two of those models: every method but aaa (on mx alone) is ranked over their four scenarios
+    two = group_cells([c for c in _hand_cells() if c.cell.model in ("mx", "my")])
+    md = across_models.across_models_section(two, "pca", Display(), tmp_path, [], [])
+    assert "- left out of the ranking for lacking a scenario the others have: aaa" in md
+    assert titles == ["rank ratio 0.5: mean rank over 4 scenarios"]
+
+
+def test_ranking_lines_name_every_method_left_out():
+    from leaderboard import across_models
+
+    lines = across_models.ranking_lines(("rank", 0.5), _scen([{"zz": 0.9, "aa": 0.1}]), ["mm", "nn"], "t",
+                                        Path("."), [])
+    assert "- left out of the ranking for lacking a scenario the others have: mm, nn" in lines
+
+
+def test_the_flat_rows_carry_the_stratified_test_and_the_hartung_knapp_interval(tmp_path):
+    """Two models (ma: svd right on 2 items pca misses; mc: pca right on 2 items svd misses): over the 20 items
+    the stratified difference is 9/20 - 9/20 = 0 with 2 discordant pairs each way (p = 1), and the Hartung-Knapp
+    interval straddles the pooled difference."""
+    from leaderboard.across_models import across_models_section
+    from leaderboard.tables import Display, group_cells
+
+    cells = []
+    for model, pca, svd in (("ma", [1] * 4 + [0] * 6, [1] * 6 + [0] * 4), ("mc", [1] * 5 + [0] * 5, [1] * 3 + [0] * 7)):
+        cells += [_cell(model, "dense", "lama", _acc([1] * 9 + [0])), _cell(model, "pca", "lama", _acc(pca)),
+                  _cell(model, "svd", "lama", _acc(svd))]
+    flat = []
+    across_models_section(group_cells(cells), "pca", Display(), tmp_path, [], flat)
+    (row,) = flat
+    assert row["stratified Δ"] == 0.0 and row["stratified p"] == 1.0
+    assert row["Hartung-Knapp lo"] < row["pooled Δ"] < row["Hartung-Knapp hi"]
+
+
+def test_every_scenario_scored_on_other_items_is_named_and_the_rest_of_the_section_stays(tmp_path, three_models):
+    import shutil
+
+    _, out, _ = three_models
+    root = tmp_path / "results"
+    shutil.copytree(out / "results", root)
+    for model in ("model-x", "model-y"):
+        path = root / cell_relpath(model, "pca", 0.5, "rank", "ppl-token", "k1")
+        rec = json.loads(path.read_text())
+        rec["records"] = rec["records"][:5]
+        rec["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in rec["records"]) / 5)
+        path.write_text(json.dumps(rec))
+    build([root], tmp_path / "L.md")
+    text = (tmp_path / "L.md").read_text()
+    assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
+            "model-x / ppl-token ppl, model-y / ppl-token ppl\n\n") in text
+    section = text[text.index("## Across models"):]
+    assert "### rank ratio 0.5: 3 models" in section and "| method " in section
