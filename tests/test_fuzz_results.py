@@ -470,3 +470,20 @@ def test_a_cloze_mmlu_record_with_any_value_is_valid_or_named(field, value, prim
           and all(float(r["correct"]) == float(r[shown]) for r in recs)
           and all(sum(float(r[k]) for r in recs) / 2 == 0.5 for k in ("correct_acc", "correct_acc_norm")))
     assert (problem is None) == ok, problem
+
+
+def test_cloze_records_name_their_accuracies_and_the_field_each_is_checked_against():
+    """MMLU's cloze form keeps one correctness per accuracy: a primary metric that is neither is named with the two
+    it could be, and an accuracy that disagrees with its own field names that field."""
+    from core.record import records_problem
+
+    recs = [{"correct_acc": 1, "correct_acc_norm": 0, "correct": 1}, {"correct_acc": 0, "correct_acc_norm": 0,
+                                                                      "correct": 0}]
+    cell = {"cell": {"task": "mmlu"}, "metrics": {"acc": 0.5, "acc_norm": 0.0}, "records": recs,
+            "primary_metric": "p@1"}
+    assert records_problem(cell) == "primary metric 'p@1' is not one of the accuracies its records keep (acc, acc_norm)"
+    cell["primary_metric"] = "acc"
+    assert records_problem(cell) is None
+    cell["metrics"]["acc_norm"] = 0.5
+    assert records_problem(cell) == \
+        "metric acc_norm 0.5 is not the share of its records whose correct_acc_norm is 1 (0.0)"
