@@ -281,3 +281,37 @@ def test_recurrent_cycles_without_gradients_give_pairs_and_fisher_from_the_cycle
     g = torch.cat(grads)
     assert g.shape[0] < stats.n_tokens  # the gradient reached only some calls
     torch.testing.assert_close(stats.F, g.T @ g / g.shape[0], rtol=1e-4, atol=1e-12)
+
+
+def test_an_expert_of_a_module_list_the_trace_never_routes_to_is_one_line():
+    """Experts kept as a module list (not transformers' fused experts, which every expert's trace runs): one the
+    4-token trace did not route to cannot be calibrated, and staying dense would be silent, so it is one line."""
+    import torch
+    from torch import nn
+
+    from bench.model.groups import find_input_groups
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_attn = nn.Linear(8, 8)
+            self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, x):
+            return self.experts[0](self.q_attn(x))  # a router that always picks expert 0
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.layers = nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, input_ids, **kwargs):
+            x = self.embed(input_ids)
+            for b in self.layers:
+                x = b(x)
+            return x
+
+    with pytest.raises(UserError, match=r"layers\.0\.experts\.1 is an expert the traced forward did not route to") as e:
+        find_input_groups(Toy())
+    assert "\n" not in str(e.value) and torch.is_tensor(Toy()(torch.zeros(1, 4, dtype=torch.long)))

@@ -199,13 +199,19 @@ def _idle_sites(block: nn.Module, where: str, reads: list) -> list[str]:
     dt_proj, which the scan applies itself) or the forward skips them, so no input of theirs can be hooked and no
     replacement would run. They stay dense, named by `bench run` in one line."""
     seen = {rel for rel, _ in reads}
-    return [f"{where}.{rel}" for rel, m in block.named_modules() if isinstance(m, nn.Linear) and not _is_router(rel)
+    idle = [rel for rel, m in block.named_modules() if isinstance(m, nn.Linear) and not _is_router(rel)
             and rel not in seen]
+    expert = next((rel for rel in idle if expert_unit(rel)), None)
+    if seen and expert:  # the block ran, but its router chose other experts: leaving this one dense would be silent
+        raise UserError(f"{where}.{expert} is an expert the traced forward did not route to, in a per-expert module "
+                        "list acbench cannot make run every expert (it does for transformers' fused experts); "
+                        "compress attention only with --groups attn_in attn_out")
+    return [f"{where}.{rel}" for rel in idle]
 
 
 def expert_unit(rel: str) -> str | None:
     """The path of the expert a site belongs to (`mlp.experts.3`), or None: each expert is an MLP of its own."""
-    m = re.match(r"(.*?(?:^|\.)[^.]*experts?)\.(\d+)\.", rel)
+    m = re.match(r"(.*?(?:^|\.)[^.]*experts?)\.(\d+)(?:\.|$)", rel)
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
