@@ -388,6 +388,13 @@ class SparsityMethod(Compressor):
         """Why this method cannot keep `pattern` (one line naming the fix), or None; checked before a run starts."""
         return None
 
+    def refuse_pattern(self, pattern: SparsitySpec) -> None:
+        """ValueError with `pattern_problem`'s line where the method cannot keep `pattern` (a run refuses it
+        earlier; this guards a direct call)."""
+        problem = self.pattern_problem(pattern)
+        if problem:
+            raise ValueError(problem)
+
     def group_pattern(self, kind: str, pattern: SparsitySpec) -> tuple[SparsitySpec, bool]:
         """What a group of `kind` keeps under the run's `pattern`, and whether its input is rotated first (one more
         d_in x d_in product per token): the run's pattern, unrotated, unless a method splits its budget by kind
@@ -413,6 +420,7 @@ class SparsityMethod(Compressor):
                             f"not {pattern!r}")
         if k is not None:
             raise ValueError(f"{self.name} keeps a pattern per token: a per-group k does not apply")
+        self.refuse_pattern(pattern)
         check_pattern_widths([pattern], [group])
         weights, stats = _on_solve_device(group, stats, device)
         res = self.solve(weights, stats, pattern)

@@ -65,9 +65,6 @@ class Cats(SparsityMethod):
         return res
 
     def solve(self, weights, stats, pattern):
-        problem = self.pattern_problem(pattern)
-        if problem:
-            raise ValueError(problem)
         check_finite("cats", act_hist=stats.act_hist)
         if float(stats.act_hist.sum()) > 0:  # the group reads an activation: it carries the threshold
             t = magnitude_threshold(stats.act_hist, pattern.density)

@@ -64,9 +64,7 @@ class LaRoSa(SparsityMethod):
         return SparsitySpec(density=min(1.0, max(1.0 - factor * s, 1e-12))), rotate
 
     def compress(self, group, stats, pattern, k=None, device=None, dtype=torch.float64):
-        problem = self.pattern_problem(pattern)
-        if problem:
-            raise ValueError(problem)
+        self.refuse_pattern(pattern)  # the run's pattern, before it is split by kind
         own, rotate = self.group_pattern(group.kind, pattern)
         res = super().compress(group, stats, own, k, device, dtype)
         if rotate and own.density < 1:  # at full density nothing is dropped: no rotation to pay for

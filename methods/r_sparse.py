@@ -67,9 +67,6 @@ class RSparse(SparsityMethod):
         return macs, params, masks * SparsitySpec(density=k / n).index_bits(n)
 
     def solve(self, weights, stats, pattern):
-        problem = self.pattern_problem(pattern)
-        if problem:
-            raise ValueError(problem)
         n = next(iter(weights.values())).shape[1]
         rho = self.settings.sparse_ratio
         if pattern.density >= 1:

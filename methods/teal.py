@@ -29,9 +29,6 @@ class Teal(SparsityMethod):
         return None
 
     def solve(self, weights, stats, pattern):
-        problem = self.pattern_problem(pattern)
-        if problem:
-            raise ValueError(problem)
         check_finite("teal", abs_hist=stats.abs_hist)
         threshold = magnitude_threshold(stats.abs_hist, pattern.density)
         return SparseActivation(pattern=pattern, threshold=threshold, extras={"threshold": threshold})

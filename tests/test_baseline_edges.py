@@ -73,13 +73,13 @@ def test_r_sparse_prices_its_groups_by_the_budget_formula():
     assert RSparse().group_cost(group, SparsitySpec(density=1.0)) == (64 * 80, 64 * 80, 0)  # dense: no branch
 
 
-def test_r_sparse_records_its_budget_and_refuses_n_m_in_solve():
+def test_r_sparse_records_its_budget_and_refuses_n_m_in_compress():
     weights, stats = random_weights((7, 5), 16), random_stats(16)
     res = methods.build("r-sparse:sparse_ratio=0.5").compress(FakeGroup(weights), stats, SparsitySpec(density=0.5))
     summary = res.summary()
     assert summary["sparse_ratio"] == 0.5 and summary["k"] == 4
     with pytest.raises(ValueError, match="not an N:M pattern"):
-        RSparse().solve({n: W.double() for n, W in weights.items()}, stats, SparsitySpec.parse("2:4"))
+        RSparse().compress(FakeGroup(weights), stats, SparsitySpec.parse("2:4"))
 
 
 def test_wina_weighs_a_bare_site_name_and_counts_one_mask_per_weighted_matrix():

@@ -142,7 +142,7 @@ def test_only_the_up_projection_of_an_mlp_input_follows_the_mask(calibrated):
     assert res.role == "threshold" and res.follows == () and "follows" not in res.summary()
 
 
-def test_non_finite_histograms_and_n_m_patterns_are_refused_by_the_solve(calibrated):
+def test_non_finite_histograms_and_n_m_patterns_are_refused_by_compress(calibrated):
     from bench.testing import poisoned
     from core.linalg import NumericError
 
@@ -151,7 +151,7 @@ def test_non_finite_histograms_and_n_m_patterns_are_refused_by_the_solve(calibra
     with pytest.raises(NumericError, match="^non-finite act_hist statistics in cats: "):
         methods.build("cats").compress(down, poisoned(stats[down.name], "act_hist"), SparsitySpec.parse("0.5"))
     with pytest.raises(ValueError, match="cannot be an N:M pattern"):
-        methods.build("cats").solve({}, stats[down.name], SparsitySpec.parse("2:4"))
+        methods.build("cats").compress(down, stats[down.name], SparsitySpec.parse("2:4"))
 
 
 def test_a_per_group_k_is_refused(calibrated):

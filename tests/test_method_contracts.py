@@ -145,7 +145,7 @@ def test_teal_refuses_an_n_of_m_pattern_itself():
 
     pattern = SparsitySpec.parse("2:4")
     with pytest.raises(ValueError, match="cannot be an N:M pattern"):
-        Teal().solve({"s": _w()}, GroupStats(), pattern)
+        Teal().compress(FakeGroup({"s": _w()}), GroupStats(), pattern)
 
 
 @pytest.mark.parametrize("method", methods.known_methods())
