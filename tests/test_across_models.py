@@ -369,6 +369,15 @@ def test_plan_prices_each_model_and_the_sweep(capsys):
     assert main(["plan", "--model", a, str(configs / "nope"), "--methods", "pca"]) == 2  # the second refused
 
 
+def _pca_rerun_on_five_windows(root, model: str) -> None:
+    """pca's stored perplexity cell of `model` as a rerun over 5 windows of the others' 6 would write it."""
+    path = root / cell_relpath(model, "pca", 0.5, "rank", "ppl-token", "k1")
+    rec = json.loads(path.read_text())
+    rec["records"] = rec["records"][:5]
+    rec["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in rec["records"]) / 5)
+    path.write_text(json.dumps(rec))
+
+
 def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_ranking(tmp_path, three_models):
     """pca's perplexity on model-y rerun over 5 windows of the others' 6: that scenario is not ranked, and the
     section says so; the other four still are."""
@@ -377,11 +386,7 @@ def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_rank
     _, out, _ = three_models
     root = tmp_path / "results"
     shutil.copytree(out / "results", root)
-    path = root / cell_relpath("model-y", "pca", 0.5, "rank", "ppl-token", "k1")
-    rec = json.loads(path.read_text())
-    rec["records"] = rec["records"][:5]
-    rec["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in rec["records"]) / 5)
-    path.write_text(json.dumps(rec))
+    _pca_rerun_on_five_windows(root, "model-y")
     build([root], tmp_path / "L.md")
     text = (tmp_path / "L.md").read_text()
     assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
@@ -706,11 +711,7 @@ def test_every_scenario_scored_on_other_items_is_named_and_the_rest_of_the_secti
     root = tmp_path / "results"
     shutil.copytree(out / "results", root)
     for model in ("model-x", "model-y"):
-        path = root / cell_relpath(model, "pca", 0.5, "rank", "ppl-token", "k1")
-        rec = json.loads(path.read_text())
-        rec["records"] = rec["records"][:5]
-        rec["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in rec["records"]) / 5)
-        path.write_text(json.dumps(rec))
+        _pca_rerun_on_five_windows(root, model)
     build([root], tmp_path / "L.md")
     text = (tmp_path / "L.md").read_text()
     assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "

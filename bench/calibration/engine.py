@@ -96,9 +96,10 @@ class _GroupCollector:
         idx = None
         # a recurrent model (HRM) runs its blocks several times per forward, all but the last without gradients:
         # g-statistics average over the calls a gradient reaches, and (x, g) pairs are sampled from those only
-        if x.requires_grad:
+        graded = x.requires_grad
+        if graded:
             self.n_grad += flat.shape[0]
-        if "pairs" in self.needed and x.requires_grad:
+        if "pairs" in self.needed and graded:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
             # outsized norms would dominate the fourth-moment (coupling) statistics, so it is never sampled.
             seq = x.shape[1] if x.dim() == 3 else flat.shape[0]
@@ -107,7 +108,7 @@ class _GroupCollector:
             m = min(self.pairs_per_batch, len(pool))
             idx = pool[torch.randperm(len(pool), generator=self.gen)[:m]].to(flat.device)
             self.xs.append(flat[idx].float().cpu())
-        if (self.F is not None or idx is not None) and x.requires_grad:
+        if (self.F is not None or idx is not None) and graded:
             x.register_hook(lambda g, idx=idx: self._grad_hook(g, idx))
 
     def _act_hook(self, module, args, out):
@@ -130,9 +131,10 @@ class _GroupCollector:
     def after_backward(self):
         if self.row_fisher is not None:
             for n, s in zip(self.group.site_names, self.group.sites):
-                if s.weight.grad is None and self.n == self._n_at_backward:
-                    continue  # it read no token since the last backward (an expert its router did not choose)
-                if s.weight.grad is None:  # its output reaches the loss only through a selection (an index, a top-k)
+                if s.weight.grad is None:
+                    if self.n == self._n_at_backward:
+                        continue  # it read no token since the last backward (an expert its router did not choose)
+                    # it ran, but its output reaches the loss only through a selection (an index, a top-k)
                     raise UserError(f"site {n} got no gradient in calibration: its output does not reach the loss "
                                     "differentiably, so gradient statistics cannot weigh it; leave its group out "
                                     "with --groups or use a method that needs no gradients")

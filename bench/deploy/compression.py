@@ -107,8 +107,9 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
             try:
                 budget = rank if densities is None else SparsitySpec(density=densities[g.name])
-                solver, unrouted = _solver_for(comp, stats.get(g.name))
-                res = solver.compress(g, stats.get(g.name) or GroupStats(), budget,
+                own = stats.get(g.name)
+                solver, unrouted = _solver_for(comp, own)
+                res = solver.compress(g, own or GroupStats(), budget,
                                       k=None if ks is None else ks[g.name], device=solve_device,
                                       dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
