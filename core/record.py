@@ -150,6 +150,75 @@ def latency_problem(lat: dict) -> str | None:
     return None
 
 
+RATIO_MAX = 4.0  # a deployed size over dense's: low-rank factors at full rank cost up to 2x, never 4x
+# (kind, what a value of that kind must be): the ranges of the numbers a report, a frame or a rerun reads
+RANGE_KINDS = {
+    "nonneg": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "positive": ("a number > 0", lambda v: _number(v) and v > 0),
+    "ratio": (f"a ratio in (0, {RATIO_MAX:g}]", lambda v: _number(v) and 0 < v <= RATIO_MAX),
+    "fraction": ("a fraction in (0, 1]", lambda v: _number(v) and 0 < v <= 1),
+    "share": ("a share in [0, 1]", lambda v: _number(v) and 0 <= v <= 1),
+    "count": ("a whole count >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "size": ("a whole count >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "shape": ("a list of whole counts >= 1", lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in v)),
+    "flag": ("true or false", lambda v: isinstance(v, bool)),
+}
+# every numeric field read, by its path ("*": each value of a mapping or each entry of a list); a missing field or
+# null is allowed (older cells lack the newer fields), a present one must lie in its range
+FIELD_RANGES = (
+    (("stderr", "*"), "nonneg"),
+    (("compression", "param_ratio"), "ratio"), (("compression", "compute_ratio"), "ratio"),
+    (("compression", "activation_ratio"), "ratio"), (("compression", "rank_ratio"), "fraction"),
+    (("compression", "measured_density"), "fraction"), (("compression", "n_fallbacks"), "count"),
+    (("compression", "params_dense"), "size"), (("compression", "params_deployed"), "count"),
+    (("compression", "groups", "*", "k"), "count"), (("compression", "groups", "*", "d_in"), "size"),
+    (("compression", "allocation", "allocated_params"), "count"),
+    (("compression", "allocation", "budget_params"), "count"),
+    (("compression", "allocation", "allocated_ratio"), "ratio"),
+    (("compression", "allocation", "seconds", "*"), "nonneg"),
+    (("memory", "weight_bytes"), "positive"), (("memory", "peak", "bytes"), "nonneg"),
+    (("memory", "peak", "working_bytes"), "nonneg"),
+    (("latency", "prefill_ms_per_token"), "positive"), (("latency", "decode_ms_per_token"), "positive"),
+    (("latency", "rounds"), "size"), (("latency", "converged"), "flag"),
+    (("latency", "speedup", "*", "n"), "size"),
+    (("latency", "body_overhead", "dense_body_ms"), "positive"), (("latency", "body_overhead", "floor_ms"), "nonneg"),
+    (("latency", "body_overhead", "linear_share"), "share"), (("latency", "body_overhead", "rounds"), "size"),
+    (("latency", "conditions", "memory_bandwidth", "array_mb"), "positive"),
+    (("latency", "conditions", "memory_bandwidth", "threads"), "size"),
+    (("latency", "conditions", "dense_product", "shape"), "shape"),
+    (("calibration", "n_tokens"), "size"), (("calibration", "spec", "samples"), "size"),
+    (("calibration", "spec", "seq_len"), "size"),
+    (("timings", "*"), "nonneg"),
+)
+
+
+def _at(obj, path: tuple, shown: str = ""):
+    """(dotted name, value) of every field at `path` under obj; a missing or wrongly-shaped step yields nothing
+    (field_problem's type checks name those)."""
+    if not path:
+        yield shown, obj
+        return
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            yield from _at(v, rest, f"{shown}[{k}]" if isinstance(obj, list) else f"{shown}.{k}")
+    elif isinstance(obj, dict) and head in obj:
+        yield from _at(obj[head], rest, f"{shown}.{head}" if shown else head)
+
+
+def range_problem(rec: dict) -> str | None:
+    """The first numeric field outside its range (a negative stderr, a ratio of 0, a time of 0 ms, a shape that
+    is a number), or None: such a field is a cell edited by hand, never a measurement."""
+    for path, kind in FIELD_RANGES:
+        what, ok = RANGE_KINDS[kind]
+        for name, v in _at(rec, path):
+            if v is not None and not ok(v):
+                return f"{name} {v!r} is not {what}"
+    return None
+
+
 def field_problem(rec: dict) -> str | None:
     """What is wrong with the types of a cell's fields (beyond its identity and metrics), or None."""
     for key, kind in FIELD_TYPES.items():
@@ -186,7 +255,7 @@ def field_problem(rec: dict) -> str | None:
     bad = [k for k in ("bytes", "working_bytes") if k in peak and not is_finite_or_null(peak[k])]
     if bad:
         return f"memory.peak.{bad[0]} is not a finite number"
-    return None
+    return range_problem(rec)
 
 
 def _number(v) -> bool:

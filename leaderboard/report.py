@@ -620,6 +620,57 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
             "duplicates": rs.duplicates}
 
 
+EXPORT_SUFFIXES = (".csv", ".json")
+
+
+def _is_own_output(path: Path) -> bool:
+    """Whether an existing file is one a report wrote (by its content, not its name): the markdown's title, the
+    JSON export's list of rows, the CSV export's header with the method column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.suffix == ".md":
+        return text.startswith("# acbench leaderboard")
+    if path.suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(rows, list) and all(isinstance(r, dict) and "method" in r for r in rows)
+    if not text.strip():
+        return True  # a CSV export of no rows is its bare line end; an empty file holds nothing to lose
+    first = text.split("\n", 1)[0]
+    return "method" in next(csv.reader([first]), [])
+
+
+def target_problem(out_md: Path, roots) -> str | None:
+    """Why the report must not write to out_md (and its .csv / .json exports beside it), or None.
+
+    The report never destroys what it reads: an export's suffix would be overwritten by that export within the same
+    call; a path below a results tree's top sits among stored cells; an existing file the report did not write (a
+    stored cell, a file of the user's) is never replaced."""
+    if out_md.suffix.lower() != ".md":
+        hint = out_md.with_suffix(".md")
+        if out_md.suffix.lower() in EXPORT_SUFFIXES:
+            return (f"the report writes its CSV and JSON exports beside the markdown, so a {out_md.suffix} path would "
+                    f"be overwritten by its own export: pass the markdown path, e.g. --out {hint}")
+        return f"the leaderboard is a markdown file: pass a path ending in .md, e.g. --out {hint}"
+    here = out_md.resolve()
+    for root in roots:
+        top = Path(root).resolve()
+        if here.parent != top and top in here.parents:
+            return (f"it lies inside the results tree {root} among stored cells: write the leaderboard at the tree's "
+                    f"top ({Path(root) / 'LEADERBOARD.md'}, the default) or outside it")
+    for target in (out_md, out_md.with_suffix(".csv"), out_md.with_suffix(".json")):
+        if target.is_dir():
+            return f"{target} is a folder where the report writes a file: pass another --out"
+        if target.exists() and not _is_own_output(target):
+            return (f"{target} exists and is not a file an acbench report wrote (a stored cell or a file of yours), "
+                    "and the report never writes over it: pass another --out")
+    return None
+
+
 def write_report(results, out: str | None = None, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
     from core.errors import UserError  # only for the error type users see
@@ -631,6 +682,9 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
     if out_md.is_dir():
         raise UserError(f"--out {out_md} is a folder: pass the markdown file to write, e.g. {out_md / 'LEADERBOARD.md'}")
+    problem = target_problem(out_md, roots)
+    if problem:
+        raise UserError(f"--out {out_md}: {problem}")
     try:
         info = build(roots, out_md, ref, display)
     except OSError as e:

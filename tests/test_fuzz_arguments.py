@@ -336,3 +336,39 @@ def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, c
         assert len(err) == 1 and err[0].startswith("error: ")
         return
     assert code == 0 and doc.endswith(".md") and (tmp_path / doc).is_file()
+
+
+# ---------------------------------------------------------------- bench report --out
+
+@settings(max_examples=25, deadline=None)  # one report (plots included) per example: about 0.5 s
+@given(where=st.sampled_from(["outside", "top", "in-tree", "a-cell"]),
+       suffix=st.sampled_from([".md", ".MD", ".json", ".csv", ".txt", "", ".md.json", ".png"]),
+       standing=st.sampled_from(["none", "user-md", "user-json", "user-csv", "own"]))
+def test_report_out_never_replaces_a_file_it_did_not_write(tmp_path_factory, where, suffix, standing):
+    """Any --out (outside the tree, at its top, among its cells, a stored cell itself; any suffix) with any file
+    standing where it or its exports go: exit 0 with every file the report did not write as it was, or one line
+    and nothing changed."""
+    import json
+    import shutil
+
+    from fuzz_common import FIXTURES
+
+    tmp = tmp_path_factory.mktemp("report-out")
+    results = tmp / "results"
+    shutil.copytree(FIXTURES / "results", results)
+    cell = next(results.rglob("lama-*.json"))
+    out = {"outside": tmp / f"lb{suffix}", "top": results / f"lb{suffix}",
+           "in-tree": cell.parent / f"lb{suffix}", "a-cell": cell}[where]
+    if standing.startswith("user-"):
+        ext = "." + standing.split("-")[1]
+        (out.with_suffix(ext) if out.suffix else out.with_name(out.name + ext)).write_text('{"mine": 1}')
+    elif standing == "own" and where != "a-cell":
+        assert_clean(["report", "--results", str(results), "--out", str(out)])
+    before = {p: p.read_bytes() for p in tmp.rglob("*") if p.is_file()}
+    own = {p for p, b in before.items() if b.startswith((b"# acbench leaderboard", b"[", b"model,", b"budget,"))
+           or p.suffix == ".png"}
+    assert_clean(["report", "--results", str(results), "--out", str(out)])
+    for p, b in before.items():
+        if p not in own:
+            assert p.read_bytes() == b, (out, p)
+    assert json.loads(cell.read_text())["cell"]["task"] == "lama"

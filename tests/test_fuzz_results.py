@@ -487,3 +487,93 @@ def test_cloze_records_name_their_accuracies_and_the_field_each_is_checked_again
     cell["metrics"]["acc_norm"] = 0.5
     assert records_problem(cell) == \
         "metric acc_norm 0.5 is not the share of its records whose correct_acc_norm is 1 (0.0)"
+
+
+# ---------------------------------------------------------------- numeric fields by range
+
+def _set_path(cell: dict, path: tuple, value) -> None:
+    """Set the field at `path` ("*" = the first entry, made if missing) to value, building the way there."""
+    parent = cell
+    for step, nxt in zip(path[:-1], path[1:]):
+        if step == "*":
+            step = 0 if isinstance(parent, list) else "decode"
+        if isinstance(parent, list):
+            if not parent:
+                parent.append({} if nxt != "*" else [])
+            parent = parent[step]
+            continue
+        if not isinstance(parent.get(step), (dict, list)):
+            parent[step] = [] if nxt == "*" and step == "groups" else {}
+        parent = parent[step]
+    last = path[-1]
+    if last == "*":
+        last = next(iter(parent), "decode") if isinstance(parent, dict) else 0
+    if isinstance(parent, list):
+        parent[:1] = [value]
+    else:
+        parent[last] = value
+
+
+# a value outside each range kind (a shape that is a number, a flag that is text, a count that is a fraction)
+OUT_OF_RANGE = {"nonneg": [-5.0], "positive": [0, -1.0], "ratio": [0.0, -0.25, 5.0], "fraction": [0.0, 1.5],
+                "share": [-0.1, 1.2], "count": [-1, 2.5], "size": [0, 1.5], "shape": [160, [], [0, 3]],
+                "flag": ["yes", 1]}
+
+
+def _range_cases():
+    from core.record import FIELD_RANGES
+
+    return [(path, kind, v) for path, kind in FIELD_RANGES for v in OUT_OF_RANGE[kind]]
+
+
+@pytest.mark.parametrize("path,kind,value", _range_cases(),
+                         ids=[f"{'.'.join(p)}={v!r}" for p, _, v in _range_cases()])
+def test_every_numeric_field_read_outside_its_range_skips_the_cell_naming_it(path, kind, value):
+    """Each field of FIELD_RANGES, set outside its range in a valid timed cell (a negative stderr printed as
+    "+- -5.00", a negative ratio printed in bold as the best, 0 ms printed as a measured time, a number where a
+    shape belongs): the cell is invalid, and the problem names the field."""
+    from core.record import cell_problem
+
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    assert cell_problem(cell) is None
+    _set_path(cell, path, value)
+    problem = cell_problem(cell)
+    assert problem is not None and path[0] in problem, (path, value, problem)
+
+
+@settings(max_examples=150)
+@given(data=st.data())
+def test_a_numeric_field_with_any_number_is_valid_exactly_when_in_its_range(data):
+    """Any number (or null) at any field of FIELD_RANGES: the cell is refused exactly when the value is outside the
+    field's range, so a measurement is never refused and an edit never shown."""
+    from core.record import FIELD_RANGES, RANGE_KINDS, cell_problem
+
+    path, kind = data.draw(st.sampled_from(FIELD_RANGES))
+    value = data.draw(st.one_of(st.none(), st.integers(-3, 10**9), st.floats(-1e6, 1e6), st.booleans(),
+                                st.lists(st.integers(-2, 4096), max_size=3)))
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    _set_path(cell, path, value)
+    ok = value is None or RANGE_KINDS[kind][1](value)
+    assert (cell_problem(cell) is None) == ok, (path, value, cell_problem(cell))
+
+
+def test_the_probes_four_range_edits_are_skipped_and_never_printed(tmp_path):
+    """The cases found: stderr.ppl -5 ("49119.54 +- -5.00"), param_ratio -0.5 (bold as the best), dense_body_ms 0
+    (a measured time), dense_product.shape 160 (a figure dropped in silence): each cell is named in the report's
+    skipped files and none of its values is printed."""
+    from leaderboard.report import write_report
+
+    for path, value in ((("stderr", "ppl"), -5.0), (("compression", "param_ratio"), -0.5),
+                        (("latency", "body_overhead", "dense_body_ms"), 0),
+                        (("latency", "conditions", "dense_product", "shape"), 160)):
+        root = tmp_path / "-".join(path) / "results"
+        shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
+        cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+        _set_path(cell, path, value)
+        (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
+        (root / TIMED_PLACE).write_text(json.dumps(cell))
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            md = write_report(str(root))
+        text = md.read_text()
+        assert f"skipped: results/{TIMED_PLACE}: {'.'.join(path)} {value!r}" in said.getvalue(), said.getvalue()
+        assert "+- -5" not in text and "-0.500" not in text and "0.00 ms/token" not in text

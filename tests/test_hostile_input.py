@@ -189,6 +189,37 @@ def test_report_refusals(tmp_path, capsys):
                     "a-file")
 
 
+def _tree_snapshot(root: Path) -> dict:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_report_never_writes_over_what_it_reads(tmp_path, capsys):
+    """--out with an export's suffix (the markdown would be overwritten by its own JSON or CSV), inside a results
+    tree among its cells, at a stored cell, or where a file the report did not write stands (the markdown's path
+    or an export's): one line, and every file as it was."""
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results", results)
+    mine = tmp_path / "notes.md"
+    mine.write_text("my notes")
+    (tmp_path / "mine.json").write_text('{"my": "data"}')
+    (tmp_path / "mine.md").write_text("# acbench leaderboard\n")  # a leaderboard of ours, but the JSON beside is not
+    cell = next(results.rglob("lama-*.json"))
+    before = _tree_snapshot(tmp_path)
+    for out, needle in ((tmp_path / "x.json", "own export"), (tmp_path / "x.csv", "own export"),
+                        (tmp_path / "x.txt", "ending in .md"), (cell, "own export"),
+                        (cell.with_suffix(".md"), "inside the results tree"),
+                        (results / "model-b" / "LB.md", "inside the results tree"),
+                        (mine, "not a file an acbench report wrote"), (tmp_path / "mine.md", "mine.json exists")):
+        expect_one_line(capsys, ["report", "--results", str(results), "--out", str(out)], needle)
+        assert _tree_snapshot(tmp_path) == before, out
+    # its own outputs are rewritten on a second call, at the default place and elsewhere
+    for argv in (["report", "--results", str(results)], ["report", "--results", str(results), "--out",
+                                                          str(tmp_path / "lb.md")]):
+        assert main(argv) == 0 and main(argv) == 0
+    assert (results / "LEADERBOARD.json").exists() and (tmp_path / "lb.csv").exists()
+    assert json.loads(cell.read_text()) == json.loads(before[cell])
+
+
 def test_comma_and_space_lists_mean_the_same():
     a = run_config_from_argv(["--methods", "pca,fasc", "--tasks", "lama,ppl-token", "--rank", "0.5,0.25"])
     b = run_config_from_argv(["--methods", "pca", "fasc", "--tasks", "lama", "ppl-token", "--rank", "0.5", "0.25"])
