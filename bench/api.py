@@ -52,7 +52,7 @@ def _digest(windows: torch.Tensor) -> str:
 
 
 def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed: int, bos: str,
-                       text_column: str = "text") -> tuple[str, torch.Tensor | None]:
+                       text_column: str = "text", vocab: int | None = None) -> tuple[str, torch.Tensor | None]:
     """(source label, windows) for what `compress` was given: a built-in source name ("wiki", "wikitext2",
     "file:<path>"; windows drawn later, as a run draws them), a list of texts or a `datasets.Dataset` (its
     `text_column`; joined by blank lines and cut into `samples` seeded windows of `seq_len` tokens, as for a
@@ -69,6 +69,10 @@ def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed:
         if calibration.shape[0] < 1 or calibration.shape[1] < 2:
             raise UserError(f"calibration tensor of shape {tuple(calibration.shape)}: pass at least one window of "
                             "two tokens or more")
+        low, high = int(calibration.min()), int(calibration.max())
+        if low < 0 or (vocab is not None and high >= vocab):
+            raise UserError(f"calibration tensor holds token ids from {low} to {high}, outside the model's vocabulary "
+                            f"[0, {vocab}): pass ids the model's tokenizer produced")
         return f"tokens:{_digest(calibration)}", calibration.to(torch.long)
     if type(calibration).__name__ == "Dataset" and hasattr(calibration, "column_names"):
         if text_column not in calibration.column_names:
@@ -80,6 +84,12 @@ def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed:
         return f"texts:{_digest(windows)}", windows
     raise UserError(f"calibration of type {type(calibration).__name__}: pass a source name (wiki, wikitext2, "
                     "file:<path>), a non-empty list of texts, a datasets.Dataset, or a 2-D tensor of token ids")
+
+
+def _vocabulary(model) -> int | None:
+    """The number of token ids the model's input embedding takes (None where it has none to ask)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return int(emb.num_embeddings) if isinstance(emb, torch.nn.Embedding) else None
 
 
 def _loaded(model, tokenizer) -> LoadedModel:
@@ -165,7 +175,8 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
     run = run.for_blocks(len({g.block for g in all_groups}), tuple(dict.fromkeys(g.kind for g in all_groups)))
     selected = check_groups(run, all_groups)
     check_lengths(run, lm.model.config)
-    label, windows = calibration_tokens(calibration, lm.tokenizer, samples, seq_len, seed, run.bos, text_column)
+    label, windows = calibration_tokens(calibration, lm.tokenizer, samples, seq_len, seed, run.bos, text_column,
+                                        _vocabulary(lm.model))
     run = replace(run, config=replace(run.config, calib_source=label, calib_samples=samples if windows is None
                                       else int(windows.shape[0]),
                                       calib_seq_len=seq_len if windows is None else int(windows.shape[1])))
@@ -226,6 +237,8 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
     lm = _loaded(model, tokenizer)
     if isinstance(tasks, str):
         tasks = [tasks]
+    if isinstance(tasks, Sequence) and not tasks:
+        raise UserError("tasks=[] names no task: pass task names (bench ls tasks), e.g. tasks=['lama', 'ppl-token']")
     config = _task_config(tasks, task_options, settings, model=lm.name, bos=bos, seed=seed, batch_size=batch_size,
                           measure_latency=False, report=False, progress=progress)
     check_config_types(config)
@@ -246,6 +259,17 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
 # ---------------------------------------------------------------- sweep and results
 
 _FLAG_NAMES = {"rank": "ranks", "method": "methods", "task": "tasks"}
+
+
+def check_sweep_tasks(config: RunConfig) -> None:
+    """A sweep scores at least one task, and a study is named as its own command: `bench run` and `sweep` alike."""
+    from bench.results.plugged import plugged_commands
+
+    if isinstance(config.tasks, (list, tuple)) and not config.tasks:
+        raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
+    for name in config.tasks:  # a study named as a task gets its own command named, not a did-you-mean over tasks
+        if isinstance(name, str) and name in plugged_commands():
+            raise UserError(f"{name} is not a task of bench run: it is a study with its own command, `bench {name}`")
 
 
 def sweep_configs(models, keywords: dict) -> list[RunConfig]:
@@ -274,6 +298,7 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     for m in models:
         config = RunConfig(model=str(m), task_options=options, **data)
         check_config_types(config)
+        check_sweep_tasks(config)
         configs.append(config)
     return configs
 
@@ -329,9 +354,15 @@ def load_results(*folders: str | Path):
     from leaderboard.frame import results_frame
     from leaderboard.load import load_results as load_cells
 
+    from leaderboard.load import folder_problem
+
+    if not folders:
+        raise UserError("load_results() names no folder: pass the output folder of a run, e.g. "
+                        "load_results('results')")
     for f in folders:
-        if not Path(f).is_dir():
-            raise UserError(f"results folder {f} does not exist: pass the --output of a run (default results)")
+        problem = folder_problem(f)
+        if problem:
+            raise UserError(problem + ": pass the output folder of a run (default results)")
     rs = load_cells(*folders)
     frame = results_frame(rs.cells)
     frame.attrs["problems"] = list(rs.problems) + list(rs.superseded)

@@ -119,6 +119,15 @@ def read_user_text(path, what: str) -> str:
         raise UserError(f"{what} {path} cannot be read ({e.strerror}): check its permissions") from None
 
 
+def folder_problem(path, what: str) -> str | None:
+    """Why `path` cannot be read as a folder, or None: a file where a folder is wanted is named as a file, never as
+    missing."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return None
+    return f"{what} {path} is a file, not a folder" if path.exists() else f"{what} {path} does not exist"
+
+
 def unwritable(folder: Path) -> str | None:
     """Why files cannot be written in `folder`, or None if they can. An absent folder is not created (a refused run
     leaves no empty folders): its nearest existing parent must be a writable folder."""

@@ -676,9 +676,12 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
     from core.errors import UserError  # only for the error type users see
 
     roots = [Path(r) for r in ([results] if isinstance(results, (str, Path)) else results)]
+    from .load import folder_problem
+
     for root in roots:
-        if not root.is_dir():
-            raise UserError(f"results directory {root} does not exist: run `bench run` first or pass --results DIR")
+        problem = folder_problem(root)
+        if problem:
+            raise UserError(f"{problem}: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
     if out_md.is_dir():
         raise UserError(f"--out {out_md} is a folder: pass the markdown file to write, e.g. {out_md / 'LEADERBOARD.md'}")

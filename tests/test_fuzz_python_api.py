@@ -79,4 +79,65 @@ def test_evaluate_keywords_end_in_one_line_or_scores(lm, tasks, keywords, monkey
     calls = []
     for name in ("lama", "ppl-token", "mmlu"):  # the checks run; the scoring is stubbed (the property is the checks')
         monkeypatch.setattr(task_registry.get_task(name), "evaluate", lambda self, *a, **k: calls.append(1) or {})
-    one_line_or_result(lambda: bench.evaluate(lm, None, tasks, progress=False, **keywords))
+    got = one_line_or_result(lambda: bench.evaluate(lm, None, tasks, progress=False, **keywords))
+    if not tasks:
+        assert got is None  # no task is refused, as the CLI refuses an empty --tasks, never an empty result
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=st.one_of(st.sampled_from(["TINY", "", " ", "no/such/folder", "TINY/config.json"]), st.integers(),
+                       st.none(), st.lists(st.just("TINY"), max_size=2), st.floats()),
+       dtype=st.sampled_from(["float32", "bfloat16", "int8", 32, None]),
+       device=st.sampled_from(["cpu", "cuda", "cuda:1", "mps", "tpu", 0, None]),
+       device_map=st.sampled_from([None, "auto", "balanced", 1]), progress=st.sampled_from([False, True, "no", 0]))
+def test_load_model_arguments_end_in_one_line_or_a_model(tiny, model, dtype, device, device_map, progress):
+    """bench.load_model with any argument of any type (the probe's load_model(5) and device="cuda" on a CPU-only
+    torch were 28- and 33-line tracebacks): a loaded model, or one UserError line."""
+    if isinstance(model, str):
+        model = model.replace("TINY", str(tiny))
+    elif isinstance(model, list):
+        model = [str(tiny) for _ in model]
+    got = one_line_or_result(lambda: bench.load_model(model, dtype=dtype, device=device, device_map=device_map,
+                                                      progress=progress))
+    if device in ("cuda", "cuda:1", "mps") and not torch.cuda.is_available():
+        assert got is None or device_map == "auto"
+
+
+@SLOW
+@given(ids=st.lists(st.lists(st.integers(-3, 49152 + 3), min_size=2, max_size=6), min_size=1, max_size=2))
+def test_calibration_token_ids_outside_the_vocabulary_are_one_line(lm, ids):
+    """Token windows with any ids: compressed, or (an id below 0 or past the embedding's rows) one line naming the
+    range; the probe's 66-line IndexError from inside the embedding never reaches the user."""
+    width = min(map(len, ids))
+    windows = torch.tensor([row[:width] for row in ids])
+    vocab = lm.model.get_input_embeddings().num_embeddings
+    try:
+        done = bench.compress(lm, None, "pca", rank=0.5, calibration=windows, progress=False, cache=False)
+        done.restore()
+        assert int(windows.min()) >= 0 and int(windows.max()) < vocab
+    except UserError as e:
+        assert "outside the model's vocabulary" in str(e) and "\n" not in str(e)
+        assert int(windows.min()) < 0 or int(windows.max()) >= vocab
+
+
+@settings(max_examples=20, deadline=None)
+@given(folders=st.lists(st.sampled_from(["results", "missing", "a-file", "results/LEADERBOARD.md"]), max_size=2))
+def test_load_results_folders_end_in_one_line_or_a_frame(tmp_path_factory, folders):
+    """load_results with no folder, a missing one or a file (named as a file, never as missing): one line; with
+    result folders, a frame."""
+    import shutil
+
+    from fuzz_common import FIXTURES
+
+    tmp = tmp_path_factory.mktemp("load-results")
+    shutil.copytree(FIXTURES / "results", tmp / "results")
+    (tmp / "a-file").write_text("x")
+    (tmp / "results" / "LEADERBOARD.md").write_text("# acbench leaderboard\n")
+    try:
+        frame = bench.load_results(*[tmp / f for f in folders])
+        assert folders and all(f == "results" for f in folders) and len(frame)
+    except UserError as e:
+        bad = next(f for f in folders if f != "results") if folders else None
+        assert ("names no folder" in str(e)) if bad is None else (str(tmp / bad) in str(e))
+        if bad in ("a-file", "results/LEADERBOARD.md"):
+            assert "is a file, not a folder" in str(e)

@@ -353,7 +353,7 @@ def test_write_report_refusals_in_full(tmp_path, monkeypatch):
     shutil.copytree(FIXTURE, root)
     with pytest.raises(UserError) as e:
         report.write_report([root, tmp_path / "nope"])
-    assert str(e.value) == (f"results directory {tmp_path / 'nope'} does not exist: run `bench run` first or pass "
+    assert str(e.value) == (f"results folder {tmp_path / 'nope'} does not exist: run `bench run` first or pass "
                             "--results DIR")
     with pytest.raises(UserError) as e:
         report.write_report(str(root), out=str(tmp_path))

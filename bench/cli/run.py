@@ -338,15 +338,10 @@ def config_from_args(args) -> RunConfig:
 def run_configs_of(args) -> list[RunConfig]:
     """bench run's own checks of its flags and config file, short of opening a model or writing anything: one
     config per model."""
-    from bench.results.plugged import plugged_commands
+    from bench.api import check_sweep_tasks
 
     configs = configs_from_args(args)
-    config = configs[0]
-    if not config.tasks:
-        raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
-    for name in config.tasks:  # a study named as a task gets its own command named, not a did-you-mean over tasks
-        if name in plugged_commands():
-            raise UserError(f"{name} is not a task of bench run: it is a study with its own command, `bench {name}`")
+    check_sweep_tasks(configs[0])
     return configs
 
 

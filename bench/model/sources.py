@@ -430,8 +430,51 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name)
 
 
+def device_problem(device) -> str | None:
+    """Why a model cannot be placed on `device` on this machine, or None: the CLI's --device and the Python API's
+    device= share it, so the two cannot drift."""
+    import re
+
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
+        shown = device if isinstance(device, str) else repr(device)
+        return f"{shown} is not supported: use cpu, cuda or cuda:<index>"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else f"torch for CUDA {torch.version.cuda}"
+            return f"{device} asked for, but no CUDA device is available ({build}): use cpu"
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            return f"{device}: this machine has {torch.cuda.device_count()} CUDA device(s): use an index below that"
+    if device == "mps" and not torch.backends.mps.is_available():
+        return "mps asked for, but this machine has no Apple GPU: use cpu"
+    return None
+
+
+def check_load_arguments(model, dtype, device, device_map, progress) -> str:
+    """The model name as text, after the checks `bench run` makes of its --model, --dtype, --device and
+    --device-map (one UserError line each), before anything is opened."""
+    import os
+
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str) or not model.strip():
+        raise UserError(f"model {model!r} ({type(model).__name__}): pass a model name, alias (bench ls models), "
+                        f".gguf file or checkpoint folder, e.g. '{DEFAULT_MODEL}'")
+    if not isinstance(dtype, str) or dtype not in TORCH_DTYPES:
+        raise UserError(f"dtype {dtype!r} is unknown: use float32, bfloat16 or float16")
+    if device_map not in (None, "auto"):
+        raise UserError(f"device_map {device_map!r} is unknown: use 'auto' (or None for one device)")
+    problem = device_problem(device) if device_map is None else None
+    if problem:
+        raise UserError(f"device {problem}")
+    if not isinstance(progress, bool):
+        raise UserError(f"progress {progress!r}: pass True or False")
+    return model
+
+
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> LoadedModel:
+    model = check_load_arguments(model, dtype, device, device_map, progress)
     return load_weights(open_model(model, dtype, progress, device_map), device)
 
 

@@ -516,13 +516,11 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
         raise UserError(f"--bos {config.bos!r} is unknown: use auto, window, stream or none")
     if config.dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"--dtype {config.dtype} is unknown: use float32, bfloat16 or float16")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", config.device):
-        raise UserError(f"--device {config.device} is not supported: use cpu, cuda or cuda:<index>")
-    if config.device.startswith("cuda"):
-        import torch
+    from bench.model.sources import device_problem
 
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {config.device} asked for, but no CUDA device is available: use --device cpu")
+    problem = device_problem(config.device)
+    if problem:
+        raise UserError(f"--device {problem}")
     check_solve_device(config.solve_device)
     check_solve_dtype(config.solve_dtype)
     if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:

@@ -11,7 +11,7 @@ from pathlib import Path
 from core.errors import UserError
 
 from core.errors import DataError
-from core.io import read_user_text
+from core.io import folder_problem, read_user_text
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,9 @@ def load_lama_dir(data_dir: Path, templates_file: Path) -> LamaSet:
     """Original LAMA: one jsonl per relation (T-REx `P19.jsonl`, Google-RE `place_of_birth_test.jsonl`) with
     sub_label and obj_label, plus a templates jsonl with `relation` and `template` per line."""
     templates = {}
-    if not Path(data_dir).is_dir():
-        raise UserError(f"LAMA relation folder {data_dir} does not exist: pass lama:<folder of *.jsonl>:<relations.jsonl>")
+    problem = folder_problem(data_dir, "LAMA relation folder")
+    if problem:
+        raise UserError(f"{problem}: pass lama:<folder of *.jsonl>:<relations.jsonl>")
     for row, rec in _read_jsonl(Path(templates_file), "LAMA relations file"):
         if not isinstance(rec, dict) or "relation" not in rec or "template" not in rec:
             raise DataError(templates_file, row, "missing field relation or template")

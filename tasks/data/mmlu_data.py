@@ -141,6 +141,9 @@ def load_mmlu(source: str = "embedded") -> tuple[list[MMLUQuestion], dict[str, l
     if source == "hub":
         return load_hub()
     root = Path(source)
+    if root.is_file():
+        raise UserError(f"MMLU source '{source}' is a file, not a folder: pass 'embedded', 'hub' or a folder with dev/ "
+                        "and test/")
     if not root.is_dir():
         raise UserError(f"MMLU source '{source}' is not 'embedded', 'hub' or an existing folder with dev/ and test/")
     dev: dict[str, list[MMLUQuestion]] = {}
