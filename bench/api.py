@@ -31,7 +31,8 @@ from bench.model.checkpoint import runtime_forms
 from bench.model.groups import find_input_groups
 from bench.model.sources import DEFAULT_MODEL, LoadedModel, load_model as _load_model
 from bench.runner.cells import ModelInfo, plan
-from bench.runner.config import RunConfig, check_config_types, resolve_run, shortcut_options, task_shortcuts
+from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
+                                 shortcut_options, task_shortcuts)
 from bench.runner.execute import check_groups, check_lengths
 from bench.runner.one_variant import Compressed, compress_variant
 
@@ -201,17 +202,15 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
 # ---------------------------------------------------------------- evaluate
 
 def _with_shortcuts(shortcuts: dict, task_options):
-    """The task shortcuts' options under the explicit `task_options` (which win, as --task-option wins over
-    --lama-limit); `task_options` that are not {task: {setting: value}} are passed on for the run's checks to
-    refuse in their words."""
+    """The task shortcuts' options with the explicit `task_options`; a setting given both ways with different values
+    is refused, naming both (neither silently wins); `task_options` that are not {task: {setting: value}} are
+    passed on for the run's checks to refuse in their words."""
     if task_options is None:
         return shortcuts
     if not isinstance(task_options, Mapping) or not all(isinstance(v, Mapping) for v in task_options.values()):
         return task_options
-    out = {task: dict(values) for task, values in shortcuts.items()}
-    for task, values in task_options.items():
-        out.setdefault(task, {}).update(values)
-    return out
+    return merge_option_blocks(("a task keyword (lama_limit= ...)", shortcuts),
+                               ("task_options", {t: dict(v) for t, v in task_options.items()}))
 
 
 def _task_config(tasks: Sequence[str], task_options: Mapping | None, settings: dict, **run) -> RunConfig:
@@ -222,7 +221,7 @@ def _task_config(tasks: Sequence[str], task_options: Mapping | None, settings: d
     if unknown:
         raise UserError(f"unknown task setting {unknown[0]}=: use one of {', '.join(sorted(known))}, or "
                         "task_options={task: {setting: value}}")
-    options = _with_shortcuts(shortcut_options(settings), task_options)
+    options = _with_shortcuts(shortcut_options(settings, list(tasks)), task_options)
     return RunConfig(tasks=list(tasks), task_options=options, methods=["dense"], **run)
 
 
@@ -290,7 +289,8 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     for dest in ("methods", "tasks", "ranks", "allocate", "groups", "sparsity"):
         if isinstance(data.get(dest), (str, int, float)) and not isinstance(data.get(dest), bool):
             data[dest] = [data[dest]]  # one value where the flag takes several
-    options = _with_shortcuts(shortcut_options(shortcuts), data.pop("task_options", None))
+    options = _with_shortcuts(shortcut_options(shortcuts, data.get("tasks", list(DEFAULT_TASKS))),
+                              data.pop("task_options", None))
     models = [models] if isinstance(models, (str, Path)) else list(models)
     if not models:
         raise UserError("model=[] names no model: pass one or more models")

@@ -57,9 +57,17 @@ def canonical(name: str, opts: dict) -> str:
     return name + ":" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(opts.items()))
 
 
-def pattern_problem(variant: str, pattern: SparsitySpec) -> str | None:
-    """Why the sparsity method of `variant` cannot keep `pattern` (one line naming the fix), or None."""
-    return get_method(base_name(variant)).pattern_problem(pattern)
+def pattern_problem(variant: str, pattern: SparsitySpec, options: dict | None = None) -> str | None:
+    """Why the sparsity method of `variant` (with its settings and `options`) cannot keep `pattern` (one line naming
+    the fix), or None: the method's rule for the pattern, then what its settings make of it (`budget_problem`)."""
+    problem = get_method(base_name(variant)).pattern_problem(pattern)
+    if problem:
+        return problem
+    try:
+        comp = build(variant, options)
+    except (KeyError, TypeError, ValueError):
+        return None  # settings that do not build are refused by the run's method checks, in their own words
+    return comp.budget_problem(pattern) if hasattr(comp, "budget_problem") else None
 
 
 def base_name(variant: str) -> str:

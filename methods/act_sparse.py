@@ -47,6 +47,7 @@ class ActSparse(SparsityMethod):
     description = ("N:M (or unstructured top-k) activation sparsity per token; score abs|wina|amber|fisher, "
                    "mitigation none|variance|shift|median (fisher reads F, shift the calibrated mean)")
     Settings = ActSparseSettings
+    takes_group_density = True  # a per-token top-k at each group's own density
 
     def required_stats(self) -> frozenset[str]:
         need = set()

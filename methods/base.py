@@ -375,6 +375,10 @@ class SparsityMethod(Compressor):
     family = SPARSITY_FAMILY
     # what `solve` returns: MaskedWeights (True: n/m of the weights deployed) or SparseActivation (every weight)
     masks_weights: ClassVar[bool] = False
+    # whether a density per input group (--allocate greedy) deploys as asked: True where every group keeps its own
+    # density of its own input; a method that splits the budget by kind, keeps some groups dense or masks weights
+    # would meet another density than the one allocated, and is refused with the rule
+    takes_group_density: ClassVar[bool] = False
 
     @property
     def projection(self) -> bool:
@@ -388,10 +392,15 @@ class SparsityMethod(Compressor):
         """Why this method cannot keep `pattern` (one line naming the fix), or None; checked before a run starts."""
         return None
 
+    def budget_problem(self, pattern: SparsitySpec) -> str | None:
+        """Why this method's settings cannot meet `pattern` (one line naming the setting and the fix), or None: the
+        pattern's own rule is `pattern_problem`; a setting that turns the asked budget into another one is here."""
+        return None
+
     def refuse_pattern(self, pattern: SparsitySpec) -> None:
-        """ValueError with `pattern_problem`'s line where the method cannot keep `pattern` (a run refuses it
-        earlier; this guards a direct call)."""
-        problem = self.pattern_problem(pattern)
+        """ValueError with `pattern_problem`'s (or `budget_problem`'s) line where the method cannot keep `pattern`
+        (a run refuses it earlier; this guards a direct call)."""
+        problem = self.pattern_problem(pattern) or self.budget_problem(pattern)
         if problem:
             raise ValueError(problem)
 

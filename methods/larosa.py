@@ -53,6 +53,18 @@ class LaRoSa(SparsityMethod):
                     f"pattern ({pattern.budget}): pass a density, e.g. --sparsity 0.5")
         return None
 
+    def budget_problem(self, pattern):
+        """A factor of 1 / s or more asks a kind to zero every channel: it would keep one per token (the floor), a
+        density other than the split asks for and the run's budget names."""
+        s = 1.0 - pattern.density
+        for name in ("in_factor", "out_factor"):
+            factor = getattr(self.settings, name)
+            if factor * s >= 1:
+                return (f"larosa {name} {factor:g} at sparsity {s:g} (density {pattern.density:g}) zeroes "
+                        f"{factor * s:g} of the channels, more than there are (the groups would keep one per token): "
+                        f"lower {name} below {1 / s:.4g} or ask for a higher density")
+        return None
+
     def group_pattern(self, kind: str, pattern):
         """The density a group of `kind` keeps under the run's density, and whether its input is rotated."""
         from core.stats import SparsitySpec

@@ -20,6 +20,7 @@ class Teal(SparsityMethod):
     description = ("TEAL: static magnitude threshold per input group, calibrated to the target density (--sparsity "
                    "0.5), |x| compared with it at run time; reads the |x| histogram")
     needs = frozenset({"abs_hist"})
+    takes_group_density = True  # each group's threshold calibrated at its own density
 
     @classmethod
     def pattern_problem(cls, pattern):

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from core.errors import UserError
+
 from bench.runner.cells import ModelInfo, plan
 from bench.runner.config import RunConfig, resolve_run
 from bench.results.store import write_cell
@@ -69,8 +71,12 @@ def test_task_sizes_are_task_options_and_shortcuts_map_onto_them(tmp_path):
     from bench.cli import run_config_from_argv
 
     a = run_config_from_argv(["--lama-limit", "5", "--ppl-windows", "3", "--limit", "2"])
-    assert a.task_options == {"lama": {"per_relation": 5}, "mmlu": {"limit": 2},
-                              "ppl-token": {"max_windows": 3}, "ppl-word": {"max_docs": 3}}
+    # a flag several tasks share sets only the tasks the run reads (the default: lama, ppl-token and rho, whose
+    # probes are sized from ppl-token's, lama's and mmlu's settings)
+    assert a.task_options == {"lama": {"per_relation": 5}, "mmlu": {"limit": 2}, "ppl-token": {"max_windows": 3}}
+    with pytest.raises(UserError, match="mmlu.format .set by --mmlu-format or --task-option. applies to mmlu, "
+                                        "which this run does not score"):
+        resolve_run(run_config_from_argv(["--tasks", "lama", "--mmlu-format", "cloze", "--output", str(tmp_path)]))
     b = run_config_from_argv(["--lama-limit", "5", "--task-option", "lama.per_relation=7"])
     assert b.task_options["lama"] == {"per_relation": 7}  # the explicit option wins
     run = resolve_run(run_config_from_argv(["--tasks", "lama", "--lama-limit", "0", "--output", str(tmp_path)]))

@@ -1,6 +1,8 @@
 """`bench run --config`: one configuration language (the flags' own names, switches included, plus the option
 blocks), the command line over the file, and the repository's example config run as a user runs it."""
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -21,7 +23,7 @@ def _config(*argv):
 def test_the_example_config_reads_as_its_flags_would():
     c = _config("--config", str(EXAMPLE))
     assert c.model == "gemma-3-270m" and c.methods == ["pca", "fasc-kfac", "whitened-svd"]
-    assert c.ranks == [0.5, 0.75] and c.tasks == ["lama", "ppl-token"] and c.calib_samples == 12
+    assert c.ranks == [0.5, 0.75] and c.tasks == ["lama", "ppl-token", "rho"] and c.calib_samples == 12
     assert c.measure_latency is False  # no_latency: true
     assert c.task_options["lama"]["per_relation"] == 20 and c.task_options["ppl-token"]["max_windows"] == 8
     assert c.analysis_options == {"rho": {"units": 4}}
@@ -31,10 +33,28 @@ def test_the_command_line_overrides_the_file_option_blocks_included(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("task_options: {lama: {per_relation: 20}}\nmethod-option: [fasc.folds=3]\nno-report: true\n"
                  "quiet: false\n")
-    c = _config("--config", str(f), "--lama-limit", "5", "--method-option", "fasc.folds=4")
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        c = _config("--config", str(f), "--lama-limit", "5", "--method-option", "fasc.folds=4")
     assert c.task_options["lama"]["per_relation"] == 5 and c.method_options["fasc"]["folds"] == 4
     assert c.report is False and c.progress is True
     assert _config("--config", str(f)).task_options["lama"]["per_relation"] == 20
+    # never in silence: each override is one line naming the setting, both values and where each came from
+    assert said.getvalue().splitlines() == [
+        "setting: lama.per_relation = 5 from a shortcut flag overrides 20 from --config",
+        "setting: fasc.folds = 4 from --method-option overrides 3 from --config's method_options"]
+
+
+def test_a_config_narrowed_on_the_command_line_leaves_its_other_settings_out_and_says_so(tmp_path):
+    """The example's sizes for lama and rho do nothing when the command line runs ppl-token alone: they are left
+    out, each in one line; the same settings given on the command line for a task not run are refused."""
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        c = _config("--config", str(EXAMPLE), "--tasks", "ppl-token", "--methods", "pca")
+    assert c.task_options == {"ppl-token": {"max_windows": 8}} and c.analysis_options == {}
+    assert c.method_options == {}
+    assert sorted(said.getvalue().splitlines()) == [
+        "setting: --config's fasc-kfac settings left out: --methods on the command line does not include fasc-kfac",
+        "setting: --config's lama settings left out: --tasks on the command line does not include lama",
+        "setting: --config's rho settings left out: --tasks on the command line does not include rho"]
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -44,7 +64,9 @@ def test_the_command_line_overrides_the_file_option_blocks_included(tmp_path):
     ("methods: pca\nmethods: fasc\n", "sets 'methods' twice (line 2)"),
     ("task_options:\n  lama:\n    per_relation: 1\n    per_relation: 2\n", "sets 'per_relation' twice (line 4)"),
     ("no-latency: true\nno_latency: false\n", "sets 'no_latency' twice ('no-latency' and 'no_latency')"),
-    ("rank: 0.5\nranks: [0.25]\n", "sets both 'rank' and 'ranks'")])
+    ("rank: 0.5\nranks: [0.25]\n", "has key 'ranks': write it as the flag is spelled, 'rank'"),
+    ("ranks: [0.25]\n", "has key 'ranks'"),
+    ("task_options: {lama: {per_relation: 3}}\ntask_option: [lama.per_relation=4]\n", "lama.per_relation is set twice")])
 def test_a_config_key_that_is_not_a_flag_is_one_line(tmp_path, text, needle):
     f = tmp_path / "run.yaml"
     f.write_text(text)

@@ -372,3 +372,49 @@ def test_report_out_never_replaces_a_file_it_did_not_write(tmp_path_factory, whe
         if p not in own:
             assert p.read_bytes() == b, (out, p)
     assert json.loads(cell.read_text())["cell"]["task"] == "lama"
+
+
+# ---------------------------------------------------------------- settings that would do nothing
+
+OPTION_FLAGS = {
+    "--method-option": ["sparsegpt.damping=0.1", "pca.bogus=1", "fasc.max_swaps=3", "larosa.out_factor=1.5",
+                        "teal.x=1"],
+    "--task-option": ["mmlu.format=cloze", "lama.per_relation=2", "ppl-token.max_windows=1", "ppl-word.max_docs=1"],
+    "--analysis-option": ["rho.units=2"],
+    "--mmlu-format": ["cloze"], "--lama-limit": ["2"], "--ppl-windows": ["1"], "--limit": ["3"],
+    "--allocate": ["greedy", "uniform,greedy", "uniform"],
+}
+
+
+@settings(max_examples=40, deadline=None)  # each example resolves a run twice: about 0.2 s
+@given(methods=st.lists(st.sampled_from(["pca", "fasc", "teal", "wanda", "larosa", "cats", "act-sparse",
+                                         "sparsegpt"]), min_size=1, max_size=2, unique=True),
+       tasks=st.lists(st.sampled_from(["lama", "ppl-token", "mmlu", "rho"]), min_size=1, max_size=2, unique=True),
+       pairs=st.lists(st.sampled_from(sorted(OPTION_FLAGS)).flatmap(
+           lambda f: st.tuples(st.just(f), st.sampled_from(OPTION_FLAGS[f]))), max_size=3))
+def test_a_setting_for_what_the_run_does_not_include_is_refused(tmp_path, tiny, checked_only, methods, tasks, pairs):
+    """Method, task and analysis options, task shortcuts and --allocate greedy, each for a method, task or analysis
+    the run may or may not include: the run starts only if every one of them applies to something it computes
+    (checked on the resolved configuration), else one line naming the setting."""
+    from bench.cli import run_config_from_argv
+    from bench.runner.config import resolve_run
+    import methods as registry
+
+    argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet", "--no-latency",
+            "--calib-samples", "2", "--calib-seq-len", "32", "--methods", ",".join(methods), "--tasks", ",".join(tasks)]
+    low = [m for m in methods if registry.family_of(m) == registry.LOW_RANK_FAMILY]
+    argv += (["--rank", "0.5"] if low else []) + (["--sparsity", "0.5"] if len(low) < len(methods) else [])
+    for flag, value in pairs:
+        argv += [flag, value]
+    if assert_clean(argv) != 0:
+        return
+    run = resolve_run(run_config_from_argv(argv[1:]))
+    bases = {registry.base_name(m) for m in run.methods}
+    assert set(run.config.method_options) <= bases
+    assert set(run.config.task_options) <= set(run.tasks) | {t for a in run.analyses.values() for t in a.uses_tasks}
+    assert set(run.config.analysis_options) <= set(run.analyses)
+    if "greedy" in run.allocate:
+        assert any(getattr(registry.get_method(registry.base_name(m)), "takes_group_density", False)
+                   for m in run.methods)
+        assert all(registry.get_method(registry.base_name(m)).takes_group_density or "uniform" in run.allocate
+                   for m in run.methods if registry.family_of(m) == registry.SPARSITY_FAMILY)

@@ -17,6 +17,8 @@ def base(tiny, out, **replace):
     args = {"--model": str(tiny), "--methods": "pca", "--rank": "0.5", "--tasks": "ppl-token",
             "--output": str(out), "--calib-samples": "2", "--calib-seq-len": "32", "--ppl-windows": "1",
             "--ppl-seq-len": "32", **replace}
+    if "ppl" not in str(args["--tasks"]):  # the perplexity sizes would do nothing, and are refused
+        args = {**args, "--ppl-windows": None, "--ppl-seq-len": None}
     flat = ["run"]
     for k, v in args.items():
         if v is not None:
@@ -514,3 +516,54 @@ def test_a_rule_named_twice_is_one_rule_not_a_cell_left_to_another_run(tmp_path,
     err = capsys.readouterr()
     assert "another run" not in err.err + err.out
     assert len(list(out.rglob("*.json"))) == 2  # dense and act-sparse+greedy, once each
+
+
+# ---------------------------------------------------------------- a setting that does nothing (issue 76, class 6)
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--method-option", "sparsegpt.damping=0.1"], "sparsegpt is not among this run's methods (pca)"),
+    (["--mmlu-format", "cloze"], "mmlu.format (set by --mmlu-format or --task-option) applies to mmlu, which this run "
+                                 "does not score (ppl-token)"),
+    (["--task-option", "lama.per_relation=2"], "lama.per_relation (set by --lama-limit or --task-option) applies to"),
+    (["--task-option", "mmlu.shots=1"], "mmlu.shots (set by --mmlu-shots or --task-option) applies to mmlu"),
+    (["--analysis-option", "rho.units=2"], "--analysis-option rho.units: rho is not among --tasks"),
+    (["--limit", "3"], "--limit sets lama and mmlu, and this run scores neither (ppl-token)"),
+    (["--methods", "wanda", "--rank", None, "--sparsity", "0.5", "--allocate", "greedy"],
+     "which wanda cannot deploy as allocated"),
+    (["--methods", "larosa", "--rank", None, "--sparsity", "0.5", "--allocate", "uniform,greedy"],
+     "which larosa cannot deploy as allocated"),
+    (["--methods", "cats", "--rank", None, "--sparsity", "0.5", "--allocate", "greedy"],
+     "which cats cannot deploy as allocated"),
+    (["--methods", "larosa:out_factor=10", "--rank", None, "--sparsity", "0.5"],
+     "larosa out_factor 10 at sparsity 0.5 (density 0.5) zeroes 5 of the channels"),
+    (["--methods", "larosa", "--rank", None, "--sparsity", "0.5", "--method-option", "larosa.in_factor=2.5"],
+     "larosa in_factor 2.5 at sparsity 0.5"),
+    (["--method-option", "pca.x=1", "--method-option", "pca.x=2"], "--method-option pca.x is given twice"),
+    (["--model", "TINY,"], "has an empty entry between commas"),
+    (["--model", "TINY,,TINY"], "has an empty entry between commas"),
+])
+def test_a_setting_that_does_nothing_is_refused(tmp_path, tiny, capsys, extra, needle):
+    """Each setting the probe found ignored in silence: one line naming it and what it applies to, no cell."""
+    out = tmp_path / "out"
+    replace, rest = {}, []
+    it = iter(extra)
+    for flag in it:
+        value = next(it)
+        if flag in ("--methods", "--rank", "--sparsity", "--model"):
+            replace[flag] = value.replace("TINY", str(tiny)) if value else value
+        else:
+            rest += [flag, value]
+    expect_one_line(capsys, base(tiny, out, **replace) + rest, needle)
+    assert no_cells(out)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("model: null\n", "'model' in --config is null"), ("model: [[a]]\n", "holds ['a'], which is not a model name"),
+    ("model: [TINY, null]\n", "holds None, which is not a model name"), ("ranks: [0.5]\n", "has key 'ranks'"),
+    ("analysis_options: {rho: {units: 2}}\n", "rho is not among --tasks"),
+])
+def test_a_config_model_or_key_that_does_nothing_is_one_line(tmp_path, tiny, capsys, text, needle):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("tasks: [ppl-token]\n" + text.replace("TINY", str(tiny)))
+    argv = [a for a in base(tiny, tmp_path / "out") if a not in ("--model", str(tiny), "--tasks", "ppl-token")]
+    expect_one_line(capsys, argv + ["--config", str(cfg)], needle)

@@ -94,7 +94,7 @@ def _tiny_context(**spec_kw):
 
     lm = load_model(str(tiny_checkpoint()), progress=False)
     config = RunConfig(task_options={"ppl-token": {"seq_len": 32}, "lama": {"max_candidates": 5}}, progress=False,
-                       bos="none", tasks=["ppl-token"], **spec_kw)
+                       bos="none", tasks=["ppl-token", "lama"], **spec_kw)
     run = resolve_run(config)
     windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
     groups = find_input_groups(lm.model)

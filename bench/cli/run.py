@@ -7,8 +7,8 @@ import dataclasses
 
 from core.errors import UserError
 
-from bench.runner.config import (RunConfig, check_config_types, shortcut_dest, shortcut_options, split_method_names,
-                                 task_shortcuts)
+from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, shortcut_dest,
+                                 shortcut_options, split_method_names, task_shortcuts)
 from bench.model.sources import ALIASES, DEFAULT_MODEL
 
 
@@ -27,6 +27,9 @@ def kv_options(items: list[str] | None, what: str) -> dict:
         except yaml.YAMLError:
             raise UserError(f"--{what}-option '{item}': the value '{value}' does not parse (quote strings, close "
                             "brackets)") from None
+        if key in out.get(target, {}):  # the last would win in silence, as inside one method string it is refused
+            raise UserError(f"--{what}-option {target}.{key} is given twice ({out[target][key]!r} and {parsed!r}): "
+                            "give it once")
         out.setdefault(target, {})[key] = parsed
     return out
 
@@ -37,6 +40,9 @@ def split_list(value, kind, where: str) -> list:
     out = []
     for item in items:
         parts = [p.strip() for p in item.split(",")] if isinstance(item, str) else [item]
+        if len(parts) > 1 and "" in parts:  # 'a,' or 'a,,b': a name left out, never read as the list without it
+            raise UserError(f"{where} {item!r} has an empty entry between commas: remove the stray comma or name "
+                            "what belongs there")
         for p in parts:
             if p == "":
                 continue
@@ -219,10 +225,12 @@ def read_config_file(path: str) -> tuple[dict, dict]:
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
                 raise UserError(f"'{what}_option' in {path} is a list of {what}.setting=value strings (or write a "
                                 f"{what}_options: block)")
-            data[f"{what}_options"] = _merge_options(data.get(f"{what}_options"), kv_options(items, what))
+            data[f"{what}_options"] = merge_option_blocks((f"{path}'s {what}_options", data.get(f"{what}_options")),
+                                                          (f"{path}'s {what}_option", kv_options(items, what)))
+    if "ranks" in data:  # the field's internal name: one configuration language, the flags' names
+        raise UserError(f"config file {path} has key 'ranks': write it as the flag is spelled, 'rank' (one ratio or "
+                        "a list)")
     if "rank" in data:
-        if "ranks" in data:
-            raise UserError(f"config file {path} sets both 'rank' and 'ranks' (one setting, the --rank flag): keep one")
         data["ranks"] = data.pop("rank")
     if isinstance(data.get("blocks"), int) and not isinstance(data["blocks"], bool):
         data["blocks"] = str(data["blocks"])
@@ -261,18 +269,22 @@ def add_run_parser(sub):
     return p
 
 
-def _merge_options(*blocks) -> dict:
-    """{name: {setting: value}} blocks merged left to right; a block that is not a mapping is returned as it is,
-    for the config's type check to name."""
-    out: dict = {}
-    for block in blocks:
-        if block is None:
-            continue
-        if not isinstance(block, dict):
-            return block
-        for name, opts in block.items():
-            out[name] = {**out[name], **opts} if isinstance(opts, dict) and isinstance(out.get(name), dict) else opts
-    return out
+def _merge_options(*blocks, overridden: list | None = None) -> dict:
+    """{name: {setting: value}} blocks, each (where it came from, block), merged left to right: the more explicit
+    and the command line win, and each setting so overridden is said (bench.runner.config.merge_option_blocks)."""
+    return merge_option_blocks(*blocks, overridden=[] if overridden is None else overridden)
+
+
+def _narrowed(block, names, flag: str, said: list) -> dict | None:
+    """A config file's option block without the entries for names the command line's `flag` left out of the run
+    (a file made for a larger run, narrowed on the command line), each one said; `names` None keeps it whole, and
+    what is left is checked as used (`check_options_used`)."""
+    if names is None or not isinstance(block, dict) or not all(isinstance(n, str) for n in names):
+        return block
+    kept = {k: v for k, v in block.items() if k in names}
+    for name in block.keys() - kept.keys():
+        said.append(f"--config's {name} settings left out: {flag} on the command line does not include {name}")
+    return kept
 
 
 def models_of(value, where: str = "--model") -> list:
@@ -281,6 +293,10 @@ def models_of(value, where: str = "--model") -> list:
         return [DEFAULT_MODEL]
     if not isinstance(value, (str, list)):
         return [value]  # for the type check to name
+    bad = [v for v in (value if isinstance(value, list) else [value]) if not isinstance(v, str)]
+    if bad:
+        raise UserError(f"{where} holds {bad[0]!r}, which is not a model name: list aliases, .gguf files, checkpoint "
+                        f"folders or hub ids as text, e.g. [{DEFAULT_MODEL}]")
     models = list(dict.fromkeys(split_list(value, str, where)))
     if not models:
         raise UserError(f"{where} is empty: pass a model (alias, .gguf file, checkpoint dir or hub id), e.g. "
@@ -304,15 +320,35 @@ def configs_from_args(args) -> list[RunConfig]:
     for dest in ("overwrite", "measure_latency", "report", "progress"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
-    if args.method_option:
-        data["method_options"] = _merge_options(data.get("method_options"), kv_options(args.method_option, "method"))
+    overridden: list[str] = []  # each setting the command line (or a more explicit form) overrides, said below
+    tasks = data.get("tasks", list(DEFAULT_TASKS))
+    narrowed_tasks = bool(args.config) and args.tasks is not None
     # the file's shortcuts, then its task options, then the command line's shortcuts, then --task-option: the
-    # command line overrides the file, and in each the most explicit wins
-    data["task_options"] = _merge_options(shortcut_options(file_shortcuts), data.get("task_options"),
-                                          shortcut_options(shortcuts), kv_options(args.task_option, "task"))
-    if args.analysis_option:
-        data["analysis_options"] = _merge_options(data.get("analysis_options"),
-                                                  kv_options(args.analysis_option, "analysis"))
+    # command line overrides the file, and in each the most explicit wins; every override is said in one line
+    file_tasks = _merge_options(("--config's shortcut keys", shortcut_options(file_shortcuts,
+                                                                              None if narrowed_tasks else tasks)),
+                                ("--config's task_options", data.get("task_options")), overridden=overridden)
+    data["task_options"] = _merge_options(
+        ("--config", _narrowed(file_tasks, tasks if narrowed_tasks else None, "--tasks", overridden)),
+        ("a shortcut flag", shortcut_options(shortcuts, tasks)),
+        ("--task-option", kv_options(args.task_option, "task")), overridden=overridden)
+    if "analysis_options" in data or args.analysis_option:
+        data["analysis_options"] = _merge_options(
+            ("--config's analysis_options", _narrowed(data.get("analysis_options"),
+                                                      tasks if narrowed_tasks else None, "--tasks", overridden)),
+            ("--analysis-option", kv_options(args.analysis_option, "analysis")), overridden=overridden)
+    if "method_options" in data or args.method_option:
+        listed = data.get("methods") if args.config and args.methods is not None else None
+        bases = None if not isinstance(listed, list) or "all" in listed else [
+            m.split(":", 1)[0].split("+", 1)[0] for m in listed if isinstance(m, str)]
+        data["method_options"] = _merge_options(
+            ("--config's method_options", _narrowed(data.get("method_options"), bases, "--methods", overridden)),
+            ("--method-option", kv_options(args.method_option, "method")), overridden=overridden)
+    for line in overridden:
+        print(f"setting: {line}")
+    if "model" in data and data["model"] is None:
+        raise UserError("'model' in --config is null: name a model (e.g. model: gemma-3-270m) or leave the key out for "
+                        f"the default ({DEFAULT_MODEL})")
     configs = []
     for model in models_of(data.pop("model", None), "--model" if args.model is not None else "'model' in --config"):
         try:

@@ -74,9 +74,10 @@ def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
     for m in run.methods:
         if methods.family_of(m) == SPARSITY_FAMILY:
             # `all` may bring a method to a pattern it keeps none of (teal to 2:4): no cell there
-            out += [(m, p, rule) for p in run.patterns if methods.pattern_problem(m, p) is None
+            out += [(m, p, rule) for p in run.patterns if methods.pattern_problem(m, p, run.method_options(m)) is None
                     for rule in run.allocate
-                    if rule == UNIFORM or (rule in SPARSITY_RULES and not p.structured)]
+                    if rule == UNIFORM or (rule in SPARSITY_RULES and not p.structured
+                                           and methods.get_method(methods.base_name(m)).takes_group_density)]
         else:
             out += [(m, r, rule) for r in run.ranks for rule in run.allocate if rule not in SPARSITY_RULES]
     return out

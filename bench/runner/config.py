@@ -289,7 +289,8 @@ def resolve_budgets(config: RunConfig) -> tuple[tuple[str, ...], list[float], li
             flag = "--sparsity 2:4 (an N:M pattern or a density)" if family == SPARSITY_FAMILY else "--rank 0.5"
             raise UserError(f"{m} is a {family} method but no {family} budget is given: add {flag}, or leave "
                             f"{m} out")
-    names = _without_refused_patterns(names, given, patterns)
+    options = config.method_options if isinstance(config.method_options, dict) else {}
+    names = _without_refused_patterns(names, given, patterns, options)
     if not names:
         raise UserError("no methods given: pass --methods all or names from `bench ls methods`")
     check_ranks(ranks)
@@ -326,7 +327,7 @@ def _check_distinct(names, config: RunConfig) -> None:
         seen[same] = n
 
 
-def _without_refused_patterns(names: list[str], given: list[str], patterns) -> list[str]:
+def _without_refused_patterns(names: list[str], given: list[str], patterns, options: dict) -> list[str]:
     """A sparsity method named on its own must keep every given pattern (else one line naming it and the fix);
     one that `all` brought in is left out where it keeps none of them (teal under --sparsity 2:4), and its
     refused patterns are left out of the plan (bench.runner.cells.variants)."""
@@ -334,7 +335,8 @@ def _without_refused_patterns(names: list[str], given: list[str], patterns) -> l
     out = []
     for m in names:
         if methods.family_of(m) == SPARSITY_FAMILY:
-            problems = [p for p in (methods.pattern_problem(m, pat) for pat in patterns) if p]
+            problems = [p for p in (methods.pattern_problem(m, pat, options.get(methods.base_name(m)))
+                                    for pat in patterns) if p]
             if problems and m in explicit:
                 raise UserError(problems[0])
             if len(problems) == len(patterns):
@@ -353,6 +355,12 @@ def check_rank_flags_used(config: RunConfig, names, analyses) -> None:
         if given:
             raise UserError(f"{flag} sets how a rank budget is read, but no low-rank method is named "
                             f"({', '.join(names)}): leave it out, or add a low-rank method and --rank")
+
+
+def density_methods() -> list[str]:
+    """The registered sparsity methods a density rule (greedy) applies to."""
+    return [n for n in methods.known_methods() if methods.family_of(n) == SPARSITY_FAMILY
+            and methods.get_method(n).takes_group_density]
 
 
 def check_allocation(config: RunConfig, names) -> None:
@@ -376,6 +384,18 @@ def check_allocation(config: RunConfig, names) -> None:
                         "a rank: add uniform (or fisher / variance with --budget params) to --allocate, or run them "
                         "in another command")
     if density_rules:
+        given = set(methods.expand_methods([g for g in config.methods if g != "all"])) if isinstance(
+            config.methods, list) else set()
+        cannot = [m for m in sparse if not methods.get_method(methods.base_name(m)).takes_group_density]
+        named = [m for m in cannot if m in given]
+        if named:
+            raise UserError(f"--allocate {density_rules[0]} sets a density per input group, which {', '.join(named)} "
+                            f"cannot deploy as allocated (only {', '.join(density_methods())} keep each group's own "
+                            "density of its own input): run them under uniform, or in another command")
+        if sparse and not uniform and len(cannot) == len(sparse):
+            raise UserError(f"--allocate {density_rules[0]} applies to {', '.join(density_methods())}, and none of "
+                            f"them is named ({', '.join(sparse)}): add uniform to --allocate or name one of them")
+        sparse = [m for m in sparse if m not in cannot]
         patterns = parse_sparsity(config.sparsity or [])
         if not sparse or not any(not p.structured for p in patterns):
             raise UserError(f"--allocate {density_rules[0]} sets a density per input group for activation sparsity: "
@@ -564,6 +584,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     check_allocation(config, names)
     check_rank_flags_used(config, names, analyses)
     model_tasks = build_tasks(config, analyses)
+    check_options_used(config, names, analyses)
     check_execution(config, writes)
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
@@ -588,13 +609,94 @@ def shortcut_dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def shortcut_options(values: dict) -> dict:
+def shortcut_options(values: dict, tasks=None) -> dict:
     """{task: {setting: value}} from shortcut values ({dest: value}); a flag several tasks share (--limit) first,
-    so one task's own flag (--lama-limit) overrides it."""
+    so one task's own flag (--lama-limit) overrides it. `tasks`, the run's task names where known: a shared flag
+    sets only the tasks the run scores, and one that sets none of them is refused (it would do nothing); a task's
+    own flag is kept for `check_options_used` to name."""
+    import analyses
+
+    known = set(task_registry.known_tasks()) | set(analyses.known_analyses())
+    run_tasks = set(tasks) if isinstance(tasks, (list, tuple)) and all(isinstance(t, str) for t in tasks) else None
+    if run_tasks is not None and not run_tasks <= known:
+        run_tasks = None  # an unknown task name is refused with its did-you-mean, before any setting is read
+    if run_tasks is not None:  # an analysis sizes its probes from the run's tasks (rho: ppl-token, lama, mmlu)
+        run_tasks |= {t for a in run_tasks & set(analyses.known_analyses()) for t in analyses.REGISTRY.get(a).uses_tasks}
     out: dict = {}
     for flag, uses in sorted(task_shortcuts().items(), key=lambda kv: -len(kv[1])):
         value = values.get(shortcut_dest(flag))
-        if value is not None:
-            for task, sc in uses:
-                out.setdefault(task, {})[sc.setting] = value
+        if value is None:
+            continue
+        if run_tasks is not None and len(uses) > 1:
+            kept = [(task, sc) for task, sc in uses if task in run_tasks]
+            if not kept:
+                raise UserError(f"{flag} sets {' and '.join(t for t, _ in uses)}, and this run scores neither "
+                                f"({', '.join(sorted(run_tasks))}): add one to --tasks or leave {flag} out")
+            uses = kept
+        for task, sc in uses:
+            out.setdefault(task, {})[sc.setting] = value
     return out
+
+
+def merge_option_blocks(*labelled, overridden: list | None = None) -> dict:
+    """{name: {setting: value}} blocks, each with where it came from ((label, block) pairs), merged into one, later
+    blocks over earlier ones. A setting given twice with different values is refused naming both places, unless
+    `overridden` is a list: then the later value wins (the command line over a config file) and the override is
+    appended to it as one line, so that it is said, never silent. A block that is not a mapping is returned as it
+    is, for `check_option_blocks` to name."""
+    out: dict = {}
+    where: dict = {}
+    for label, block in labelled:
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            return block
+        for name, opts in block.items():
+            if not (isinstance(opts, dict) and isinstance(out.get(name, {}), dict)):
+                out[name] = opts
+                continue
+            mine = out.setdefault(name, {})
+            for key, value in opts.items():
+                if key in mine and mine[key] != value:
+                    if overridden is None:
+                        raise UserError(f"{name}.{key} is set twice, to {mine[key]!r} by {where[name, key]} and to "
+                                        f"{value!r} by {label}: give it once")
+                    overridden.append(f"{name}.{key} = {value!r} from {label} overrides {mine[key]!r} from "
+                                      f"{where[name, key]}")
+                mine[key] = value
+                where[name, key] = label
+    return out
+
+
+def shortcut_flag(task: str, setting: str) -> str | None:
+    """The flag of bench run that sets this one task's setting (--mmlu-format for mmlu.format), or None."""
+    for flag, uses in task_shortcuts().items():
+        if (task, setting) in [(t, sc.setting) for t, sc in uses]:
+            return flag
+    return None
+
+
+def check_options_used(config: RunConfig, names, analyses) -> None:
+    """An option for a method, task or analysis the run does not include would be checked, printed and ignored:
+    refused, naming the option and what it applies to."""
+    bases = {methods.base_name(n) for n in names}
+    for name, opts in config.method_options.items():
+        if name not in bases:
+            first = next(iter(opts), "<setting>")
+            raise UserError(f"--method-option {name}.{first}: {name} is not among this run's methods "
+                            f"({', '.join(names)}): add it to --methods or leave the option out")
+    scored = [t for t in config.tasks if t not in analyses]
+    read = set(scored) | {t for a in analyses.values() for t in a.uses_tasks}  # an analysis sizes its own probes
+    for name, opts in config.task_options.items():
+        if name not in read:
+            first = next(iter(opts), "<setting>")
+            flag = shortcut_flag(name, first)
+            given = f"{name}.{first} (set by {flag} or --task-option)" if flag else f"--task-option {name}.{first}"
+            scores = ", ".join(scored) or "no task"
+            raise UserError(f"{given} applies to {name}, which this run does not score ({scores}): add {name} to "
+                            "--tasks or leave the setting out")
+    for name, opts in config.analysis_options.items():
+        if name not in analyses:
+            first = next(iter(opts), "<setting>")
+            raise UserError(f"--analysis-option {name}.{first}: {name} is not among --tasks "
+                            f"({', '.join(config.tasks)}): add {name} to --tasks or leave the option out")
