@@ -18,3 +18,19 @@ Each script runs as `python -m studies.<name>`; figures the README shows are in 
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+
+def output_problem(path, what: str, folder: bool = False) -> str | None:
+    """Why a study could not write `path` (a page or file it writes, or with `folder` a folder it fills), or None:
+    checked before any compute, so that an hour's sweep never ends in "cannot write"."""
+    from core.io import unwritable
+
+    p = Path(path).expanduser()
+    if not folder and p.is_dir():
+        return f"{what} {path} is a folder: pass the file to write"
+    if folder and p.exists() and not p.is_dir():
+        return f"{what} {path} is a file: pass a folder"
+    why = unwritable(p if folder else p.parent)
+    return f"{what} {path} cannot be written ({why}): pass a writable path" if why else None

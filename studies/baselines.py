@@ -136,6 +136,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not Path(a.doc).name.endswith(".md"):
         ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
+    from studies import output_problem
+
+    problem = output_problem(a.doc, "--doc") or output_problem(a.output, "--output", folder=True)
+    if problem:  # before the sweep, not after it
+        ap.error(problem)
     try:
         cells = sweep(a.models, a.output)
     except UserError as e:

@@ -353,6 +353,13 @@ def parse(argv=None) -> Settings:
         ap.error("--ranks names a rank twice: give each once")
     if not Path(a.doc).name.endswith(".md"):
         ap.error(f"--doc {a.doc}: give a markdown file (.md)")
+    from studies import output_problem
+
+    problem = (output_problem(a.doc, "--doc") or output_problem(Path(a.doc).parent / "plots", "--doc's figure folder",
+                                                                folder=True)
+               or output_problem(a.output, "--output", folder=True))
+    if problem:  # before the sweep: an hour's cells never end in "cannot write the page"
+        ap.error(problem)
     return Settings(models=tuple(a.models), ranks=tuple(sorted(a.ranks, reverse=True)), mmlu_limit=a.mmlu_limit,
                     output=a.output, doc=a.doc)
 

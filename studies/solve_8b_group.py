@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from studies import output_problem
+
+    problem = output_problem(args.out, "--out") if args.out else None
+    if problem:
+        ap.error(problem)
     t0 = time.perf_counter()
     group, stats = random_group(args.d, args.d_out, 512, args.seed, args.device)
     results = [{"d": args.d, "d_out": args.d_out, "rank": args.rank, "device": args.device,

@@ -34,6 +34,11 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", default=None, help="default: every low-rank method")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from studies import output_problem
+
+    problem = output_problem(args.out, "--out") if args.out else None
+    if problem:
+        ap.error(problem)
 
     import methods
     from bench.deploy.apply import apply_compression, restore

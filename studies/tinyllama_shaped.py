@@ -56,6 +56,11 @@ def main() -> None:
     out = Path(args.out)
     if out.exists():
         sys.exit(f"{out} exists: pass a new folder to --out")
+    from studies import output_problem
+
+    problem = output_problem(out, "--out", folder=True)
+    if problem:
+        sys.exit(problem)
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     t0 = time.perf_counter()

@@ -183,9 +183,12 @@ class MMLU(Task):
     @classmethod
     def from_options(cls, options: dict | None = None):
         options = dict(options or {})
-        if options.get("format") == "cloze" and options.get("limit") is None:
+        given = options.get("limit") is not None
+        if options.get("format") == "cloze" and not given:
             options["limit"] = CLOZE_LIMIT
-        return super().from_options(options)
+        task = super().from_options(options)
+        task.limit_given = given  # a default limit (1, or 5 in cloze form) caps any source; a given one is a demand
+        return task
 
     def size_note(self) -> str:
         s = self.settings
@@ -202,7 +205,8 @@ class MMLU(Task):
         from collections import Counter
 
         test, dev = load_mmlu(self.settings.source)
-        check_limit(self.settings.limit, Counter(q.subject for q in test).values(), "--mmlu-limit", "subject")
+        if getattr(self, "limit_given", True):
+            check_limit(self.settings.limit, Counter(q.subject for q in test).values(), "--mmlu-limit", "subject")
         most = max((len(v) for v in dev.values()), default=0)
         bare = sorted({q.subject for q in test} - {k for k, v in dev.items() if v})
         if self.settings.shots and bare:  # it would be scored 0-shot under a header that says otherwise

@@ -315,3 +315,29 @@ def test_an_expert_of_a_module_list_the_trace_never_routes_to_is_one_line():
     with pytest.raises(UserError, match=r"layers\.0\.experts\.1 is an expert the traced forward did not route to") as e:
         find_input_groups(Toy())
     assert "\n" not in str(e.value) and torch.is_tensor(Toy()(torch.zeros(1, 4, dtype=torch.long)))
+
+
+def test_a_type_gets_its_seconds_on_the_clock_once_its_worker_started():
+    """--seconds 1 let a type run 61 s (the start-up allowance was added to every type, and the wait went in 5 s
+    steps): the worker's next message is awaited for exactly the given time, and a worker that ended still has its
+    last message read."""
+    import queue
+    import time
+
+    from studies.architectures import _next_message
+
+    class Alive:
+        def is_alive(self):
+            return True
+
+    class Ended:
+        def is_alive(self):
+            return False
+
+    t0 = time.monotonic()
+    assert _next_message(queue.Queue(), Alive(), 0.3) is None
+    assert 0.3 <= time.monotonic() - t0 < 1.3
+    q = queue.Queue()
+    q.put({"model_type": "llama"})
+    assert _next_message(q, Ended(), 5) == {"model_type": "llama"}
+    assert _next_message(queue.Queue(), Ended(), 5) is None

@@ -309,3 +309,21 @@ def test_calibration_windows_that_must_overlap_are_said(capsys):
     assert "calibration: 64 windows of 16 tokens ask for 1024 tokens of a text of" in err and "overlap" in err
     calibration_windows(tok, "", 2, 16, seed=3)
     assert "overlap" not in capsys.readouterr().err
+
+
+def test_mmlu_default_limits_cap_a_small_source_and_a_given_limit_is_a_demand(tmp_path, tiny):
+    """MMLU's cloze form takes 5 questions per subject unless told: a source with 2 is scored whole, as LAMA's
+    default caps; `--mmlu-limit 5` given on a source whose largest subject has 2 is refused, naming the flag."""
+    from transformers import AutoTokenizer
+
+    from tasks.mmlu import MMLU
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    for split in ("dev", "test"):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / f"anatomy_{split}.csv").write_text("Q1,a,b,c,d,A\nQ2,e,f,g,h,B\n")
+    for options in ({"format": "cloze"}, {}, {"format": "cloze", "limit": 2}):
+        MMLU.from_options({"source": str(tmp_path), "shots": 0, **options}).check(tok)
+    for options in ({"format": "cloze", "limit": 5}, {"limit": 3}):
+        with pytest.raises(UserError, match="--mmlu-limit .* exceeds the largest subject .2 items."):
+            MMLU.from_options({"source": str(tmp_path), "shots": 0, **options}).check(tok)

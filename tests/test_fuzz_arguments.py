@@ -200,7 +200,7 @@ def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, m
 
 @settings(max_examples=40, deadline=None)
 @given(seconds=st.one_of(WEIRD, st.sampled_from(["30", "120"])),
-       only=st.lists(st.sampled_from(["llama", "gpt2", "lama", "bogus", "", "mixtral"]), min_size=1, max_size=3),
+       only=st.lists(st.sampled_from(["llama", "gpt2", "lama", "bogus", "", "mixtral", "bert"]), min_size=1, max_size=3),
        models=st.sampled_from(["none", "new", "file", "full", "empty"]), bench_run=st.booleans())
 def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_factory, monkeypatch, capsys, seconds,
                                                                      only, models, bench_run):
@@ -218,6 +218,7 @@ def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_fa
     monkeypatch.setattr(arch, "check_all", lambda types, secs, folder: [(t, arch.Coverage(t, checks={"svd": "ok"}))
                                                                           for t in types])
     monkeypatch.setattr(arch, "_save_and_run", lambda types, folder, run, secs: reached.append(types) or {})
+    monkeypatch.setattr(arch, "out_of_scope", lambda t: "an encoder (stood in)" if t == "bert" else None)
     argv = ["--seconds", seconds, "--only", *only] + (["--models", str(where[models])] if where[models] else [])
     argv += ["--bench-run"] if bench_run else []
     try:
@@ -229,16 +230,20 @@ def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_fa
         assert "Traceback" not in "\n".join(err)
         return
     assert code == 0
-    assert int(seconds) > 0 and all(t in ("llama", "gpt2", "mixtral") for t in only)
+    assert int(seconds) > 0 and all(t in ("llama", "gpt2", "mixtral", "bert") for t in only)
     assert models in ("none", "new", "empty") and (models != "none" or not bench_run)
-    assert reached == ([] if models == "none" else [only])
+    checked = [t for t in only if t != "bert"]
+    assert reached == ([] if models == "none" else [checked])
+    said = capsys.readouterr().out
+    assert ("bert: not checked: an encoder (stood in)" in said) == ("bert" in only)  # never skipped in silence
 
 
 # ---------------------------------------------------------------- the claims study
 
 @settings(max_examples=60, deadline=None)
 @given(ranks=st.lists(st.one_of(WEIRD, st.sampled_from(["0.9", "0.75", "0.5", "1", "1.5"])), min_size=1, max_size=3),
-       limit=st.one_of(WEIRD, st.sampled_from(["10", "1"])), doc=st.sampled_from(["docs/claims.md", "x.txt", "", "a/"]),
+       limit=st.one_of(WEIRD, st.sampled_from(["10", "1"])),
+       doc=st.sampled_from(["docs/claims.md", "x.txt", "", "a/", "/dev/null/claims.md", "docs"]),
        models=st.lists(st.sampled_from(["smollm2-135m", "gemma-3-270m", "nope"]), min_size=1, max_size=2))
 def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, ranks, limit, doc, models):
     """`python -m studies.claims`: --ranks, --mmlu-limit, --doc and --models as typed; each ends in exit 2 with one
@@ -263,7 +268,9 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
         err = capsys.readouterr().err.strip().splitlines()
         assert e.code == 2 and err and ": error: " in err[-1], err
         assert "Traceback" not in "\n".join(err)
+        assert not reached  # an unwritable page is found before the sweep, never after an hour of it
         return
+    assert doc not in ("/dev/null/claims.md", "docs")
     err = capsys.readouterr().err.strip().splitlines()
     if code == 2:
         assert "nope" in models and len(err) == 1 and err[0].startswith("error: ")
@@ -310,7 +317,8 @@ def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, va
 
 @settings(max_examples=30, deadline=None)
 @given(models=st.lists(st.sampled_from(["smollm2-135m", "nope", "", "gemma-3-270m"]), min_size=0, max_size=2),
-       doc=st.sampled_from(["docs/baselines.md", "", "x.md", "x.txt"]), extra=st.sampled_from([[], ["--bogus"], ["--models"]]))
+       doc=st.sampled_from(["docs/baselines.md", "", "x.md", "x.txt", "/dev/null/x.md"]),
+       extra=st.sampled_from([[], ["--bogus"], ["--models"]]))
 def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, tmp_path, models, doc, extra):
     """`python -m studies.baselines`: --models, --output, --doc as typed; exit 2 with one line (argparse's or
     bench's UserError), or the sweep reached and the page written."""
@@ -318,6 +326,7 @@ def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, c
     from core.errors import UserError
 
     def fake_sweep(ms, output):
+        assert doc != "/dev/null/x.md", "the sweep ran before the page was found unwritable"
         if not ms or any(m in ("nope", "") for m in ms):
             raise UserError("unknown model: did you mean ...")
         return []

@@ -567,3 +567,32 @@ def test_a_config_model_or_key_that_does_nothing_is_one_line(tmp_path, tiny, cap
     cfg.write_text("tasks: [ppl-token]\n" + text.replace("TINY", str(tiny)))
     argv = [a for a in base(tiny, tmp_path / "out") if a not in ("--model", str(tiny), "--tasks", "ppl-token")]
     expect_one_line(capsys, argv + ["--config", str(cfg)], needle)
+
+
+def test_quiet_keeps_what_other_libraries_print_in_the_runs_log(tmp_path, tiny, capsys, monkeypatch):
+    """--quiet: lm-eval's notes on an in-memory model and its progress bars (ppl-word runs through lm-eval), a
+    transformers log record and a Python warning from inside a cell reach neither stderr nor stdout; they are kept,
+    one line each, in results/.runs/<stamp>.log, and stdout says where in one line."""
+    import logging
+    import warnings
+
+    import tasks
+
+    ppl = tasks.get_task("ppl-token")
+    scored = ppl.evaluate
+
+    def noisy(self, *a, **k):
+        logging.getLogger("transformers.models.mamba").warning("fast path is not available: falling back")
+        warnings.warn("a library's warning", UserWarning, stacklevel=2)
+        return scored(self, *a, **k)
+
+    monkeypatch.setattr(ppl, "evaluate", noisy)
+    out = tmp_path / "out"
+    argv = base(tiny, out, **{"--tasks": "ppl-token,ppl-word"}) + ["--task-option", "ppl-word.max_docs=1"]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    assert said.err.strip() == "", said.err
+    kept = "\n".join(p.read_text() for p in (out / ".runs").glob("*.log"))
+    assert "lm_eval" in kept and "fast path is not available" in kept and "a library's warning" in kept
+    assert "Running loglikelihood requests" in kept
+    assert [line for line in said.out.splitlines() if "other libraries printed kept in" in line]

@@ -36,9 +36,10 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def _proc_status_bytes(field: str) -> int | None:
     """A memory line of /proc/self/status (VmRSS, VmHWM) in bytes; None where there is no procfs."""
     try:
-        for line in open("/proc/self/status"):
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/self/status") as status:  # closed at once: it is read once per cell
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None

@@ -500,6 +500,60 @@ def stage_table(stages: dict[str, float], total: float) -> str:
 STAGE_LOG = ".runs"  # hidden: the leaderboard reads cells, and skips what a dot hides
 
 
+# the libraries whose log records and warnings reach a user's terminal during a run (lm-eval's notes on an
+# in-memory model, transformers' kernel fallbacks); under --quiet they are kept in the run's log instead
+THIRD_PARTY_LOGGERS = ("lm_eval", "transformers", "accelerate", "datasets", "huggingface_hub", "torch")
+
+
+@contextmanager
+def third_party_kept(enabled: bool):
+    """While `enabled` (a --quiet run), what other libraries print is kept instead of shown: their log records,
+    Python warnings, and what they write to stderr (lm-eval's own progress bars); yields the list of lines. acbench's
+    own lines go to stdout through `log` and are not touched; a UserError still reaches the user (it is raised)."""
+    import io
+    import logging
+    import sys
+    import warnings
+
+    kept: list[str] = []
+    if not enabled:
+        yield kept
+        return
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            kept.append(f"{record.name}: {record.getMessage()}")
+
+    handler = Keep(level=logging.INFO)
+    saved = []
+    for name in THIRD_PARTY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate))
+        logger.handlers, logger.propagate = [handler], False
+    stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the filters in force stay: what would show is kept
+            yield kept
+    finally:
+        written = sys.stderr.getvalue()
+        sys.stderr = stderr
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+        kept += [f"warning: {w.category.__name__}: {w.message}" for w in caught]
+        # a progress bar redraws its line with carriage returns: its last state is what it said
+        kept += [line.split("\r")[-1] for line in written.splitlines() if line.split("\r")[-1].strip()]
+
+
+def write_run_log(run: Run, lines: list[str]) -> Path:
+    """What other libraries said during a --quiet run, one line each, beside the stage log (results/.runs/)."""
+    from core.io import atomic_write_text
+
+    stamp = environment(run.config.device)["date"].replace(":", "")
+    path = Path(run.output) / STAGE_LOG / f"{stamp}-{os.getpid()}.log"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
 def write_stage_log(run: Run, stages: dict[str, float], total: float, written: int) -> Path:
     """The run's stage table as data (JSON, in results/.runs/<UTC time>-<pid>.stages), so a report of where a
     run's time went is rebuilt from what the run stored rather than copied from its log."""
@@ -526,7 +580,10 @@ class LocalExecutor:
         torch.manual_seed(run.config.seed)
         t0 = time.perf_counter()
         worker = Worker(run, self.source, self.calib_windows)
-        written = worker.compute(cells)
+        with third_party_kept(not run.config.progress) as said:
+            written = worker.compute(cells)
+        if said:
+            log(f"{len(said)} line(s) other libraries printed kept in {write_run_log(run, said)} (--quiet)")
         if worker.elsewhere:
             shown = ", ".join(str(p.relative_to(run.output)) for p in worker.elsewhere[:5])
             log(f"{len(worker.elsewhere)} cell(s) left to another run that is computing them now: {shown}"
