@@ -119,6 +119,17 @@ def read_user_text(path, what: str) -> str:
         raise UserError(f"{what} {path} cannot be read ({e.strerror}): check its permissions") from None
 
 
+def available_bytes() -> int:
+    """The memory the system can give this process now (MemAvailable), or half of the physical memory where there
+    is no procfs."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemAvailable", info["MemFree"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
+
+
 def folder_problem(path, what: str) -> str | None:
     """Why `path` cannot be read as a folder, or None: a file where a folder is wanted is named as a file, never as
     missing."""

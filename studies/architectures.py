@@ -238,6 +238,19 @@ def _save_and_reload(model, groups, stats, ids, folder: Path) -> str:
         return f"plain transformers reload: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
 
 
+def passing_types(doc: str) -> dict[str, bool]:
+    """{type: attention only} of the types the coverage table (docs/architectures.md's text) lists as passing, in
+    its order: attention only where their experts are fused in a layout acbench does not split."""
+    import re
+
+    section = doc.split("## Passing, by their group kinds", 1)[-1].split("\n## ", 1)[0]
+    out = {}
+    for item in re.split(r"\n- ", section):
+        only = "attention only" in item.split(":", 1)[0]
+        out.update({t: only for t in re.findall(r"`([a-z0-9_\-]+)`", item)})
+    return out
+
+
 AUDIO = {"musicgen", "musicgen_melody", "moshi", "moss_transcribe_diarize", "whisper"}
 
 

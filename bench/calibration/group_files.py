@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -256,12 +255,9 @@ def nbytes(obj) -> int:
 
 def default_stats_memory() -> int:
     """Half of the memory the system has free now (the statistics live in host memory whatever the device)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info.get("MemAvailable", info["MemFree"]) // 2
-    except (OSError, KeyError, ValueError, IndexError):
-        return (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 4
+    from core.io import available_bytes
+
+    return available_bytes() // 2
 
 
 class StatsStore(Mapping):

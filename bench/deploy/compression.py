@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 import methods
 from core.errors import UserError
+from core.interruptible import interruptible
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
 from core.registry import code_provenance
@@ -75,6 +76,45 @@ class Deployment:
         return use_dense
 
 
+# d x d matrices (in the solve precision) a group's solve holds at its peak: measured as extra resident memory at
+# d = 2048 (2026-12-06, 2 cores): pca 4.7, asvd / fwsvd 6.8, espace-nl 8.7, fasc-kfac 9.2, svd-llm-v2 9.9,
+# whitened-svd 12.2, fasc 12.3; a sparsity method that reads C or F (SparseGPT's Hessian, LaRoSa's rotation) fewer
+SOLVE_SQUARES = {methods.LOW_RANK_FAMILY: 13, "sparsity": 4}
+
+
+def solve_bytes(comp, group, solve_dtype: str) -> int:
+    """About the most memory one group's solve holds: its d x d working matrices and its sites' weights (and the
+    factors replacing them) in the solve precision."""
+    width = solve_torch_dtype(solve_dtype).itemsize
+    d = group.d_in
+    square = comp.family == methods.LOW_RANK_FAMILY or bool(set(comp.required_stats()) & {"C", "F"})
+    squares = SOLVE_SQUARES.get(comp.family, SOLVE_SQUARES["sparsity"]) if square else 0
+    return (squares * d * d + 2 * d * sum(group.d_outs)) * width
+
+
+def free_bytes(device: str | None) -> int:
+    """What the solve device can hold now: free GPU memory on a CUDA device, the system's available memory else."""
+    import torch
+
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    from core.io import available_bytes
+
+    return available_bytes()
+
+
+def check_solve_fits(comp, group, solve_dtype: str, device: str | None = None) -> None:
+    """Before a group's solve starts: refused in one line, naming the group and how to leave it out, where its
+    working memory would not fit (a solve that swaps or is killed part way holds the run for nothing)."""
+    need, free = solve_bytes(comp, group, solve_dtype), free_bytes(device)
+    if need > free:
+        raise UserError(f"group {group.name} (d_in {group.d_in:,}): {comp.name}'s solve needs about "
+                        f"{need / 2**30:.1f} GiB in {solve_dtype} and {device or 'cpu'} has {free / 2**30:.1f} GiB "
+                        f"free: leave its kind out with --groups (the other kinds than {group.kind}) or its block "
+                        "with --blocks, use --solve-dtype float32, or a machine with more memory")
+
+
 def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str, GroupStats],
            method_options: dict | None = None, only_groups: set[str] | None = None, progress: bool = True,
            ks: Mapping[str, int] | None = None, merge: bool = False, solve_device: str | None = None,
@@ -95,7 +135,7 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
     own_fallbacks: dict[str, list] = {}
     if ks is None and isinstance(rank, RankSpec):  # a method that allocates across groups itself
         try:
-            own = comp.site_ranks(groups, _StatsOf(stats), rank)
+            own = interruptible(comp.site_ranks, groups, _StatsOf(stats), rank)
         except NumericError as e:
             raise UserError(str(e)) from None
         if own is not None:
@@ -109,9 +149,11 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
                 budget = rank if densities is None else SparsitySpec(density=densities[g.name])
                 own = stats.get(g.name)
                 solver, unrouted = _solver_for(comp, own)
-                res = solver.compress(g, own or GroupStats(), budget,
-                                      k=None if ks is None else ks[g.name], device=solve_device,
-                                      dtype=solve_torch_dtype(solve_dtype))
+                check_solve_fits(solver, g, solve_dtype, solve_device)
+                # in a helper thread: Ctrl-C and SIGTERM reach the run even inside a long factorisation
+                res = interruptible(solver.compress, g, own or GroupStats(), budget,
+                                    k=None if ks is None else ks[g.name], device=solve_device,
+                                    dtype=solve_torch_dtype(solve_dtype))
             except NumericError as e:
                 raise UserError(str(e)) from None
             res.fallbacks = [*res.fallbacks, *own_fallbacks.get(g.name, []), *unrouted]

@@ -216,12 +216,69 @@ def write_checkpoint(model, tokenizer, out: Path, provenance: dict, overwrite: b
         atomic_write_json(tmp / PROVENANCE_FILE, record)
         for f in tmp.iterdir():
             readable_as_umask(f)  # save_pretrained's safetensors writer leaves 0600
+        verified = verify_reload(model, tmp, out)  # before the folder takes its name: a bad save leaves nothing
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"weight_bytes": sum(p.stat().st_size for p in _weight_files(out)), "files": sorted(os.listdir(out))}
+    return {"weight_bytes": sum(p.stat().st_size for p in _weight_files(out)), "files": sorted(os.listdir(out)),
+            "verified": verified}
+
+
+VERIFY_TOKENS = 8  # the prompt a save is checked on: token ids 1..8, fixed so the check is the same everywhere
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    device = model.get_input_embeddings().weight.device
+    with torch.no_grad():
+        return model(input_ids=ids.to(device), use_cache=False).logits.float().cpu()
+
+
+def verify_reload(model, folder: Path, shown: Path) -> str:
+    """Load the folder just written as `bench run --model` will (load_checkpoint) and compare its logits with the
+    model in memory on VERIFY_TOKENS tokens: a checkpoint that does not reload to the same model (an architecture
+    whose save and load disagree) or a model that computes non-finite values is one UserError line, and nothing is
+    saved. Where a second copy of the weights would not fit in memory, the check is skipped and said."""
+    from core.io import available_bytes
+
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if 2 * size > available_bytes():
+        return f"not verified: a second copy of the weights ({size / 2**30:.1f} GiB) would not fit in memory"
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = (torch.arange(VERIFY_TOKENS) % max(vocab - 1, 1) + 1).unsqueeze(0)
+    was_training = model.training
+    model.eval()
+    try:
+        expected = _logits(model, ids)
+    except Exception as e:  # noqa: BLE001 - the architecture's own forward: refused in one line, nothing saved
+        raise UserError(f"{shown} is not saved: the compressed model cannot run {VERIFY_TOKENS} tokens to be checked "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from None
+    finally:
+        model.train(was_training)
+    if not torch.isfinite(expected).all():
+        raise UserError(f"the compressed model produces non-finite logits on {VERIFY_TOKENS} tokens (NaN or inf), so "
+                        f"{shown} is not saved: try another method or a higher budget, or --solve-dtype float64")
+    dtype = next(model.parameters()).dtype
+    try:
+        reloaded = load_checkpoint(folder, dtype=dtype)
+        got = _logits(reloaded, ids)
+    except UserError as e:
+        raise UserError(f"{shown} is not saved: the checkpoint written does not reload ({e})") from None
+    except Exception as e:  # noqa: BLE001 - whatever the architecture's loader raises, the save is refused
+        raise UserError(f"{shown} is not saved: the checkpoint written does not reload in transformers "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from None
+    del reloaded
+    scale = max(1.0, float(expected.abs().max()))
+    diff = float((got - expected).abs().max()) if got.shape == expected.shape and torch.isfinite(got).all() \
+        else float("inf")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    if not diff <= tol * scale:
+        raise UserError(f"{shown} is not saved: the checkpoint written reloads to another model (logits differ by "
+                        f"{diff:.3g} on {VERIFY_TOKENS} tokens, allowed {tol * scale:.3g}); this architecture's save "
+                        "and load disagree for compressed sites: evaluate the compressed model in the same process "
+                        "(bench run) instead")
+    return f"reloaded and checked: logits within {diff:.2g} of the model in memory on {VERIFY_TOKENS} tokens"
 
 
 # ---------------------------------------------------------------- reading one back
@@ -328,22 +385,9 @@ def checkpoint_config(folder: Path | str):
 
 
 def _causal_lm_class(config) -> type:
-    """The causal-LM class of a config: the auto mapping's, or, for a config class the mapping does not key (Emu3's
-    causal LM runs on its text config), the class of the config's own modeling module that declares it."""
-    import importlib
+    from bench.model.groups import causal_lm_class
 
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        pass
-    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
-    for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        cls = getattr(module, name, None)
-        if cls is not None and getattr(cls, "config_class", None) is type(config):
-            return cls
-    raise UserError(f"config {type(config).__name__} has no causal-LM class in the installed transformers: {FIX}")
+    return causal_lm_class(config)
 
 
 def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):

@@ -273,12 +273,11 @@ def _on_meta(model: nn.Module) -> bool:
 def _twin_layout(model: nn.Module) -> ModelLayout:
     """The layout of a meta-device model traced on a real twin: the same config with its widths shrunk and its
     block count kept (tiny, on the CPU), whose module names are the model's own."""
-    from transformers import AutoModelForCausalLM
-
     from bench.model.tiny import shrink
 
     try:
-        twin = AutoModelForCausalLM.from_config(shrink(model.config, keep_layers=True), dtype=torch.float32)
+        small = shrink(model.config, keep_layers=True)
+        twin = causal_lm_class(small)._from_config(small, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - a config that cannot be shrunk: its own trace's failure stands
         raise UserError(f"architecture '{_model_type(model)}': its structure cannot be traced without its weights "
                         f"({type(e).__name__}); run with the model's weights (bench run) instead of bench plan") from None
@@ -356,9 +355,32 @@ def fused_experts_problem(groups: list, kinds: tuple[str, ...] | None) -> str | 
             "compress them yet; compress attention only with --groups attn_in attn_out")
 
 
+def causal_lm_class(config) -> type:
+    """The causal-LM class of a config: the auto mapping's (what AutoModelForCausalLM builds), or, for a config
+    class the mapping does not key (Emu3's causal LM runs on its text config), the class of the config's own
+    modeling module that declares it. Every place that builds or loads a model from a config asks here, so an
+    architecture the coverage table passes opens everywhere."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        pass
+    try:
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        module = None
+    for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        cls = getattr(module, name, None)
+        if cls is not None and getattr(cls, "config_class", None) is type(config):
+            return cls
+    raise UserError(f"config {type(config).__name__} has no causal-LM class in the installed transformers: pass a "
+                    "causal language model")
+
+
 def meta_model(config):
     """The model's module tree with no storage behind its tensors: shapes only, in milliseconds."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return causal_lm_class(config)._from_config(config)

@@ -175,7 +175,11 @@ def _config_keys(data: dict) -> tuple[dict, set]:
     ({}, every size) for one it does not."""
     from transformers import CONFIG_MAPPING
 
+    from bench.model.checkpoint import BASE_TYPE_KEY, has_own_model_type
+
     model_type = data.get("model_type")
+    if has_own_model_type(data) and isinstance(data.get(BASE_TYPE_KEY), str):
+        model_type = data[BASE_TYPE_KEY]  # a compressed checkpoint's sizes are spelled as its base architecture's
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         return {}, set(_CONFIG_SIZES)
     cls = CONFIG_MAPPING[model_type]
@@ -393,7 +397,6 @@ def transformers_warnings():
 def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     """device_map="auto" (in the source): accelerate spreads the blocks over the GPUs (and host memory) for a model
     larger than one device; `device` is then ignored."""
-    from transformers import AutoModelForCausalLM
 
     from bench.model.checkpoint import PROVENANCE_FILE, load_checkpoint
 
@@ -403,13 +406,21 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
             if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked
                 model = load_checkpoint(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
             else:
-                model, info = AutoModelForCausalLM.from_pretrained(source.target, dtype=TORCH_DTYPES[source.dtype],
-                                                                   output_loading_info=True, **kwargs)
+                from bench.model.groups import causal_lm_class
+
+                model, info = causal_lm_class(source.config).from_pretrained(
+                    source.target, config=source.config, dtype=TORCH_DTYPES[source.dtype], output_loading_info=True,
+                    **kwargs)
                 if info.get("missing_keys"):  # transformers would run them freshly initialised, and say so in a table
                     missing = sorted(map(str, info["missing_keys"]))
                     raise UserError(f"model '{source.given}': its weights lack {len(missing)} tensor(s) its config.json "
                                     f"needs ({missing[0]}, ...), which would run freshly initialised: pass a complete "
                                     "checkpoint")
+                if info.get("unexpected_keys"):  # e.g. num_hidden_layers 1 over 2 blocks: another, smaller model
+                    unused = sorted(map(str, info["unexpected_keys"]))
+                    raise UserError(f"model '{source.given}': its weights hold {len(unused)} tensor(s) its config.json "
+                                    f"does not use ({unused[0]}, ...), so it would run as another model than the one "
+                                    "saved: fix config.json (e.g. num_hidden_layers) or pass the checkpoint as saved")
         except UserError:
             raise
         except _LOAD_ERRORS as e:

@@ -65,12 +65,38 @@ def results_name(root: Path, name: str, fingerprint: dict, taken: dict[str, str]
     return f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
 
 
+def _nonfinite_scores(record: dict) -> str | None:
+    """Where a task's scores hold NaN or inf (a metric, or a record's nll / loglikelihoods), in a few words."""
+    import math
+
+    def bad(v) -> bool:
+        return isinstance(v, float) and not math.isfinite(v)
+
+    if record["cell"].get("kind", "task") != "task":
+        return None
+    for name, v in (record.get("metrics") or {}).items():
+        if bad(v):
+            return f"metric {name} = {v}"
+    for i, r in enumerate(record.get("records") or []):
+        for key in ("nll", "loglikelihoods"):
+            values = r.get(key) if isinstance(r, dict) else None
+            if bad(values) or (isinstance(values, list) and any(map(bad, values))):
+                return f"records[{i}].{key}"
+    return None
+
+
 def write_cell(path: Path, cell: CellRecord) -> None:
     from core.errors import UserError
 
-    record = nulls_for_nonfinite(cell.to_json())
+    raw = cell.to_json()
+    broken = _nonfinite_scores(raw)
+    if broken:  # NaN or inf where a score belongs: the model computed it, the run's sizes did not
+        raise UserError(f"result for {path.name}: the model produces non-finite values ({broken}), so no cell is "
+                        f"stored: the model{'' if raw['cell']['method'] == 'dense' else ' as compressed'} is "
+                        "numerically broken; check it outside acbench, or try another method or budget")
+    record = nulls_for_nonfinite(raw)
     problem = cell_problem(json.loads(json.dumps(record, default=str)))
-    if problem:  # e.g. a NaN metric: never store a cell that readers would reject
+    if problem:  # never store a cell that readers would reject
         raise UserError(f"result for {path.name} is not valid ({problem}): this is a bug or a degenerate setting; "
                         "check the run's sizes")
     try:

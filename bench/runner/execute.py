@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from core.errors import UserError
+from core.interruptible import interruptible
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
 from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
@@ -238,8 +239,9 @@ def variant_allocation(run: Run, rule: str, budget, selected, stats, solve_devic
         return None
     if rule in SPARSITY_RULES:
         return allocate_density(rule, selected, stats, budget)
-    return allocate(rule, selected, stats, budget, progress=run.config.progress, device=solve_device,
-                    dtype=solve_torch_dtype(run.config.solve_dtype))
+    # its eigen-solves in a helper thread, as the groups' solves: a signal reaches the run inside them
+    return interruptible(allocate, rule, selected, stats, budget, progress=run.config.progress, device=solve_device,
+                         dtype=solve_torch_dtype(run.config.solve_dtype))
 
 
 @dataclass

@@ -60,6 +60,7 @@ class Compressed:
         check_target(out, overwrite)
         log(f"writing {out}/")
         written = write_checkpoint(self.model, self.tokenizer, out, self.provenance, overwrite)
+        log(f"{out}: {written['verified']}")
         return {**written, "custom_code": MODELING_FILE in written["files"]}
 
     def __enter__(self) -> "Compressed":

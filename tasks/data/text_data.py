@@ -136,13 +136,19 @@ _ENCODED: dict[tuple[str, str], torch.Tensor] = {}  # (tokenizer digest, text di
 _ENCODED_MAX = 4
 
 
+_LOCATION_KWARGS = frozenset({"name_or_path", "is_local", "local_files_only", "vocab_file", "merges_file",
+                               "tokenizer_file", "cache_dir"})
+
+
 def _tokenizer_digest(tokenizer) -> str | None:
     """What decides a fast tokenizer's ids for a text without special tokens: its class, its settings and its whole
     backend (vocabulary, merges, normalizer, pre-tokenizer), hashed; None for a tokenizer without a backend."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
-    settings = repr(sorted((k, repr(v)) for k, v in getattr(tokenizer, "init_kwargs", {}).items()))
+    # where the tokenizer was read from decides nothing: the same tokenizer saved in two folders encodes alike
+    settings = repr(sorted((k, repr(v)) for k, v in getattr(tokenizer, "init_kwargs", {}).items()
+                           if k not in _LOCATION_KWARGS))
     return hashlib.sha256(f"{type(tokenizer).__qualname__}\n{settings}\n{backend.to_str()}".encode()).hexdigest()
 
 
