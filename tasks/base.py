@@ -157,10 +157,10 @@ def base_model(model):
     """The decoder under the LM head (its output is the hidden states the head reads): get_decoder's answer where
     it is a model of its own, else the base model (Mllama's causal LM answers get_decoder with itself, ModernBERT's
     decoder with its head, a Linear named `decoder`)."""
-    from transformers import PreTrainedModel
+    import torch
 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if isinstance(decoder, PreTrainedModel) and decoder is not model:
+    if decoder is not None and decoder is not model and not isinstance(decoder, torch.nn.Linear):
         return decoder
     base = getattr(model, "base_model", None)
-    return base if isinstance(base, PreTrainedModel) and base is not model else model.model
+    return base if base is not None and base is not model else model.model

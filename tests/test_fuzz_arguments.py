@@ -349,7 +349,7 @@ def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, c
 
 # ---------------------------------------------------------------- bench report --out
 
-@settings(max_examples=25, deadline=None)  # one report (plots included) per example: about 0.5 s
+@settings(max_examples=15, deadline=None)  # one report (plots included) per example: about 0.5 s
 @given(where=st.sampled_from(["outside", "top", "in-tree", "a-cell"]),
        suffix=st.sampled_from([".md", ".MD", ".json", ".csv", ".txt", "", ".md.json", ".png"]),
        standing=st.sampled_from(["none", "user-md", "user-json", "user-csv", "own"]))
@@ -395,7 +395,7 @@ OPTION_FLAGS = {
 }
 
 
-@settings(max_examples=40, deadline=None)  # each example resolves a run twice: about 0.2 s
+@settings(max_examples=25, deadline=None)  # each example resolves a run twice: about 0.2 s
 @given(methods=st.lists(st.sampled_from(["pca", "fasc", "teal", "wanda", "larosa", "cats", "act-sparse",
                                          "sparsegpt"]), min_size=1, max_size=2, unique=True),
        tasks=st.lists(st.sampled_from(["lama", "ppl-token", "mmlu", "rho"]), min_size=1, max_size=2, unique=True),

@@ -39,3 +39,64 @@ def test_ctrl_c_stops_a_long_eigen_solve_within_a_second():
         interruptible(torch.linalg.eigh, sym)
     stopped = time.perf_counter() - t0
     assert stopped < 1.3, (stopped, 216 * small)  # the solve alone would have run about 216 * small seconds
+
+
+def test_a_solve_that_would_not_fit_is_refused_before_it_starts(tmp_path, tiny, capsys, monkeypatch):
+    """The solve device's free memory below a group's solve estimate: one line naming the group, its width, the
+    estimate and how to leave the group out, before any factorisation runs; the dense cells already finished are
+    kept."""
+    import bench.deploy.compression
+    import methods
+    from bench.cli import main
+
+    monkeypatch.setattr(bench.deploy.compression, "free_bytes", lambda device: 10_000)  # about 10 kB free
+    solved = []
+    monkeypatch.setattr(methods.get_method("pca"), "compress", lambda *a, **k: solved.append(1))
+    out = tmp_path / "out"
+    rc = main(["run", "--model", str(tiny), "--methods", "pca", "--rank", "0.5", "--tasks", "ppl-token",
+               "--ppl-windows", "1", "--ppl-seq-len", "16", "--calib-samples", "2", "--calib-seq-len", "16",
+               "--output", str(out), "--quiet", "--no-latency", "--no-report"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    assert "group layers.0.attn_in (d_in 64): pca's solve needs about" in err[0]
+    assert "leave its kind out with --groups" in err[0] and not solved
+    assert [p.name for p in out.rglob("*.json")] and all("dense" in p.parts for p in out.rglob("*.json"))
+
+
+def test_the_solve_estimate_grows_with_the_square_of_the_width_and_the_precision():
+    import methods
+    from bench.deploy.compression import solve_bytes
+    from bench.testing import FakeGroup
+
+    def group(d):
+        return FakeGroup({"a": torch.zeros(8, d)})
+
+    pca, act = methods.build("pca"), methods.build("act-sparse")
+    assert solve_bytes(pca, group(200), "float64") == (13 * 200 * 200 + 2 * 200 * 8) * 8
+    assert solve_bytes(pca, group(200), "float32") * 2 == solve_bytes(pca, group(200), "float64")
+    assert solve_bytes(act, group(200), "float64") == 2 * 200 * 8 * 8  # elementwise scores: the weights alone
+
+
+def test_every_methods_solve_runs_where_a_signal_reaches_it(monkeypatch):
+    """Each registered method's per-group solve (and a method's own allocation across groups) goes through
+    `interruptible`, so no method's factorisation can hold a Ctrl-C back."""
+    import bench.deploy.compression as compression
+    import methods
+    from conftest import calibrated_tiny
+    from core.stats import RankSpec, SparsitySpec
+
+    model, stats = calibrated_tiny(2, 16, 16)
+    through = []
+
+    def recording(fn, *a, **k):
+        through.append(getattr(fn, "__name__", ""))
+        return fn(*a, **k)
+
+    monkeypatch.setattr(compression, "interruptible", recording)
+    for name in methods.known_methods():
+        low = methods.family_of(name) == methods.LOW_RANK_FAMILY
+        through.clear()
+        dep = compression.deploy(model, name, RankSpec(0.5) if low else SparsitySpec(density=0.5), stats,
+                                 progress=False)
+        dep.restore()
+        assert through.count("compress") == len(compression.find_input_groups(model)), (name, through)

@@ -75,7 +75,7 @@ def _nonfinite_scores(record: dict) -> str | None:
     if record["cell"].get("kind", "task") != "task":
         return None
     for name, v in (record.get("metrics") or {}).items():
-        if bad(v):
+        if isinstance(v, float) and math.isnan(v):  # an infinite perplexity is exp of a large finite NLL: stored null
             return f"metric {name} = {v}"
     for i, r in enumerate(record.get("records") or []):
         for key in ("nll", "loglikelihoods"):

@@ -66,7 +66,7 @@ def check_groups(run: Run, groups: list) -> list:
     # the kinds as typed: a resolved selection naming every group the model has reads as "all", which for a
     # model with fused experts does not mean its MLP
     problem = fused_experts_problem(groups, tuple(run.config.groups) if run.config.groups else None)
-    if problem:
+    if problem and (run.methods or run.analyses):  # dense alone compresses nothing: its experts are no problem
         raise UserError(problem)
     idle = getattr(groups, "idle_sites", ())
     if idle:
