@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN_8B = ("bench plan --model tests/fixtures/configs/llama-3-8b --methods pca whitened-svd fasc-kfac fasc "
            "--rank 0.5 --stats-memory 16GB --dtype bfloat16")
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>.+?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
-MACHINE_LINES = re.compile(r"^(estimated time|\| (stage|calibration|compress|total)|[-|]+$|measured on )", re.I)
+MACHINE_LINES = re.compile(r"^(estimated time|\| (stage|calibration|compress|total)|[-|]+$|measured on |memory "
+                           r"available on this machine now)", re.I)
 
 
 def bench_output(command: str) -> str:

@@ -53,6 +53,7 @@ def cmd_plan(args) -> int:
         if len(runs) > 1:
             print(f"## {c.model}\n")
         print(render(est))
+        print(render_solve_memory(est, c.solve_dtype))
         times = plan_times(run, est)
         print(render_times(*times))
         totals.append((c.model, times[0]["total"], est.calibration_peak, est.evaluation_peak))
@@ -123,6 +124,26 @@ def render_times(times: dict, speed, model_speed) -> str:
     if times["undeclared"]:
         lines.append(f"not estimated (their solves declare no cost): {', '.join(times['undeclared'])}")
     return "\n".join(lines)
+
+
+def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:
+    """The largest group solve's memory, the estimate every solve is checked against before it starts
+    (bench.deploy.compression.check_solve_fits), beside what the machine has free now."""
+    import methods
+    from core.io import available_bytes
+
+    from bench.deploy.compression import solve_bytes
+
+    worst = max(((solve_bytes(methods.build(m), g, solve_dtype), m, g) for m in plan.method_names
+                 for g in plan.groups), default=None, key=lambda t: t[0])
+    if worst is None:
+        return ""
+    need, method, group = worst
+    free = available_bytes()
+    fits = "it fits" if need <= free else "it does NOT fit: that group would be refused before its solve"
+    return (f"estimated peak memory, the largest solve: {human(need)} ({method} on {group.name}, d_in {group.d_in}, "
+            f"{solve_dtype}; each group's solve is checked against the solve device's free memory before it starts)"
+            f"\nmemory available on this machine now: {human(free)}, so {fits}")
 
 
 def render(plan: CostEstimate) -> str:

@@ -546,12 +546,23 @@ def third_party_kept(enabled: bool):
         kept += [line.split("\r")[-1] for line in written.splitlines() if line.split("\r")[-1].strip()]
 
 
-def write_run_log(run: Run, lines: list[str]) -> Path:
+def keep_lines(command: str, lines: list[str]) -> Path:
+    """What other libraries said during a --quiet command that has no results folder (bench compress), one line
+    each, in the cache's logs/ folder."""
+    from core.io import atomic_write_text, cache_dir
+
+    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    path = cache_dir() / "logs" / f"{command}-{stamp}-{os.getpid()}.log"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def write_run_log(output: Path, lines: list[str]) -> Path:
     """What other libraries said during a --quiet run, one line each, beside the stage log (results/.runs/)."""
     from core.io import atomic_write_text
 
-    stamp = environment(run.config.device)["date"].replace(":", "")
-    path = Path(run.output) / STAGE_LOG / f"{stamp}-{os.getpid()}.log"
+    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
+    path = Path(output) / STAGE_LOG / f"{stamp}-{os.getpid()}.log"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
@@ -582,10 +593,7 @@ class LocalExecutor:
         torch.manual_seed(run.config.seed)
         t0 = time.perf_counter()
         worker = Worker(run, self.source, self.calib_windows)
-        with third_party_kept(not run.config.progress) as said:
-            written = worker.compute(cells)
-        if said:
-            log(f"{len(said)} line(s) other libraries printed kept in {write_run_log(run, said)} (--quiet)")
+        written = worker.compute(cells)
         if worker.elsewhere:
             shown = ", ".join(str(p.relative_to(run.output)) for p in worker.elsewhere[:5])
             log(f"{len(worker.elsewhere)} cell(s) left to another run that is computing them now: {shown}"

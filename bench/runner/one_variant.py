@@ -16,7 +16,8 @@ from bench.deploy.compression import Deployment, compression_summary, deploy
 from bench.measure.latency import weight_bytes
 from bench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
 from bench.runner.config import Run, solve_device_for
-from bench.runner.execute import Worker, available_cpus, log, open_checked, variant_allocation
+from bench.runner.execute import (Worker, available_cpus, keep_lines, log, open_checked, third_party_kept,
+                                  variant_allocation)
 from bench.runner.selection import ALL
 
 
@@ -103,18 +104,22 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
     check_target(out, overwrite)  # before anything loads
     torch.set_num_threads(run.config.threads or available_cpus())  # as a sweep's process sets them
     torch.manual_seed(run.config.seed)
-    prepared = open_checked(run)
-    check_target(out, overwrite, prepared.source.target)  # an alias's folder is known once the model is located
-    run = prepared.run
-    worker = Worker(run, prepared.source, prepared.calib_windows)
-    lm = worker.model()
-    dense_bytes = weight_bytes(lm.model)
-    t0 = time.perf_counter()
-    worker.statistics(every_group=False)
-    rule, budget = run.allocate[0], (run.ranks + run.patterns)[0]
-    source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
-    with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, worker.stats,
-                          worker.calibration_record, merge, worker.allocation(rule, budget), worker.solve_device) as done:
-        seconds = time.perf_counter() - t0
-        written = done.save(out, overwrite)
+    with third_party_kept(not run.config.progress) as said:  # --quiet: other libraries' lines kept, not shown
+        prepared = open_checked(run)
+        check_target(out, overwrite, prepared.source.target)  # an alias's folder is known once the model is located
+        run = prepared.run
+        worker = Worker(run, prepared.source, prepared.calib_windows)
+        lm = worker.model()
+        dense_bytes = weight_bytes(lm.model)
+        t0 = time.perf_counter()
+        worker.statistics(every_group=False)
+        rule, budget = run.allocate[0], (run.ranks + run.patterns)[0]
+        source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
+        with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, worker.stats,
+                              worker.calibration_record, merge, worker.allocation(rule, budget),
+                              worker.solve_device) as done:
+            seconds = time.perf_counter() - t0
+            written = done.save(out, overwrite)
+    if said:
+        log(f"{len(said)} line(s) other libraries printed kept in {keep_lines('compress', said)} (--quiet)")
     return {**written, "dense_bytes": dense_bytes, "seconds": seconds, "provenance": done.provenance}
