@@ -319,14 +319,14 @@ def run_configs(configs: list[RunConfig]) -> list:
     """`bench run` on this machine for checked configs (one per model): every model's settings resolved before
     any model opens, the sweep computed, the leaderboard written unless report is off. Returns each model's
     Prepared (its plan and `outcome`)."""
-    from bench.runner.execute import sweep_runs, third_party_kept, write_run_log
+    from bench.runner.execute import STAGE_LOG, sweep_runs, third_party_kept, write_kept_lines
 
     runs = [resolve_run(c) for c in configs]
     with third_party_kept(not configs[0].progress) as said:  # --quiet: other libraries' lines kept, not shown
         prepared = sweep_runs(runs)
     if said:
-        print(f"{len(said)} line(s) other libraries printed kept in {write_run_log(configs[0].output, said)} "
-              "(--quiet)")
+        kept = write_kept_lines(Path(configs[0].output) / STAGE_LOG, said)
+        print(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
     if configs[0].report:
         print(f"leaderboard: {write_leaderboard(configs[0].output)}")
     return prepared

@@ -134,8 +134,9 @@ def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:
 
     from bench.deploy.compression import solve_bytes
 
-    worst = max(((solve_bytes(methods.build(m), g, solve_dtype), m, g) for m in plan.method_names
-                 for g in plan.groups), default=None, key=lambda t: t[0])
+    comps = {m: methods.build(m) for m in plan.method_names}
+    worst = max(((solve_bytes(comp, g, solve_dtype), m, g) for m, comp in comps.items() for g in plan.groups),
+                default=None, key=lambda t: t[0])
     if worst is None:
         return ""
     need, method, group = worst

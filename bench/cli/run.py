@@ -269,12 +269,6 @@ def add_run_parser(sub):
     return p
 
 
-def _merge_options(*blocks, overridden: list | None = None) -> dict:
-    """{name: {setting: value}} blocks, each (where it came from, block), merged left to right: the more explicit
-    and the command line win, and each setting so overridden is said (bench.runner.config.merge_option_blocks)."""
-    return merge_option_blocks(*blocks, overridden=[] if overridden is None else overridden)
-
-
 def _narrowed(block, names, flag: str, said: list) -> dict | None:
     """A config file's option block without the entries for names the command line's `flag` left out of the run
     (a file made for a larger run, narrowed on the command line), each one said; `names` None keeps it whole, and
@@ -325,15 +319,15 @@ def configs_from_args(args) -> list[RunConfig]:
     narrowed_tasks = bool(args.config) and args.tasks is not None
     # the file's shortcuts, then its task options, then the command line's shortcuts, then --task-option: the
     # command line overrides the file, and in each the most explicit wins; every override is said in one line
-    file_tasks = _merge_options(("--config's shortcut keys", shortcut_options(file_shortcuts,
+    file_tasks = merge_option_blocks(("--config's shortcut keys", shortcut_options(file_shortcuts,
                                                                               None if narrowed_tasks else tasks)),
                                 ("--config's task_options", data.get("task_options")), overridden=overridden)
-    data["task_options"] = _merge_options(
+    data["task_options"] = merge_option_blocks(
         ("--config", _narrowed(file_tasks, tasks if narrowed_tasks else None, "--tasks", overridden)),
         ("a shortcut flag", shortcut_options(shortcuts, tasks)),
         ("--task-option", kv_options(args.task_option, "task")), overridden=overridden)
     if "analysis_options" in data or args.analysis_option:
-        data["analysis_options"] = _merge_options(
+        data["analysis_options"] = merge_option_blocks(
             ("--config's analysis_options", _narrowed(data.get("analysis_options"),
                                                       tasks if narrowed_tasks else None, "--tasks", overridden)),
             ("--analysis-option", kv_options(args.analysis_option, "analysis")), overridden=overridden)
@@ -341,7 +335,7 @@ def configs_from_args(args) -> list[RunConfig]:
         listed = data.get("methods") if args.config and args.methods is not None else None
         bases = None if not isinstance(listed, list) or "all" in listed else [
             m.split(":", 1)[0].split("+", 1)[0] for m in listed if isinstance(m, str)]
-        data["method_options"] = _merge_options(
+        data["method_options"] = merge_option_blocks(
             ("--config's method_options", _narrowed(data.get("method_options"), bases, "--methods", overridden)),
             ("--method-option", kv_options(args.method_option, "method")), overridden=overridden)
     for line in overridden:

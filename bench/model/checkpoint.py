@@ -384,12 +384,6 @@ def checkpoint_config(folder: Path | str):
     return config_class.from_dict(decode(plain) if decode else plain)
 
 
-def _causal_lm_class(config) -> type:
-    from bench.model.groups import causal_lm_class
-
-    return causal_lm_class(config)
-
-
 def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     """A compressed checkpoint as a model, built from the installed acbench (its custom code is never run); a
     weight the layout expects and the files lack (or the reverse) is one line."""
@@ -397,7 +391,9 @@ def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     if read_provenance(folder) is None:
         raise UserError(f"{folder} is not a checkpoint bench compress wrote (no {PROVENANCE_FILE})")
     config = checkpoint_config(folder)
-    base = _causal_lm_class(config)
+    from bench.model.groups import causal_lm_class
+
+    base = causal_lm_class(config)
     model, info = compressed_subclass(base).from_pretrained(folder, config=config, dtype=dtype,
                                                          output_loading_info=True, **kwargs)
     bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}

@@ -546,23 +546,13 @@ def third_party_kept(enabled: bool):
         kept += [line.split("\r")[-1] for line in written.splitlines() if line.split("\r")[-1].strip()]
 
 
-def keep_lines(command: str, lines: list[str]) -> Path:
-    """What other libraries said during a --quiet command that has no results folder (bench compress), one line
-    each, in the cache's logs/ folder."""
-    from core.io import atomic_write_text, cache_dir
-
-    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
-    path = cache_dir() / "logs" / f"{command}-{stamp}-{os.getpid()}.log"
-    atomic_write_text(path, "\n".join(lines) + "\n")
-    return path
-
-
-def write_run_log(output: Path, lines: list[str]) -> Path:
-    """What other libraries said during a --quiet run, one line each, beside the stage log (results/.runs/)."""
+def write_kept_lines(folder: Path, lines: list[str], prefix: str = "") -> Path:
+    """What other libraries said during a --quiet command, one line each, in `folder`: a run's beside its stage log
+    (results/.runs/), bench compress's (no results folder) in the cache's logs/."""
     from core.io import atomic_write_text
 
     stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
-    path = Path(output) / STAGE_LOG / f"{stamp}-{os.getpid()}.log"
+    path = Path(folder) / f"{prefix}{stamp}-{os.getpid()}.log"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 

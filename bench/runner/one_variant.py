@@ -16,8 +16,8 @@ from bench.deploy.compression import Deployment, compression_summary, deploy
 from bench.measure.latency import weight_bytes
 from bench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
 from bench.runner.config import Run, solve_device_for
-from bench.runner.execute import (Worker, available_cpus, keep_lines, log, open_checked, third_party_kept,
-                                  variant_allocation)
+from bench.runner.execute import (Worker, available_cpus, log, open_checked, third_party_kept, variant_allocation,
+                                  write_kept_lines)
 from bench.runner.selection import ALL
 
 
@@ -121,5 +121,8 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
             seconds = time.perf_counter() - t0
             written = done.save(out, overwrite)
     if said:
-        log(f"{len(said)} line(s) other libraries printed kept in {keep_lines('compress', said)} (--quiet)")
+        from core.io import cache_dir
+
+        kept = write_kept_lines(cache_dir() / "logs", said, prefix="compress-")
+        log(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
     return {**written, "dense_bytes": dense_bytes, "seconds": seconds, "provenance": done.provenance}
