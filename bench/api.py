@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
+from core.stats import SEQUENTIAL
 
 from bench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
 from bench.calibration.engine import CalibSpec
@@ -33,7 +34,7 @@ from bench.model.sources import DEFAULT_MODEL, LoadedModel, load_model as _load_
 from bench.runner.cells import ModelInfo, plan
 from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
                                  shortcut_options, task_shortcuts)
-from bench.runner.execute import check_groups, check_lengths
+from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
 from bench.runner.one_variant import Compressed, compress_variant
 
 __all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "sweep"]
@@ -141,7 +142,7 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
              allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
              solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
              stats_memory: str | None = None, cache: bool = True, merge: bool = False, progress: bool = True,
-             **settings) -> Compressed:
+             calibration_mode: str = "one-pass", **settings) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
     at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
     `.restore()`, `.save(path)`). `model`: a loaded transformers causal LM on any device (`device_map` included),
@@ -149,7 +150,8 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
     `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
     (`bench ls methods`), as `--method-option` gives them. The other keywords are `bench compress`'s flags.
     Statistics are cached by content when the model has a fingerprint (a model from `load_model`) and `cache`,
-    and held in memory otherwise."""
+    and held in memory otherwise. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
+    each on the compressed blocks' outputs (nothing cached: the statistics depend on the compression)."""
     import methods
 
     from tasks.data.text_data import resolve_bos
@@ -162,7 +164,7 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
         allocate=[allocate], groups=groups, blocks=blocks, tasks=[], seed=seed, bos=bos, calib_samples=samples,
         calib_seq_len=seq_len, pair_tokens=pair_tokens, solve_device=solve_device, solve_dtype=solve_dtype,
         batch_size=batch_size, stats_memory=stats_memory, method_options=options, measure_latency=False,
-        report=False, progress=progress)
+        report=False, progress=progress, calibration_mode=calibration_mode)
     check_config_types(config)
     run = resolve_run(config, writes=False)
     if len(run.methods) != 1:
@@ -181,13 +183,15 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
     run = replace(run, config=replace(run.config, calib_source=label, calib_samples=samples if windows is None
                                       else int(windows.shape[0]),
                                       calib_seq_len=seq_len if windows is None else int(windows.shape[1])))
+    warn_short_calibrations(run, selected)
     calibrated = None
     needed = run.stats_needs()
-    if needed:
-        if windows is None:
-            from bench.calibration.cache import calibration_windows
+    sequential = run.calibration_for(method).mode == SEQUENTIAL and run.compressor(method).required_stats()
+    if (needed or sequential) and windows is None:
+        from bench.calibration.cache import calibration_windows
 
-            windows = calibration_windows(lm.tokenizer, run.calibration)
+        windows = calibration_windows(lm.tokenizer, run.calibration)
+    if needed:
         if lm.fingerprint and cache:
             calibrated = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
                                            progress, windows)
@@ -196,7 +200,8 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
                                                batch_size, progress)
     source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
     stats, record = (calibrated.stats, calibrated.record) if calibrated else ({}, None)
-    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merge)
+    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merge,
+                            windows=windows if sequential else None)
 
 
 # ---------------------------------------------------------------- evaluate

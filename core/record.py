@@ -6,6 +6,36 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+# How the blocks are calibrated: one-pass (every block once, on the dense model; one calibration serves every
+# method) or sequential (blocks calibrated and compressed in order, each on the outputs of the blocks already
+# compressed, as SparseGPT's and Wanda's reference scripts do). Here, beside the record that stores them, so that
+# the leaderboard reads them without torch.
+ONE_PASS, SEQUENTIAL = "one-pass", "sequential"
+CALIBRATION_MODES = (ONE_PASS, SEQUENTIAL)
+
+
+def calibration_mode(calibration) -> str:
+    """The mode a cell's calibration record names (one-pass where it names none: every cell before modes)."""
+    spec = calibration.get("spec") if isinstance(calibration, dict) else None
+    mode = spec.get("mode", ONE_PASS) if isinstance(spec, dict) else ONE_PASS
+    return mode if mode in CALIBRATION_MODES else ONE_PASS
+
+
+def calibration_label(calibration) -> str | None:
+    """"12x256 one-pass (authors 128x2048 sequential)": the windows a cell's method was calibrated on, and its
+    authors' where the record carries them; None for a cell without a calibration."""
+    spec = calibration.get("spec") if isinstance(calibration, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    out = f"{spec.get('samples')}x{spec.get('seq_len')} {calibration_mode(calibration)}"
+    authors = calibration.get("authors")
+    if isinstance(authors, dict):
+        out += f" (authors {authors.get('samples')}x{authors.get('seq_len')} {authors.get('mode')})"
+    short = calibration.get("short")
+    if isinstance(short, dict):  # fewer tokens than groups its solve reads full-rank statistics of
+        out += f", SHORT for {short.get('groups')} groups (needs {short.get('tokens_needed')} tokens)"
+    return out
+
 # 2: the cell identity carries its settings key; method and task versions are stored.
 # 3: the identity carries the rank allocation rule and the compressed scope (groups, blocks); a schema-2 cell is
 #    read as uniform allocation over every group, which is what it was.
@@ -107,7 +137,7 @@ NESTED_NUMBERS = {
 }
 NESTED_TYPES = {
     "compression": {"groups": list, "fallbacks": list, "allocation": dict, "method_settings": dict, "scope": str},
-    "memory": {"peak": dict}, "calibration": {"spec": dict},
+    "memory": {"peak": dict}, "calibration": {"spec": dict, "authors": (dict, type(None)), "short": dict},
 }
 
 
@@ -188,7 +218,11 @@ FIELD_RANGES = (
     (("latency", "conditions", "memory_bandwidth", "threads"), "size"),
     (("latency", "conditions", "dense_product", "shape"), "shape"),
     (("calibration", "n_tokens"), "size"), (("calibration", "spec", "samples"), "size"),
-    (("calibration", "spec", "seq_len"), "size"),
+    (("calibration", "spec", "seq_len"), "size"), (("calibration", "seconds"), "nonneg"),
+    (("calibration", "blocks"), "size"), (("calibration", "held_bytes"), "nonneg"),
+    (("calibration", "authors", "samples"), "size"), (("calibration", "authors", "seq_len"), "size"),
+    (("calibration", "short", "groups"), "size"), (("calibration", "short", "of"), "size"),
+    (("calibration", "short", "tokens"), "size"), (("calibration", "short", "tokens_needed"), "size"),
     (("timings", "*"), "nonneg"),
 )
 
@@ -245,6 +279,11 @@ def field_problem(rec: dict) -> str | None:
         bad = [n for n, kind in types.items() if n in block and not isinstance(block[n], kind)]
         if bad:
             return f"{key}.{bad[0]} is not a {_type_name(types[bad[0]])}"
+    calibration = rec.get("calibration") or {}
+    for where in ("spec", "authors"):
+        mode = (calibration.get(where) or {}).get("mode", ONE_PASS)
+        if mode not in CALIBRATION_MODES:
+            return f"calibration.{where}.mode {mode!r} is not one of {', '.join(CALIBRATION_MODES)}"
     groups = (rec.get("compression") or {}).get("groups") or []
     if any(not isinstance(g, dict) for g in groups):
         return "compression.groups holds an entry that is not a mapping"

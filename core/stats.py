@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from core.record import CALIBRATION_MODES, ONE_PASS, SEQUENTIAL  # noqa: F401 (the calibration modes)
+
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
 # act_hist: the |a| histogram of the activation function whose output the group reads (an MLP down projection's
 # act(gate x)); zeros where no activation module feeds the group

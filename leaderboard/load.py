@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # noqa: F401 (the result schema this reader reads)
-from core.record import CellRecord, place_problem
+from core.record import ONE_PASS, CellRecord, calibration_mode, place_problem
 
 DENSE = "dense"
 OWN_OUTPUTS = {"LEADERBOARD.json"}
@@ -27,8 +27,10 @@ def cell_id(rec: CellRecord) -> tuple:
 
 
 def coordinates(rec: CellRecord) -> tuple:
-    """Where a cell goes in a table: its identity without the settings key."""
-    return cell_id(rec)[:-1]
+    """Where a cell goes in a table: its identity without the settings key, and its calibration mode where that
+    is sequential (a row of its own beside the one-pass row)."""
+    mode = calibration_mode(rec.calibration)
+    return cell_id(rec)[:-1] + (() if mode == ONE_PASS else (mode,))
 
 
 def cell_date(rec: CellRecord) -> str:

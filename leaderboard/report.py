@@ -11,7 +11,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from core.io import atomic_write_text
-from core.record import ALL_GROUPS, UNIFORM, CellRecord, describe_scope
+from core.record import ALL_GROUPS, ONE_PASS, UNIFORM, CellRecord, calibration_label, calibration_mode, describe_scope
 
 from . import plots
 from .across_models import across_models_section
@@ -166,13 +166,19 @@ def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column]
                 shown.append((f"{label} vs {ref}", dk, None, "delta"))
     bests = {d[1]: _best(rows, d[1], d[2]) if d[3] not in ("delta", "speedup") and d[2] is not None else None
              for d in shown}
+    # the windows each row's method was calibrated on, beside its authors' (a text column, last): shown where the
+    # rows differ in it or a row names its authors' (cells before it named neither: the header line says it all)
+    labels = {r.get("calibration") for r in rows if isinstance(r.get("calibration"), str)}
+    calibrated = len(labels) > 1 or any("(authors" in label or "SHORT" in label for label in labels)
     body = []
     for r in rows:
         body.append([r["method"] + (" (ref)" if r["method"] == ref else "")] + [
             _fmt_delta(r, key) if fmt == "delta" else _fmt_speedup(r, key) if fmt == "speedup" else
             _fmt(r, key, fmt, bests[key] is not None and r["method"] != "dense" and r.get(key) == bests[key])
-            for _, key, _, fmt in shown])
-    return tabulate(body, headers=["method"] + [d[0] for d in shown], tablefmt="github", disable_numparse=True)
+            for _, key, _, fmt in shown] + ([r.get("calibration") or ""] if calibrated else []))
+    return tabulate(body, headers=["method"] + [d[0] for d in shown] + (["calibration (authors')"] if calibrated
+                                                                       else []),
+                    tablefmt="github", disable_numparse=True)
 
 
 def significance_note(rows: list[dict], ref: str) -> list[str]:
@@ -277,7 +283,11 @@ def _header(cells: list[CellRecord], analysis_cells: list[CellRecord] = ()) -> l
         lines.append(f"- compressed checkpoint: {fp['compressed']}")
     if cal:
         spec = cal.get("spec", {})
-        lines.append(f"- calibration: {spec.get('samples')} x {spec.get('seq_len')} tokens from {spec.get('source')}, "
+        sizes = {calibration_label({"spec": (c.calibration or {}).get("spec")}) for c in cells if c.calibration}
+        size = (f"{spec.get('samples')} x {spec.get('seq_len')} tokens" + (
+            f" ({calibration_mode(cal)})" if calibration_mode(cal) != ONE_PASS else "")) if len(sizes) == 1 \
+            else "per row (the calibration column)"
+        lines.append(f"- calibration: {size} from {spec.get('source')}, "
                      f"{spec.get('pair_tokens')} (x, g) pairs/group, seed {spec.get('seed')}")
     bos = sorted({str(c.bos) for c in cells if c.bos})
     if bos:

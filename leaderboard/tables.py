@@ -7,7 +7,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from core.record import ALL_GROUPS, DENSE, CellRecord, describe_scope, variant_name
+from core.record import (ALL_GROUPS, DENSE, ONE_PASS, CellRecord, calibration_label, calibration_mode, describe_scope,
+                         variant_name)
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
 from core.significance import ALPHA, above_chance, compare
@@ -36,8 +37,10 @@ class Column:
 
 
 def row_name(c: CellRecord) -> str:
-    """A table row: the method, and its rank allocation where that is not uniform ("fasc-kfac+fisher")."""
-    return variant_name(c.cell.method, c.cell.allocation)
+    """A table row: the method, its rank allocation where that is not uniform ("fasc-kfac+fisher"), and its
+    calibration mode where that is sequential ("sparsegpt (sequential)")."""
+    mode = calibration_mode(c.calibration)
+    return variant_name(c.cell.method, c.cell.allocation) + ("" if mode == ONE_PASS else f" ({mode})")
 
 
 def metric_columns(cells: list[CellRecord], display: Display = Display()) -> list[Column]:
@@ -109,6 +112,9 @@ def variant_row(cells: list[CellRecord], columns: list[Column]) -> dict:
             row[label + " ci"] = tuple(ci) if isinstance(ci, list) and len(ci) == 2 and all(map(is_number, ci)) \
                 else None
     row["fallbacks"] = _first(cells, lambda c: _get(c.compression, "n_fallbacks"))
+    calibration = _first(cells, lambda c: calibration_label(c.calibration))
+    if calibration is not None:  # named only where calibrated: a table of data-free rows exports as it always did
+        row["calibration"] = calibration
     # thresholds (teal) keep a density that varies per token: the mean over the row's tasks of what each measured
     dens = [v for c in cells if is_number(v := _get(c.compression, "measured_density"))]
     row["measured density"] = sum(dens) / len(dens) if dens else None

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from core.linalg import check_finite
 
-from .base import Compressor, site_svd_ops
+from .base import AuthorsCalibration, Compressor, ONE_PASS, site_svd_ops
 from .svd import scaled_truncated_factors
 
 
@@ -17,6 +17,7 @@ class ASVD(Compressor):
     name = "asvd"
     description = "SVD of W diag(E|x|)^alpha, B <- B diag(.)^-1 (alpha = 0.5)"
     needs = frozenset({"abs_mean"})
+    authors_calibration = AuthorsCalibration(32, 2048, ONE_PASS, "WikiText-2 train windows", "ASVD code (n_calib_samples 32)")
     per_site = True
     Settings = ASVDSettings
 

@@ -20,8 +20,42 @@ import torch
 from core.errors import UserError
 from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
 from core.sparsity import MITIGATIONS
-from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, SPARSITY_FAMILY,  # noqa: F401 (method API)
-                        GroupStats, RankSpec, SparsitySpec, check_pattern_widths)
+from core.stats import (ACTIVATION_STATS, CALIBRATION_MODES, GRADIENT_STATS, LOW_RANK_FAMILY,  # noqa: F401 (API)
+                        ONE_PASS, SEQUENTIAL, SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec,
+                        check_pattern_widths)
+
+
+@dataclass(frozen=True)
+class AuthorsCalibration:
+    """The calibration a method's authors ran it with, as data: windows, tokens per window and mode, and the set
+    they drew them from and where they say so. `--calibration authors` gives the method this many windows of this
+    length, in this mode, drawn from acbench's own calibration text (not the authors' set)."""
+
+    samples: int
+    seq_len: int
+    mode: str  # one-pass or sequential (core.stats.CALIBRATION_MODES)
+    data: str  # the authors' calibration set
+    source: str  # where they state it
+
+    def __post_init__(self):
+        for name in ("samples", "seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (2 if name == "seq_len" else 1):
+                raise ValueError(f"authors' calibration {name} {v!r} is not a positive whole number")
+        if self.mode not in CALIBRATION_MODES:
+            raise ValueError(f"authors' calibration mode {self.mode!r} is not one of {', '.join(CALIBRATION_MODES)}")
+
+    @property
+    def tokens(self) -> int:
+        return self.samples * self.seq_len
+
+    @property
+    def label(self) -> str:
+        return f"{self.samples} x {self.seq_len} {self.mode}"
+
+    def as_dict(self) -> dict:
+        return {"samples": self.samples, "seq_len": self.seq_len, "mode": self.mode, "data": self.data,
+                "source": self.source}
 
 
 def factorised_params(d_in: int, d_outs, ks, shared: bool) -> int:
@@ -282,10 +316,19 @@ class Compressor(Plugin):
     # A control (the random subspace): the floor other methods must beat, not a method expected to keep the model;
     # `bench smoke` reports its perplexity without calling it broken.
     control: ClassVar[bool] = False
+    # The calibration its paper or reference code uses (None: the method reads no statistics, or its authors state
+    # no size for a causal LM; it then runs at the run's own calibration under --calibration authors)
+    authors_calibration: ClassVar[AuthorsCalibration | None] = None
 
     def required_stats(self) -> frozenset[str]:
         """The statistics this instance reads; a method whose needs depend on its settings overrides it."""
         return self.needs
+
+    def full_rank_stats(self) -> frozenset[str]:
+        """The d x d statistics this instance's solve inverts, factors or eigen-decomposes beyond their leading
+        directions: from fewer calibration tokens than a group's width they are singular there (a projection or
+        factorisation of the low-rank family reads C and F so; a sparsity method that does overrides it)."""
+        return self.required_stats() & {"C", "F"} if self.family == LOW_RANK_FAMILY else frozenset()
 
     @property
     def data_free_twin(self) -> str:

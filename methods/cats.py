@@ -19,7 +19,7 @@ from core.errors import UserError
 from core.linalg import check_finite
 from core.stats import magnitude_threshold
 
-from .base import ActivationThreshold, SparsityMethod
+from .base import ActivationThreshold, AuthorsCalibration, ONE_PASS, SparsityMethod
 
 # the names of the up projection in the gated MLPs transformers builds (Llama's, Mixtral's experts', T5's)
 FOLLOW_NAMES = ("up_proj", "w3", "wi_1")
@@ -38,6 +38,7 @@ class Cats(SparsityMethod):
                    "below it (down_proj's columns and up_proj's rows skipped; attention dense); reads the |act| "
                    "histogram")
     needs = frozenset({"act_hist"})
+    authors_calibration = AuthorsCalibration(100, 1024, ONE_PASS, "RefinedWeb train sequences", "CATS code (ScalingIntelligence/CATS)")
 
     @classmethod
     def pattern_problem(cls, pattern):

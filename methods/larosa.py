@@ -20,7 +20,7 @@ import torch
 
 from core.linalg import check_finite, pca_basis
 
-from .base import SparseActivation, SparsityMethod
+from .base import AuthorsCalibration, ONE_PASS, SparseActivation, SparsityMethod
 
 ROTATED_KINDS = frozenset({"attn_in", "mlp_in", "attn_mlp_in"})  # inputs read after a norm: the residual stream
 PLAIN_KINDS = frozenset({"attn_out", "mlp_out"})  # o_proj's and down_proj's inputs
@@ -44,7 +44,11 @@ class LaRoSa(SparsityMethod):
     description = ("LaRoSa: top-k per token of z = x Q (Q: eigenvectors of E[x x^T]) at the q/k/v and gate/up inputs, "
                    "sites deployed as W Q; plain top-k at o/down; the budget split 0.8 s / 1.2 s")
     needs = frozenset({"C"})
+    authors_calibration = AuthorsCalibration(10, 2048, ONE_PASS, "WikiText-2 train, its first 500 rows concatenated", "LaRoSa code (alibaba/EfficientAI larosa/)")
     Settings = LaRoSaSettings
+
+    def full_rank_stats(self) -> frozenset[str]:
+        return frozenset({"C"})  # the rotation is C's whole eigenbasis
 
     @classmethod
     def pattern_problem(cls, pattern):

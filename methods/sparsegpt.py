@@ -19,7 +19,7 @@ import torch
 
 from core.linalg import NumericError, check_finite
 
-from .base import MaskedWeights, SparsityMethod
+from .base import AuthorsCalibration, MaskedWeights, SEQUENTIAL, SparsityMethod
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,11 @@ class SparseGPT(SparsityMethod):
                    "H = C (SparseGPT; the second weight-sparsity control)")
     masks_weights = True
     needs = frozenset({"C"})
+    authors_calibration = AuthorsCalibration(128, 2048, SEQUENTIAL, "C4 train segments, seed 0", "SparseGPT paper's setup and its llama.py (llama_sequential)")
     Settings = SparseGPTSettings
+
+    def full_rank_stats(self) -> frozenset[str]:
+        return frozenset({"C"})  # the Hessian H = C is inverted (damped) for every site
 
     def solve(self, weights, stats, pattern):
         check_finite("sparsegpt", C=stats.C)

@@ -25,7 +25,7 @@ import torch
 
 from core.linalg import NumericError, check_finite, pca_basis, rank_tolerance
 
-from .base import Compressor, basis_ops, site_svd_ops
+from .base import AuthorsCalibration, Compressor, ONE_PASS, basis_ops, site_svd_ops
 
 _BLOCK_INDEX = re.compile(r"\.\d+\.")
 
@@ -94,6 +94,7 @@ class SVDLLMV2(Compressor):
     description = ("per weight, truncated SVD of W U diag(lam)^1/2 (X X^T = U diag(lam) U^T) with ranks reallocated "
                    "within each matrix type by 1 / log of the least truncation loss (SVD-LLM V2)")
     needs = frozenset({"C"})
+    authors_calibration = AuthorsCalibration(256, 2048, ONE_PASS, "WikiText-2 train windows", "SVD-LLM V2 paper (256 samples), at the window length of V1's code")
     per_site = True
     Settings = SVDLLMV2Settings
 

@@ -6,7 +6,7 @@ import torch
 from core.linalg import check_finite
 from core.sparsity import topk_mask
 
-from .base import MaskedWeights, SparsityMethod
+from .base import AuthorsCalibration, MaskedWeights, SEQUENTIAL, SparsityMethod
 
 
 def weight_masks(weights, pattern, scale=None) -> dict:
@@ -23,6 +23,7 @@ class Wanda(SparsityMethod):
     description = "N:M weight pruning per output row by |W_ij| ||X_j|| (Wanda; the weight-sparsity control)"
     masks_weights = True
     needs = frozenset({"C"})
+    authors_calibration = AuthorsCalibration(128, 2048, SEQUENTIAL, "C4 train segments", "Wanda paper's setup (SparseGPT's calibration) and lib/prune.py (prune_wanda)")
 
     def solve(self, weights, stats, pattern):
         norms = torch.diagonal(stats.C)

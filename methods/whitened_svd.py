@@ -6,7 +6,7 @@ import torch
 
 from core.linalg import group_whitening, weighted_subspace
 
-from .base import Compressor, basis_ops, factor_svd_ops, projection_factors, projection_ops
+from .base import AuthorsCalibration, Compressor, ONE_PASS, basis_ops, factor_svd_ops, projection_factors, projection_ops
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class WhitenedSVD(Compressor):
     name = "whitened-svd"
     description = "SVD of W S with S S^T = C (Cholesky whitening), truncated: min E||W(x - Px)||^2"
     needs = frozenset({"C"})
+    authors_calibration = AuthorsCalibration(256, 2048, ONE_PASS, "WikiText-2 train windows, seed 3", "SVD-LLM code: --whitening_nsamples 256, --model_seq_len 2048 (whitening from the dense model)")
     Settings = WhitenedSVDSettings
 
     @property

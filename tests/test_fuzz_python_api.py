@@ -15,12 +15,14 @@ from fuzz_common import json_leaf
 SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
               "tasks", "calib_source", "calib_samples", "calib_seq_len", "pair_tokens", "seed", "bos", "dtype",
               "batch_size", "stats_memory", "solve_dtype", "solve_device", "lama_limit", "ppl_windows", "limit",
-              "task_options", "method_options", "analysis_options", "threads", "overwrite", "executor", "bogus"]
+              "task_options", "method_options", "analysis_options", "threads", "overwrite", "executor", "bogus",
+              "calibration_mode", "calibration"]
 COMPRESS_KEYS = ["samples", "seq_len", "pair_tokens", "seed", "bos", "budget", "rank_align", "allocate", "groups",
                  "blocks", "solve_dtype", "solve_device", "batch_size", "stats_memory", "text_column", "max_swaps",
-                 "score", "mitigation", "bogus"]
+                 "score", "mitigation", "bogus", "calibration_mode"]
 value = st.one_of(json_leaf, st.lists(json_leaf, max_size=3), st.dictionaries(st.text(max_size=5), json_leaf,
-                                                                               max_size=2))
+                                                                               max_size=2),
+                  st.sampled_from(["sequential", "one-pass", "authors", "as-given"]))
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

@@ -212,6 +212,50 @@ def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_pat
     assert "nan" not in rows.lower() and not re.search(r"-[0-9.]+ GB/s", rows) and "inf" not in rows.lower()
 
 
+CALIBRATION_FIELDS = st.fixed_dictionaries({}, optional={
+    "spec": st.fixed_dictionaries({"samples": st.just(12), "seq_len": st.just(256)}, optional={
+        "mode": st.sampled_from(["one-pass", "sequential", "Sequential", "", None, 3, ["sequential"]])}),
+    "authors": st.none() | HOSTILE | st.fixed_dictionaries({}, optional={
+        "samples": HOSTILE | st.just(128), "seq_len": HOSTILE | st.just(2048),
+        "mode": st.sampled_from(["one-pass", "sequential", "paper", None, 1])}),
+    "short": HOSTILE | st.fixed_dictionaries({}, optional={
+        "groups": HOSTILE | st.just(3), "of": st.just(7), "tokens": HOSTILE, "tokens_needed": HOSTILE | st.just(1536)}),
+    "blocks": HOSTILE | st.just(30), "held_bytes": HOSTILE | st.just(1024), "seconds": HOSTILE | st.just(2.5)})
+
+
+@settings(max_examples=30)  # a whole report per example
+@given(calibration=CALIBRATION_FIELDS)
+def test_a_cell_with_any_calibration_mode_authors_or_shortfall_is_shown_valid_or_named(tmp_path_factory,
+                                                                                     calibration):
+    """The calibration block's mode (spec and authors'), its authors' sizes and its shortfall record, of any type:
+    the cell is shown (under its mode's row name, with its calibration column) exactly when every value is valid,
+    else skipped in one line naming it."""
+    from core.record import cell_problem
+    from leaderboard.load import load_results
+    from leaderboard.report import write_report
+
+    root = tmp_path_factory.mktemp("calibrated") / "results"
+    shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
+    cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
+    cell["calibration"] = {**cell["calibration"], **calibration,
+                           "spec": {**cell["calibration"]["spec"], **calibration.get("spec", {})}}
+    (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
+    (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
+    with contextlib.redirect_stdout(io.StringIO()):
+        md = write_report(str(root))
+    rs = load_results(root)
+    shown = [c for c in rs.cells if c.cell.method == "pca"]
+    valid = cell_problem(json.loads(json.dumps(cell, allow_nan=True))) is None
+    assert bool(shown) == valid, (calibration, rs.problems)
+    if not valid:
+        assert any(TIMED_PLACE in p for p in rs.problems), rs.problems
+        return
+    text = md.read_text()
+    sequential = cell["calibration"]["spec"].get("mode") == "sequential"
+    assert ("| pca (sequential)" in text) == sequential
+    assert "nan" not in "\n".join(line for line in text.splitlines() if line.startswith("|")).lower()
+
+
 HAND_EDITS = [  # (a path into the timed cell, a value): each what the issue found believed
     (("records", 0, "nll"), float("nan")), (("records", 0, "nll"), float("inf")), (("records", 0, "nll"), True),
     (("records", 0, "nll"), -0.5), (("records", 0, "nll"), 9.0), (("metrics", "ppl"), 19.5),

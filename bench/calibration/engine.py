@@ -12,7 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from core.errors import UserError
-from core.stats import GRADIENT_STATS, HIST_BINS, GroupStats, magnitude_histogram
+from core.stats import GRADIENT_STATS, HIST_BINS, ONE_PASS, GroupStats, magnitude_histogram
 
 from bench.model.groups import InputGroup, activation_module
 
@@ -29,9 +29,20 @@ class CalibSpec:
     pair_tokens: int = 512  # bounded (x, g) token sample per group, for coupling statistics
     source: str = "wiki"
     bos: str = "none"  # BOS protocol of the windows (tasks.data.text_data.BOS_PROTOCOLS)
+    mode: str = ONE_PASS
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The spec as a cell and a cache key store it: the mode only where it is not the default one-pass, so the
+        keys of every cell and statistics folder made before modes existed stay as they were."""
+        out = asdict(self)
+        if self.mode == ONE_PASS:
+            del out["mode"]
+        return out
+
+    @property
+    def windows_key(self) -> tuple:
+        """What the calibration windows depend on (two specs with one key read the same tokens)."""
+        return (self.samples, self.seq_len, self.seed, self.source, self.bos)
 
 
 def next_token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,10 @@ def cmd_ls(args) -> int:
             line = settings_line(cls)
             print(f"{'':15s} settings: {line}" + ("" if line == "(none)" else f" (--method-option {name}.<setting>="
                                                                                 "<value>)"))
+            own = cls.authors_calibration
+            if own is not None:  # what --calibration authors gives it
+                print(f"{'':15s} authors' calibration: {own.samples} x {own.seq_len} tokens, {own.mode} ({own.data}; "
+                      f"{own.source})")
     elif args.what in ("tasks", "analyses"):
         import analyses
         import tasks

@@ -12,7 +12,8 @@ from bench.cli.run import RUN_FLAGS, config_from_args
 # the run's flags that shape one compressed model (the rest are the sweep's: tasks, executors, results)
 COMPRESS_FLAGS = ("model", "ranks", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
                   "calib_source", "calib_samples", "calib_seq_len", "pair_tokens", "bos", "seed", "device",
-                  "solve_device", "solve_dtype", "dtype", "batch_size", "stats_memory", "threads")
+                  "solve_device", "solve_dtype", "dtype", "batch_size", "stats_memory", "threads", "calibration_mode",
+                  "calibration")
 
 
 def add_compress_parser(sub):

@@ -8,7 +8,7 @@ from core.units import human
 
 PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "dtype", "stats_memory",
               "calib_samples", "calib_seq_len", "batch_size", "pair_tokens", "allocate", "groups", "blocks", "device",
-              "solve_device", "solve_dtype")
+              "solve_device", "solve_dtype", "calibration_mode", "calibration")
 
 
 def add_plan_parser(sub):
@@ -56,6 +56,9 @@ def cmd_plan(args) -> int:
         print(render_solve_memory(est, c.solve_dtype))
         times = plan_times(run, est)
         print(render_times(*times))
+        own = render_own_calibrations(run, est, times[2])
+        if own:
+            print(own)
         totals.append((c.model, times[0]["total"], est.calibration_peak, est.evaluation_peak))
     if len(runs) > 1:
         print(render_sweep(totals))
@@ -68,7 +71,7 @@ def check_against_model(run) -> None:
     a pattern a group cannot keep, --stats-memory below one group's statistics."""
     from bench.calibration.memory import calibration_chunks
     from bench.measure.costs import load_model_config
-    from bench.runner.execute import check_groups, check_lengths
+    from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
     from bench.model.groups import find_input_groups, meta_model
 
     config = load_model_config(run.config.model)
@@ -76,6 +79,7 @@ def check_against_model(run) -> None:
     groups = find_input_groups(meta_model(config))
     run = run.for_blocks(len({g.block for g in groups}), tuple(dict.fromkeys(g.kind for g in groups)))
     selected = check_groups(run, groups)
+    warn_short_calibrations(run, selected)  # said before any work: a calibration too small for a solve
     if run.stats_needs() and run.stats_memory:
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)
@@ -124,6 +128,24 @@ def render_times(times: dict, speed, model_speed) -> str:
     if times["undeclared"]:
         lines.append(f"not estimated (their solves declare no cost): {', '.join(times['undeclared'])}")
     return "\n".join(lines)
+
+
+def render_own_calibrations(run, est: CostEstimate, model_speed) -> str:
+    """The calibrations some methods get apart from the shared one (sequential, or their authors' sizes): their
+    windows, mode, how often they run, estimated seconds and peak memory."""
+    from tabulate import tabulate
+
+    from bench.measure.costs import own_calibration_costs
+
+    rows = [[c["method"], c["windows"], f"{c['tokens']:,}", c["mode"], c["runs"], f"{c['seconds']:.0f}",
+             human(c["peak"])] for c in own_calibration_costs(run, est, model_speed)]
+    if not rows:
+        return ""
+    return "\n".join(["", "calibrations of their own (not in the table above; a sequential one runs once per budget, "
+                      "its statistics depending on the blocks compressed before, and holds the windows' hidden "
+                      "states once):", "", tabulate(rows, headers=["method", "windows", "tokens", "mode", "runs",
+                                                                     "seconds", "peak memory"],
+                                                   tablefmt="github", disable_numparse=True)])
 
 
 def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:

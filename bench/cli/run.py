@@ -80,6 +80,11 @@ RUN_FLAGS = [
     ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, file:<path>"}),
     ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 12)"}),
     ("--calib-seq-len", "calib_seq_len", {"type": int, "help": "tokens per calibration window (default 256)"}),
+    ("--calibration-mode", "calibration_mode", {"help": "one-pass (default: every block calibrated once on the dense "
+                                                         "model) or sequential (blocks calibrated and compressed in "
+                                                         "order, each on the compressed blocks' outputs)"}),
+    ("--calibration", "calibration", {"help": "as-given (default: the calibration flags for every method) or "
+                                              "authors (each method at its paper's windows, length and mode)"}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
     ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
                       "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "

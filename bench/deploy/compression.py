@@ -145,28 +145,78 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
                 own_fallbacks.setdefault(group, []).append(f)
     try:
         for g in tqdm(groups, desc=f"compress {method}@{rank.label}", disable=not progress, leave=False):
-            try:
-                budget = rank if densities is None else SparsitySpec(density=densities[g.name])
-                own = stats.get(g.name)
-                solver, unrouted = _solver_for(comp, own)
-                check_solve_fits(solver, g, solve_dtype, solve_device)
-                # in a helper thread: Ctrl-C and SIGTERM reach the run even inside a long factorisation
-                res = interruptible(solver.compress, g, own or GroupStats(), budget,
-                                    k=None if ks is None else ks[g.name], device=solve_device,
-                                    dtype=solve_torch_dtype(solve_dtype))
-            except NumericError as e:
-                raise UserError(str(e)) from None
-            res.fallbacks = [*res.fallbacks, *own_fallbacks.get(g.name, []), *unrouted]
-            if merge and isinstance(res, GroupCompression):
-                res.form = "merged"
-            undo.append(apply_compression(model, g, res))
-            summaries.append(res.summary())
-            del res
+            budget = rank if densities is None else SparsitySpec(density=densities[g.name])
+            u, summary = _deploy_group(model, comp, g, stats.get(g.name), budget, None if ks is None else ks[g.name],
+                                       own_fallbacks.get(g.name, []), merge, solve_device, solve_dtype)
+            undo.append(u)
+            summaries.append(summary)
     except BaseException:
         Deployment(model, summaries, undo).restore()
         raise
     model.eval()
     return Deployment(model, summaries, undo)
+
+
+def _deploy_group(model, comp, g, own: GroupStats | None, budget, k, extra_fallbacks: list, merge: bool,
+                  solve_device: str | None, solve_dtype: str):
+    """One group solved from its statistics and swapped into the model: (its Undo, its summary)."""
+    try:
+        solver, unrouted = _solver_for(comp, own)
+        check_solve_fits(solver, g, solve_dtype, solve_device)
+        # in a helper thread: Ctrl-C and SIGTERM reach the run even inside a long factorisation
+        res = interruptible(solver.compress, g, own or GroupStats(), budget, k=k, device=solve_device,
+                            dtype=solve_torch_dtype(solve_dtype))
+    except NumericError as e:
+        raise UserError(str(e)) from None
+    res.fallbacks = [*res.fallbacks, *extra_fallbacks, *unrouted]
+    if merge and isinstance(res, GroupCompression):
+        res.form = "merged"
+    return apply_compression(model, g, res), res.summary()
+
+
+def sequential_problem(comp) -> str | None:
+    """Why a method cannot be calibrated sequentially (one line naming the fix), or None."""
+    from bench.calibration.sequential import gradient_problem
+
+    if type(comp).site_ranks is not methods.Compressor.site_ranks:
+        return (f"{comp.name} allocates its ranks across all groups at once from their statistics, and sequential "
+                "calibration has one block's statistics at a time: run it with --calibration-mode one-pass")
+    return gradient_problem(comp.required_stats(), comp.name)
+
+
+def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows, spec,
+                      method_options: dict | None = None, only_groups: set[str] | None = None,
+                      progress: bool = True, merge: bool = False, solve_device: str | None = None,
+                      solve_dtype: str = "float64", batch_size: int = 2) -> tuple[Deployment, dict]:
+    """`deploy` under sequential calibration (bench.calibration.sequential): each block's groups solved from the
+    statistics of the calibration windows as the blocks before it, already compressed, pass them on. Returns the
+    Deployment and the calibration's counts (tokens, blocks, seconds, held bytes); statistics are not cached (they
+    depend on the method and budget that compressed the blocks before)."""
+    from bench.calibration.cache import check_finite
+    from bench.calibration.sequential import sequential_pass
+
+    comp = methods.build(method, method_options)
+    problem = sequential_problem(comp)
+    if problem:
+        raise UserError(problem)
+    groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
+    undo, summaries = [], []
+
+    def compress_block(block_groups, stats):
+        for g in block_groups:
+            u, summary = _deploy_group(model, comp, g, stats.get(g.name), rank, None, [], merge, solve_device,
+                                       solve_dtype)
+            undo.append(u)
+            summaries.append(summary)
+
+    try:
+        counts = sequential_pass(model, groups, windows, comp.required_stats(), spec, compress_block, batch_size,
+                                 progress, check=check_finite)
+    except BaseException:
+        Deployment(model, summaries, undo).restore()
+        raise
+    model.eval()
+    return Deployment(model, summaries, undo), counts
 
 
 def _solver_for(comp, group_stats: GroupStats | None) -> tuple:

@@ -133,7 +133,8 @@ def _sparse_costs(comp, groups, sparsity: list[SparsitySpec], dense_linear: int)
 def estimate_costs(model: str, method_names: list[str], ranks: list[float], budget: str = "rank", align: int = 1,
                    dtype: str = "float32", stats_memory: int | None = None, calib_samples: int = 12,
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
-                   eval_seq_len: int = 256, sparsity: list[SparsitySpec] | None = None) -> CostEstimate:
+                   eval_seq_len: int = 256, sparsity: list[SparsitySpec] | None = None,
+                   shared: set[str] | None = None) -> CostEstimate:
     from bench.model.sources import check_model_config
 
     config = load_model_config(model)
@@ -141,7 +142,8 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     meta = meta_model(config)
     groups = find_input_groups(meta)
     comps = {m: methods.build(m) for m in method_names}
-    needs = frozenset().union(*(c.required_stats() for c in comps.values()))
+    # the shared calibration's statistics: those of the methods that read it (`shared`; default all of them)
+    needs = frozenset().union(*(c.required_stats() for m, c in comps.items() if shared is None or m in shared))
     width = DTYPE_BYTES[dtype]
     params = sum(p.numel() for p in meta.parameters())
     n_blocks = len({g.block for g in groups})
@@ -208,7 +210,41 @@ def estimate_run_costs(run) -> CostEstimate:
     c = run.config
     return estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
                           run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
-                          c.pair_tokens, sparsity=list(run.patterns))
+                          c.pair_tokens, sparsity=list(run.patterns),
+                          shared={m for m in run.methods if run.shares_calibration(m)})
+
+
+def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:
+    """What each method with a calibration of its own costs beside the shared one (`bench plan`): a one-pass one
+    (its authors' sizes) once, cached; a sequential one once per budget (its statistics depend on the blocks
+    compressed before), each a capture forward, then every block twice (statistics, then its compressed output),
+    with the windows' hidden states held once. {method, mode, tokens, runs, seconds, peak}"""
+    groups = est.groups
+    linear = sum(g.d_in * sum(g.d_outs) for g in groups)
+    head = est.config["vocab_size"] * est.config["hidden_size"]
+    width = est.weight_bytes // max(est.params, 1)
+    out = []
+    for m, spec in run.own_calibrations().items():
+        needs = run.compressor(m).required_stats()
+        tokens = spec.samples * spec.seq_len
+        products = sum(2 * g.d_in ** 2 for g in groups) if "C" in needs else 0
+        stats = [sum(stat_bytes(g, needs, spec.pair_tokens).values()) for g in groups]
+        batch = max(1, run.config.batch_size // 2) * spec.seq_len
+        if spec.mode == "sequential":
+            comp = run.compressor(m)
+            runs = len(run.patterns) if comp.family != methods.LOW_RANK_FAMILY else len(run.ranks)
+            per_token = 2 * (linear + head) + 2 * 2 * linear + products
+            block = max(sum(s for g, s in zip(groups, stats) if g.block == b) for b in {g.block for g in groups})
+            peak = est.weight_bytes + tokens * est.config["hidden_size"] * width + block + batch * est.config[
+                "vocab_size"] * 4
+        else:
+            runs = 1
+            per_token = 2 * (linear + head) + products
+            peak = est.weight_bytes + min(sum(stats), run.stats_memory or sum(stats)) + max(stats, default=0) + \
+                batch * est.config["vocab_size"] * 4
+        out.append({"method": m, "mode": spec.mode, "tokens": tokens, "windows": f"{spec.samples} x {spec.seq_len}",
+                    "runs": runs, "seconds": runs * tokens * per_token / calib_speed.matmul32, "peak": peak})
+    return out
 
 
 # ------------------------------------------------------------------------------------- time, from a micro-benchmark

@@ -20,7 +20,7 @@ from core.errors import UserError, did_you_mean
 from core.record import DENSE, UNIFORM
 from core.registry import code_key
 from core.settings import type_problems
-from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, RankSpec, SparsitySpec
+from core.stats import CALIBRATION_MODES, LOW_RANK_FAMILY, SEQUENTIAL, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
 from tasks.base import RunShared, Task
 
@@ -58,6 +58,12 @@ class RunConfig:
     calib_source: str = "wiki"
     calib_samples: int = 12
     calib_seq_len: int = 256
+    # one-pass (default: every block on the dense model, one calibration for every method) or sequential (blocks
+    # calibrated and compressed in order, each on the compressed blocks' outputs)
+    calibration_mode: str = "one-pass"
+    # as-given (the sizes and mode above, for every method) or authors (each method at its paper's windows, length
+    # and mode, from the same text; a method whose authors state none keeps the sizes above)
+    calibration: str = "as-given"
     pair_tokens: int = 512
     seed: int = 0
     # BOS protocol for calibration windows and ppl-token: window | stream | none | auto (the tokenizer's default)
@@ -151,20 +157,42 @@ class Run:
         return CalibSpec(samples=c.calib_samples, seq_len=c.calib_seq_len, seed=c.seed, pair_tokens=c.pair_tokens,
                          source=c.calib_source, bos=self.bos)
 
+    def calibration_for(self, variant: str) -> CalibSpec:
+        """The calibration a method's cells read: the run's (in --calibration-mode), or under --calibration authors
+        its authors' windows, length and mode (the run's where they state none)."""
+        spec = replace(self.calibration, mode=self.config.calibration_mode)
+        if self.config.calibration == AUTHORS:
+            own = self.compressor(variant).authors_calibration
+            if own is not None:
+                return replace(spec, samples=own.samples, seq_len=own.seq_len, mode=own.mode)
+        return spec
+
+    def shares_calibration(self, variant: str) -> bool:
+        """Whether a method reads the sweep's one shared calibration (the run's sizes, one-pass)."""
+        return self.calibration_for(variant) == self.calibration
+
     def uses_stats(self, variant: str, allocation: str = UNIFORM) -> bool:
         return bool(self.compressor(variant).required_stats() or RULES[allocation])
 
     def stats_needs(self) -> frozenset[str]:
-        """The statistics the whole sweep reads (methods, allocation rules, analyses): one calibration serves
-        every cell, whichever are missing, so a rerun and every worker read the same cache folder."""
-        return needed_stats([self.compressor(m) for m in self.methods]).union(
+        """The statistics the sweep's shared calibration holds (the methods that read it, allocation rules,
+        analyses): one calibration serves every such cell, whichever are missing, so a rerun and every worker read
+        the same cache folder. A method with a calibration of its own (sequential, or its authors' sizes) is not
+        in it."""
+        return needed_stats([self.compressor(m) for m in self.methods if self.shares_calibration(m)]).union(
             *(a.needs for a in self.analyses.values()), *(RULES[rule] for rule in self.allocate))
+
+    def own_calibrations(self) -> dict[str, CalibSpec]:
+        """{method: its calibration} for the methods that read statistics outside the shared calibration."""
+        return {m: self.calibration_for(m) for m in self.methods
+                if self.compressor(m).required_stats() and not self.shares_calibration(m)}
 
     def method_key(self, variant: str, allocation: str = UNIFORM, scope: str = ALL,
                    budget: RankSpec | SparsitySpec | None = None) -> dict:
         comp = self.compressor(variant)
         key = {"settings": comp.settings_dict(), "version": comp.version,
-               "calibration": self.calibration.as_dict() if comp.required_stats() or RULES[allocation] else None}
+               "calibration": self.calibration_for(variant).as_dict() if comp.required_stats() or RULES[allocation]
+               else None}
         code = code_key(type(comp))  # a plugin's code digest: an edit without a version bump still recomputes
         if code is not None:
             key["code"] = code
@@ -193,6 +221,10 @@ class Run:
         calibration = ([f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}"
                         + (f", {c.pair_tokens} (x, g) pairs/group)" if "pairs" in needs else ")")]
                        if needs else [])  # a run that reads no statistics does not calibrate: no size to state
+        calibration += [f"{m}: calibration {spec.samples} x {spec.seq_len} tokens, {spec.mode}"
+                        + (" (its authors')" if c.calibration == AUTHORS and
+                           self.compressor(m).authors_calibration is not None else "")
+                        for m, spec in self.own_calibrations().items()]
         sizes = calibration + [n for t in self.tasks.values() if (n := t.size_note())]
         lines = [what] + (["sizes: " + "; ".join(sizes)] if sizes else [])
         if c.solve_dtype != DEFAULT_SOLVE_DTYPE and self.ranks:
@@ -361,6 +393,50 @@ def density_methods() -> list[str]:
     """The registered sparsity methods a density rule (greedy) applies to."""
     return [n for n in methods.known_methods() if methods.family_of(n) == SPARSITY_FAMILY
             and methods.get_method(n).takes_group_density]
+
+
+AS_GIVEN, AUTHORS = "as-given", "authors"
+
+
+def check_calibration(config: RunConfig, names) -> None:
+    """--calibration and --calibration-mode: known values, a mode every method can run in, and nothing that would
+    do nothing (a mode or the authors' sizes for methods that read no statistics)."""
+    from bench.deploy.compression import sequential_problem
+
+    if config.calibration not in (AS_GIVEN, AUTHORS):
+        raise UserError(f"--calibration {config.calibration!r} is unknown: use as-given (default: the calibration "
+                        "flags for every method) or authors (each method at its paper's sizes and mode)")
+    if config.calibration_mode not in CALIBRATION_MODES:
+        raise UserError(f"--calibration-mode {config.calibration_mode!r} is unknown: use one-pass (default) or "
+                        "sequential")
+    reading = [m for m in names if methods.build(m, config.method_options.get(methods.base_name(m)))
+               .required_stats()]
+    if config.calibration == AUTHORS:
+        defaults = RunConfig()
+        given = [f"--{k.replace('_', '-')}" for k in ("calib_samples", "calib_seq_len", "calibration_mode")
+                 if getattr(config, k) != getattr(defaults, k)]
+        if given:
+            raise UserError(f"--calibration authors sets each method's windows, length and mode, and {given[0]} "
+                            f"sets them too: leave {given[0]} out, or use --calibration as-given")
+        if not any(methods.get_method(methods.base_name(m)).authors_calibration for m in reading):
+            raise UserError("--calibration authors: none of this run's methods states its authors' calibration "
+                            f"({', '.join(names) or 'none'}); `bench ls methods` lists those that do: add one, or "
+                            "leave the flag out")
+    sequential = [m for m in reading if config.calibration_mode == SEQUENTIAL or (
+        config.calibration == AUTHORS and getattr(methods.get_method(methods.base_name(m)).authors_calibration,
+                                                  "mode", None) == SEQUENTIAL)]
+    if config.calibration_mode == SEQUENTIAL and not reading:
+        raise UserError(f"--calibration-mode sequential: none of this run's methods reads calibration statistics "
+                        f"({', '.join(names) or 'none'}): add one (e.g. sparsegpt, wanda) or leave the flag out")
+    for m in sequential:
+        problem = sequential_problem(methods.build(m, config.method_options.get(methods.base_name(m))))
+        if problem:
+            raise UserError(problem)
+    if (config.calibration == AUTHORS or sequential) and any(r != UNIFORM for r in config.allocate):
+        what = "--calibration authors" if config.calibration == AUTHORS else "sequential calibration"
+        raise UserError(f"--allocate {next(r for r in config.allocate if r != UNIFORM)} splits the budget from the "
+                        f"run's shared one-pass calibration, and {what} gives methods calibrations of their own: "
+                        "use --allocate uniform, or run the allocation in another command")
 
 
 def check_allocation(config: RunConfig, names) -> None:
@@ -582,6 +658,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     check_budgets_used(config, names, analyses)
     selection = Selection.from_flags(config.groups, config.blocks)
     check_allocation(config, names)
+    check_calibration(config, names)
     check_rank_flags_used(config, names, analyses)
     model_tasks = build_tasks(config, analyses)
     check_options_used(config, names, analyses)

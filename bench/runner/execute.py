@@ -22,14 +22,14 @@ from tqdm.auto import tqdm
 from core.errors import UserError
 from core.interruptible import interruptible
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
-from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
+from core.stats import SEQUENTIAL, SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
 import methods
 
 from bench import __version__
 from bench.deploy.allocation import SPARSITY_RULES, allocate, allocate_density, check_budget
 from bench.runner.cells import Cell, ModelInfo, plan
-from bench.deploy.compression import Deployment, compressed, compression_summary, deploy
+from bench.deploy.compression import Deployment, compressed, compression_summary, deploy, deploy_sequential
 from bench.calibration.memory import calibration_chunks
 from bench.measure.costs import model_positions
 from bench.runner.config import Run, solve_device_for
@@ -38,6 +38,7 @@ from bench.measure.latency import LatencySpec, compare_latency, latency, measure
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
 from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
+from bench.calibration.support import after_line, short_groups, support_line, support_record
 from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
                     write_cell)
 
@@ -102,6 +103,8 @@ def check_lengths(run: Run, config) -> None:
     if limit is None:
         return
     lengths = [("--calib-seq-len", run.calibration.seq_len)] if run.stats_needs() else []
+    lengths += [(f"{m}'s calibration windows (its authors')", spec.seq_len)
+                for m, spec in run.own_calibrations().items() if spec.seq_len != run.calibration.seq_len]
     lengths += [(f"{name}'s seq_len (--ppl-seq-len)" if name == "ppl-token" else f"{name}'s seq_len",
                  task.settings.seq_len) for name, task in run.tasks.items()
                 if isinstance(getattr(task.settings, "seq_len", None), int)]
@@ -140,6 +143,7 @@ def open_checked(run: Run) -> Prepared:
     groups = source.input_groups()
     run = run.for_blocks(len({g.block for g in groups}), tuple(dict.fromkeys(g.kind for g in groups)))  # the selection, resolved once for the whole run
     selected = check_groups(run, groups)
+    warn_short_calibrations(run, selected)
     if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)
@@ -232,6 +236,61 @@ def _on_claimed(stage):
     return on_claimed
 
 
+def cell_calibration(record: dict | None, comp, groups) -> dict | None:
+    """A cell's calibration record with its method's authors' calibration beside it (null where they state none),
+    so a leaderboard row says what the method got against what its paper used, and, where the calibration has fewer
+    tokens than groups it solves from full-rank statistics, how many (`short`)."""
+    if record is None:
+        return None
+    own = comp.authors_calibration
+    out = {**record, "authors": own.as_dict() if own is not None else None}
+    spec = record.get("spec") or {}
+    short = support_record(comp, groups, int(spec.get("samples", 0)) * int(spec.get("seq_len", 0)))
+    if short is not None:
+        out["short"] = short
+    return out
+
+
+def warn_short_calibrations(run: Run, selected) -> list[str]:
+    """Before any work: one line per calibration with fewer tokens than groups a method's solve reads full-rank
+    statistics of, naming the methods it fails (logged, and returned)."""
+    short: dict = {}  # (tokens, seq_len, the short groups) -> [(method, its compressor)]
+    for m in run.methods:
+        comp = run.compressor(m)
+        spec = run.calibration_for(m)
+        tokens = spec.samples * spec.seq_len
+        groups = tuple(g.name for g in short_groups(comp, selected, tokens)) if comp.required_stats() else ()
+        if groups:
+            short.setdefault((tokens, spec.seq_len, groups), []).append((m, comp))
+    lines = [support_line([m for m, _ in ms], ms[0][1], selected, tokens, seq_len)
+             for (tokens, seq_len, _), ms in short.items()]
+    for line in lines:
+        log("warning: " + line)
+    return lines
+
+
+def deploy_one(run: Run, model, method: str, budget, stats, record: dict | None, windows, alloc, selected,
+               solve_device: str, merge: bool = False) -> tuple[Deployment, dict | None, float | None]:
+    """`method` at `budget` deployed in `model` in place, over the selected groups: from `stats` (their calibration
+    `record`), or, where the method's calibration is sequential, calibrated block by block from `windows` as it is
+    compressed. Returns the Deployment, the calibration record the cells store, and the seconds a sequential
+    calibration took (None otherwise)."""
+    opts = run.method_options(method)
+    only = None if run.selection.scope == ALL else {g.name for g in selected}
+    spec = run.calibration_for(method)
+    needs = run.compressor(method).required_stats()
+    if spec.mode == SEQUENTIAL and needs:
+        dep, counts = deploy_sequential(model, method, budget, windows, spec, opts, only_groups=only,
+                                        progress=run.config.progress, merge=merge, solve_device=solve_device,
+                                        solve_dtype=run.config.solve_dtype,
+                                        batch_size=max(1, run.config.batch_size // 2))
+        return dep, {"spec": spec.as_dict(), "stats": sorted(needs), "cached": False, **counts}, counts["seconds"]
+    dep = deploy(model, method, budget, stats, opts, progress=run.config.progress, only_groups=only, merge=merge,
+                 solve_device=solve_device, solve_dtype=run.config.solve_dtype,
+                 **(alloc.compress_args() if alloc else {}))
+    return dep, record, None
+
+
 def variant_allocation(run: Run, rule: str, budget, selected, stats, solve_device: str):
     """The allocation of `rule` at `budget` over the selected groups: k per group under a parameter budget, a
     density per group under a sparsity one; None for uniform."""
@@ -260,6 +319,8 @@ class Worker:
     selected: list = field(default_factory=list)  # those the run compresses
     stats: Mapping = field(default_factory=dict)
     calibration: Calibration | None = None  # once the statistics stage ran
+    calibrations: dict = field(default_factory=dict)  # {CalibSpec: Calibration}: methods' own one-pass calibrations
+    windows: dict = field(default_factory=dict)  # {windows key: tokens} of calibrations other than the run's
     allocations: dict = field(default_factory=dict)
     claimed: set = field(default_factory=set)
     elsewhere: list = field(default_factory=list)
@@ -409,32 +470,70 @@ class Worker:
                                                                   self.solve_device)
         return self.allocations[(rule, budget)]
 
+    def own_calibration(self, method: str) -> Calibration:
+        """A one-pass calibration of the method's own (its authors' sizes): computed or read from the cache once,
+        holding only what the method reads."""
+        spec = self.run.calibration_for(method)
+        if spec not in self.calibrations:
+            lm, run = self.model(), self.run
+            t0 = time.perf_counter()
+            self.calibrations[spec] = load_or_calibrate(
+                lm, self.selected, spec, run.compressor(method).required_stats(), run.stats_memory,
+                run.config.batch_size, run.config.progress, self.windows_for(spec))
+            self.spent(self.calibrations[spec].stage, time.perf_counter() - t0)
+        return self.calibrations[spec]
+
+    def windows_for(self, spec) -> torch.Tensor:
+        """The calibration windows of a spec (the run's are the ones prepared), tokenized once each."""
+        if spec.windows_key == self.run.calibration.windows_key:
+            return self.text()
+        if spec.windows_key not in self.windows:
+            self.windows[spec.windows_key] = calibration_windows(self.model().tokenizer, spec)
+        return self.windows[spec.windows_key]
+
+    def deploy_variant(self, m: str, budget, rule: str, alloc, timings: dict) -> tuple[Deployment, dict | None]:
+        """One variant deployed in place: from the shared statistics, a calibration of its own, or (sequential)
+        calibrated block by block as it is compressed. Returns the Deployment and the cells' calibration record."""
+        run = self.run
+        spec = run.calibration_for(m)
+        stats, calibration, windows = self.stats, self.calibration, None
+        if spec.mode == SEQUENTIAL and run.compressor(m).required_stats():
+            stats, calibration, windows = {}, None, self.windows_for(spec)
+        elif not run.shares_calibration(m):
+            calibration = self.own_calibration(m)
+            stats = calibration.stats
+        t0 = time.perf_counter()
+        dep, record, calibrate_s = deploy_one(
+            run, self.model().model, m, budget, stats, calibration.record if calibration else None, windows, alloc,
+            self.selected, self.solve_device)
+        timings["compress_s"] = time.perf_counter() - t0 - (calibrate_s or 0.0)
+        if calibrate_s is not None:
+            self.spent("calibration (sequential)", calibrate_s)
+        self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
+        if record is not None and run.uses_stats(m, rule):
+            timings["calibrate_s"] = calibrate_s if calibrate_s is not None else calibration.seconds
+            return dep, record
+        return dep, None
+
     @_on_claimed
     def variant(self, cells: list[Cell]) -> int:
         """The cells of one (method, budget, allocation): compressed once, in place, restored after."""
-        run, lm = self.run, self.model()
+        run = self.run
         m, budget, rule = cells[0].variant
         timings = {}
         alloc = self.allocation(rule, budget)
         if alloc:
             timings["allocate_s"] = sum(alloc.seconds.values())
-        uses_stats = run.uses_stats(m, rule)
         opts = run.method_options(m)
-        t0 = time.perf_counter()
-        dep = deploy(lm.model, m, budget, self.stats, opts, progress=run.config.progress,
-                     only_groups=None if self.scope == ALL else {g.name for g in self.selected},
-                     solve_device=self.solve_device, solve_dtype=run.config.solve_dtype,
-                     **(alloc.compress_args() if alloc else {}))
+        dep, record = self.deploy_variant(m, budget, rule, alloc, timings)
         try:
-            model, summaries = dep.model, dep.summaries
-            timings["compress_s"] = time.perf_counter() - t0
-            self.spent(f"compress {m}", timings["compress_s"] + timings.get("allocate_s", 0.0))
-            if self.calibration is not None and uses_stats:
-                timings["calibrate_s"] = self.calibration.seconds
-            common = {**self.common(), "calibration": self.calibration_record if uses_stats else None}
-            summary = compression_summary(summaries, budget, m, opts, alloc.summary() if alloc else None, self.scope,
-                                          self.solve_device, run.config.solve_dtype)
-            recs = self.evaluate(model, cells, summary, timings, common, dep)
+            calibration = cell_calibration(record, run.compressor(m), self.selected)
+            common = {**self.common(), "calibration": calibration}
+            summary = compression_summary(dep.summaries, budget, m, opts, alloc.summary() if alloc else None,
+                                          self.scope, self.solve_device, run.config.solve_dtype)
+            if calibration and calibration.get("short"):
+                log("warning: " + after_line(cells[0].label, calibration["short"], summary))
+            recs = self.evaluate(dep.model, cells, summary, timings, common, dep)
         finally:
             dep.restore()
         log(f"[{cells[0].label}] {summary_line(recs)}")

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from core.stats import RankSpec, SparsitySpec
+from core.stats import SEQUENTIAL, RankSpec, SparsitySpec
 
-from bench.deploy.compression import Deployment, compression_summary, deploy
+from bench.deploy.compression import Deployment, compression_summary
 from bench.measure.latency import weight_bytes
+from bench.calibration.support import after_line
 from bench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
 from bench.runner.config import Run, solve_device_for
-from bench.runner.execute import (Worker, available_cpus, log, open_checked, third_party_kept, variant_allocation,
-                                  write_kept_lines)
-from bench.runner.selection import ALL
+from bench.runner.execute import (Worker, available_cpus, deploy_one, log, open_checked, third_party_kept,
+                                  variant_allocation, cell_calibration, write_kept_lines)
 
 
 @dataclass
@@ -73,29 +73,45 @@ class Compressed:
 
 def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, stats,
                      calibration_record: dict | None,
-                     merge: bool = False, allocation=None, solve_device: str | None = None) -> Compressed:
+                     merge: bool = False, allocation=None, solve_device: str | None = None,
+                     windows: torch.Tensor | None = None) -> Compressed:
     """Deploy the one-variant run's method at its budget over the selected groups of `model` (in place).
     `source_model`: {"given", "name", "fingerprint"} for the provenance; `allocation`: the rule's allocation, if
-    already computed (else it is computed here)."""
+    already computed (else it is computed here); `windows`: the calibration tokens of a sequential calibration
+    (which calibrates as it compresses, so `stats` is then empty)."""
     (method,), budget, rule = run.methods, (run.ranks + run.patterns)[0], run.allocate[0]
     solve_device = solve_device or solve_device_for(run.config, model)
     alloc = allocation if allocation is not None else variant_allocation(run, rule, budget, selected, stats,
                                                                          solve_device)
     opts = run.method_options(method)
     scope = run.selection.scope
-    only = None if scope == ALL else {g.name for g in selected}
-    dep = deploy(model, method, budget, stats, opts, only, run.config.progress, merge=merge,
-                 solve_device=solve_device, solve_dtype=run.config.solve_dtype,
-                 **(alloc.compress_args() if alloc else {}))
+    dep, record, _ = deploy_one(run, model, method, budget, stats, calibration_record, windows, alloc, selected,
+                                solve_device, merge)
     summary = compression_summary(dep.summaries, budget, method, opts, alloc.summary() if alloc else None, scope,
                                   solve_device, run.config.solve_dtype)
-    calibration = calibration_record if run.uses_stats(method, rule) else None
+    calibration = cell_calibration(record, run.compressor(method), selected) if run.uses_stats(method, rule) \
+        else None
+    if calibration and calibration.get("short"):
+        log("warning: " + after_line(f"{method} @ {budget.label}", calibration["short"], summary))
     label = f"{budget.budget} {budget.label}" if isinstance(budget, RankSpec) else f"sparsity {budget.label}"
     provenance = {
         "method": method, "budget": label + ("" if alloc is None else f", {rule} allocation"),
         "form": "merged" if merge else "as solved", "source_model": source_model, "calibration": calibration,
         "bos": run.bos, "seed": run.config.seed, "compression": summary}
     return Compressed(model, tokenizer, method, budget, summary, calibration, provenance, dep)
+
+
+def own_statistics(worker: Worker, method: str) -> tuple:
+    """(statistics, their record, sequential windows) the method reads: the run's shared calibration, one of its
+    own (its authors' sizes), or, sequential, the windows it calibrates on as it compresses."""
+    run = worker.run
+    if run.calibration_for(method).mode == SEQUENTIAL and run.compressor(method).required_stats():
+        return {}, None, worker.windows_for(run.calibration_for(method))
+    if run.shares_calibration(method):
+        worker.statistics(every_group=False)
+        return worker.stats, worker.calibration_record, None
+    own = worker.own_calibration(method)
+    return own.stats, own.record, None
 
 
 def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = False) -> dict:
@@ -112,12 +128,11 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
         lm = worker.model()
         dense_bytes = weight_bytes(lm.model)
         t0 = time.perf_counter()
-        worker.statistics(every_group=False)
-        rule, budget = run.allocate[0], (run.ranks + run.patterns)[0]
+        (method,), rule, budget = run.methods, run.allocate[0], (run.ranks + run.patterns)[0]
+        stats, record, windows = own_statistics(worker, method)
         source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
-        with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, worker.stats,
-                              worker.calibration_record, merge, worker.allocation(rule, budget),
-                              worker.solve_device) as done:
+        with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, stats, record, merge,
+                              worker.allocation(rule, budget), worker.solve_device, windows) as done:
             seconds = time.perf_counter() - t0
             written = done.save(out, overwrite)
     if said:
