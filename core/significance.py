@@ -97,3 +97,26 @@ def above_chance(cell: CellRecord) -> dict | None:
         var = sum(c * (1 - c) for c in chance)
         p = float(stats.norm.sf((k - 0.5 - expected) / math.sqrt(var))) if var > 0 else float(k <= expected)
     return {"acc": k / n, "chance": expected / n, "p": p, "above": p < ALPHA, "n": n}
+
+
+# two-sided 5 % and 80 % power: z_0.975 + z_0.8
+Z_DETECT = 1.959963984540054 + 0.8416212335729143
+
+
+def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | None:
+    """The smallest true paired difference the comparison of `cell` with `ref_cell` had 80 % power to detect
+    (two-sided, 5 %), from the measured spread of the paired differences and their count: for accuracy,
+    z sqrt(((p10 + p01) - d^2) / n) with p10 and p01 the discordant shares (Connor 1987's form for McNemar's test);
+    for per-window NLL, z sd(d) / sqrt(n). None where the cells cannot be paired."""
+    a, b = item_scores(ref_cell), item_scores(cell)
+    if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
+        return None
+    x, y = np.asarray(a[1], dtype=np.float64), np.asarray(b[1], dtype=np.float64)
+    n = len(x)
+    if n < 2:
+        return None
+    d = y - x
+    if a[0] == "accuracy":
+        discordant = float(np.mean(d != 0))
+        return Z_DETECT * math.sqrt(max(discordant - float(d.mean()) ** 2, 0.0) / n)
+    return Z_DETECT * float(d.std(ddof=1)) / math.sqrt(n)

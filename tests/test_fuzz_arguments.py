@@ -375,6 +375,47 @@ def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, c
     assert code == 0 and doc.endswith(".md") and (tmp_path / doc).is_file()
 
 
+@settings(max_examples=30, deadline=None)
+@given(study=st.sampled_from(["calibration", "reproductions"]),
+       models=st.lists(st.sampled_from(["smollm2-135m", "nope", "", "gemma-3-270m"]), min_size=0, max_size=2),
+       doc=st.sampled_from(["x.md", "", "x.txt", "/dev/null/x.md"]),
+       extra=st.sampled_from([[], ["--bogus"], ["--models"], ["--tokens", "4096"], ["--tokens", "100"],
+                              ["--tokens", "x"], ["--modes", "sequential"], ["--modes", "both"], ["--report-only"],
+                              ["--root", "/dev/null/x"], ["--quiet"]]))
+def test_calibration_and_reproduction_study_flags_end_in_one_line_or_reach_the_parts(monkeypatch, capsys, tmp_path,
+                                                                                    study, models, doc, extra):
+    """The two studies' flags: an argparse error (exit 2, one line), one `error:` line from a part's refusal, or the
+    parts reached (faked here) and the page written."""
+    import importlib
+
+    from core.errors import UserError
+
+    mod = importlib.import_module(f"studies.{study}")
+    if study == "reproductions" and any(x in extra for x in ("--tokens", "--modes")):
+        extra = []
+
+    def fake_part(model, *args, **kw):
+        if model in ("nope", ""):
+            raise UserError("unknown model: did you mean ...")
+
+    monkeypatch.setattr(mod, "run_part", fake_part)
+    argv = (["--models", *models] if models else []) + ["--doc", str(tmp_path / doc) if doc else doc] + \
+        [x for x in extra if x != "/dev/null/x"] + (["/dev/null/x"] if "/dev/null/x" in extra else [])
+    if "--root" not in argv:
+        argv += ["--root", str(tmp_path / "cells")]
+    try:
+        code = mod.main(argv)
+    except SystemExit as e:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.code == 2 and err and ": error: " in err[-1] and "Traceback" not in "\n".join(err)
+        return
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:
+        assert len(err) == 1 and err[0].startswith("error: ")
+        return
+    assert code == 0 and (tmp_path / doc).is_file()
+
+
 # ---------------------------------------------------------------- bench report --out
 
 @settings(max_examples=15, deadline=None)  # one report (plots included) per example: about 0.5 s

@@ -1,0 +1,293 @@
+"""How much calibration each method needs: every method of both families on both embedded models, at the papers'
+budgets (low-rank parameter ratio 0.8 and 0.9, their 20 % and 10 % compression; sparsity density 0.5, and SparseGPT
+and Wanda at 2:4 too) and, for low-rank, at rank ratio 0.9, where these small models survive (a parameter ratio
+of 0.9 keeps about half of each group's rank here), at calibration sizes from 4,096 to 262,144 tokens (windows of 2,048), one-pass and (where a method can
+be) sequential. Quality is the token perplexity of the default run's evaluation windows, paired across sizes.
+
+`python -m studies.calibration` computes what is missing, one part at a time, and writes docs/calibration.md and
+its plots from every stored cell. A part is one model at one size in one mode (`--models`, `--tokens`, `--modes`
+choose which); its cells go to `studies/cells/calibration/<mode>-<windows>x<length>/<model>/`, which is committed
+with them, so the study runs over several sittings and the page always shows what has been measured so far."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
+
+MODELS = ("smollm2-135m", "gemma-3-270m")
+SEQ_LEN = 2048
+TOKENS = (4096, 16384, 65536, 262144)  # 2, 8, 32 and 128 windows of 2,048: SparseGPT's and Wanda's is the last
+LOW_RANK = ("pca", "whitened-svd", "svd-llm-v2", "asvd", "fwsvd", "espace-nl", "fasc-kfac", "fasc", "svd", "random")
+SPARSITY = ("act-sparse", "teal", "wina", "r-sparse", "larosa", "cats", "wanda", "sparsegpt", "magnitude-prune")
+RANKS = (0.8, 0.9)  # parameter ratios
+RANK_RATIO = 0.9  # a rank ratio (k = 0.9 of each group's width): deployed merged, the rank truncation alone
+DENSITY = "0.5"
+N_M = ("wanda", "sparsegpt")  # at 2:4 as well, their papers' other budget
+PATTERN = "2:4"
+TASKS = ("ppl-token",)
+ROOT = Path("studies/cells/calibration")
+# within this many nats of mean NLL of the largest size measured: saturated (perplexity within 2 %)
+SATURATED = 0.02
+
+
+def part_folder(root: Path, mode: str, tokens: int) -> Path:
+    return root / f"{mode}-{tokens // SEQ_LEN}x{SEQ_LEN}"
+
+
+def sequential_methods(names) -> list[str]:
+    """Those of `names` that sequential calibration can serve (activation statistics, no allocation across
+    groups), and read statistics at all."""
+    import methods
+
+    from bench.deploy.compression import sequential_problem
+
+    out = []
+    for n in names:
+        comp = methods.build(n)
+        if comp.required_stats() and sequential_problem(comp) is None:
+            out.append(n)
+    return out
+
+
+def calibrated(names) -> list[str]:
+    import methods
+
+    return [n for n in names if methods.build(n).required_stats()]
+
+
+def run_part(model: str, tokens: int, mode: str, root: Path, progress: bool = True) -> list[dict]:
+    """One part: the model's cells at one calibration size in one mode (missing ones only)."""
+    import bench
+
+    low, sparse = list(LOW_RANK), list(SPARSITY)
+    if not (mode == ONE_PASS and tokens == TOKENS[0]):  # a data-free method's cells do not depend on calibration:
+        low, sparse = calibrated(low), calibrated(sparse)  # measured once, in the first part
+    if mode == SEQUENTIAL:
+        low, sparse = sequential_methods(low), sequential_methods(sparse)
+    common = {"model": model, "tasks": list(TASKS), "measure_latency": False, "report": False,
+              "output": str(part_folder(root, mode, tokens)), "calib_samples": tokens // SEQ_LEN,
+              "calib_seq_len": SEQ_LEN, "calibration_mode": mode, "progress": progress}
+    cells = []
+    if low:
+        cells += bench.sweep(methods=low, rank=list(RANKS), budget="params", **common)
+        cells += bench.sweep(methods=low, rank=[RANK_RATIO], budget="rank", **common)
+    if sparse:
+        cells += bench.sweep(methods=sparse, sparsity=[DENSITY], **common)
+    n_m = [m for m in N_M if m in sparse]
+    if n_m:
+        cells += bench.sweep(methods=n_m, sparsity=[PATTERN], **common)
+    return cells
+
+
+def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
+    """(mode, tokens, cell) of every cell stored under the study's folders, read as the leaderboard reads them."""
+    from leaderboard.load import load_results
+
+    out = []
+    for folder in sorted(root.glob("*-*x*")):
+        mode, _, size = folder.name.rpartition("-")
+        if mode not in (ONE_PASS, SEQUENTIAL):
+            continue
+        windows, _, length = size.partition("x")
+        for c in load_results(folder).cells:
+            out.append((mode, int(windows) * int(length), c))
+    return out
+
+
+def budget_of(c: CellRecord) -> str:
+    """"params 0.8", "density 0.5" or "2:4"."""
+    if ":" in c.cell.budget:
+        return c.cell.budget
+    return f"{'density' if c.cell.budget == 'unstructured' else c.cell.budget} {c.cell.rank:g}"
+
+
+def series(cells) -> dict:
+    """{(model, family, budget): {(method, mode): {tokens: cell}}}; dense under each model."""
+    import methods
+
+    out: dict = {}
+    for mode, tokens, c in cells:
+        if c.cell.method == DENSE:
+            out.setdefault((c.cell.model, DENSE, ""), {}).setdefault((DENSE, ONE_PASS), {})[tokens] = c
+            continue
+        family = methods.family_of(c.cell.method)
+        data_free = not methods.build(c.cell.method).required_stats()
+        # a data-free method's cell is the same at every size: one line, drawn flat
+        out.setdefault((c.cell.model, family, budget_of(c)), {}).setdefault(
+            (c.cell.method, "data-free" if data_free else mode), {})[tokens] = c
+    return out
+
+
+def nll(c: CellRecord) -> float:
+    return math.log(c.metrics["ppl"])
+
+
+def saturation(points: dict[int, CellRecord]) -> str:
+    """The smallest size whose mean NLL is within SATURATED nats of the largest size's ("-" with one size)."""
+    sizes = sorted(points)
+    if len(sizes) < 2:
+        return "-"
+    last = nll(points[sizes[-1]])
+    first = next(t for t in sizes if abs(nll(points[t]) - last) <= SATURATED)
+    return f"{first:,}" if first < sizes[-1] else f"not by {sizes[-1]:,}"
+
+
+def table(rows_of: dict, model: str, family: str) -> list[str]:
+    from tabulate import tabulate
+
+    sizes = sorted({t for (m, f, _), by in rows_of.items() if m == model and f == family
+                    for pts in by.values() for t in pts})
+    rows = []
+    for (m, f, budget), by in sorted(rows_of.items()):
+        if m != model or f != family:
+            continue
+        for (method, mode), pts in sorted(by.items()):
+            flat = mode == "data-free"
+            cells = [f"{next(iter(pts.values())).metrics['ppl']:.2f}" if flat else
+                     (f"{pts[t].metrics['ppl']:.2f}" if t in pts else "") for t in sizes]
+            seconds = [pts[t].timings.get("calibrate_s") for t in sorted(pts)]
+            rows.append([budget, method, mode] + cells + ["" if flat else saturation(pts),
+                         "" if flat or seconds[-1] is None else f"{seconds[-1]:.0f}"])
+    if not rows:
+        return []
+    return [tabulate(rows, headers=["budget", "method", "mode"] + [f"{t:,}" for t in sizes] +
+                     ["saturates at", "calibration s (largest)"], tablefmt="github", disable_numparse=True), ""]
+
+
+def plot(rows_of: dict, model: str, family: str, path: Path) -> Path | None:
+    """Perplexity against calibration tokens, one line per method and mode (data-free methods flat, dashed)."""
+    from core.figures import pyplot, save_figure
+
+    plt = pyplot()
+    budgets = sorted({b for (m, f, b) in rows_of if m == model and f == family})
+    if not budgets:
+        return None
+    fig, axes = plt.subplots(1, len(budgets), figsize=(5.5 * len(budgets), 4.2), squeeze=False)
+    dense = rows_of.get((model, DENSE, ""), {}).get((DENSE, ONE_PASS), {})
+    for ax, budget in zip(axes[0], budgets):
+        for (method, mode), pts in sorted(rows_of[(model, family, budget)].items()):
+            xs = sorted(pts)
+            ys = [pts[t].metrics["ppl"] for t in xs]
+            style = "--" if mode == "data-free" else ":" if mode == SEQUENTIAL else "-"
+            label = method if mode == ONE_PASS else f"{method} ({mode})"
+            ax.plot(xs, ys, style, marker="o" if len(xs) > 1 else "s", label=label)
+        if dense:
+            ax.axhline(next(iter(dense.values())).metrics["ppl"], color="k", lw=0.8, label="dense")
+        ax.set(xscale="log", yscale="log", xlabel="calibration tokens", ylabel="perplexity (ppl-token)",
+               title=f"{model}: {family}, {budget}")
+        ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def cost_lines(cells) -> list[str]:
+    """What each size cost, from the cells: calibration seconds (one-pass: once per part, shared by its methods;
+    sequential: per variant, its solves excluded) and, for sequential, the hidden states it held."""
+    from tabulate import tabulate
+
+    from core.units import human
+
+    one, seq = {}, {}
+    for mode, tokens, c in cells:
+        t, cal = c.timings or {}, c.calibration or {}
+        if c.cell.method == DENSE or t.get("calibrate_s") is None:
+            continue
+        if mode == ONE_PASS:  # the part's shared calibration: its largest (it holds every method's statistics)
+            key = (c.cell.model, tokens)
+            one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
+        else:
+            seq.setdefault((c.cell.model, tokens), []).append((t["calibrate_s"], cal.get("held_bytes")))
+    rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "",
+             f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
+             human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else ""]
+            for m, tok in sorted(set(one) | set(seq))]
+    if not rows:
+        return []
+    return ["## What each size costs", "",
+            "Measured on the machine the cells name (2 cores). One-pass: the part's one calibration, which holds "
+            "every method's statistics (gradients included) and is cached. Sequential: one variant's calibration, "
+            "its solves excluded; it runs again for every budget and method.", "",
+            tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "sequential s per variant",
+                                    "sequential hidden states held"], tablefmt="github", disable_numparse=True), ""]
+
+
+def render(cells, doc: Path, plots: Path, asked: dict) -> str:
+    rows_of = series(cells)
+    envs = sorted((c.env for _, _, c in cells if c.env), key=lambda e: str(e.get("date", "")))
+    commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
+    measured = sorted({(c.cell.model, mode, tokens) for mode, tokens, c in cells})
+    lines = ["# How much calibration each method needs", "",
+             f"Generated by `python -m studies.calibration` from the cells under `{ROOT}/` (acbench commit(s) "
+             f"{commits}); do not edit by hand. Protocols and sizes: docs/calibration-protocols.md.", "",
+             __doc__.split("\n\n")[0].replace("\n", " "), "",
+             f"Saturates at: the smallest size whose perplexity is within {SATURATED} nats of mean NLL "
+             f"({math.exp(SATURATED) - 1:.0%}) of the largest size measured for that row. Data-free methods read no "
+             "calibration: one cell, drawn flat.", "",
+             "Parts measured (model, mode, tokens): " + ("; ".join(f"{m} {mo} {t:,}" for m, mo, t in measured)
+                                                          or "none yet") + ".",
+             "Parts not yet measured: " + ("; ".join(f"{m} {mo} {t:,}" for m in asked["models"] for mo in asked["modes"]
+                                                     for t in asked["tokens"] if (m, mo, t) not in measured)
+                                           or "none") + ".", ""]
+    for model in dict.fromkeys(c.cell.model for _, _, c in cells):
+        dense = rows_of.get((model, DENSE, ""), {}).get((DENSE, ONE_PASS), {})
+        lines += [f"## {model}", "", f"Dense perplexity {next(iter(dense.values())).metrics['ppl']:.2f}."
+                  if dense else "", ""]
+        for family in ("low-rank", "sparsity"):
+            body = table(rows_of, model, family)
+            if not body:
+                continue
+            fig = plot(rows_of, model, family, plots / f"calibration_{model}_{family}.png")
+            lines += [f"### {family}", "", *body]
+            if fig is not None:
+                lines += [f"![{model} {family}]({Path(fig).relative_to(doc.parent).as_posix()})", ""]
+    lines += cost_lines(cells)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from core.errors import UserError
+    from core.io import atomic_write_text
+
+    ap = argparse.ArgumentParser(prog="python -m studies.calibration", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS),
+                    help=f"calibration sizes, multiples of {SEQ_LEN} (default {' '.join(map(str, TOKENS))})")
+    ap.add_argument("--modes", nargs="+", default=[ONE_PASS, SEQUENTIAL], choices=[ONE_PASS, SEQUENTIAL])
+    ap.add_argument("--root", default=str(ROOT), help=f"where the parts' cells are kept (default {ROOT})")
+    ap.add_argument("--doc", default="docs/calibration.md")
+    ap.add_argument("--report-only", action="store_true", help="write the page from the stored cells, compute nothing")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    a = ap.parse_args(argv)
+    bad = [t for t in a.tokens if t < SEQ_LEN or t % SEQ_LEN]
+    if bad:
+        ap.error(f"--tokens {bad[0]}: give a multiple of {SEQ_LEN} (whole windows of {SEQ_LEN} tokens)")
+    if not a.doc.endswith(".md"):
+        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
+    from studies import output_problem
+
+    problem = output_problem(a.doc, "--doc") or output_problem(a.root, "--root", folder=True)
+    if problem:
+        ap.error(problem)
+    root, doc = Path(a.root), Path(a.doc)
+    if not a.report_only:
+        try:
+            for model in a.models:  # smallest parts first: each is committed-sized and a stop loses one part at most
+                for tokens in sorted(a.tokens):
+                    for mode in a.modes:
+                        print(f"part: {model}, {mode}, {tokens:,} tokens", flush=True)
+                        run_part(model, tokens, mode, root, progress=not a.quiet)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    text = render(stored(root), doc, doc.parent / "plots", {"models": a.models, "modes": a.modes,
+                                                             "tokens": sorted(a.tokens)})
+    atomic_write_text(doc, text)
+    print(f"wrote {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Every published ordering acbench's baselines come with, tested in their authors' conditions on both embedded
+models: `python -m studies.reproductions` computes the missing cells (each method at its paper's calibration size
+and mode, `--calibration authors`; a method whose authors state none at the run's default) and writes
+docs/reproductions.md from every stored cell.
+
+Each row is one claim on one model: the paper, its model and setting, its reported numbers and the ordering it
+claims, and acbench's paired difference on the same items (perplexity: per-window mean NLL; LAMA: P@1), its 95 %
+interval, the smallest difference the comparison had 80 % power to detect, and a verdict: *reproduces* (the
+interval lies on the claimed side of zero, or, for a claim that two methods are level, within the margin),
+*contradicts* (the interval lies on the other side, or the level pair differs), or *not detected* (the interval
+spans zero: a difference up to the detectable one could have been missed). Every contradiction names what in its
+conditions differs from the authors' (calibration size, mode, a budget that destroys the model), or is an open
+question where nothing does but the model's size. A part is one model's claims (`--models`); its cells go to
+`studies/cells/reproductions/`, committed with them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.record import DENSE, CellRecord, calibration_mode
+from core.significance import above_chance, compare, detectable_difference
+
+MODELS = ("smollm2-135m", "gemma-3-270m")
+ROOT = Path("studies/cells/reproductions")
+TASKS = ("ppl-token", "lama")
+# the margin within which two methods count as level: nats of mean NLL (perplexity within 2 %), points of P@1
+MARGIN = {"ppl-token": 0.02, "lama": 0.02}
+DESTROYED = 5.0  # a side whose perplexity is this many times dense's: the budget destroys the model
+
+
+@dataclass(frozen=True)
+class Side:
+    method: str
+    budget: str  # "density 0.5", "2:4", "params 0.8", "rank 0.75"
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} ({self.budget})"
+
+    def sweep_budget(self) -> dict:
+        kind, _, value = self.budget.partition(" ")
+        if ":" in kind:
+            return {"sparsity": [kind]}
+        if kind == "density":
+            return {"sparsity": [value]}
+        return {"rank": [float(value)], "budget": kind}
+
+
+@dataclass(frozen=True)
+class Claim:
+    paper: str
+    setting: str  # the authors' model and setting
+    reported: str  # their numbers
+    better: Side
+    worse: Side  # for a level claim: the other side
+    task: str = "ppl-token"
+    level: bool = False  # the claim is that the two are level, not ordered
+
+
+def _s(method, budget):
+    return Side(method, budget)
+
+
+CLAIMS = (
+    Claim("Wanda (Sun et al. 2024)", "LLaMA-7B, 50 % unstructured, WikiText-2", "SparseGPT 7.22, Wanda 7.26 "
+          "(dense 5.68)", _s("sparsegpt", "density 0.5"), _s("wanda", "density 0.5"), level=True),
+    Claim("Wanda (Sun et al. 2024)", "LLaMA-7B, 50 % unstructured, WikiText-2", "Wanda 7.26, magnitude 17.29",
+          _s("wanda", "density 0.5"), _s("magnitude-prune", "density 0.5")),
+    Claim("SparseGPT (Frantar and Alistarh 2023)", "LLaMA-7B 50 % (Wanda's table); OPT-175B ARC-e",
+          "7.22 vs magnitude 17.29; ARC-e 69.65 vs 28.03", _s("sparsegpt", "density 0.5"),
+          _s("magnitude-prune", "density 0.5")),
+    Claim("SparseGPT (Frantar and Alistarh 2023)", "OPT-175B, ARC-e", "50 % unstructured 69.65, 2:4 67.08",
+          _s("sparsegpt", "density 0.5"), _s("sparsegpt", "2:4")),
+    Claim("Wanda (Sun et al. 2024)", "LLaMA-7B, 2:4 against unstructured 50 %", "2:4 costs more than 50 % "
+          "unstructured", _s("wanda", "density 0.5"), _s("wanda", "2:4")),
+    Claim("SVD-LLM V2 (Wang et al. 2025)", "LLaMA-7B, 20 % compression, WikiText-2", "V2 7.12, SVD-LLM 7.94 "
+          "(dense 5.68)", _s("svd-llm-v2", "params 0.8"), _s("whitened-svd", "params 0.8")),
+    Claim("SVD-LLM V2 (Wang et al. 2025)", "V2 ahead at every ratio (10 % compression here)", "V2 ahead of SVD-LLM "
+          "at 20-80 %", _s("svd-llm-v2", "params 0.9"), _s("whitened-svd", "params 0.9")),
+    Claim("SVD-LLM (Wang et al. 2025)", "LLaMA-7B, 20 % compression, WikiText-2", "SVD-LLM 7.94, ASVD 11.14",
+          _s("whitened-svd", "params 0.8"), _s("asvd", "params 0.8")),
+    Claim("SVD-LLM V2 (Wang et al. 2025)", "LLaMA-7B, 20 % compression, WikiText-2", "V2 7.12, ASVD 11.14",
+          _s("svd-llm-v2", "params 0.8"), _s("asvd", "params 0.8")),
+    Claim("SVD-LLM (Wang et al. 2025)", "LLaMA-7B, 20 % compression, WikiText-2", "ASVD 11.14, SVD 20,061",
+          _s("asvd", "params 0.8"), _s("svd", "params 0.8")),
+    Claim("FASC (the paper acbench tests, docs/claims.md)", "knowledge retained at the same rank", "6-8 points "
+          "of factual recall over PCA", _s("fasc", "rank 0.75"), _s("pca", "rank 0.75"), task="lama"),
+    Claim("FASC (docs/claims.md)", "knowledge retained at the same rank", "ahead of whitened SVD",
+          _s("fasc", "rank 0.75"), _s("whitened-svd", "rank 0.75"), task="lama"),
+    Claim("TEAL (Liu et al. 2025)", "Llama-2/3, Mistral; calibrated thresholds for a magnitude top-k", "40-50 % "
+          "model-wide sparsity with minimal degradation", _s("teal", "density 0.5"), _s("act-sparse", "density 0.5"),
+          level=True),
+    Claim("R-Sparse (Zhang et al. 2025)", "Llama-2-7B, 50 %, ten tasks", "R-Sparse 64.06 (dense 65.88); ahead of "
+          "sparse-only (TEAL-like) in its ablation, 67.50 vs 66.25", _s("r-sparse", "density 0.5"),
+          _s("teal", "density 0.5")),
+    Claim("LaRoSa (Liu et al. 2025)", "LLaMA2-7B, 40 % sparsity", "+1.77 % over TEAL, perplexity gap 0.17",
+          _s("larosa", "density 0.5"), _s("teal", "density 0.5")),
+    Claim("CATS (Lee et al. 2024)", "Mistral-7B, Llama2-7B, 50 % MLP activation sparsity", "within 1-2 % of base",
+          _s("cats", "density 0.5"), _s(DENSE, ""), level=True),
+    Claim("LaRoSa (Liu et al. 2025)", "LLaMA2-7B, 40 % sparsity", "+17.14 % over CATS", _s("larosa", "density 0.5"),
+          _s("cats", "density 0.5")),
+    Claim("WINA (Chen et al. 2025)", "Qwen-2.5-7B and others, 25-65 %", "up to +2.94 % over TEAL",
+          _s("wina", "density 0.5"), _s("teal", "density 0.5")),
+    Claim("N:M study (arXiv 2509.22166)", "4-8B models, activation sparsity", "16:32 close to unstructured 50 %",
+          _s("act-sparse", "16:32"), _s("act-sparse", "density 0.5"), level=True),
+    Claim("N:M study (arXiv 2509.22166)", "4-8B models, activation sparsity", "16:32 about 2.7x better than 2:4",
+          _s("act-sparse", "16:32"), _s("act-sparse", "2:4")),
+)
+
+
+def budget_label(c: CellRecord) -> str:
+    if c.cell.method == DENSE:
+        return ""
+    if ":" in c.cell.budget:
+        return c.cell.budget
+    return f"{'density' if c.cell.budget == 'unstructured' else c.cell.budget} {c.cell.rank:g}"
+
+
+def sides() -> dict[tuple, list[str]]:
+    """{(budget keywords as a sorted tuple): methods} over every claim's sides, dense aside."""
+    out: dict = {}
+    for claim in CLAIMS:
+        for side in (claim.better, claim.worse):
+            if side.method != DENSE:
+                key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in
+                                   side.sweep_budget().items()))
+                out.setdefault(key, [])
+                if side.method not in out[key]:
+                    out[key].append(side.method)
+    return out
+
+
+def run_part(model: str, root: Path, progress: bool = True) -> None:
+    """One model's cells: every claim's methods at their budgets, each in its authors' calibration."""
+    import bench
+
+    for key, names in sides().items():
+        budget = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
+        with_authors = [m for m in names if __import__("methods").get_method(m).authors_calibration]
+        rest = [m for m in names if m not in with_authors]
+        common = {"model": model, "tasks": list(TASKS), "measure_latency": False, "report": False,
+                  "output": str(root), "progress": progress, **budget}
+        if with_authors:
+            bench.sweep(methods=with_authors, calibration="authors", **common)
+        if rest:
+            bench.sweep(methods=rest, **common)
+
+
+def find(cells: list[CellRecord], model: str, side: Side, task: str) -> CellRecord | None:
+    for c in cells:
+        if c.cell.model == model and c.cell.method == side.method and c.cell.task == task and \
+                budget_label(c) == side.budget:
+            return c
+    return None
+
+
+def conditions(c: CellRecord) -> list[str]:
+    """What in a cell's calibration differs from its method's authors'."""
+    cal = c.calibration or {}
+    spec, authors = cal.get("spec") or {}, cal.get("authors")
+    if not isinstance(authors, dict):
+        return []
+    out = []
+    got, theirs = spec.get("samples", 0) * spec.get("seq_len", 0), authors["samples"] * authors["seq_len"]
+    if got < theirs:
+        out.append(f"{c.cell.method} calibrated on {got:,} tokens, its authors on {theirs:,}")
+    if calibration_mode(cal) != authors.get("mode"):
+        out.append(f"{c.cell.method} {calibration_mode(cal)}, its authors {authors.get('mode')}")
+    if cal.get("short"):
+        out.append(f"{c.cell.method}'s calibration short for {cal['short']['groups']} groups")
+    return out
+
+
+def verdict(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> dict:
+    """The paired difference in the claimed direction (positive: the claim's better side is better), its interval,
+    the detectable difference and the verdict, with the cause of a contradiction."""
+    d = compare(worse, better)
+    if d is None:
+        return {"verdict": "not paired (the cells scored different items)"}
+    lower_better = claim.task == "ppl-token"
+    sign = -1.0 if lower_better else 1.0  # an NLL that falls is an improvement
+    diff, lo, hi = sign * d["diff"], *sorted(sign * x for x in d["ci95"])
+    mde = detectable_difference(worse, better)
+    out = {"diff": diff, "ci95": (lo, hi), "detectable": mde}
+    margin = MARGIN[claim.task]
+    if claim.level:
+        if -margin < lo and hi < margin:
+            out["verdict"] = f"reproduces (level within {margin:g})"
+        elif lo > 0 or hi < 0:
+            out["verdict"] = "contradicts (they differ)"
+        else:
+            out["verdict"] = f"not detected (could miss {mde:.3f})"
+    elif lo > 0:
+        out["verdict"] = "reproduces"
+    elif hi < 0:
+        out["verdict"] = "contradicts"
+    else:
+        out["verdict"] = f"not detected (could miss {mde:.3f})"
+    if out["verdict"].startswith("contradicts"):
+        out["cause"] = cause(claim, better, worse, dense)
+    if claim.task == "lama" and dense is not None:
+        chance = above_chance(dense)
+        if chance and not chance["above"]:
+            out["verdict"] += "; dense LAMA at chance"
+    return out
+
+
+def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> str:
+    found = conditions(better) + conditions(worse)
+    if claim.task == "ppl-token" and dense is not None:
+        base = dense.metrics["ppl"]
+        gone = [c.cell.method for c in (better, worse)
+                if c.cell.method != DENSE and c.metrics["ppl"] > DESTROYED * base]
+        if gone:
+            found.append(f"budget destroys the model ({', '.join(gone)} above {DESTROYED:g}x dense perplexity)")
+    return "; ".join(found) if found else "open question: conditions as the authors'; the model is 25-50x smaller"
+
+
+def rows(cells: list[CellRecord]) -> list[list[str]]:
+    out = []
+    models = list(dict.fromkeys(c.cell.model for c in cells))
+    for claim in CLAIMS:
+        for model in models:
+            dense = find(cells, model, Side(DENSE, ""), claim.task)
+            better = dense if claim.better.method == DENSE else find(cells, model, claim.better, claim.task)
+            worse = dense if claim.worse.method == DENSE else find(cells, model, claim.worse, claim.task)
+            relation = "level with" if claim.level else "better than"
+            head = [claim.paper, claim.setting, claim.reported, f"{claim.better.label} {relation} "
+                    f"{claim.worse.label if claim.worse.method != DENSE else 'dense'}", claim.task, model]
+            if better is None or worse is None:
+                out.append(head + ["", "", "", "not yet measured", ""])
+                continue
+            v = verdict(claim, better, worse, dense)
+            if "diff" not in v:
+                out.append(head + ["", "", "", v["verdict"], ""])
+                continue
+            out.append(head + [f"{v['diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]",
+                               "" if v["detectable"] is None else f"{v['detectable']:.3f}", v["verdict"],
+                               v.get("cause", "")])
+    return out
+
+
+def render(cells: list[CellRecord], root: Path) -> str:
+    from tabulate import tabulate
+
+    envs = sorted((c.env for c in cells if c.env), key=lambda e: str(e.get("date", "")))
+    commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
+    table = tabulate(rows(cells), headers=["paper", "their setting", "they report", "claim", "task", "model",
+                                           "Δ (claimed direction)", "95 % interval", "detectable", "verdict",
+                                           "cause of a contradiction"], tablefmt="github", disable_numparse=True)
+    return "\n".join([
+        "# Published orderings, tested in their authors' conditions", "",
+        f"Generated by `python -m studies.reproductions` from the cells under `{root}/` (acbench commit(s) "
+        f"{commits}); do not edit by hand.", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
+        "Δ is in the claim's favour when positive: nats of mean NLL saved (perplexity) or points of P@1 gained "
+        "(LAMA), by the claim's better side over its other side, on the same items. *Detectable*: the difference "
+        "this comparison had 80 % power to detect (two-sided 5 %), from its measured paired spread and count. "
+        f"Level margins: {MARGIN['ppl-token']} nats, {MARGIN['lama']} P@1.", "", table, ""])
+
+
+def main(argv=None) -> int:
+    from core.errors import UserError
+    from core.io import atomic_write_text
+    from leaderboard.load import load_results
+
+    ap = argparse.ArgumentParser(prog="python -m studies.reproductions", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--root", default=str(ROOT))
+    ap.add_argument("--doc", default="docs/reproductions.md")
+    ap.add_argument("--report-only", action="store_true", help="write the page from the stored cells, compute nothing")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    a = ap.parse_args(argv)
+    if not a.doc.endswith(".md"):
+        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
+    from studies import output_problem
+
+    problem = output_problem(a.doc, "--doc") or output_problem(a.root, "--root", folder=True)
+    if problem:
+        ap.error(problem)
+    root = Path(a.root)
+    if not a.report_only:
+        try:
+            for model in a.models:
+                print(f"part: {model}", flush=True)
+                run_part(model, root, progress=not a.quiet)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    cells = load_results(root).cells if root.is_dir() else []
+    atomic_write_text(Path(a.doc), render(cells, root))
+    print(f"wrote {a.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

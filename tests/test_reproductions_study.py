@@ -1,0 +1,136 @@
+"""studies/reproductions.py and studies/calibration.py on hand-made cells: a verdict for every claim (reproduces,
+contradicts, not detected, level), the detectable difference by hand, the cause of a contradiction named from the
+cell's calibration against its authors', and the calibration study's saturation and parts."""
+
+import math
+
+import pytest
+
+from core.record import CellRecord
+from core.significance import Z_DETECT, detectable_difference
+
+
+def _cell(model, method, task, budget, rank, values, calibration=None, tokens=None):
+    if task == "ppl-token":
+        records = [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
+        metrics, key = {"ppl": math.exp(sum(values) / len(values))}, "ppl"
+    else:
+        records = [{"id": i, "correct": bool(v), "chance": 0.25} for i, v in enumerate(values)]
+        metrics, key = {"p@1": sum(values) / len(values)}, "p@1"
+    return CellRecord.from_json({
+        "schema_version": 4, "cell": {"model": model, "method": method, "rank": None if method == "dense" else rank,
+                                      "budget": "rank" if method == "dense" else budget, "task": task, "key": "k"},
+        "higher_is_better": {key: task != "ppl-token"}, "metrics": metrics, "primary_metric": key,
+        "versions": {"task": 1, "method": None if method == "dense" else 1}, "records": records,
+        "model_fingerprint": {"source": "gguf", "sha256": "x", "dtype": "float32"}, "seed": 0, "stderr": {},
+        "env": {"date": "2026-12-06T00:00:00Z"}, "details": {}, "calibration": calibration,
+        "timings": {} if tokens is None else {"calibrate_s": tokens / 1000},
+        "compression": None if method == "dense" else {"param_ratio": 0.5, "compute_ratio": 0.5}})
+
+
+def test_detectable_difference_by_hand():
+    # NLL: paired differences 0.1, 0.3, 0.2, 0.2 -> sd 0.0816..., n 4
+    a = _cell("m", "x", "ppl-token", "unstructured", 0.5, [3.0, 3.0, 3.0, 3.0])
+    b = _cell("m", "y", "ppl-token", "unstructured", 0.5, [3.1, 3.3, 3.2, 3.2])
+    sd = math.sqrt(sum((d - 0.2) ** 2 for d in (0.1, 0.3, 0.2, 0.2)) / 3)
+    assert detectable_difference(a, b) == pytest.approx(Z_DETECT * sd / 2)
+    # accuracy: 10 items, 3 discordant (2 for the second cell, 1 against), d = 0.1
+    x = _cell("m", "x", "lama", "unstructured", 0.5, [1, 1, 0, 0, 1, 0, 1, 0, 1, 0])
+    y = _cell("m", "y", "lama", "unstructured", 0.5, [1, 0, 1, 1, 1, 0, 1, 0, 1, 0])
+    assert detectable_difference(x, y) == pytest.approx(Z_DETECT * math.sqrt((0.3 - 0.01) / 10))
+    assert Z_DETECT == pytest.approx(2.8016, abs=1e-4)
+
+
+AUTHORS = {"samples": 128, "seq_len": 2048, "mode": "sequential", "data": "C4", "source": "x"}
+
+
+def _calibrated(mode=None, samples=12, seq_len=256):
+    spec = {"samples": samples, "seq_len": seq_len, "seed": 0, "source": "wiki", "bos": "none", "pair_tokens": 512}
+    if mode:
+        spec["mode"] = mode
+    return {"spec": spec, "stats": ["C"], "authors": AUTHORS}
+
+
+def test_each_verdict_and_the_cause_of_a_contradiction():
+    from studies.reproductions import CLAIMS, rows
+
+    dense = [3.0 + 0.01 * i for i in range(8)]
+    cells = [_cell("m", "dense", "ppl-token", "", None, dense)]
+    # wanda clearly ahead of magnitude (claim: reproduces); sparsegpt behind wanda on a level claim, on 3,072
+    # one-pass tokens against its authors' 262,144 sequential: contradicts, and the cause says so
+    cells.append(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [x + 0.3 for x in dense],
+                       _calibrated("sequential", 128, 2048)))
+    cells.append(_cell("m", "magnitude-prune", "ppl-token", "unstructured", 0.5, [x + 1.0 for x in dense]))
+    cells.append(_cell("m", "sparsegpt", "ppl-token", "unstructured", 0.5,
+                       [x + 0.5 + 0.01 * (i % 2) for i, x in enumerate(dense)], _calibrated()))
+    out = {(r[3], r[5]): r for r in rows(cells)}
+    level = out[("sparsegpt (density 0.5) level with wanda (density 0.5)", "m")]
+    assert level[9] == "contradicts (they differ)" and float(level[6]) == pytest.approx(-0.205, abs=1e-9)
+    assert "sparsegpt calibrated on 3,072 tokens, its authors on 262,144" in level[10]
+    assert "sparsegpt one-pass, its authors sequential" in level[10]
+    assert "wanda" not in level[10]  # wanda ran in its authors' conditions
+    ahead = out[("wanda (density 0.5) better than magnitude-prune (density 0.5)", "m")]
+    assert ahead[9] == "reproduces" and float(ahead[6]) == pytest.approx(0.7)
+    # a claim whose cells are missing says so, and every claim has a row per model
+    assert out[("svd-llm-v2 (params 0.8) better than whitened-svd (params 0.8)", "m")][9] == "not yet measured"
+    assert len(rows(cells)) == len(CLAIMS)
+
+
+def test_a_difference_inside_the_noise_is_not_detected_with_what_it_could_miss():
+    from studies.reproductions import rows
+
+    base = [3.0, 3.4, 2.9, 3.3, 3.1, 2.8]
+    noise = [0.05, -0.04, 0.03, -0.05, 0.02, -0.01]
+    cells = [_cell("m", "dense", "ppl-token", "", None, base),
+             _cell("m", "wina", "ppl-token", "unstructured", 0.5, [b + 0.2 + e for b, e in zip(base, noise)]),
+             _cell("m", "teal", "ppl-token", "unstructured", 0.5, [b + 0.2 for b in base])]
+    row = next(r for r in rows(cells) if r[3].startswith("wina"))
+    assert row[9].startswith("not detected (could miss ") and row[10] == ""
+    assert float(row[8]) > abs(float(row[6]))
+
+
+def test_a_destroyed_budget_is_named_as_the_cause():
+    from studies.reproductions import rows
+
+    base = [3.0 + 0.02 * i for i in range(6)]
+    cells = [_cell("m", "dense", "ppl-token", "", None, base),
+             _cell("m", "whitened-svd", "ppl-token", "params", 0.8, [b + 3.0 for b in base]),
+             _cell("m", "asvd", "ppl-token", "params", 0.8, [b + 2.0 for b in base])]
+    row = next(r for r in rows(cells) if r[3] == "whitened-svd (params 0.8) better than asvd (params 0.8)")
+    assert row[9] == "contradicts" and "budget destroys the model (whitened-svd, asvd above 5x" in row[10]
+
+
+def test_calibration_study_saturation_and_budget_labels():
+    from studies.calibration import budget_of, saturation
+
+    pts = {t: _cell("m", "pca", "ppl-token", "params", 0.8, [v] * 4) for t, v in
+           ((4096, 3.50), (16384, 3.31), (65536, 3.305), (262144, 3.30))}
+    assert saturation(pts) == "16,384"  # within 0.02 nats of the largest from there on
+    assert saturation({4096: pts[4096], 262144: _cell("m", "pca", "ppl-token", "params", 0.8, [2.0] * 4)}) == \
+        "not by 262,144"
+    assert saturation({4096: pts[4096]}) == "-"
+    assert budget_of(pts[4096]) == "params 0.8"
+    assert budget_of(_cell("m", "wanda", "ppl-token", "2:4", 0.5, [1.0])) == "2:4"
+    assert budget_of(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [1.0])) == "density 0.5"
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--tokens", "1000"], "multiple of 2048"), (["--doc", "x.txt"], "markdown"),
+    (["--modes", "twice"], "invalid choice")])
+def test_calibration_study_flags_are_one_line(capsys, argv, says):
+    from studies.calibration import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--report-only"])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_calibration_study_report_from_no_cells_lists_what_is_missing(tmp_path):
+    from studies.calibration import main
+
+    doc = tmp_path / "calibration.md"
+    assert main(["--report-only", "--root", str(tmp_path / "cells"), "--doc", str(doc), "--models", "m",
+                 "--tokens", "4096", "--modes", "one-pass"]) == 0
+    text = doc.read_text()
+    assert "Parts measured (model, mode, tokens): none yet." in text
+    assert "Parts not yet measured: m one-pass 4,096." in text
