@@ -143,3 +143,57 @@ def test_block_statistics_take_the_held_hidden_states():
         assert got[g.name].n_tokens == ref[g.name].n_tokens == ids.numel()
         assert torch.allclose(got[g.name].C, ref[g.name].C, rtol=1e-6, atol=1e-8)
         assert torch.allclose(got[g.name].abs_hist, ref[g.name].abs_hist)
+
+
+# ---------------------------------------------------------------- a calibration too small for its solve
+
+def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_fails():
+    """Tiny Llama widths: attention input 32, MLP input 32, MLP output 48; 40 tokens cover 32, not 48. The methods
+    whose solve inverts or eigen-decomposes C or F are short there; Wanda (diagonal) and TEAL (histogram) are not."""
+    import methods
+    from bench.calibration.support import after_line, short_groups, support_line, support_record
+
+    model = tiny_model("llama", hidden=32, inter=48)
+    groups = find_input_groups(model)
+    widths = {g.name: g.d_in for g in groups}
+    for name in ("pca", "whitened-svd", "fasc-kfac", "sparsegpt", "larosa"):
+        short = short_groups(methods.build(name), groups, 40)
+        assert [g.name for g in short] == [g for g, d in widths.items() if d > 40], name
+        assert short_groups(methods.build(name), groups, 48) == []  # as many tokens as the widest: covered
+    for name in ("wanda", "teal", "asvd", "cats", "svd"):
+        assert short_groups(methods.build(name), groups, 1) == [], name
+    comp = methods.build("sparsegpt")
+    rec = support_record(comp, groups, 40)
+    assert rec == {"groups": 2, "of": len(groups), "tokens": 40, "tokens_needed": 48, "stats": ["C"]}
+    assert support_record(comp, groups, 48) is None
+    line = support_line(["sparsegpt", "pca"], comp, groups, 40, 16)
+    assert line.startswith("sparsegpt, pca: 40 calibration tokens are fewer than the input width of 2 of 8 groups "
+                           "(up to 48, layers.0.mlp_out)") and "their solve" in line
+    assert line.endswith("calibrate at least 48 tokens (e.g. --calib-samples 3 at --calib-seq-len 16)")
+    assert "its solve" in support_line(["sparsegpt"], comp, groups, 40, 16)
+    assert support_line(["sparsegpt"], comp, groups, 48, 16) is None
+    after = after_line("sparsegpt @ 0.5", rec, {"n_fallbacks": 3})
+    assert after == ("[sparsegpt @ 0.5] calibrated on 40 tokens, fewer than the width of 2 of 8 groups: 3 numeric "
+                     "fallback(s) recorded; its numbers measure the calibration's size as much as the method (at "
+                     "least 48 tokens would cover every group)")
+
+
+def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, capsys):
+    from bench.runner.config import RunConfig, resolve_run
+    from bench.runner.execute import cell_calibration, warn_short_calibrations
+
+    model = tiny_model("llama", hidden=32, inter=48)
+    groups = find_input_groups(model)
+    run = resolve_run(RunConfig(methods=["pca", "whitened-svd", "wanda", "sparsegpt"], ranks=[0.5], sparsity=["0.5"],
+                                calib_samples=2, calib_seq_len=20, tasks=["ppl-token"], output=str(tmp_path)))
+    lines = warn_short_calibrations(run, groups)
+    # pca, whitened-svd and sparsegpt share the run's 40 tokens and the same short groups: one line names them
+    assert lines == [l for l in lines if l.startswith("pca, whitened-svd, sparsegpt: 40 calibration tokens")]
+    assert len(lines) == 1 and "warning: " + lines[0] in capsys.readouterr().out
+    spec = {"samples": 2, "seq_len": 20}
+    import methods
+
+    rec = cell_calibration({"spec": spec}, methods.build("sparsegpt"), groups)
+    assert rec["short"]["tokens_needed"] == 48 and rec["authors"]["samples"] == 128
+    assert "short" not in cell_calibration({"spec": spec}, methods.build("wanda"), groups)
+    assert cell_calibration(None, methods.build("wanda"), groups) is None
