@@ -120,28 +120,31 @@ def budget_label(c: CellRecord) -> str:
 
 
 def sides() -> dict[tuple, list[str]]:
-    """{(budget keywords as a sorted tuple): methods} over every claim's sides, dense aside."""
-    out: dict = {}
+    """{(budget keywords as a sorted tuple, tasks): methods} over every claim's sides, dense aside: each method is
+    scored only on the tasks its claims read (a sequential calibration of 262,144 tokens is not run twice)."""
+    tasks: dict = {}
     for claim in CLAIMS:
         for side in (claim.better, claim.worse):
             if side.method != DENSE:
-                key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in
-                                   side.sweep_budget().items()))
-                out.setdefault(key, [])
-                if side.method not in out[key]:
-                    out[key].append(side.method)
+                budget = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in
+                                      side.sweep_budget().items()))
+                tasks.setdefault((budget, side.method), set()).add(claim.task)
+    out: dict = {}
+    for (budget, method), needed in tasks.items():
+        out.setdefault((budget, tuple(t for t in TASKS if t in needed)), []).append(method)
     return out
 
 
 def run_part(model: str, root: Path, progress: bool = True) -> None:
     """One model's cells: every claim's methods at their budgets, each in its authors' calibration."""
     import bench
+    import methods
 
-    for key, names in sides().items():
+    for (key, tasks), names in sides().items():
         budget = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
-        with_authors = [m for m in names if __import__("methods").get_method(m).authors_calibration]
+        with_authors = [m for m in names if methods.get_method(m).authors_calibration]
         rest = [m for m in names if m not in with_authors]
-        common = {"model": model, "tasks": list(TASKS), "measure_latency": False, "report": False,
+        common = {"model": model, "tasks": list(tasks), "measure_latency": False, "report": False,
                   "output": str(root), "progress": progress, **budget}
         if with_authors:
             bench.sweep(methods=with_authors, calibration="authors", **common)
