@@ -197,3 +197,20 @@ def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, 
     assert rec["short"]["tokens_needed"] == 48 and rec["authors"]["samples"] == 128
     assert "short" not in cell_calibration({"spec": spec}, methods.build("wanda"), groups)
     assert cell_calibration(None, methods.build("wanda"), groups) is None
+
+
+def test_arguments_equal_across_batches_are_held_once():
+    """Gemma-3 materialises its attention masks: equal-length windows share one mask and one rotary table, held
+    once however many batches there are; an argument that differs stays its own."""
+    from bench.calibration.sequential import _shared
+
+    model = tiny_model("gemma3", layers=2)
+    chain = BlockChain(model, _windows(n=6), batch_size=2)
+    for i in range(2):
+        first, later = chain.calls[0][i][1], chain.calls[2][i][1]
+        tensors = [k for k, v in first.items() if isinstance(v, (torch.Tensor, tuple))]
+        assert tensors and all(later[k] is first[k] for k in tensors), i
+    a, b = torch.zeros(3), torch.ones(3)
+    assert _shared(torch.zeros(3), a) is a and _shared(b, a) is b and _shared(torch.zeros(4), a).shape == (4,)
+    assert _shared((torch.zeros(3), b.clone()), (a, b)) == (a, b) and _shared((b, a), (a, b))[0] is b
+    assert _shared(torch.zeros(3, dtype=torch.int64), a).dtype == torch.int64 and _shared(None, a) is None

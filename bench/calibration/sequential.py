@@ -52,6 +52,18 @@ def _hidden_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, str | None]:
                     "(positional or hidden_states=): use --calibration-mode one-pass for this model")
 
 
+def _shared(value, first):
+    """`first` where `value` equals it (a tensor, or a tuple of them, of the same shape and values), else `value`:
+    the windows' masks and rotary tables are the same for every batch of equal-length windows."""
+    if isinstance(value, torch.Tensor) and isinstance(first, torch.Tensor):
+        return first if value.shape == first.shape and value.dtype == first.dtype and torch.equal(value, first) \
+            else value
+    if isinstance(value, tuple) and isinstance(first, tuple) and len(value) == len(first):
+        shared = tuple(_shared(v, f) for v, f in zip(value, first))
+        return first if all(a is b for a, b in zip(shared, first)) else shared
+    return value
+
+
 def _output_of(out) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
@@ -109,6 +121,9 @@ class BlockChain:
             raise UserError("sequential calibration: this model runs its decoder blocks other than once each per "
                             "forward (a recurrent or skipping model), so they cannot be replayed in order: use "
                             "--calibration-mode one-pass")
+        if self.calls:  # an argument equal to the first batch's (a mask, rotary tables) is held once, not per batch
+            calls = [(_shared(args, first_args), {k: _shared(v, first_kw.get(k)) for k, v in kw.items()}, key)
+                     for (args, kw, key), (first_args, first_kw, _) in zip(calls, self.calls[0])]
         self.calls.append(calls)
 
     def run_block(self, i: int, b: int, hidden: torch.Tensor) -> torch.Tensor:
