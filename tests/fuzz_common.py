@@ -52,6 +52,21 @@ json_value = st.recursive(json_leaf, lambda kids: st.one_of(st.lists(kids, max_s
                                                                 max_size=3)), max_leaves=6)
 
 
+def study_outcome(main, argv, capsys) -> int | None:
+    """A study's `main(argv)`: an argparse refusal (exit 2, its last line `...: error: ...`, no traceback) gives
+    None; a refusal of its own is exit 2 with one `error: ` line; else its exit code (for the caller to check)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.code == 2 and err and ": error: " in err[-1] and "Traceback" not in "\n".join(err)
+        return None
+    err = capsys.readouterr().err.strip().splitlines()
+    if code == 2:
+        assert len(err) == 1 and err[0].startswith("error: ")
+    return code
+
+
 def _paths(obj, prefix=()):
     yield prefix
     if isinstance(obj, dict):

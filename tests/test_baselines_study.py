@@ -1,26 +1,11 @@
 """studies/baselines.py: the tables pair each new method with the older ones of its family on the same items, and
 LaRoSa's matched-density cells get rows of their own; CATS meets the older methods at its own compute only."""
 
-import math
-
-from core.record import CellRecord
+from conftest import hand_cell
 
 
 def _cell(model, method, task, rank, values, compute=0.5):
-    if task == "ppl-token":
-        records = [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
-        metrics, key = {"ppl": math.exp(sum(values) / len(values))}, "ppl"
-    else:
-        records = [{"id": i, "correct": bool(v), "chance": 0.25} for i, v in enumerate(values)]
-        metrics, key = {"p@1": sum(values) / len(values)}, "p@1"
-    return CellRecord.from_json({
-        "schema_version": 4, "cell": {"model": model, "method": method, "rank": None if method == "dense" else rank,
-                                      "budget": "rank", "task": task, "key": "k"},
-        "higher_is_better": {key: task != "ppl-token"}, "metrics": metrics, "primary_metric": key,
-        "versions": {"task": 1, "method": None if method == "dense" else 1}, "records": records,
-        "model_fingerprint": {"source": "gguf", "sha256": "x", "dtype": "float32"}, "seed": 0, "stderr": {},
-        "env": {"date": "2026-12-05T00:00:00Z"},
-        "details": {}, "compression": None if method == "dense" else {"param_ratio": 1.0, "compute_ratio": compute}})
+    return hand_cell(model, method, task, rank, values, compute=compute)
 
 
 def test_new_methods_are_paired_with_their_family_and_matched_density_rows_are_their_own():

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pathlib import Path
 
-from fuzz_common import assert_clean
+from fuzz_common import assert_clean, study_outcome
 
 
 # ---------------------------------------------------------------- CLI arguments
@@ -362,15 +362,8 @@ def test_baselines_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, c
     monkeypatch.setattr(baselines, "sweep", fake_sweep)
     out = str(tmp_path / doc) if doc else doc
     argv = (["--models", *models] if models else []) + ["--doc", out, "--output", str(tmp_path / "r")] + extra
-    try:
-        code = baselines.main(argv)
-    except SystemExit as e:
-        err = capsys.readouterr().err.strip().splitlines()
-        assert e.code == 2 and err and ": error: " in err[-1] and "Traceback" not in "\n".join(err)
-        return
-    err = capsys.readouterr().err.strip().splitlines()
-    if code == 2:
-        assert len(err) == 1 and err[0].startswith("error: ")
+    code = study_outcome(baselines.main, argv, capsys)
+    if code in (None, 2):
         return
     assert code == 0 and doc.endswith(".md") and (tmp_path / doc).is_file()
 
@@ -403,15 +396,8 @@ def test_calibration_and_reproduction_study_flags_end_in_one_line_or_reach_the_p
         [x for x in extra if x != "/dev/null/x"] + (["/dev/null/x"] if "/dev/null/x" in extra else [])
     if "--root" not in argv:
         argv += ["--root", str(tmp_path / "cells")]
-    try:
-        code = mod.main(argv)
-    except SystemExit as e:
-        err = capsys.readouterr().err.strip().splitlines()
-        assert e.code == 2 and err and ": error: " in err[-1] and "Traceback" not in "\n".join(err)
-        return
-    err = capsys.readouterr().err.strip().splitlines()
-    if code == 2:
-        assert len(err) == 1 and err[0].startswith("error: ")
+    code = study_outcome(mod.main, argv, capsys)
+    if code in (None, 2):
         return
     assert code == 0 and (tmp_path / doc).is_file()
 

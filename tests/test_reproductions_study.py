@@ -6,26 +6,12 @@ import math
 
 import pytest
 
-from core.record import CellRecord
+from conftest import hand_cell
 from core.significance import Z_DETECT, detectable_difference
 
 
-def _cell(model, method, task, budget, rank, values, calibration=None, tokens=None):
-    if task == "ppl-token":
-        records = [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
-        metrics, key = {"ppl": math.exp(sum(values) / len(values))}, "ppl"
-    else:
-        records = [{"id": i, "correct": bool(v), "chance": 0.25} for i, v in enumerate(values)]
-        metrics, key = {"p@1": sum(values) / len(values)}, "p@1"
-    return CellRecord.from_json({
-        "schema_version": 4, "cell": {"model": model, "method": method, "rank": None if method == "dense" else rank,
-                                      "budget": "rank" if method == "dense" else budget, "task": task, "key": "k"},
-        "higher_is_better": {key: task != "ppl-token"}, "metrics": metrics, "primary_metric": key,
-        "versions": {"task": 1, "method": None if method == "dense" else 1}, "records": records,
-        "model_fingerprint": {"source": "gguf", "sha256": "x", "dtype": "float32"}, "seed": 0, "stderr": {},
-        "env": {"date": "2026-12-06T00:00:00Z"}, "details": {}, "calibration": calibration,
-        "timings": {} if tokens is None else {"calibrate_s": tokens / 1000},
-        "compression": None if method == "dense" else {"param_ratio": 0.5, "compute_ratio": 0.5}})
+def _cell(model, method, task, budget, rank, values, calibration=None):
+    return hand_cell(model, method, task, rank, values, budget=budget, compute=0.5, calibration=calibration)
 
 
 def test_detectable_difference_by_hand():
