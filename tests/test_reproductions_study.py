@@ -120,3 +120,23 @@ def test_calibration_study_report_from_no_cells_lists_what_is_missing(tmp_path):
     text = doc.read_text()
     assert "Parts measured (model, mode, tokens): none yet." in text
     assert "Parts not yet measured: m one-pass 4,096." in text
+
+
+def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
+    """studies/objectives.py end to end on the smoke model: a row per claim and group it applies to, objectives
+    measured on the held-out draw, and the page's table from them."""
+    from studies.objectives import CLAIMS, main, measure, summary
+
+    rows = measure(str(tiny), samples=2, seq_len=32, progress=False)
+    assert {(r["method"], r["rival"], r["objective"]) for r in rows} == set(CLAIMS)
+    assert all(r["mine"] >= 0 and r["theirs"] >= 0 for r in rows)
+    table = summary(rows)
+    assert len(table) == len(CLAIMS)
+    for row in table:
+        n = sum(1 for r in rows if (r["method"], r["rival"], r["objective"]) == tuple(row[1:4]))
+        assert row[4].endswith(f"of {n}")
+    doc = tmp_path / "objectives.md"
+    assert main(["--models", str(tiny), "--samples", "2", "--seq-len", "32", "--doc", str(doc), "--quiet"]) == 0
+    import re
+
+    assert re.search(r"\| fasc-kfac +\| pca +\| kfac +\| \d+ of \d+ ", doc.read_text())
