@@ -126,6 +126,12 @@ def nll(c: CellRecord) -> float:
     return math.log(c.metrics["ppl"])
 
 
+def ppl(c: CellRecord) -> str:
+    """A perplexity as the leaderboard prints it: two decimals, three significant digits from 1e5 on."""
+    v = c.metrics["ppl"]
+    return f"{v:.3g}" if abs(v) >= 1e5 else f"{v:.2f}"
+
+
 def saturation(points: dict[int, CellRecord]) -> str:
     """The smallest size whose mean NLL is within SATURATED nats of the largest size's ("-" with one size)."""
     sizes = sorted(points)
@@ -147,8 +153,7 @@ def table(rows_of: dict, model: str, family: str) -> list[str]:
             continue
         for (method, mode), pts in sorted(by.items()):
             flat = mode == "data-free"
-            cells = [f"{next(iter(pts.values())).metrics['ppl']:.2f}" if flat else
-                     (f"{pts[t].metrics['ppl']:.2f}" if t in pts else "") for t in sizes]
+            cells = [ppl(next(iter(pts.values()))) if flat else (ppl(pts[t]) if t in pts else "") for t in sizes]
             seconds = [pts[t].timings.get("calibrate_s") for t in sorted(pts)]
             rows.append([budget, method, mode] + cells + ["" if flat else saturation(pts),
                          "" if flat or seconds[-1] is None else f"{seconds[-1]:.0f}"])
@@ -172,9 +177,11 @@ def plot(rows_of: dict, model: str, family: str, path: Path) -> Path | None:
         for (method, mode), pts in sorted(rows_of[(model, family, budget)].items()):
             xs = sorted(pts)
             ys = [pts[t].metrics["ppl"] for t in xs]
-            style = "--" if mode == "data-free" else ":" if mode == SEQUENTIAL else "-"
             label = method if mode == ONE_PASS else f"{method} ({mode})"
-            ax.plot(xs, ys, style, marker="o" if len(xs) > 1 else "s", label=label)
+            if mode == "data-free":  # the same at every size: a flat line across the axis
+                ax.axhline(ys[0], ls="--", lw=0.9, label=label, color=f"C{len(ax.lines) % 10}")
+                continue
+            ax.plot(xs, ys, ":" if mode == SEQUENTIAL else "-", marker="o" if len(xs) > 1 else "s", label=label)
         if dense:
             ax.axhline(next(iter(dense.values())).metrics["ppl"], color="k", lw=0.8, label="dense")
         ax.set(xscale="log", yscale="log", xlabel="calibration tokens", ylabel="perplexity (ppl-token)",
@@ -282,8 +289,10 @@ def main(argv=None) -> int:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    text = render(stored(root), doc, doc.parent / "plots", {"models": a.models, "modes": a.modes,
-                                                             "tokens": sorted(a.tokens)})
+    # the page lists every part of the whole study still missing, whichever parts this call ran
+    plan = {"models": list(dict.fromkeys([*MODELS, *a.models])), "modes": [ONE_PASS, SEQUENTIAL],
+            "tokens": sorted(set(TOKENS) | set(a.tokens))}
+    text = render(stored(root), doc, doc.parent / "plots", plan)
     atomic_write_text(doc, text)
     print(f"wrote {doc}")
     return 0

@@ -222,9 +222,10 @@ def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord
     return "; ".join(found) if found else "open question: conditions as the authors'; the model is 25-50x smaller"
 
 
-def rows(cells: list[CellRecord]) -> list[list[str]]:
+def rows(cells: list[CellRecord], models: list[str] | None = None) -> list[list[str]]:
+    """One row per claim and model (default: the models the cells hold)."""
     out = []
-    models = list(dict.fromkeys(c.cell.model for c in cells))
+    models = models or list(dict.fromkeys(c.cell.model for c in cells))
     for claim in CLAIMS:
         for model in models:
             dense = find(cells, model, Side(DENSE, ""), claim.task)
@@ -251,7 +252,8 @@ def render(cells: list[CellRecord], root: Path) -> str:
 
     envs = sorted((c.env for c in cells if c.env), key=lambda e: str(e.get("date", "")))
     commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
-    table = tabulate(rows(cells), headers=["paper", "their setting", "they report", "claim", "task", "model",
+    every = list(dict.fromkeys([*MODELS, *(c.cell.model for c in cells)]))  # measured or not yet
+    table = tabulate(rows(cells, every), headers=["paper", "their setting", "they report", "claim", "task", "model",
                                            "Δ (claimed direction)", "95 % interval", "detectable", "verdict",
                                            "cause of a contradiction"], tablefmt="github", disable_numparse=True)
     return "\n".join([
