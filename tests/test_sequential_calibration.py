@@ -214,3 +214,107 @@ def test_arguments_equal_across_batches_are_held_once():
     assert _shared(torch.zeros(3), a) is a and _shared(b, a) is b and _shared(torch.zeros(4), a).shape == (4,)
     assert _shared((torch.zeros(3), b.clone()), (a, b)) == (a, b) and _shared((b, a), (a, b))[0] is b
     assert _shared(torch.zeros(3, dtype=torch.int64), a).dtype == torch.int64 and _shared(None, a) is None
+
+
+# ---------------------------------------------------------------- the engine's pieces, each against its contract
+
+def test_a_blocks_hidden_states_are_read_positional_or_by_keyword_and_anything_else_is_one_line():
+    from bench.calibration.sequential import _hidden_of, _output_of
+
+    h = torch.ones(2, 3)
+    assert _hidden_of((h, 5), {"mask": 1}) == (h, None)
+    assert _hidden_of((), {"hidden_states": h, "mask": 1}) == (h, "hidden_states")
+    assert _hidden_of((5,), {"hidden_states": h}) == (h, "hidden_states")  # a non-tensor first argument
+    for args, kwargs in (((), {}), ((5,), {}), ((), {"hidden_states": 5})):
+        with pytest.raises(UserError, match="without its hidden states as a tensor") as e:
+            _hidden_of(args, kwargs)
+        assert "--calibration-mode one-pass" in str(e.value)
+    assert _output_of(h) is h and _output_of((h, None)) is h and _output_of([h]) is h
+    for out in ((), (None, h), {"h": h}, None):
+        with pytest.raises(UserError, match=f"returned {type(out).__name__}, not its hidden states"):
+            _output_of(out)
+
+
+def test_a_block_captured_by_keyword_is_replayed_by_keyword():
+    """Where a model passes a block its hidden states as hidden_states= (transformers' Llama passes them
+    positionally), the replay passes them under the same keyword, with the other arguments as captured."""
+    model = tiny_model("llama", layers=2)
+    chain = BlockChain(model, _windows(n=2), batch_size=2)
+    args, kwargs, key = chain.calls[0][0]
+    assert key is None and args == () and "position_embeddings" in kwargs
+    h = chain.hidden[0]
+    positional = chain.run_block(0, 0, h)
+    chain.calls[0][0] = ((), dict(kwargs), "hidden_states")
+    with torch.no_grad():
+        direct = model.model.layers[0](hidden_states=h, **kwargs)
+    direct = direct[0] if isinstance(direct, tuple) else direct
+    assert torch.equal(chain.run_block(0, 0, h), direct) and torch.equal(direct, positional)
+
+
+@pytest.mark.parametrize("needed", [frozenset({"C", "abs_mean", "mean", "abs_hist"}), frozenset({"act_hist"})])
+def test_block_statistics_equal_one_pass_ones_for_every_activation_statistic(needed):
+    model = tiny_model("llama")
+    ids = _windows()
+    groups = [g for g in find_input_groups(model) if g.block == 0]
+    chain = BlockChain(model, ids, batch_size=2)
+    got = block_statistics(chain, 0, groups, needed, CalibSpec())
+    ref = calibrate(model, groups, ids, needed, CalibSpec(), batch_size=2, progress=False)
+    for g in groups:
+        for name in needed:
+            a, b = getattr(got[g.name], name), getattr(ref[g.name], name)
+            assert a is not None and torch.allclose(a, b, rtol=1e-6, atol=1e-9), (g.name, name)
+        assert got[g.name].n_tokens == ids.numel()
+    if "act_hist" in needed:  # only the group reading the MLP's activation has one
+        assert float(got[groups[-1].name].act_hist.sum()) == pytest.approx(1.0)
+    # no hook is left on the model
+    assert all(not s._forward_pre_hooks for g in groups for s in g.sites)
+
+
+def test_the_pass_hands_each_block_its_statistics_checks_them_and_times_only_the_calibration():
+    import time
+
+    from bench.calibration.sequential import sequential_pass
+
+    model = tiny_model("llama", layers=3)
+    groups = [g for g in find_input_groups(model) if g.block in (0, 2)]
+    seen, checked = [], []
+
+    def compress(block_groups, stats):
+        seen.append(([g.block for g in block_groups], sorted(stats)))
+        time.sleep(0.3)
+
+    t0 = time.perf_counter()
+    counts = sequential_pass(model, groups, _windows(n=4), frozenset({"C"}), CalibSpec(), compress, batch_size=2,
+                             progress=False, check=checked.append)
+    total = time.perf_counter() - t0
+    assert [b for b, _ in seen] == [[0] * 4, [2] * 4]  # block 1 has no group here: moved past, not compressed
+    assert seen[0][1] == sorted(g.name for g in groups if g.block == 0)
+    assert [sorted(s) for s in checked] == [names for _, names in seen]
+    assert 0 < counts["seconds"] <= total - 0.6 + 1e-3  # the two callbacks' 0.6 s are not calibration
+    assert counts == {**counts, "n_tokens": 4 * 20, "blocks": 3, "held_bytes": 4 * 20 * 32 * 4}
+
+
+def test_the_gradient_refusal_names_the_statistics_and_the_fix():
+    from bench.calibration.sequential import gradient_problem
+
+    assert gradient_problem(frozenset({"C", "abs_hist"}), "pca") is None
+    assert gradient_problem(frozenset({"C", "F", "pairs"}), "fasc") == (
+        "fasc reads gradient statistics (F, pairs) of the loss through the whole model, and sequential calibration "
+        "replays one block at a time with no loss to differentiate: run it with --calibration-mode one-pass")
+
+
+def test_the_replay_check_accepts_rounding_and_refuses_a_difference_above_its_tolerance():
+    from bench.calibration.sequential import REPLAY_TOLERANCE
+
+    model = tiny_model("llama")
+    chain = BlockChain(model, _windows(n=2), batch_size=2)
+    assert REPLAY_TOLERANCE == 1e-3
+    ref = chain.dense_out.clone()
+    chain.dense_out = ref * (1 + 0.5e-3)  # a relative difference of 5e-4: within the tolerance
+    chain._check_replay()
+    chain.dense_out = ref * (1 + 2e-3)
+    with pytest.raises(UserError, match=r"relative error 0.002"):
+        chain._check_replay()
+    chain.dense_out = ref * float("nan")
+    with pytest.raises(UserError, match="relative error nan"):
+        chain._check_replay()
