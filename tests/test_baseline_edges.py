@@ -27,7 +27,7 @@ from methods.wina import Wina, WinaSettings
 def test_each_refusal_names_the_authors_setting(make, bad, says):
     with pytest.raises(ValueError) as e:
         make(bad)
-    assert says in str(e.value)
+    assert str(e.value).endswith(says)  # the whole line, to its last word
 
 
 def test_the_bounds_are_inclusive_where_the_papers_allow_the_value():
@@ -158,3 +158,29 @@ def test_svd_llm_v2_refuses_non_finite_statistics_before_allocating():
     group = FakeGroup(random_weights((7,), 16))
     with pytest.raises(NumericError, match="^non-finite C statistics in svd-llm-v2: "):
         methods.build("svd-llm-v2").site_ranks([group], {"g": poisoned(random_stats(16), "C")}, methods.RankSpec(0.4))
+
+
+def test_sparsegpt_and_svd_llm_v2_refuse_statistics_they_cannot_solve_from_in_their_own_words():
+    g = FakeGroup(random_weights((8,), d=16))
+    bad = random_stats(16, seed=0)
+    bad.C[0, 0] = float("nan")
+    for name in ("sparsegpt", "larosa"):
+        with pytest.raises(NumericError, match=f"^non-finite C statistics in {name}: recalibrate") as e:
+            methods.build(name).compress(g, bad, SparsitySpec.parse("0.5"))
+        assert "\n" not in str(e.value)
+        # the statistic whose full rank its solve relies on (a calibration shorter than the width is said so)
+        assert methods.build(name).full_rank_stats() == frozenset({"C"})
+    silent = random_stats(16, seed=0)
+    silent.C.zero_()
+    with pytest.raises(NumericError) as e:
+        methods.build("svd-llm-v2").compress(g, silent, methods.RankSpec(0.5))
+    assert str(e.value) == ("svd-llm-v2: the group's input has no variance (C = 0: it never fired in calibration); "
+                            "calibrate on text that reaches it, or leave its kind out with --groups")
+
+
+def test_svd_llm_v2_leaves_a_type_at_full_rank_as_it_is():
+    """Every weight of a type already at full rank: nothing to move, and nothing recorded."""
+    from methods.svd_llm_v2 import allocate
+
+    ks, fallbacks = allocate({"b.0.q": _site("b.#.q", math.e, k=16), "b.1.q": _site("b.#.q", math.e ** 2, k=16)})
+    assert ks == {"b.0.q": 16, "b.1.q": 16} and fallbacks == []

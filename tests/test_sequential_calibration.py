@@ -123,12 +123,20 @@ def test_a_model_whose_blocks_share_state_is_refused():
         BlockChain(model, _windows(n=4), batch_size=2)
 
 
-def test_a_model_that_runs_a_block_twice_is_refused():
+@pytest.mark.parametrize("how", ["a block listed twice", "the blocks looped twice"])
+def test_a_model_that_runs_a_block_twice_is_refused(how):
     model = tiny_model("llama", layers=2)
-    model.model.layers = nn.ModuleList([model.model.layers[0], model.model.layers[1], model.model.layers[0]])
-    model.config.num_hidden_layers = 3
-    with pytest.raises(UserError, match="other than once"):
-        BlockChain(model, _windows(n=2), batch_size=2)
+    if how == "a block listed twice":
+        model.model.layers = nn.ModuleList([model.model.layers[0], model.model.layers[1], model.model.layers[0]])
+        model.config.num_hidden_layers = 3
+    else:  # a recurrent model: every block again after the last one (counted on the first batch's whole forward)
+        once = model.model.forward
+        model.model.forward = lambda *a, **kw: (once(*a, **kw), once(*a, **kw))[1]
+    with pytest.raises(UserError) as e:
+        BlockChain(model, _windows(n=4), batch_size=2)
+    assert str(e.value) == ("sequential calibration: this model runs its decoder blocks other than once each per "
+                            "forward (a recurrent or skipping model), so they cannot be replayed in order: use "
+                            "--calibration-mode one-pass")
 
 
 def test_block_statistics_take_the_held_hidden_states():
@@ -172,6 +180,8 @@ def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_f
     assert line.endswith("calibrate at least 48 tokens (e.g. --calib-samples 3 at --calib-seq-len 16)")
     assert "its solve" in support_line(["sparsegpt"], comp, groups, 40, 16)
     assert support_line(["sparsegpt"], comp, groups, 48, 16) is None
+    assert " 0 numeric fallback(s)" in after_line("x", rec, {"n_fallbacks": 0}) and \
+        " 0 numeric fallback(s)" in after_line("x", rec, {})
     after = after_line("sparsegpt @ 0.5", rec, {"n_fallbacks": 3})
     assert after == ("[sparsegpt @ 0.5] calibrated on 40 tokens, fewer than the width of 2 of 8 groups: 3 numeric "
                      "fallback(s) recorded; its numbers measure the calibration's size as much as the method (at "
@@ -226,9 +236,10 @@ def test_a_blocks_hidden_states_are_read_positional_or_by_keyword_and_anything_e
     assert _hidden_of((), {"hidden_states": h, "mask": 1}) == (h, "hidden_states")
     assert _hidden_of((5,), {"hidden_states": h}) == (h, "hidden_states")  # a non-tensor first argument
     for args, kwargs in (((), {}), ((5,), {}), ((), {"hidden_states": 5})):
-        with pytest.raises(UserError, match="without its hidden states as a tensor") as e:
+        with pytest.raises(UserError) as e:
             _hidden_of(args, kwargs)
-        assert "--calibration-mode one-pass" in str(e.value)
+        assert str(e.value) == ("sequential calibration: a decoder block was called without its hidden states as a "
+                                "tensor (positional or hidden_states=): use --calibration-mode one-pass for this model")
     assert _output_of(h) is h and _output_of((h, None)) is h and _output_of([h]) is h
     for out in ((), (None, h), {"h": h}, None):
         with pytest.raises(UserError, match=f"returned {type(out).__name__}, not its hidden states"):
@@ -313,8 +324,20 @@ def test_the_replay_check_accepts_rounding_and_refuses_a_difference_above_its_to
     chain.dense_out = ref * (1 + 0.5e-3)  # a relative difference of 5e-4: within the tolerance
     chain._check_replay()
     chain.dense_out = ref * (1 + 2e-3)
-    with pytest.raises(UserError, match=r"relative error 0.002"):
+    with pytest.raises(UserError) as e:
         chain._check_replay()
+    assert str(e.value) == ("sequential calibration: replaying this model's decoder blocks one at a time differs "
+                            "from its own forward (relative error 0.002), so its blocks pass more than hidden states "
+                            "between them: use --calibration-mode one-pass")
     chain.dense_out = ref * float("nan")
     with pytest.raises(UserError, match="relative error nan"):
         chain._check_replay()
+
+
+def test_a_pass_over_no_group_runs_no_block_and_compresses_nothing():
+    from bench.calibration.sequential import sequential_pass
+
+    called = []
+    counts = sequential_pass(tiny_model("llama"), [], _windows(n=2), frozenset({"C"}), CalibSpec(),
+                             lambda *a: called.append(a), progress=False)
+    assert called == [] and counts["blocks"] == 0 and counts["n_tokens"] == 40

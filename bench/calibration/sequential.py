@@ -103,9 +103,12 @@ class BlockChain:
             return hook
 
         def last(module, args, out):
-            if first:
+            # the first batch runs the whole forward, so that a block run again after the last one (a recurrent
+            # model looping over its blocks) is counted; the later ones stop here, the head not needed
+            if not first:
+                raise _Stop
+            if self.dense_out is None:
                 self.dense_out = _output_of(out).detach().clone()
-            raise _Stop
 
         handles = [blk.register_forward_pre_hook(pre(i), with_kwargs=True) for i, blk in enumerate(self.blocks)]
         handles.append(self.blocks[-1].register_forward_hook(last))
