@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
-from core.stats import SEQUENTIAL
 
 from bench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
 from bench.calibration.engine import CalibSpec
@@ -186,7 +185,7 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
     warn_short_calibrations(run, selected)
     calibrated = None
     needed = run.stats_needs()
-    sequential = run.calibration_for(method).mode == SEQUENTIAL and run.compressor(method).required_stats()
+    sequential = run.calibrates_sequentially(method)
     if (needed or sequential) and windows is None:
         from bench.calibration.cache import calibration_windows
 

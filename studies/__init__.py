@@ -13,6 +13,8 @@ stored; nothing in core, methods, tasks, leaderboard, analyses or bench imports 
 - `architectures.py`: the coverage table of every transformers decoder type (`make architectures`).
 - `claims.py`: the FASC paper's knowledge claim on both embedded models at three ranks (`make claims`).
 - `baselines.py`: the 2025 baselines against the older methods at matched compute.
+- `calibration.py`, `reproductions.py`, `objectives.py`: how much calibration each method needs, every published
+  ordering in its authors' conditions, and each method against its own objective on held-out tokens.
 
 Each script runs as `python -m studies.<name>`; figures the README shows are in `studies/figures/`.
 """
@@ -34,3 +36,13 @@ def output_problem(path, what: str, folder: bool = False) -> str | None:
         return f"{what} {path} is a file: pass a folder"
     why = unwritable(p if folder else p.parent)
     return f"{what} {path} cannot be written ({why}): pass a writable path" if why else None
+
+
+def budget_label(cell) -> str:
+    """A cell's budget as the studies' pages name it: "params 0.8", "rank 0.9", "density 0.5" or "2:4" ("" for
+    dense)."""
+    if cell.cell.method == "dense":
+        return ""
+    if ":" in cell.cell.budget:
+        return cell.cell.budget
+    return f"{'density' if cell.cell.budget == 'unstructured' else cell.cell.budget} {cell.cell.rank:g}"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
 
+from studies import budget_label
+
 MODELS = ("smollm2-135m", "gemma-3-270m")
 SEQ_LEN = 2048
 TOKENS = (4096, 16384, 65536, 262144)  # 2, 8, 32 and 128 windows of 2,048: SparseGPT's and Wanda's is the last
@@ -98,13 +100,6 @@ def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
     return out
 
 
-def budget_of(c: CellRecord) -> str:
-    """"params 0.8", "density 0.5" or "2:4"."""
-    if ":" in c.cell.budget:
-        return c.cell.budget
-    return f"{'density' if c.cell.budget == 'unstructured' else c.cell.budget} {c.cell.rank:g}"
-
-
 def series(cells) -> dict:
     """{(model, family, budget): {(method, mode): {tokens: cell}}}; dense under each model."""
     import methods
@@ -117,7 +112,7 @@ def series(cells) -> dict:
         family = methods.family_of(c.cell.method)
         data_free = not methods.build(c.cell.method).required_stats()
         # a data-free method's cell is the same at every size: one line, drawn flat
-        out.setdefault((c.cell.model, family, budget_of(c)), {}).setdefault(
+        out.setdefault((c.cell.model, family, budget_label(c)), {}).setdefault(
             (c.cell.method, "data-free" if data_free else mode), {})[tokens] = c
     return out
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from core.record import DENSE, CellRecord, calibration_mode
 from core.significance import above_chance, compare, detectable_difference
 
+from studies import budget_label
+
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
 TASKS = ("ppl-token", "lama")
@@ -109,14 +111,6 @@ CLAIMS = (
     Claim("N:M study (arXiv 2509.22166)", "4-8B models, activation sparsity", "16:32 about 2.7x better than 2:4",
           _s("act-sparse", "16:32"), _s("act-sparse", "2:4")),
 )
-
-
-def budget_label(c: CellRecord) -> str:
-    if c.cell.method == DENSE:
-        return ""
-    if ":" in c.cell.budget:
-        return c.cell.budget
-    return f"{'density' if c.cell.budget == 'unstructured' else c.cell.budget} {c.cell.rank:g}"
 
 
 def sides() -> dict[tuple, list[str]]:

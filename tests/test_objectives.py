@@ -39,12 +39,8 @@ def solved(name, group, stats, rank=RANK):
     return methods.build(name).compress(group, stats[group.name], rank)
 
 
-def deployed(res) -> dict[str, torch.Tensor]:
-    return {n: (A.double() @ B.double()) for n, (A, B) in res.factors.items()}
-
-
 def projection(group, res) -> torch.Tensor:
-    return study.projection(group, deployed(res))
+    return study.projection(group, study.deployed(group, res))
 
 
 def wide(groups):
@@ -57,12 +53,12 @@ def test_whitened_svd_has_the_least_output_error_per_site(calibrated):
     groups, stats = calibrated
     for g in groups:
         C = stats[g.name].C
-        best = output_error(g, C, deployed(solved("whitened-svd:per_site=true", g, stats)))
+        best = output_error(g, C, study.deployed(g, solved("whitened-svd:per_site=true", g, stats)))
         for rival in ("svd", "asvd"):
-            other = output_error(g, C, deployed(solved(rival, g, stats)))
+            other = output_error(g, C, study.deployed(g, solved(rival, g, stats)))
             assert best < other * (1 - 1e-3), (g.name, rival, best, other)
         # SVD-LLM V2's truncation (without its reallocation) is the same least error by another factorisation
-        v2 = output_error(g, C, deployed(solved("svd-llm-v2:allocate=false", g, stats)))
+        v2 = output_error(g, C, study.deployed(g, solved("svd-llm-v2:allocate=false", g, stats)))
         assert v2 == pytest.approx(best, rel=1e-6), g.name
 
 
@@ -70,9 +66,9 @@ def test_whitened_svd_has_the_least_output_error_of_the_shared_subspaces(calibra
     groups, stats = calibrated
     for g in groups:
         C = stats[g.name].C
-        best = output_error(g, C, deployed(solved("whitened-svd", g, stats)))
+        best = output_error(g, C, study.deployed(g, solved("whitened-svd", g, stats)))
         for rival in ("pca", "fasc-kfac", "random"):
-            assert best < output_error(g, C, deployed(solved(rival, g, stats))) * (1 - 1e-3), (g.name, rival)
+            assert best < output_error(g, C, study.deployed(g, solved(rival, g, stats))) * (1 - 1e-3), (g.name, rival)
 
 
 def test_pca_has_the_least_input_error(calibrated):

@@ -87,7 +87,8 @@ def test_a_destroyed_budget_is_named_as_the_cause():
 
 
 def test_calibration_study_saturation_and_budget_labels():
-    from studies.calibration import budget_of, saturation
+    from studies import budget_label
+    from studies.calibration import saturation
 
     pts = {t: _cell("m", "pca", "ppl-token", "params", 0.8, [v] * 4) for t, v in
            ((4096, 3.50), (16384, 3.31), (65536, 3.305), (262144, 3.30))}
@@ -95,9 +96,9 @@ def test_calibration_study_saturation_and_budget_labels():
     assert saturation({4096: pts[4096], 262144: _cell("m", "pca", "ppl-token", "params", 0.8, [2.0] * 4)}) == \
         "not by 262,144"
     assert saturation({4096: pts[4096]}) == "-"
-    assert budget_of(pts[4096]) == "params 0.8"
-    assert budget_of(_cell("m", "wanda", "ppl-token", "2:4", 0.5, [1.0])) == "2:4"
-    assert budget_of(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [1.0])) == "density 0.5"
+    assert budget_label(pts[4096]) == "params 0.8"
+    assert budget_label(_cell("m", "wanda", "ppl-token", "2:4", 0.5, [1.0])) == "2:4"
+    assert budget_label(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [1.0])) == "density 0.5"
 
 
 @pytest.mark.parametrize("argv,says", [

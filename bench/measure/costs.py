@@ -18,7 +18,7 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
-from core.stats import RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
+from core.stats import SEQUENTIAL, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
 from bench.calibration.memory import calibration_chunks, stat_bytes
 from bench.model.groups import InputGroup, find_input_groups, meta_model
@@ -225,13 +225,13 @@ def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:
     width = est.weight_bytes // max(est.params, 1)
     out = []
     for m, spec in run.own_calibrations().items():
-        needs = run.compressor(m).required_stats()
+        comp = run.compressor(m)
+        needs = comp.required_stats()
         tokens = spec.samples * spec.seq_len
         products = sum(2 * g.d_in ** 2 for g in groups) if "C" in needs else 0
         stats = [sum(stat_bytes(g, needs, spec.pair_tokens).values()) for g in groups]
         batch = max(1, run.config.batch_size // 2) * spec.seq_len
-        if spec.mode == "sequential":
-            comp = run.compressor(m)
+        if spec.mode == SEQUENTIAL:
             runs = len(run.patterns) if comp.family != methods.LOW_RANK_FAMILY else len(run.ranks)
             per_token = 2 * (linear + head) + 2 * 2 * linear + products
             block = max(sum(s for g, s in zip(groups, stats) if g.block == b) for b in {g.block for g in groups})

@@ -167,6 +167,11 @@ class Run:
                 return replace(spec, samples=own.samples, seq_len=own.seq_len, mode=own.mode)
         return spec
 
+    def calibrates_sequentially(self, variant: str) -> bool:
+        """Whether a method is calibrated block by block as it is compressed (it reads statistics, in sequential
+        mode): it then has no statistics before its deployment, only the windows it calibrates on."""
+        return self.calibration_for(variant).mode == SEQUENTIAL and bool(self.compressor(variant).required_stats())
+
     def shares_calibration(self, variant: str) -> bool:
         """Whether a method reads the sweep's one shared calibration (the run's sizes, one-pass)."""
         return self.calibration_for(variant) == self.calibration
@@ -409,8 +414,8 @@ def check_calibration(config: RunConfig, names) -> None:
     if config.calibration_mode not in CALIBRATION_MODES:
         raise UserError(f"--calibration-mode {config.calibration_mode!r} is unknown: use one-pass (default) or "
                         "sequential")
-    reading = [m for m in names if methods.build(m, config.method_options.get(methods.base_name(m)))
-               .required_stats()]
+    comps = {m: methods.build(m, config.method_options.get(methods.base_name(m))) for m in names}
+    reading = [m for m in names if comps[m].required_stats()]
     if config.calibration == AUTHORS:
         defaults = RunConfig()
         given = [f"--{k.replace('_', '-')}" for k in ("calib_samples", "calib_seq_len", "calibration_mode")
@@ -418,18 +423,17 @@ def check_calibration(config: RunConfig, names) -> None:
         if given:
             raise UserError(f"--calibration authors sets each method's windows, length and mode, and {given[0]} "
                             f"sets them too: leave {given[0]} out, or use --calibration as-given")
-        if not any(methods.get_method(methods.base_name(m)).authors_calibration for m in reading):
+        if not any(comps[m].authors_calibration for m in reading):
             raise UserError("--calibration authors: none of this run's methods states its authors' calibration "
                             f"({', '.join(names) or 'none'}); `bench ls methods` lists those that do: add one, or "
                             "leave the flag out")
     sequential = [m for m in reading if config.calibration_mode == SEQUENTIAL or (
-        config.calibration == AUTHORS and getattr(methods.get_method(methods.base_name(m)).authors_calibration,
-                                                  "mode", None) == SEQUENTIAL)]
+        config.calibration == AUTHORS and getattr(comps[m].authors_calibration, "mode", None) == SEQUENTIAL)]
     if config.calibration_mode == SEQUENTIAL and not reading:
         raise UserError(f"--calibration-mode sequential: none of this run's methods reads calibration statistics "
                         f"({', '.join(names) or 'none'}): add one (e.g. sparsegpt, wanda) or leave the flag out")
     for m in sequential:
-        problem = sequential_problem(methods.build(m, config.method_options.get(methods.base_name(m))))
+        problem = sequential_problem(comps[m])
         if problem:
             raise UserError(problem)
     if (config.calibration == AUTHORS or sequential) and any(r != UNIFORM for r in config.allocate):

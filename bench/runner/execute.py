@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from core.errors import UserError
 from core.interruptible import interruptible
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
-from core.stats import SEQUENTIAL, SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
+from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
 import methods
 
@@ -277,14 +277,14 @@ def deploy_one(run: Run, model, method: str, budget, stats, record: dict | None,
     calibration took (None otherwise)."""
     opts = run.method_options(method)
     only = None if run.selection.scope == ALL else {g.name for g in selected}
-    spec = run.calibration_for(method)
-    needs = run.compressor(method).required_stats()
-    if spec.mode == SEQUENTIAL and needs:
+    if run.calibrates_sequentially(method):
+        spec = run.calibration_for(method)
         dep, counts = deploy_sequential(model, method, budget, windows, spec, opts, only_groups=only,
                                         progress=run.config.progress, merge=merge, solve_device=solve_device,
                                         solve_dtype=run.config.solve_dtype,
                                         batch_size=max(1, run.config.batch_size // 2))
-        return dep, {"spec": spec.as_dict(), "stats": sorted(needs), "cached": False, **counts}, counts["seconds"]
+        needs = sorted(run.compressor(method).required_stats())
+        return dep, {"spec": spec.as_dict(), "stats": needs, "cached": False, **counts}, counts["seconds"]
     dep = deploy(model, method, budget, stats, opts, progress=run.config.progress, only_groups=only, merge=merge,
                  solve_device=solve_device, solve_dtype=run.config.solve_dtype,
                  **(alloc.compress_args() if alloc else {}))
@@ -491,17 +491,24 @@ class Worker:
             self.windows[spec.windows_key] = calibration_windows(self.model().tokenizer, spec)
         return self.windows[spec.windows_key]
 
+    def statistics_for(self, method: str) -> tuple:
+        """(statistics, their Calibration, windows) a method deploys from: the sweep's shared calibration, one of
+        its own (its authors' sizes), or, calibrated sequentially, none yet and the windows it calibrates on as it
+        compresses."""
+        run = self.run
+        if run.calibrates_sequentially(method):
+            return {}, None, self.windows_for(run.calibration_for(method))
+        if run.shares_calibration(method):
+            self.statistics(every_group=False)  # computed once: a sweep's first stage has usually run it already
+            return self.stats, self.calibration, None
+        own = self.own_calibration(method)
+        return own.stats, own, None
+
     def deploy_variant(self, m: str, budget, rule: str, alloc, timings: dict) -> tuple[Deployment, dict | None]:
         """One variant deployed in place: from the shared statistics, a calibration of its own, or (sequential)
         calibrated block by block as it is compressed. Returns the Deployment and the cells' calibration record."""
         run = self.run
-        spec = run.calibration_for(m)
-        stats, calibration, windows = self.stats, self.calibration, None
-        if spec.mode == SEQUENTIAL and run.compressor(m).required_stats():
-            stats, calibration, windows = {}, None, self.windows_for(spec)
-        elif not run.shares_calibration(m):
-            calibration = self.own_calibration(m)
-            stats = calibration.stats
+        stats, calibration, windows = self.statistics_for(m)
         t0 = time.perf_counter()
         dep, record, calibrate_s = deploy_one(
             run, self.model().model, m, budget, stats, calibration.record if calibration else None, windows, alloc,

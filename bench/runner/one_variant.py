@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from core.stats import SEQUENTIAL, RankSpec, SparsitySpec
+from core.stats import RankSpec, SparsitySpec
 
 from bench.deploy.compression import Deployment, compression_summary
 from bench.measure.latency import weight_bytes
@@ -101,19 +101,6 @@ def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, s
     return Compressed(model, tokenizer, method, budget, summary, calibration, provenance, dep)
 
 
-def own_statistics(worker: Worker, method: str) -> tuple:
-    """(statistics, their record, sequential windows) the method reads: the run's shared calibration, one of its
-    own (its authors' sizes), or, sequential, the windows it calibrates on as it compresses."""
-    run = worker.run
-    if run.calibration_for(method).mode == SEQUENTIAL and run.compressor(method).required_stats():
-        return {}, None, worker.windows_for(run.calibration_for(method))
-    if run.shares_calibration(method):
-        worker.statistics(every_group=False)
-        return worker.stats, worker.calibration_record, None
-    own = worker.own_calibration(method)
-    return own.stats, own.record, None
-
-
 def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = False) -> dict:
     """`bench compress`: open and check the model, calibrate (or read the statistics cache), compress with the
     run's one method at its one budget, and write the checkpoint. Returns what was written and measured."""
@@ -129,7 +116,8 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
         dense_bytes = weight_bytes(lm.model)
         t0 = time.perf_counter()
         (method,), rule, budget = run.methods, run.allocate[0], (run.ranks + run.patterns)[0]
-        stats, record, windows = own_statistics(worker, method)
+        stats, calibration, windows = worker.statistics_for(method)
+        record = calibration.record if calibration else None
         source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
         with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, stats, record, merge,
                               worker.allocation(rule, budget), worker.solve_device, windows) as done:
