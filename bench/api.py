@@ -332,7 +332,7 @@ def run_configs(configs: list[RunConfig]) -> list:
         kept = write_kept_lines(Path(configs[0].output) / STAGE_LOG, said)
         print(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
     if configs[0].report:
-        print(f"leaderboard: {write_leaderboard(configs[0].output)}")
+        print(f"leaderboard: {write_leaderboard(configs[0].output, configs[0].margin)}")
     return prepared
 
 
@@ -345,13 +345,14 @@ def stored_cells(prepared) -> list[dict]:
     return [json.loads(c.path.read_text(encoding="utf-8")) for c in wanted if c.path.exists()]
 
 
-def write_leaderboard(folder: str | Path) -> Path:
-    """The markdown leaderboard of every cell under `folder` (as `bench report` writes it)."""
+def write_leaderboard(folder: str | Path, margins: dict | None = None) -> Path:
+    """The markdown leaderboard of every cell under `folder` (as `bench report` writes it); `margins` ({task:
+    margin}) override the tasks' default equivalence margins."""
     from leaderboard.report import write_report
 
     from bench.results.leaderboard_display import report_display
 
-    return Path(write_report(str(folder), display=report_display()))
+    return Path(write_report(str(folder), display=report_display(margins)))
 
 
 def load_results(*folders: str | Path):

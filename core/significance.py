@@ -44,13 +44,15 @@ def mcnemar(ref: list[float], other: list[float]) -> dict:
     c = sum(1 for x, y in zip(ref, other) if y and not x)
     diff = (c - b) / n
     if not b + c:
-        return {"diff": 0.0, "ci95": [0.0, 0.0], "p": 1.0, "n": n, "discordant": [0, 0], "test": "McNemar exact"}
+        return {"diff": 0.0, "ci95": [0.0, 0.0], "ci90": [0.0, 0.0], "p": 1.0, "n": n, "discordant": [0, 0],
+                "test": "McNemar exact"}
     test = stats.binomtest(c, b + c, 0.5)
     # Conditional on the discordant count, diff = (b + c) / n * (2 pi - 1) with pi = P(other right | discordant);
     # the Clopper-Pearson interval of pi gives an interval that agrees with the exact test.
-    ci = test.proportion_ci(0.95, method="exact")
     scale = (b + c) / n
-    return {"diff": diff, "ci95": [scale * (2 * ci.low - 1), scale * (2 * ci.high - 1)], "p": float(test.pvalue),
+    ci95, ci90 = (test.proportion_ci(level, method="exact") for level in (0.95, 1 - 2 * ALPHA))
+    return {"diff": diff, "ci95": [scale * (2 * ci95.low - 1), scale * (2 * ci95.high - 1)],
+            "ci90": [scale * (2 * ci90.low - 1), scale * (2 * ci90.high - 1)], "p": float(test.pvalue),
             "n": n, "discordant": [b, c], "test": "McNemar exact"}
 
 
@@ -59,12 +61,13 @@ def paired_mean(ref: list[float], other: list[float], n_boot: int = 10_000, seed
     n = len(d)
     rng = np.random.default_rng(seed)
     boots = d[rng.integers(0, n, size=(n_boot, n))].mean(1)
-    lo, hi = np.quantile(boots, [0.025, 0.975])
+    lo, hi, lo90, hi90 = np.quantile(boots, [0.025, 0.975, ALPHA, 1 - ALPHA])
     if n < 2 or np.allclose(d, d[0]):
         p = 1.0 if np.allclose(d, 0) else 0.0
     else:
         p = float(stats.ttest_1samp(d, 0.0).pvalue)
-    return {"diff": float(d.mean()), "ci95": [float(lo), float(hi)], "p": p, "n": n, "test": "paired t, bootstrap CI"}
+    return {"diff": float(d.mean()), "ci95": [float(lo), float(hi)], "ci90": [float(lo90), float(hi90)], "p": p,
+            "n": n, "test": "paired t, bootstrap CI"}
 
 
 def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
@@ -99,24 +102,57 @@ def above_chance(cell: CellRecord) -> dict | None:
     return {"acc": k / n, "chance": expected / n, "p": p, "above": p < ALPHA, "n": n}
 
 
-# two-sided 5 % and 80 % power: z_0.975 + z_0.8
-Z_DETECT = 1.959963984540054 + 0.8416212335729143
+POWER = 0.8
+Z_ALPHA = float(stats.norm.ppf(1 - ALPHA / 2))  # two-sided
+Z_POWER = float(stats.norm.ppf(POWER))
+Z_DETECT = Z_ALPHA + Z_POWER
+VERDICTS = ("better", "worse", "equivalent", "undecided")
+
+
+def detectable_accuracy(discordant: float, n: int) -> float:
+    """The paired accuracy difference McNemar's test on n items detects with 80 % power (two-sided 5 %), where a
+    share `discordant` of the pairs disagree: Connor (1987)'s sample size, n = (z_a sqrt(psi) + z_b sqrt(psi -
+    delta^2))^2 / delta^2, solved for delta (the larger root of its quadratic in delta sqrt(n)), at most 1. A share
+    below one pair is taken as one pair: with none observed, the spread is not known to be zero."""
+    psi = min(max(discordant, 1.0 / n), 1.0)
+    a, q = Z_ALPHA * math.sqrt(psi), 1.0 + Z_POWER ** 2 / n
+    root = math.sqrt(max(Z_POWER ** 2 * psi * (1.0 + (Z_POWER ** 2 - Z_ALPHA ** 2) / n), 0.0))
+    return min((a + root) / q / math.sqrt(n), 1.0)
+
+
+def detectable_mean(sd: float, n: int) -> float:
+    """The paired mean difference (per-window NLL) a two-sided 5 % test on n pairs of spread sd detects with 80 %
+    power: (z_a + z_b) sd / sqrt(n), the normal approximation."""
+    return Z_DETECT * sd / math.sqrt(n)
 
 
 def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | None:
     """The smallest true paired difference the comparison of `cell` with `ref_cell` had 80 % power to detect
-    (two-sided, 5 %), from the measured spread of the paired differences and their count: for accuracy,
-    z sqrt(((p10 + p01) - d^2) / n) with p10 and p01 the discordant shares (Connor 1987's form for McNemar's test);
-    for per-window NLL, z sd(d) / sqrt(n). None where the cells cannot be paired."""
+    (two-sided, 5 %), from the measured spread of the paired differences and their count: for accuracy from the
+    discordant share (detectable_accuracy), for per-window NLL from sd(d) (detectable_mean). None where the cells
+    cannot be paired or hold fewer than two items."""
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
         return None
-    x, y = np.asarray(a[1], dtype=np.float64), np.asarray(b[1], dtype=np.float64)
-    n = len(x)
-    if n < 2:
+    d = np.asarray(b[1], dtype=np.float64) - np.asarray(a[1], dtype=np.float64)
+    if len(d) < 2:
         return None
-    d = y - x
     if a[0] == "accuracy":
-        discordant = float(np.mean(d != 0))
-        return Z_DETECT * math.sqrt(max(discordant - float(d.mean()) ** 2, 0.0) / n)
-    return Z_DETECT * float(d.std(ddof=1)) / math.sqrt(n)
+        return detectable_accuracy(float(np.mean(d != 0)), len(d))
+    return detectable_mean(float(d.std(ddof=1)), len(d))
+
+
+def verdict(d: dict, margin: float | None, higher: bool | None) -> str:
+    """A paired comparison's decision, row against reference: 'equivalent' where two one-sided tests at ALPHA put
+    the difference inside +-margin (the 90 % interval within it: Schuirmann 1987), else 'better' or 'worse' where
+    the two-sided test rejects zero (the metric's direction says which), else 'undecided'. A metric with no better
+    direction reads 'higher' or 'lower'."""
+    lo90, hi90 = d.get("ci90") or d["ci95"]
+    if margin is not None and margin > 0 and -margin < lo90 and hi90 < margin:
+        return "equivalent"
+    if d["p"] >= ALPHA:
+        return "undecided"
+    up = d["diff"] > 0
+    if higher is None:
+        return "higher" if up else "lower"
+    return "better" if up == higher else "worse"

@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from tabulate import tabulate
@@ -20,7 +21,7 @@ from core.significance import ALPHA
 from core.stats import is_sparsity_budget
 
 from .tables import (REFERENCE, Column, Display, file_slug, allocation_k, budget_title, chance_table, compute_of, delta_key,
-                     fmt_interval, group_cells,
+                     fmt_decision, fmt_interval, group_cells,
                      is_number, matched_compute, metric_columns, missing_cells, rank_table, section_order)
 
 MATCHED_COMPUTE = 0.5  # the compute ratio at which the cross-family table compares the two families
@@ -151,7 +152,9 @@ def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
 def _fmt_delta(row: dict, key: str) -> str:
     if not is_number(row.get(key)):
         return ""
-    return fmt_interval(row[key], row[key + " lo"], row[key + " hi"], row[key + " p"])
+    s = fmt_interval(row[key], row[key + " lo"], row[key + " hi"], row[key + " p"])
+    return s + " " + fmt_decision(row[key + " verdict"], row.get(key + " detectable")) if row.get(key + " verdict") \
+        else s
 
 
 def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column] = ()) -> str:
@@ -181,13 +184,17 @@ def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column]
                     tablefmt="github", disable_numparse=True)
 
 
-def significance_note(rows: list[dict], ref: str) -> list[str]:
+def significance_note(rows: list[dict], ref: str, margins: Mapping[str, float] | None = None) -> list[str]:
     if not any(k.startswith("Δ ") for r in rows for k in r):
         return []
+    shown = ", ".join(f"{t} ±{m:g}" for t, m in sorted((margins or {}).items()))
     return [f"Δ columns: paired difference to `{ref}` on the same items, [95 % interval], p-value; * marks p < {ALPHA}. "
             "Accuracy: per-item (micro) difference, McNemar's exact test on the discordant items, exact conditional interval. "
             "Perplexity: difference of per-window mean NLL (log of the perplexity ratio), seeded bootstrap interval, "
-            "paired t-test.", ""]
+            "paired t-test. Then the verdict: *better* or *worse* where the test rejects zero, *equivalent* where two "
+            f"one-sided tests at {ALPHA} put the difference within the task's margin ({shown or 'none set'}; "
+            "`--margin`), else *undecided*; in brackets the difference the comparison had 80 % power to detect "
+            "(two-sided 5 %), which an undecided comparison could have missed.", ""]
 
 
 def chance_note(dense_cells: list[CellRecord], columns: list[Column] | None = None) -> list[str]:
@@ -387,7 +394,8 @@ def allocation_section(by_row: dict, model: str, budget: str, rank: float, scope
 
 
 def cross_family_section(g: dict, section_rows: dict, columns: list[Column], model: str, ref: str, plot_dir: Path,
-                         written: list, target: float = MATCHED_COMPUTE) -> list[str]:
+                         written: list, target: float = MATCHED_COMPUTE, margins: Mapping[str, float] | None = None
+                         ) -> list[str]:
     """Low-rank and sparsity rows at one compute ratio, with paired differences to the reference row, and a
     figure of each loss-like metric against compute ratio with both families (only where both were run).
     `section_rows`: the rows each (budget, rank, scope) table already computed, read for the figure."""
@@ -396,13 +404,13 @@ def cross_family_section(g: dict, section_rows: dict, columns: list[Column], mod
         return []
     by_label = matched_compute(g["ranks"], target)
     ref_label = next((lab for lab in sorted(by_label) if lab.split(" @ ")[0] == ref), ref)
-    rows = rank_table(g["dense"], by_label, ref_label, columns)
+    rows = rank_table(g["dense"], by_label, ref_label, columns, margins)
     md = [f"### Both families at compute ratio {target:g}", "",
           f"- each low-rank row at its run ratio whose compute ratio (theoretical multiply-adds per token vs dense) "
           f"is closest to {target:g}, each sparsity row at density {target:g}; the row label names the budget and "
           "the compute ratio column the ratio matched"] + speed_notes(rows, True) + [
           "", markdown_table(rows, ref_label, columns), ""]
-    md += significance_note(rows, ref_label)
+    md += significance_note(rows, ref_label, margins)
     # the figure: every row of every section (every group), a line per method over its ratios
     points: dict[str, list] = {}
     col = next((c for c in columns if c.higher is False), columns[0] if columns else None)
@@ -469,7 +477,7 @@ def frontier_section(g: dict, section_rows: dict, columns: list[Column], model: 
 
 
 def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir: Path, written: list,
-                  flat_rows: list) -> tuple[list[str], dict, dict]:
+                  flat_rows: list, margins: Mapping[str, float] | None = None) -> tuple[list[str], dict, dict]:
     """One table per (budget, ratio, scope); returns the lines, the rows each table showed, and the low-rank rows
     by method and ratio (for the across-ranks table)."""
     md, section_rows, cross = [], {}, {}
@@ -479,7 +487,7 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
         flat_rows += [{"model": model, "budget": None, "rank": None, "scope": None, **r} for r in rows]
     for key in sorted(g["ranks"], key=section_order):
         budget, rank, scope = key
-        rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns)
+        rows = section_rows[key] = rank_table(g["dense"], g["ranks"][key], ref, columns, margins)
         where = "" if scope == ALL_GROUPS else f", {describe_scope(scope)}"
         sparse = is_sparsity_budget(budget)
         md += [f"### {budget_title(budget, rank)}{where}", ""]
@@ -487,7 +495,7 @@ def rank_sections(g: dict, model: str, ref: str, columns: list[Column], plot_dir
             md += [f"- compressed: {describe_scope(scope)} only; the other groups stay dense and the parameter "
                    "ratio counts the compressed groups", ""]
         md += [markdown_table(rows, ref, columns), ""]
-        md += significance_note(rows, ref)
+        md += significance_note(rows, ref, margins)
         md += frontier_line(rows, columns)
         notes = speed_notes(rows, sparse)  # a run with --no-latency has no speedup for the note to explain
         md += notes + ([""] if notes else [])
@@ -612,9 +620,11 @@ def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = D
         columns = metric_columns(model_cells, display)
         analysis_cells = [c for per in g["analyses"].values() for c in per.values()]
         md += [f"## {model}", ""] + _header(model_cells, analysis_cells) + chance_note(g["dense"], columns) + [""]
-        lines, section_rows, cross = rank_sections(g, model, ref, columns, plot_dir, written, flat_rows)
+        lines, section_rows, cross = rank_sections(g, model, ref, columns, plot_dir, written, flat_rows,
+                                                   display.margins)
         md += lines + across_ranks_section(g, cross, model, ref, columns, plot_dir, written)
-        md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written)
+        md += cross_family_section(g, section_rows, columns, model, ref, plot_dir, written,
+                                   margins=display.margins)
         md += frontier_section(g, section_rows, columns, model, plot_dir, written)
         md += analysis_sections(g, model, display, plot_dir, written)
     md += across_models_section(grouped, ref, display, plot_dir, written, flat_rows)

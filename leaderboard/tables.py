@@ -11,7 +11,7 @@ from core.record import (ALL_GROUPS, DENSE, ONE_PASS, CellRecord, calibration_la
                          variant_name)
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from core.significance import ALPHA, above_chance, compare
+from core.significance import ALPHA, above_chance, compare, detectable_difference, verdict
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
@@ -26,6 +26,9 @@ class Display:
     order: Mapping[str, int] = field(default_factory=dict)  # task -> column position (lower first)
     # analysis -> (cell, plot_dir, file stem, title) -> (markdown lines, figures) or None
     sections: Mapping[str, Callable] = field(default_factory=dict)
+    # task -> the margin within which a paired difference counts as equivalent, in the metric's own unit (nats of
+    # mean NLL for perplexity); a task without one is never called equivalent
+    margins: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,10 @@ def delta_key(col: str, ref: str) -> str:
 
 
 def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellRecord]], ref: str = REFERENCE,
-               columns: list[Column] | None = None) -> list[dict]:
+               columns: list[Column] | None = None, margins: Mapping[str, float] | None = None) -> list[dict]:
     """Rows (dense first) with ratios to dense for latency, paired differences to the reference method on the
-    same items, and a recovery percentage over the tasks where dense is significantly above chance."""
+    same items (each with its detectable difference and verdict at the task's margin), and a recovery percentage
+    over the tasks where dense is significantly above chance."""
     if columns is None:
         columns = metric_columns(dense_cells + [c for cs in by_method.values() for c in cs])
     dense = variant_row(dense_cells, columns) if dense_cells else None
@@ -201,7 +205,9 @@ def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellReco
                                                                                    by_task[col.task])):
                     k = delta_key(col.label, ref)
                     row[k], (row[k + " lo"], row[k + " hi"]), row[k + " p"] = d["diff"], d["ci95"], d["p"]
-                    row[k + " test"] = d["test"]
+                    row[k + " test"], row[k + " n"] = d["test"], d.get("n")
+                    row[k + " detectable"] = detectable_difference(ref_cells[col.task], by_task[col.task])
+                    row[k + " verdict"] = verdict(d, (margins or {}).get(col.task), col.higher)
         rec = []
         if dense:
             for col in columns:
@@ -271,6 +277,14 @@ def fmt_interval(diff: float, lo: float, hi: float, p: float) -> str:
     """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA."""
     s = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
     return s + " *" if p < ALPHA else s
+
+
+def fmt_decision(word: str, detectable: float | None) -> str:
+    """A verdict as the tables print it after the interval, with the difference the comparison had 80 % power to
+    detect: 'worse (detectable 0.041)', 'undecided (could miss 0.087)'."""
+    if not is_number(detectable):
+        return word
+    return f"{word} ({'could miss' if word == 'undecided' else 'detectable'} {detectable:.3f})"
 
 
 def file_slug(s: str) -> str:

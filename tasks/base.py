@@ -50,6 +50,9 @@ class Task(Plugin):
     # the leaderboard column: its label (default "<name> <primary metric>") and place (lower first, then by name)
     label: ClassVar[str] = ""
     order: ClassVar[int] = 100
+    # the default equivalence margin of a paired difference in this task's comparison unit (points of accuracy as a
+    # fraction, nats of mean NLL for perplexity): within it two methods are called equivalent; None: never
+    margin: ClassVar[float | None] = None
     shortcuts: ClassVar[tuple[Shortcut, ...]] = ()
 
     @classmethod

@@ -167,6 +167,7 @@ class LAMA(Task):
     # as ppl-token since its version 2; version 1's float32 log-softmax over 262k words was 2e-4 nats per token low
     version = 2
     label, order = "LAMA P@1", 1
+    margin = 0.02  # two points of P@1
     shortcuts = (Shortcut("--lama-limit", "per_relation", "LAMA probes per relation (0 = all; default 15)"),
                  Shortcut("--lama-candidates", "max_candidates",
                           "LAMA candidates per probe: its gold + seeded distractors (0 = all; default 25)"),

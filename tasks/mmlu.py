@@ -169,6 +169,7 @@ class MMLU(Task):
     primary_metric = "acc"
     Settings = MMLUSettings
     label, order = "MMLU acc", 0
+    margin = 0.02  # two points of accuracy
     shortcuts = (Shortcut("--mmlu-limit", "limit", "MMLU questions per subject (0 = all; default 1, in cloze form 5)"),
                  Shortcut("--mmlu-shots", "shots", "MMLU exemplars (default 0 for the 15-minute run; 5 is standard)"),
                  Shortcut("--mmlu-source", "source", "embedded, hub, or a folder with dev/ and test/ CSVs"),

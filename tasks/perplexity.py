@@ -51,6 +51,7 @@ class PPLToken(Task):
     primary_metric = "ppl"
     Settings = PPLTokenSettings
     label, order = "PPL (ppl-token)", 2
+    margin = 0.02  # nats of mean NLL: perplexity within 2 %
     shortcuts = (Shortcut("--ppl-windows", "max_windows", "perplexity windows (default 16)"),
                  Shortcut("--ppl-seq-len", "seq_len", "tokens per perplexity window (default 256)"),
                  Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
@@ -99,6 +100,7 @@ class PPLWord(Task):
     primary_metric = "word_ppl"
     Settings = PPLWordSettings
     label, order = "PPL (ppl-word)", 3
+    margin = 0.02  # nats of mean NLL per word
     shortcuts = (Shortcut("--ppl-windows", "max_docs", "perplexity windows (ppl-word: documents; default 16)"),
                  Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
 

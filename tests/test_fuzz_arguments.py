@@ -30,6 +30,8 @@ VALUES = {
     "--pair-tokens": ["1", "32", "0"],
     "--calibration-mode": ["one-pass", "sequential", "Sequential", "two-pass"],
     "--calibration": ["as-given", "authors", "author", "paper"],
+    "--margin": ["lama=0.02", "ppl-token=0.05,lama=0.01", "lama=0", "lama=2", "lamma=0.02", "lama", "=0.1",
+                 "lama=nan", "lama=0.02,lama=0.03", "lama=inf", "mmlu=1"],
     "--bos": ["auto", "window", "stream", "none", "always"],
     "--seed": ["0", "3", "-1", "4294967296"],
     "--device": ["cpu", "cuda", "cuda:7", "tpu"],
@@ -462,6 +464,41 @@ def test_report_out_never_replaces_a_file_it_did_not_write(tmp_path_factory, whe
             assert p.read_bytes() == b, (out, p)
     if not (where == "a-cell" and standing == "user-json"):  # there the user's file written above is the cell
         assert json.loads(cell.read_text())["cell"]["task"] == "lama"
+
+
+# ---------------------------------------------------------------- bench report --margin
+
+MARGIN_ITEM = st.one_of(st.text(max_size=12), st.builds(
+    lambda t, v: f"{t}={v}", st.sampled_from(["lama", "ppl-token", "mmlu", "ppl-word", "lm-eval", "LAMA", "", "rho"]),
+    st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(
+        ["0.02", "1", "0", "-0.1", "1e-9", "true", "", "0.5,", "0x1", "1_0"]))))
+
+
+@settings(max_examples=20, deadline=None)  # one report per accepted example: about 0.5 s
+@given(items=st.lists(MARGIN_ITEM, min_size=1, max_size=3))
+def test_report_margins_end_in_one_line_or_a_report_with_them(tmp_path_factory, items):
+    """Any --margin items: exit 0 with every margin given stated in the leaderboard's note, or one line and no
+    leaderboard."""
+    import shutil
+
+    from bench.results.leaderboard_display import check_margins
+    from core.errors import UserError
+    from fuzz_common import FIXTURES
+
+    tmp = tmp_path_factory.mktemp("margin")
+    shutil.copytree(FIXTURES / "results", tmp / "results")
+    argv = ["report", "--results", str(tmp / "results"), "--out", str(tmp / "lb.md"), "--margin"]
+    items = [" " + i if i.startswith("-") else i for i in items]  # argparse would read it as a flag
+    argv += items
+    try:
+        wanted = check_margins(items)
+    except UserError:
+        wanted = None
+    rc = assert_clean(argv)
+    assert (rc == 0) == (wanted is not None) == (tmp / "lb.md").exists(), (items, rc)
+    if rc == 0:
+        text = (tmp / "lb.md").read_text()
+        assert all(f"{t} ±{m:g}" in text for t, m in wanted.items() if t in ("lama", "mmlu", "ppl-token"))
 
 
 # ---------------------------------------------------------------- settings that would do nothing

@@ -483,7 +483,11 @@ def test_rank_table_recovery_deltas_and_speedups_on_hand_rows(monkeypatch):
         "Δ lama acc vs pca": -0.2, "Δ lama acc vs pca lo": -1.0, "Δ lama acc vs pca hi": 1.0,
         "Δ lama acc vs pca p": 0.04, "Δ lama acc vs pca test": "hand",
         "Δ ppl ppl vs pca": 8.0, "Δ ppl ppl vs pca lo": -1.0, "Δ ppl ppl vs pca hi": 1.0, "Δ ppl ppl vs pca p": 0.04,
-        "Δ ppl ppl vs pca test": "hand"})
+        "Δ ppl ppl vs pca test": "hand",
+        # significant (p 0.04) in each metric's worse direction; no records, so no count and nothing detectable
+        "Δ lama acc vs pca verdict": "worse", "Δ ppl ppl vs pca verdict": "worse",
+        "Δ lama acc vs pca n": None, "Δ ppl ppl vs pca n": None,
+        "Δ lama acc vs pca detectable": None, "Δ ppl ppl vs pca detectable": None})
     # an old cell (its own times only): dense's over its own, no interval; a row without times gets none
     assert (s["decode speedup"], s["decode speedup ci"]) == (1.25, None)
     assert (s["prefill speedup (body)"], s["prefill speedup (body) ci"]) == (2.0, None)
@@ -925,7 +929,7 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
             ("2:4", 0.5, ALL_GROUPS): [
                 dense, {"method": "act-sparse", "acc": 0.45, "param ratio": 1.0, "compute ratio": 0.5},
                 {"method": "teal", "acc": 0.35, "param ratio": 1.0, "compute ratio": 0.7}]}
-    monkeypatch.setattr(report, "rank_table", lambda dense, by, ref, columns: rows[next(k for k in rows if k[0] == by)])
+    monkeypatch.setattr(report, "rank_table", lambda dense, by, ref, columns, margins=None: rows[next(k for k in rows if k[0] == by)])
     monkeypatch.setattr(report, "allocation_section", lambda *a: [])
     monkeypatch.setattr(report, "item_set_warning", lambda *a: [])  # hand rows have no cells (its own test has)
     flat = [{"model": "earlier"}]

@@ -23,7 +23,8 @@ def test_detectable_difference_by_hand():
     # accuracy: 10 items, 3 discordant (2 for the second cell, 1 against), d = 0.1
     x = _cell("m", "x", "lama", "unstructured", 0.5, [1, 1, 0, 0, 1, 0, 1, 0, 1, 0])
     y = _cell("m", "y", "lama", "unstructured", 0.5, [1, 0, 1, 1, 1, 0, 1, 0, 1, 0])
-    assert detectable_difference(x, y) == pytest.approx(Z_DETECT * math.sqrt((0.3 - 0.01) / 10))
+    # Connor (1987) at psi 0.3, n 10, solved by hand for delta: (1.0735 + 0.2857)^2 / delta^2 = 10
+    assert detectable_difference(x, y) == pytest.approx(0.429828, abs=1e-5)
     assert Z_DETECT == pytest.approx(2.8016, abs=1e-4)
 
 

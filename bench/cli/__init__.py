@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 
+from bench.results.leaderboard_display import MARGIN_HELP
 from bench.results.plugged import plugged_commands
 from bench.model.sources import ALIASES
 from core.errors import UserError
@@ -88,7 +89,7 @@ def cmd_report(args) -> int:
 
     from bench.results.leaderboard_display import report_display
 
-    out = write_report(split_list(args.results, str, "--results"), args.out, args.vs, report_display())
+    out = write_report(split_list(args.results, str, "--results"), args.out, args.vs, report_display(args.margin))
     print(f"leaderboard: {out}")
     return 0
 
@@ -148,6 +149,7 @@ def _parser() -> _Parser:
                    help="results directories; several (models, runs) merge without double-counting (default results/)")
     p.add_argument("--out", default=None, help="markdown file (default <first results dir>/LEADERBOARD.md)")
     p.add_argument("--vs", default="pca", help="reference method of the paired differences (default pca)")
+    p.add_argument("--margin", nargs="+", default=None, metavar="TASK=MARGIN", help=MARGIN_HELP)
     add_plan_parser(sub)
     for command in plugged_commands().values():  # a study's own command (bench emerge), by entry point
         command.add_arguments(sub.add_parser(command.name, help=command.help))

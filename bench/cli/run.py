@@ -10,6 +10,7 @@ from core.errors import UserError
 from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, shortcut_dest,
                                  shortcut_options, split_method_names, task_shortcuts)
 from bench.model.sources import ALIASES, DEFAULT_MODEL
+from bench.results.leaderboard_display import MARGIN_HELP, check_margins
 
 
 def kv_options(items: list[str] | None, what: str) -> dict:
@@ -85,6 +86,7 @@ RUN_FLAGS = [
                                                          "order, each on the compressed blocks' outputs)"}),
     ("--calibration", "calibration", {"help": "as-given (default: the calibration flags for every method) or "
                                               "authors (each method at its paper's windows, length and mode)"}),
+    ("--margin", "margin", {"nargs": "+", "metavar": "TASK=MARGIN", "help": MARGIN_HELP}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
     ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
                       "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "
@@ -319,6 +321,8 @@ def configs_from_args(args) -> list[RunConfig]:
     for dest in ("overwrite", "measure_latency", "report", "progress"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
+    if "margin" in data:  # task=margin items (flag or file) or the file's mapping, as {task: margin}
+        data["margin"] = check_margins(data["margin"], "--margin" if args.margin is not None else "the config's margin")
     overridden: list[str] = []  # each setting the command line (or a more explicit form) overrides, said below
     tasks = data.get("tasks", list(DEFAULT_TASKS))
     narrowed_tasks = bool(args.config) and args.tasks is not None
@@ -404,5 +408,5 @@ def cmd_run(args) -> int:
     probe_ray_address(config.ray_address, config.ray_timeout)  # before the model is opened
     failed = run_on_ray(runs if len(runs) > 1 else runs[0])["failed"]
     if config.report:
-        print(f"leaderboard: {write_leaderboard(config.output)}")
+        print(f"leaderboard: {write_leaderboard(config.output, config.margin)}")
     return 1 if failed else 0

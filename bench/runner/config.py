@@ -90,6 +90,9 @@ class RunConfig:
     measure_latency: bool = True
     latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (bench.measure.latency.LatencySpec)
     report: bool = True
+    # {task: margin}: the leaderboard calls two methods equivalent within it (two one-sided tests); unset tasks keep
+    # their own default (bench.results.leaderboard_display.check_margins)
+    margin: dict = field(default_factory=dict)
     progress: bool = True
 
     @classmethod
@@ -667,6 +670,9 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     model_tasks = build_tasks(config, analyses)
     check_options_used(config, names, analyses)
     check_execution(config, writes)
+    from bench.results.leaderboard_display import check_margins
+
+    check_margins(config.margin, "--margin")
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
                allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,
