@@ -1,7 +1,12 @@
 """Verdicts across models: a method's paired differences to a reference pooled over models, and methods ranked
 over (model, task) scenarios.
 
-- Pooled difference: DerSimonian and Laird's random-effects estimate of the per-model paired differences, each
+- Each model's own verdict first, and in how many models the difference is significant with Holm's (1979)
+  step-down correction across the models. The common-effect (fixed, inverse-variance) estimate: the one
+  difference every model would share if they shared one, labelled as such. Random effects need the between-model
+  variance estimated, which two models cannot do (one degree of freedom for tau^2 and for the Hartung-Knapp t), so
+  they are given from RANDOM_EFFECTS_MIN_K models on (Cochrane Handbook, ch. 10.10.4; IntHout et al. 2014).
+- Pooled difference (random effects): DerSimonian and Laird's estimate of the per-model paired differences, each
   weighted by 1 / (its variance + tau^2), where tau^2 is the between-model variance estimated from Cochran's Q; its
   95 % interval is normal. I^2 is the share of Q beyond what the within-model variances explain. With few models
   the Hartung-Knapp interval (t with k - 1 degrees of freedom, the effects' own weighted spread) is also given.
@@ -23,6 +28,31 @@ from scipy import stats
 from core.significance import ALPHA, mcnemar
 
 Z95 = float(stats.norm.ppf(0.975))
+RANDOM_EFFECTS_MIN_K = 3  # fewer models give no estimate of the between-model variance worth reading
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm (1979)'s step-down adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
+    non-decreasing, capped at 1. A hypothesis is rejected at ALPHA exactly when its adjusted p is below it."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out, running = [1.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
+
+
+def common_effect(effects: list[float], variances: list[float]) -> dict:
+    """The common-effect (fixed, inverse-variance) pooled estimate: {estimate, se, ci95, p, k}. It assumes every
+    model shares one true difference; with two models that cannot be checked, so it is reported under this name."""
+    y, v = np.asarray(effects, dtype=np.float64), np.asarray(variances, dtype=np.float64)
+    if len(y) == 0 or len(y) != len(v) or not (np.all(np.isfinite(y)) and np.all(np.isfinite(v)) and np.all(v > 0)):
+        raise ValueError("common_effect needs one finite positive variance per finite effect, and at least one")
+    w = 1.0 / v
+    est = float(np.sum(w * y) / np.sum(w))
+    se = float(math.sqrt(1.0 / np.sum(w)))
+    return {"estimate": est, "se": se, "ci95": [est - Z95 * se, est + Z95 * se],
+            "p": float(2 * stats.norm.sf(abs(est) / se)), "k": len(y)}
 
 
 def paired_effect(ref: list[float], other: list[float]) -> tuple[float, float]:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from core.meta_analysis import (cliques, dersimonian_laird, friedman, nemenyi_cd, paired_effect, scenario_ranks,
-                                stratified_mcnemar, win_rates)
+from core.meta_analysis import (RANDOM_EFFECTS_MIN_K, cliques, common_effect, dersimonian_laird, friedman, holm,
+                                nemenyi_cd, paired_effect, scenario_ranks, stratified_mcnemar, win_rates)
 from core.record import ALL_GROUPS, CellRecord
-from core.significance import ALPHA, compare, item_keys, item_scores
+from core.significance import ALPHA, compare, detectable_difference, item_keys, item_scores, verdict
 
 from . import plots
-from .tables import Column, file_slug, budget_title, chance_table, fmt_interval, is_number, metric_columns, section_order
+from .tables import (Column, file_slug, budget_title, chance_table, fmt_decision, fmt_interval, is_number,
+                     metric_columns, section_order)
 
 MIN_CD_BLOCKS = 3  # the critical-difference figure needs at least this many (model, task) scenarios
 
@@ -58,9 +59,11 @@ def _better(diff: float, higher: bool) -> bool:
 
 
 def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Column], ref: str,
-                chance: set) -> list[dict]:
-    """Per (method, task): each model's paired difference to `ref`, the DerSimonian-Laird pooled difference, and for
-    accuracy the stratified exact test. A model whose cells cannot be paired, or that is at chance, is left out."""
+                chance: set, margins=None) -> list[dict]:
+    """Per (method, task): each model's paired difference to `ref` with its own verdict, the models where it is
+    significantly better or worse after Holm's correction across them, the common-effect pooled difference, for
+    accuracy the stratified exact test, and from RANDOM_EFFECTS_MIN_K models on the DerSimonian-Laird random-effects
+    difference. A model whose cells cannot be paired, or that is at chance, is left out."""
     budget, rank = key
     sections = {m: grouped[m]["ranks"][(budget, rank, ALL_GROUPS)] for m in models}
     names = sorted({n for s in sections.values() for n in s} - {ref})
@@ -78,42 +81,62 @@ def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Colu
                 pair = _paired(ref_cell, cell)
                 if pair:
                     diff, var = paired_effect(pair[1], pair[2])
+                    shown = compare(ref_cell, cell)
                     per[model] = {"kind": pair[0], "ref": pair[1], "other": pair[2], "diff": diff, "var": var,
-                                  "shown": compare(ref_cell, cell)}
+                                  "shown": shown, "verdict": verdict(shown, (margins or {}).get(col.task), col.higher),
+                                  "detectable": detectable_difference(ref_cell, cell)}
             if len(per) < 2:
                 continue
-            pooled = dersimonian_laird([p["diff"] for p in per.values()], [p["var"] for p in per.values()])
+            effects, variances = [p["diff"] for p in per.values()], [p["var"] for p in per.values()]
+            adjusted = holm([p["shown"]["p"] for p in per.values()])
+            for p, q in zip(per.values(), adjusted):
+                p["holm_p"] = q
             exact = (stratified_mcnemar([(p["ref"], p["other"]) for p in per.values()])
                      if all(p["kind"] == "accuracy" for p in per.values()) else None)
-            rows.append({"method": name, "column": col, "per_model": per, "pooled": pooled, "exact": exact,
-                         "better": sum(_better(p["diff"], col.higher) for p in per.values())})
+            rows.append({"method": name, "column": col, "per_model": per, "common": common_effect(effects, variances),
+                         "pooled": dersimonian_laird(effects, variances) if len(per) >= RANDOM_EFFECTS_MIN_K else None,
+                         "exact": exact, "better": sum(_better(p["diff"], col.higher) for p in per.values()),
+                         "holds": sum(p["holm_p"] < ALPHA and _better(p["diff"], col.higher) for p in per.values()),
+                         "reversed": sum(p["holm_p"] < ALPHA and not _better(p["diff"], col.higher) and p["diff"] != 0
+                                         for p in per.values())})
     return rows
 
 
-HARTUNG_KNAPP_MODELS = 3  # up to this many models the Hartung-Knapp interval is shown beside DerSimonian-Laird's
+def holds_text(r: dict) -> str:
+    """'better in 1 of 2 (Holm)', with the models where it is significantly worse when there are any."""
+    text = f"better in {r['holds']} of {len(r['per_model'])}"
+    return text + (f", worse in {r['reversed']}" if r["reversed"] else "")
 
 
 def pooled_table(rows: list[dict], models: list[str], ref: str) -> str:
-    few = len(models) <= HARTUNG_KNAPP_MODELS
+    """One row per (method, task); the random-effects columns only where some row pools RANDOM_EFFECTS_MIN_K
+    models (a row with fewer says why in them)."""
+    random = any(r["pooled"] is not None for r in rows)
     body = []
     for r in rows:
         per = r["per_model"]
         cells = []
         for m in models:
             shown = per[m]["shown"] if m in per else None
-            cells.append(fmt_interval(shown["diff"], *shown["ci95"], shown["p"]) if shown else "")
+            cells.append(fmt_interval(shown["diff"], *shown["ci95"], shown["p"]) + " "
+                         + fmt_decision(per[m]["verdict"], per[m]["detectable"]) if shown else "")
         signs = " ".join(("+" if _better(per[m]["diff"], r["column"].higher) else "=" if per[m]["diff"] == 0
                           else "−") if m in per else "·" for m in models)
-        pl = r["pooled"]
-        ex = r["exact"]
+        ce, pl, ex = r["common"], r["pooled"], r["exact"]
         kind = next(iter(per.values()))["kind"]
-        hk = pl.get("hartung_knapp")
-        body.append([r["method"], r["column"].label + (" (Δ NLL)" if kind == "nll" else ""), *cells, f"{r['better']} of {len(per)} ({signs})",
-                     fmt_interval(pl["estimate"], *pl["ci95"], pl["p"]), f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %",
-                     fmt_interval(ex["diff"], *ex["ci95"], ex["p"]) if ex else "",
-                     *([fmt_interval(pl["estimate"], *hk["ci95"], hk["p"]) if hk else ""] if few else [])])
-    headers = ["method", "task", *[f"Δ vs {ref}: {m}" for m in models], "better in", "pooled Δ (random effects)",
-               "τ² / I²", "all items (stratified exact)", *(["pooled Δ (Hartung-Knapp)"] if few else [])]
+        line = [r["method"], r["column"].label + (" (Δ NLL)" if kind == "nll" else ""), *cells,
+                f"{r['better']} of {len(per)} ({signs})", holds_text(r),
+                fmt_interval(ce["estimate"], *ce["ci95"], ce["p"]),
+                fmt_interval(ex["diff"], *ex["ci95"], ex["p"]) if ex else ""]
+        if random:
+            hk = pl and pl.get("hartung_knapp")
+            line += [fmt_interval(pl["estimate"], *hk["ci95"], hk["p"]) if hk else
+                     f"not estimable from {len(per)} models", f"{pl['tau2']:.2g} / {100 * pl['i2']:.0f} %" if pl
+                     else ""]
+        body.append(line)
+    headers = ["method", "task", *[f"Δ vs {ref}: {m}" for m in models], "direction in", "significant (Holm)",
+               "common-effect Δ (fixed)", "all items (stratified exact)",
+               *(["random-effects Δ (DerSimonian-Laird, HKSJ interval)", "τ² / I²"] if random else [])]
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -187,12 +210,14 @@ def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, writ
     if not shared:
         return []
     md = ["## Across models", "",
-          f"- per method and task: each model's paired difference to `{ref}` (as its own table has it), in how many "
-          "models it is better, and the DerSimonian-Laird random-effects pooled difference over the models [95 % "
-          "interval] with the between-model variance τ² and I² (the share of the spread beyond chance); accuracy "
-          "also over every model's items at once (McNemar's exact test on the pooled discordant pairs, stratified by "
-          f"model); with {HARTUNG_KNAPP_MODELS} models or fewer, also the Hartung-Knapp interval (t with k − 1 "
-          f"degrees of freedom), the one to read with so few. * marks p < {ALPHA}.", ""]
+          f"- per method and task: each model's paired difference to `{ref}` with its own verdict (as its own table "
+          "has it), the direction in each model, in how many models it is significantly better (or worse) after "
+          "Holm's correction across the models, the common-effect (fixed, inverse-variance) pooled difference "
+          "[95 % interval], which assumes the models share one true difference, and for accuracy every model's "
+          "items at once (McNemar's exact test on the pooled discordant pairs, stratified by model). Random effects "
+          f"(DerSimonian-Laird with the Hartung-Knapp-Sidik-Jonkman t interval, τ², I²) only from "
+          f"{RANDOM_EFFECTS_MIN_K} models: with two, the between-model variance has one degree of freedom and "
+          f"cannot be estimated, so no verdict rests on it. * marks p < {ALPHA}.", ""]
     for key, models in shared.items():
         cells = [c for m in models for cs in grouped[m]["ranks"][(*key, ALL_GROUPS)].values() for c in cs]
         columns = metric_columns(cells + [c for m in models for c in grouped[m]["dense"]], display)
@@ -202,22 +227,28 @@ def across_models_section(grouped: dict, ref: str, display, plot_dir: Path, writ
         if chance:
             md += ["- at chance, so left out of the pooled verdicts and the ranking: "
                    + ", ".join(f"{t} on {m}" for m, t in sorted(chance)), ""]
-        rows = pooled_rows(grouped, key, models, columns, ref, chance)
+        rows = pooled_rows(grouped, key, models, columns, ref, chance, getattr(display, "margins", None))
         if rows:
             md += [pooled_table(rows, models, ref), ""]
         else:
             md += [f"- no method can be paired with `{ref}` on the same items in two or more models", ""]
         for r in rows:
-            pl, ex = r["pooled"], r["exact"]
+            ce, pl, ex = r["common"], r["pooled"], r["exact"]
+            hk = pl["hartung_knapp"] if pl else None
             flat_rows.append({"model": "across models", "budget": key[0], "rank": key[1], "scope": ALL_GROUPS,
                               "method": r["method"], "task": r["column"].task, "reference": ref,
                               "models": len(r["per_model"]), "better in": r["better"],
-                              "pooled Δ": pl["estimate"], "pooled Δ lo": pl["ci95"][0], "pooled Δ hi": pl["ci95"][1],
-                              "pooled Δ p": pl["p"], "tau2": pl["tau2"], "I2": pl["i2"],
+                              "significantly better in (Holm)": r["holds"],
+                              "significantly worse in (Holm)": r["reversed"],
+                              "common Δ": ce["estimate"], "common Δ lo": ce["ci95"][0], "common Δ hi": ce["ci95"][1],
+                              "common Δ p": ce["p"],
+                              "pooled Δ": pl["estimate"] if pl else None, "pooled Δ lo": pl["ci95"][0] if pl else None,
+                              "pooled Δ hi": pl["ci95"][1] if pl else None, "pooled Δ p": pl["p"] if pl else None,
+                              "tau2": pl["tau2"] if pl else None, "I2": pl["i2"] if pl else None,
                               "stratified Δ": ex["diff"] if ex else None, "stratified p": ex["p"] if ex else None,
-                              "Hartung-Knapp lo": pl["hartung_knapp"]["ci95"][0],
-                              "Hartung-Knapp hi": pl["hartung_knapp"]["ci95"][1],
-                              "Hartung-Knapp p": pl["hartung_knapp"]["p"]})
+                              "Hartung-Knapp lo": hk["ci95"][0] if hk else None,
+                              "Hartung-Knapp hi": hk["ci95"][1] if hk else None,
+                              "Hartung-Knapp p": hk["p"] if hk else None})
         scen, left, mixed = scenarios(grouped, key, models, columns, chance)
         if mixed:
             md += ["- left out of the ranking, its methods scored on different items (a rerun at other sizes): "

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m studies.baselines", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--output", default="results/baselines")
+    ap.add_argument("--output", default="studies/cells/baselines")  # committed with the page
     ap.add_argument("--doc", default="docs/baselines.md")
     a = ap.parse_args(argv)
     if not Path(a.doc).name.endswith(".md"):

@@ -4,26 +4,26 @@ embedded models at several ranks. `make claims` (python -m studies.claims) compu
 `bench.sweep` and writes docs/claims.md and its figure from the stored cells.
 
 Each comparison is paired on the same items within a model (McNemar's exact test for accuracy, per-window NLL
-differences for perplexity) and pooled over the models where dense is above chance (DerSimonian-Laird, with the
-Hartung-Knapp interval beside it). The verdict per (rank, benchmark, pair) is "holds" or "reversed" when the pooled
-95 % interval (one model's own interval where only one is above chance) excludes zero, else "not detected" with the
-smallest difference the study had 80 % power to detect."""
+differences for perplexity), over the models where dense is above chance. The verdict per (rank, benchmark, pair)
+is each model's own, counted: "holds in k of n" where the claim is significant in k of the n models after Holm's
+correction across every per-model test the study reports, "reversed in k of n" where the opposite is, else "not
+detected" with the largest difference a model's comparison could have missed (80 % power, two-sided 5 %). Beside
+it, the common-effect (fixed) pooled difference, labelled so: two models cannot estimate the between-model
+variance a random-effects verdict needs (random effects from three models on)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scipy import stats
 from tabulate import tabulate
 
-from core.meta_analysis import dersimonian_laird, paired_effect
+from core.meta_analysis import RANDOM_EFFECTS_MIN_K, common_effect, dersimonian_laird, holm, paired_effect
 from core.record import DENSE, CellRecord
-from core.significance import ALPHA, above_chance, compare, item_scores
+from core.significance import ALPHA, above_chance, compare, detectable_difference, item_scores
 
 MODELS = ("gemma-3-270m", "smollm2-135m")
 RANKS = (0.9, 0.75, 0.5)
@@ -34,9 +34,7 @@ TASKS = {"mmlu": ("MMLU (cloze, acc_norm)", "acc_norm", True), "lama": ("LAMA P@
          "ppl-token": ("perplexity", "ppl", False)}
 # MMLU questions per subject: 10 x 57 subjects = 570 per model (docs/claims.md states the power this buys)
 MMLU_LIMIT = 10
-POWER = 0.8
 PAPER_GAP = "6-8 points of MMLU and LAMA accuracy at 50 % rank (Mistral-7B, Llama-3-8B)"
-Z_POWER = float(stats.norm.ppf(1 - ALPHA / 2) + stats.norm.ppf(POWER))  # 1.96 + 0.84: two-sided 5 %, 80 % power
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class Settings:
     models: tuple[str, ...] = MODELS
     ranks: tuple[float, ...] = RANKS
     mmlu_limit: int = MMLU_LIMIT
-    output: str = "results/claims"
+    output: str = "studies/cells/claims"  # committed with the page, so that it can be regenerated
     doc: str = "docs/claims.md"
 
 
@@ -83,8 +81,9 @@ def above_chance_models(cells: dict, models, task: str) -> list[str]:
 
 
 def comparison(cells: dict, models, rank: float, task: str, claimant: str, baseline: str) -> dict:
-    """claimant - baseline per model (paired) and pooled, with the verdict and the detectable difference."""
-    higher = TASKS[task][2]
+    """claimant - baseline per model (paired, with the difference it could detect), the common-effect pooled
+    difference (two or more models; random effects from RANDOM_EFFECTS_MIN_K), and the verdict with Holm's
+    correction across these models (write_doc corrects across the whole study instead)."""
     per = {}
     for m in above_chance_models(cells, models, task):
         ref, other = cells.get((m, baseline, rank, task)), cells.get((m, claimant, rank, task))
@@ -92,29 +91,52 @@ def comparison(cells: dict, models, rank: float, task: str, claimant: str, basel
         if shown is None:
             continue
         diff, var = paired_effect(item_scores(ref)[1], item_scores(other)[1])
-        per[m] = {"shown": shown, "diff": diff, "var": var}
+        per[m] = {"shown": shown, "diff": diff, "var": var, "detectable": detectable_difference(ref, other)}
     out = {"rank": rank, "task": task, "claimant": claimant, "baseline": baseline, "per_model": per,
-           "pooled": None, "interval": None, "detectable": None}
+           "common": None, "pooled": None, "interval": None, "detectable": None}
     if len(per) >= 2:
-        pooled = dersimonian_laird([p["diff"] for p in per.values()], [p["var"] for p in per.values()])
-        out["pooled"] = pooled
-        out["estimate"], out["interval"] = pooled["estimate"], pooled["ci95"]
-        out["detectable"] = Z_POWER * pooled["se"]
+        effects, variances = [p["diff"] for p in per.values()], [p["var"] for p in per.values()]
+        out["common"] = common_effect(effects, variances)
+        out["estimate"], out["interval"] = out["common"]["estimate"], out["common"]["ci95"]
+        if len(per) >= RANDOM_EFFECTS_MIN_K:
+            out["pooled"] = dersimonian_laird(effects, variances)
     elif per:
         (only,) = per.values()
         out["estimate"], out["interval"] = only["shown"]["diff"], only["shown"]["ci95"]
-        out["detectable"] = Z_POWER * math.sqrt(only["var"])
-    out["verdict"] = verdict(out.get("interval"), higher, bool(per))
+    found = [p["detectable"] for p in per.values() if p["detectable"] is not None]
+    out["detectable"] = max(found) if found else None
+    for p, q in zip(per.values(), holm([p["shown"]["p"] for p in per.values()])):
+        p["holm_p"] = q
+    out["verdict"] = verdict(out, TASKS[task][2])
     return out
 
 
-def verdict(interval, higher: bool, compared: bool) -> str:
-    if not compared:
+def verdict(r: dict, higher: bool) -> str:
+    """From each model's Holm-adjusted p and direction: 'holds in k of n', 'reversed in k of n', both when models
+    disagree, else 'not detected' (with what it could miss); 'at chance' when no model can be compared."""
+    per = r["per_model"]
+    if not per:
         return "at chance"
-    lo, hi = interval
-    if lo > 0 or hi < 0:
-        return "holds" if (lo > 0) == higher else "reversed"
-    return "not detected"
+    claimed = sum(p["holm_p"] < ALPHA and (p["shown"]["diff"] > 0) == higher for p in per.values())
+    against = sum(p["holm_p"] < ALPHA and p["shown"]["diff"] != 0 and (p["shown"]["diff"] > 0) != higher
+                  for p in per.values())
+    parts = ([f"holds in {claimed} of {len(per)}"] if claimed else []) + \
+        ([f"reversed in {against} of {len(per)}"] if against else [])
+    if parts:
+        return ", ".join(parts)
+    miss = r.get("detectable")
+    return "not detected" + (f" (could miss {fmt_float(miss, r['task'])})" if miss is not None else "")
+
+
+def correct_across_study(rows: list[dict]) -> int:
+    """Holm's correction across every per-model test the study reports, each row's verdict re-read from it; returns
+    the number of tests in that family."""
+    tests = [p for r in rows for p in r["per_model"].values()]
+    for p, q in zip(tests, holm([p["shown"]["p"] for p in tests])):
+        p["holm_p"] = q
+    for r in rows:
+        r["verdict"] = verdict(r, TASKS[r["task"]][2])
+    return len(tests)
 
 
 def scale(task: str) -> float:
@@ -133,14 +155,12 @@ def fmt_ci(est, ci, task: str, p=None) -> str:
 def verdict_rows(rows: list[dict], models) -> list[list[str]]:
     body = []
     for r in rows:
-        task = r["task"]
-        per = [fmt_ci(r["per_model"][m]["shown"]["diff"], r["per_model"][m]["shown"]["ci95"], task,
-                      r["per_model"][m]["shown"]["p"]) if m in r["per_model"] else "at chance" for m in models]
-        pooled = r["pooled"]
-        hk = pooled and pooled.get("hartung_knapp")
-        body.append([f"{r['rank']:g}", TASKS[task][0], f"{r['claimant']} − {r['baseline']}", *per,
-                     fmt_ci(pooled["estimate"], pooled["ci95"], task, pooled["p"]) if pooled else "",
-                     fmt_ci(pooled["estimate"], hk["ci95"], task, hk["p"]) if hk else "",
+        task, per = r["task"], r["per_model"]
+        cells = [fmt_ci(per[m]["shown"]["diff"], per[m]["shown"]["ci95"], task, per[m]["shown"]["p"])
+                 + f", Holm {per[m]['holm_p']:.2g}" if m in per else "at chance" for m in models]
+        common = r["common"]
+        body.append([f"{r['rank']:g}", TASKS[task][0], f"{r['claimant']} − {r['baseline']}", *cells,
+                     fmt_ci(common["estimate"], common["ci95"], task, common["p"]) if common else "",
                      fmt_float(r["detectable"], task) if r["detectable"] is not None else "",
                      r["verdict"]])
     return body
@@ -201,7 +221,7 @@ def summary_lines(rows: list[dict], ranks) -> list[str]:
         mine = [r for r in rows if r["task"] == task]
         parts = []
         for state in ("holds", "reversed", "not detected", "at chance"):
-            hits = [r for r in mine if r["verdict"] == state]
+            hits = [r for r in mine if r["verdict"].startswith(state)]
             if hits:
                 parts.append(f"{state} for " + ", ".join(f"{r['claimant']} − {r['baseline']} at {r['rank']:g}"
                                                         for r in hits))
@@ -210,22 +230,14 @@ def summary_lines(rows: list[dict], ranks) -> list[str]:
         power = (f"; 80 % power for differences of {fmt_float(min(detect), task)} to "
                  f"{fmt_float(max(detect), task)} {unit}" if detect else "")
         out.append(f"- **{label}**: " + "; ".join(parts) + power + ".")
-    weak = [r for r in rows if r["verdict"] in ("holds", "reversed") and _p(r) > 0.01]
-    per = len(rows) // max(1, len(TASKS))
-    out.append(f"- Not corrected for multiplicity ({per} comparisons per benchmark): "
-               + ("; ".join(f"{TASKS[r['task']][0]} {r['claimant']} − {r['baseline']} at {r['rank']:g} "
-                            f"{r['verdict']} with p = {_p(r):.2g}" for r in weak)
-                  + " would not survive a correction (p above 0.01)." if weak else
-                  "every verdict that holds or reverses has p at most 0.01."))
+    lost = [(r, m) for r in rows for m, p in r["per_model"].items() if p["shown"]["p"] < ALPHA <= p["holm_p"]]
+    tests = sum(len(r["per_model"]) for r in rows)
+    out.append(f"- Holm's correction across the study's {tests} per-model tests: "
+               + ("; ".join(f"{TASKS[r['task']][0]} {r['claimant']} − {r['baseline']} at {r['rank']:g} on {m} "
+                            f"(p = {r['per_model'][m]['shown']['p']:.2g})" for r, m in lost)
+                  + " significant alone, not after it." if lost else
+                  "every test significant alone stays significant after it."))
     return out
-
-
-def _p(r: dict) -> float:
-    """The p-value of the interval the verdict reads: the pooled one, or the one model's own."""
-    if r["pooled"] is not None:
-        return r["pooled"]["p"]
-    (only,) = r["per_model"].values()
-    return only["shown"]["p"]
 
 
 def compute_time(cells: list[CellRecord]) -> tuple[float, dict]:
@@ -240,27 +252,32 @@ def compute_time(cells: list[CellRecord]) -> tuple[float, dict]:
     return total + sum(calib.values()), env
 
 
+def dense_chance_lines(by: dict, models) -> list[str]:
+    out = []
+    for m in models:
+        for task in ("mmlu", "lama"):
+            d = by.get((m, DENSE, None, task))
+            a = above_chance(d) if d else None
+            if a:
+                out.append(f"{m} {TASKS[task][0]}: {100 * a['acc']:.1f} % against chance {100 * a['chance']:.1f} % "
+                           f"(one-sided p = {a['p']:.2g}: {'above chance' if a['above'] else 'at chance'})")
+    return out
+
+
 def write_doc(s: Settings, cells: list[CellRecord]) -> Path:
     from core.io import atomic_write_text
 
     by = index(cells)
     rows = [comparison(by, s.models, r, t, c, b) for r in s.ranks for t in TASKS for c in CLAIMANTS
             for b in BASELINES]
+    correct_across_study(rows)
     doc = Path(s.doc)
     fig = figure(by, s.models, s.ranks, doc.parent / "plots" / f"{doc.stem}.png")
     seconds, env = compute_time(cells)
     n_mmlu = {m: len(by[(m, DENSE, None, "mmlu")].records) for m in s.models if (m, DENSE, None, "mmlu") in by}
     lama = next((c for c in cells if c.cell.task == "lama"), None)
     ppl = next((c for c in cells if c.cell.task == "ppl-token"), None)
-    dense_lines = []
-    for m in s.models:
-        for task in ("mmlu", "lama"):
-            d = by.get((m, DENSE, None, task))
-            a = above_chance(d) if d else None
-            if a:
-                dense_lines.append(f"{m} {TASKS[task][0]}: {100 * a['acc']:.1f} % against chance "
-                                   f"{100 * a['chance']:.1f} % (one-sided p = {a['p']:.2g}: "
-                                   f"{'above chance' if a['above'] else 'at chance'})")
+    dense_lines = dense_chance_lines(by, s.models)
     models_txt = " and ".join(s.models)
     lines = [
         "# The FASC paper's claim, tested on the embedded models",
@@ -285,17 +302,19 @@ def write_doc(s: Settings, cells: list[CellRecord]) -> Path:
         "",
         "Each difference is the claimant's score minus the baseline's, paired on the same items (accuracy in "
         "points, McNemar's exact interval; perplexity as the difference of mean per-window NLL, where negative is "
-        "better), pooled over the models whose dense score is above chance (random effects, DerSimonian-Laird; "
-        "Hartung-Knapp's t interval beside it: with two models it has one degree of freedom and is about six times "
-        "as wide). The verdict reads the pooled interval, or the one model's own where only one is above chance; "
-        "\"detectable\" is the difference the comparison had 80 % power to detect (two-sided, 5 %), from its "
-        "measured spread.",
+        "better), on each model whose dense score is above chance, with its p-value and its Holm-adjusted p "
+        "(Holm's step-down correction across every per-model test on this page). The verdict counts the models: "
+        "\"holds in k of n\" where k models show the claim after the correction. The common-effect difference "
+        "(fixed, inverse-variance) summarises the models under the assumption that they share one effect; with "
+        "two models the between-model variance cannot be estimated, so no verdict rests on a pooled interval "
+        "(random effects need three or more models). \"detectable\" is the largest of the models' differences "
+        "their comparisons had 80 % power to detect (two-sided, 5 %; docs/decisions.md).",
         "",
         *summary_lines(rows, s.ranks),
         "",
         tabulate(verdict_rows(rows, s.models),
                  headers=["rank", "benchmark", "difference", *[f"{m} [95 %]" for m in s.models],
-                          "pooled [95 %]", "Hartung-Knapp [95 %]", "detectable", "verdict"],
+                          "common effect [95 %]", "detectable", "verdict"],
                  tablefmt="github", disable_numparse=True),
         "",
         "## Scores",

@@ -129,21 +129,31 @@ def sides() -> dict[tuple, list[str]]:
     return out
 
 
-def run_part(model: str, root: Path, progress: bool = True) -> None:
-    """One model's cells: every claim's methods at their budgets, each in its authors' calibration."""
-    import bench
+def calibration_cost(method: str) -> int:
+    """A sweep's order key: the tokens its authors' calibration reads, a sequential one counted four times (two
+    block forwards per block, and no calibration shared with another method); 0 for the run's default."""
     import methods
 
+    authors = methods.get_method(method).authors_calibration
+    if not authors:
+        return 0
+    return authors.samples * authors.seq_len * (4 if authors.mode == "sequential" else 1)
+
+
+def run_part(model: str, root: Path, progress: bool = True) -> None:
+    """One model's cells: every claim's methods at their budgets, each in its authors' calibration; the cheapest
+    calibrations first, so that a part stopped early has measured the most claims it could."""
+    import bench
+
+    jobs = []
     for (key, tasks), names in sides().items():
         budget = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
-        with_authors = [m for m in names if methods.get_method(m).authors_calibration]
-        rest = [m for m in names if m not in with_authors]
         common = {"model": model, "tasks": list(tasks), "measure_latency": False, "report": False,
                   "output": str(root), "progress": progress, **budget}
-        if with_authors:
-            bench.sweep(methods=with_authors, calibration="authors", **common)
-        if rest:
-            bench.sweep(methods=rest, **common)
+        for cost in sorted({calibration_cost(m) for m in names}):
+            jobs.append((cost, [m for m in names if calibration_cost(m) == cost], common))
+    for cost, names, common in sorted(jobs, key=lambda j: j[0]):
+        bench.sweep(methods=names, **({"calibration": "authors"} if cost else {}), **common)
 
 
 def find(cells: list[CellRecord], model: str, side: Side, task: str) -> CellRecord | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from core.meta_analysis import (cliques, dersimonian_laird, friedman, nemenyi_cd, paired_effect, scenario_ranks,
+from core.meta_analysis import (cliques, common_effect, dersimonian_laird, holm, friedman, nemenyi_cd, paired_effect, scenario_ranks,
                                 stratified_mcnemar, win_rates)
 from core.record import cell_relpath
 from leaderboard.report import build
@@ -154,6 +154,24 @@ def test_nemenyi_cd_matches_demsars_worked_example():
         assert nemenyi_cd(k, 6) / math.sqrt(k * (k + 1) / 36) == pytest.approx(q, abs=1e-3)  # printed to 3 places
 
 
+def test_holm_by_hand():
+    # sorted 0.01, 0.02, 0.04: times 3, 2, 1 -> 0.03, 0.04, 0.04 (kept non-decreasing); given order returned
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.03125, 0.25]) == pytest.approx([0.0625, 0.25])
+    assert holm([]) == []
+
+
+def test_common_effect_by_hand():
+    # weights 100 and 25: (100 * 0.1 + 25 * 0.2) / 125 = 0.12, se sqrt(1 / 125)
+    got = common_effect([0.1, 0.2], [0.01, 0.04])
+    assert got["estimate"] == pytest.approx(0.12) and got["se"] == pytest.approx(math.sqrt(1 / 125))
+    assert got["ci95"] == pytest.approx([0.12 - 1.959964 * got["se"], 0.12 + 1.959964 * got["se"]], abs=1e-6)
+    assert got["p"] == pytest.approx(2 * stats.norm.sf(0.12 / math.sqrt(1 / 125)))
+    with pytest.raises(ValueError):
+        common_effect([0.1], [0.0])
+
+
 def test_cliques_are_the_maximal_runs_within_the_cd():
     ranks = {"a": 1.0, "b": 1.5, "c": 2.1, "d": 3.5, "e": 3.6}
     assert cliques(ranks, 1.3) == [["a", "b", "c"], ["d", "e"]]
@@ -176,6 +194,10 @@ WINDOWS = 6
 
 def window_nll(model, method):
     return [NLL[model][method] + 0.01 * ((3 * i + len(model) + len(method)) % 5) for i in range(WINDOWS)]
+
+
+def _ppl_scores(model):
+    return window_nll(model, "pca"), window_nll(model, "fasc-kfac")
 
 
 def write_cell(root: Path, model: str, method: str, task: str):
@@ -224,19 +246,27 @@ def test_the_report_pools_each_method_over_the_models(three_models):
     row = _row(text, "fasc-kfac", "lama p@1")
     # per model (x, y; z at chance): 6 and 3 items only fasc-kfac gets right, none only pca
     assert row[4] == "" and row[5] == "2 of 2 (+ + ·)"
+    # model-x: 6 of 6 discordant for fasc-kfac, exact p 1/32; model-y 3 of 3, p 1/4: better on model-x alone, but
+    # Holm across the two models makes it 2/32 = 0.0625, so significant in neither
+    assert row[2].startswith("+0.150") and row[2].endswith("better (detectable 0.167)")  # Connor at psi 0.15, n 40
+    assert row[3].startswith("+0.075") and "undecided (could miss" in row[3]
+    assert row[6] == "better in 0 of 2"
     effects = [paired_effect([i < LAMA[m]["pca"] for i in range(N)], [i < LAMA[m]["fasc-kfac"] for i in range(N)])
                for m in ("model-x", "model-y")]
     assert effects[0][0] == pytest.approx(6 / 40) and effects[1][0] == pytest.approx(3 / 40)
-    pooled = dersimonian_laird([e[0] for e in effects], [e[1] for e in effects])
-    lo, hi = pooled["ci95"]
-    assert row[6].startswith(f"{pooled['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    common = common_effect([e[0] for e in effects], [e[1] for e in effects])
+    lo, hi = common["ci95"]
+    assert row[7].startswith(f"{common['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     # over all 80 items: 9 discordant pairs, all for fasc-kfac
     assert row[8].startswith(f"{9 / 80:+.3f}") and f"p={stats.binomtest(9, 9, 0.5).pvalue:.2g}" in row[8]
-    hk = pooled["hartung_knapp"]
-    assert row[9].startswith(f"{pooled['estimate']:+.3f} [{hk['ci95'][0]:+.3f}, {hk['ci95'][1]:+.3f}]")
-    assert "pooled Δ (Hartung-Knapp)" in text
+    # two models: no random effects, and the table says why in that row
+    assert row[9] == "not estimable from 2 models" and row[10] == ""
+    assert "random-effects Δ (DerSimonian-Laird, HKSJ interval)" in text
     nll = _row(text, "fasc-kfac", "ppl-token ppl (Δ NLL)")
     assert nll[5] == "2 of 3 (+ + −)" and nll[8] == ""  # worse than pca on model-z; no exact test for NLL
+    pooled = dersimonian_laird(*zip(*[paired_effect(*_ppl_scores(m)) for m in ("model-x", "model-y", "model-z")]))
+    hk = pooled["hartung_knapp"]
+    assert nll[9].startswith(f"{pooled['estimate']:+.3f} [{hk['ci95'][0]:+.3f}, {hk['ci95'][1]:+.3f}]")
     svd = _row(text, "svd", "lama p@1")
     assert svd[5] == "1 of 2 (− + ·)"
 
@@ -329,9 +359,11 @@ def test_a_sweep_over_two_models_writes_both_and_pools_them(tmp_path):
     assert len(names) == 2 and "tiny-copy" in names
     text = (out / "LEADERBOARD.md").read_text()
     assert "## Across models" in text and "### rank ratio 0.5: 2 models" in text
-    # the copy's weights differ by a thousandth in one tensor: both models pooled, with no heterogeneity to speak of
+    # the copy's weights differ by a thousandth in one tensor: both models pooled under a common effect; two models
+    # give no random-effects column at all
     row = _row(text, "svd", "PPL (ppl-token) (Δ NLL)")
-    assert row[6] == "0 / 0 %"
+    assert row[4] in ("2 of 2 (+ +)", "0 of 2 (− −)") and row[5].startswith("better in ")
+    assert row[6].startswith(("+", "-")) and "random-effects" not in text
 
 
 def test_a_config_file_names_several_models(tmp_path):
@@ -573,9 +605,12 @@ def test_pooled_table_marks_a_difference_of_exactly_zero():
     assert "| 1 of 3 (− = +) |" in line
     bbb = next(l for l in pooled_table(rows, models, "pca").splitlines() if l.startswith("| bbb "))
     assert "| 1 of 2 (+ − ·) |" in bbb
-    assert pooled_table(rows, models, "pca").splitlines()[0].rstrip(" |").endswith("pooled Δ (Hartung-Knapp)")
-    four = pooled_table(rows, ["mw", *models], "pca")  # past 3 models DerSimonian-Laird's interval alone
-    assert "Hartung-Knapp" not in four and four.splitlines()[0].rstrip(" |").endswith("all items (stratified exact)")
+    header = pooled_table(rows, models, "pca").splitlines()[0]
+    assert "random-effects Δ (DerSimonian-Laird, HKSJ interval)" in header  # svd pools three models
+    two = pooled_rows(_hand_grouped(), ("rank", 0.5), models[:2], [Column("lama p@1", "lama", "p@1", True)], "pca",
+                      set())
+    head = pooled_table(two, models[:2], "pca").splitlines()[0]
+    assert "random-effects" not in head and head.rstrip(" |").endswith("all items (stratified exact)")
 
 
 def test_scenarios_name_the_methods_left_out_for_lacking_one():
@@ -650,9 +685,12 @@ def test_the_section_names_models_at_chance_and_flat_rows_per_pooled_verdict(tmp
     assert [(r["model"], r["budget"], r["rank"], r["scope"], r["method"], r["task"], r["reference"], r["models"])
             for r in flat] == [("across models", "rank", 0.5, "all", "svd", "lama", "pca", 2)]
     assert set(flat[0]) == {"model", "budget", "rank", "scope", "method", "task", "reference", "models", "better in",
+                            "significantly better in (Holm)", "significantly worse in (Holm)", "common Δ",
+                            "common Δ lo", "common Δ hi", "common Δ p",
                             "pooled Δ", "pooled Δ lo", "pooled Δ hi", "pooled Δ p", "tau2", "I2", "stratified Δ",
                             "stratified p", "Hartung-Knapp lo", "Hartung-Knapp hi", "Hartung-Knapp p"}
-    assert flat[0]["better in"] == 1 and flat[0]["pooled Δ lo"] < flat[0]["pooled Δ"] < flat[0]["pooled Δ hi"]
+    assert flat[0]["better in"] == 1 and flat[0]["common Δ lo"] < flat[0]["common Δ"] < flat[0]["common Δ hi"]
+    assert flat[0]["pooled Δ"] is None and flat[0]["Hartung-Knapp p"] is None  # two models: no random effects
 
 
 def test_the_section_keeps_every_line_and_every_row_and_column_when_methods_left_out(monkeypatch, tmp_path):
@@ -669,7 +707,7 @@ def test_the_section_keeps_every_line_and_every_row_and_column_when_methods_left
     table = next(block for block in md if block.startswith("| method "))
     widths = {line.count("|") for line in table.splitlines()}
     assert len(widths) == 1, table  # every row as wide as the header
-    assert "Hartung-Knapp" not in table
+    assert "HKSJ interval" in table  # four models: random effects, with the Hartung-Knapp-Sidik-Jonkman interval
     assert md[0] == "## Across models" and any(line.startswith("### rank ratio 0.5: 4 models") for line in md)
     # two of those models: every method but aaa (on mx alone) is ranked over their four scenarios
     two = group_cells([c for c in _hand_cells() if c.cell.model in ("mx", "my")])
@@ -686,10 +724,10 @@ def test_ranking_lines_name_every_method_left_out():
     assert "- left out of the ranking for lacking a scenario the others have: mm, nn" in lines
 
 
-def test_the_flat_rows_carry_the_stratified_test_and_the_hartung_knapp_interval(tmp_path):
+def test_the_flat_rows_carry_the_stratified_test_and_the_common_effect(tmp_path):
     """Two models (ma: svd right on 2 items pca misses; mc: pca right on 2 items svd misses): over the 20 items
-    the stratified difference is 9/20 - 9/20 = 0 with 2 discordant pairs each way (p = 1), and the Hartung-Knapp
-    interval straddles the pooled difference."""
+    the stratified difference is 9/20 - 9/20 = 0 with 2 discordant pairs each way (p = 1), the common effect sits
+    between the two models' own, and with two models there is no random-effects estimate."""
     from leaderboard.across_models import across_models_section
     from leaderboard.tables import Display, group_cells
 
@@ -701,7 +739,9 @@ def test_the_flat_rows_carry_the_stratified_test_and_the_hartung_knapp_interval(
     across_models_section(group_cells(cells), "pca", Display(), tmp_path, [], flat)
     (row,) = flat
     assert row["stratified Δ"] == 0.0 and row["stratified p"] == 1.0
-    assert row["Hartung-Knapp lo"] < row["pooled Δ"] < row["Hartung-Knapp hi"]
+    assert row["common Δ lo"] < row["common Δ"] < row["common Δ hi"] and -0.2 < row["common Δ"] < 0.2
+    assert row["pooled Δ"] is None and row["Hartung-Knapp lo"] is None
+    assert row["significantly better in (Holm)"] == 0 and row["significantly worse in (Holm)"] == 0
 
 
 def test_every_scenario_scored_on_other_items_is_named_and_the_rest_of_the_section_stays(tmp_path, three_models):

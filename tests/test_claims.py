@@ -45,8 +45,8 @@ DENSE_AT_CHANCE = [1] * 10 + [0] * 30  # 25 %
 
 
 def test_one_model_above_chance_reads_its_own_exact_interval():
-    from core.significance import mcnemar
-    from studies.claims import Z_POWER, comparison
+    from core.significance import detectable_accuracy, mcnemar
+    from studies.claims import comparison
 
     base = [1] * 10 + [0] * 30
     claim = [1] * 25 + [0] * 15  # 15 discordant pairs, all for the claimant
@@ -55,19 +55,16 @@ def test_one_model_above_chance_reads_its_own_exact_interval():
                   ("b", "dense", "mmlu", None): DENSE_AT_CHANCE, ("b", "pca", "mmlu", 0.5): claim,
                   ("b", "fasc", "mmlu", 0.5): base})  # b would reverse it, but b is at chance: left out
     r = comparison(cells, ["a", "b"], 0.5, "mmlu", "fasc", "pca")
-    assert list(r["per_model"]) == ["a"] and r["pooled"] is None
+    assert list(r["per_model"]) == ["a"] and r["pooled"] is None and r["common"] is None
     want = mcnemar([float(x) for x in base], [float(x) for x in claim])
     assert r["estimate"] == pytest.approx(15 / N) and r["interval"] == pytest.approx(want["ci95"])
-    d = [c - b for b, c in zip(base, claim)]
-    mean = sum(d) / N
-    var = sum((x - mean) ** 2 for x in d) / (N - 1) / N
-    assert r["detectable"] == pytest.approx(Z_POWER * math.sqrt(var))
-    assert r["verdict"] == "holds"
+    assert r["detectable"] == pytest.approx(detectable_accuracy(15 / N, N))  # 15 of 40 pairs discordant
+    assert r["verdict"] == "holds in 1 of 1"
 
 
-def test_two_models_pool_and_the_verdict_follows_the_pooled_interval():
-    from core.meta_analysis import dersimonian_laird, paired_effect
-    from studies.claims import Z_POWER, comparison
+def test_two_models_count_each_models_verdict_and_pool_a_common_effect():
+    from core.meta_analysis import common_effect, paired_effect
+    from studies.claims import comparison
 
     base = [1] * 20 + [0] * 20
     worse = [1] * 12 + [0] * 28  # the claimant loses 8 items on each model
@@ -77,10 +74,12 @@ def test_two_models_pool_and_the_verdict_follows_the_pooled_interval():
                      (m, "fasc-kfac", "lama", 0.75): worse})
     r = comparison(_set(spec), ["a", "b"], 0.75, "lama", "fasc-kfac", "whitened-svd")
     d, v = paired_effect([float(x) for x in base], [float(x) for x in worse])
-    want = dersimonian_laird([d, d], [v, v])
+    want = common_effect([d, d], [v, v])
     assert r["interval"] == pytest.approx(want["ci95"]) and r["estimate"] == pytest.approx(-8 / N)
-    assert r["detectable"] == pytest.approx(Z_POWER * want["se"])
-    assert r["verdict"] == "reversed"
+    assert r["pooled"] is None  # two models: no random effects
+    # each model: 8 discordant pairs, all against, exact p = 2 / 2^8; Holm over the two: 4 / 2^8
+    assert [p["holm_p"] for p in r["per_model"].values()] == pytest.approx([4 / 256, 4 / 256])
+    assert r["verdict"] == "reversed in 2 of 2"
 
 
 def test_perplexity_counts_a_lower_nll_for_the_claim_and_a_tie_as_not_detected():
@@ -92,8 +91,9 @@ def test_perplexity_counts_a_lower_nll_for_the_claim_and_a_tie_as_not_detected()
     spec = {("a", "dense", "ppl-token", None): base, ("a", "pca", "ppl-token", 0.9): base,
             ("a", "fasc", "ppl-token", 0.9): lower, ("a", "fasc-kfac", "ppl-token", 0.9): noisy}
     cells = _set(spec)
-    assert comparison(cells, ["a"], 0.9, "ppl-token", "fasc", "pca")["verdict"] == "holds"
-    assert comparison(cells, ["a"], 0.9, "ppl-token", "fasc-kfac", "pca")["verdict"] == "not detected"
+    assert comparison(cells, ["a"], 0.9, "ppl-token", "fasc", "pca")["verdict"] == "holds in 1 of 1"
+    noise = comparison(cells, ["a"], 0.9, "ppl-token", "fasc-kfac", "pca")
+    assert noise["verdict"] == f"not detected (could miss {noise['detectable']:.4f})"
 
 
 def test_every_model_at_chance_says_so_and_missing_cells_are_not_compared():
@@ -106,16 +106,26 @@ def test_every_model_at_chance_says_so_and_missing_cells_are_not_compared():
     assert r["verdict"] == "at chance" and r["per_model"] == {} and r["detectable"] is None
 
 
-def test_verdict_reads_the_side_of_the_interval_by_direction():
-    from studies.claims import verdict
+def test_verdict_counts_the_models_by_direction_after_holm():
+    from studies.claims import correct_across_study, verdict
 
-    assert verdict([0.01, 0.2], True, True) == "holds"
-    assert verdict([0.01, 0.2], False, True) == "reversed"
-    assert verdict([-0.2, -0.01], False, True) == "holds"
-    assert verdict([-0.2, -0.01], True, True) == "reversed"
-    assert verdict([-0.1, 0.1], True, True) == "not detected"
-    assert verdict([0.0, 0.1], True, True) == "not detected"  # an interval touching zero does not exclude it
-    assert verdict(None, True, False) == "at chance"
+    def row(*per, task="lama"):
+        return {"task": task, "detectable": 0.05, "per_model": {
+            f"m{i}": {"shown": {"diff": d, "p": p}, "holm_p": q} for i, (d, p, q) in enumerate(per)}}
+
+    assert verdict(row((0.1, 0.001, 0.002), (0.05, 0.2, 0.2)), True) == "holds in 1 of 2"
+    assert verdict(row((0.1, 0.001, 0.002), (0.05, 0.2, 0.2)), False) == "reversed in 1 of 2"
+    assert verdict(row((0.1, 0.001, 0.002), (-0.1, 0.01, 0.02)), True) == "holds in 1 of 2, reversed in 1 of 2"
+    assert verdict(row((0.1, 0.04, 0.08), (0.1, 0.04, 0.08)), True) == "not detected (could miss 5.0)"
+    assert verdict(row(task="ppl-token"), False) == "at chance"
+    # across the study: two rows' three tests, p 0.01 0.02 0.04 -> Holm 0.03 0.04 0.04: the 0.04 survives alone
+    rows = [row((0.1, 0.01, 0.01), (0.1, 0.04, 0.04)), row((0.1, 0.02, 0.02))]
+    assert correct_across_study(rows) == 3
+    assert [p["holm_p"] for r in rows for p in r["per_model"].values()] == pytest.approx([0.03, 0.04, 0.04])
+    assert rows[0]["verdict"] == "holds in 2 of 2" and rows[1]["verdict"] == "holds in 1 of 1"
+    rows = [row((0.1, 0.01, 0.01), (0.1, 0.03, 0.03)), row((0.1, 0.02, 0.02)), row((0.1, 0.5, 0.5))]
+    correct_across_study(rows)  # four tests, p 0.01 0.03 0.02 0.5 -> Holm 0.04 0.06 0.06 0.5
+    assert rows[0]["verdict"] == "holds in 1 of 2"
 
 
 def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
@@ -138,9 +148,11 @@ def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
     table = [ln for ln in lines if ln.startswith("| 0.")]
     assert len(table) == len(ranks) * len(TASKS) * len(CLAIMANTS) * len(BASELINES)
     # equal scores: every difference is 0, nothing is detected, and each benchmark's sentence says so
-    assert all(ln.rstrip(" |").endswith("not detected") for ln in table)
+    assert all("not detected (could miss" in ln for ln in table)
     assert sum(ln.startswith("- **") for ln in lines) == len(TASKS)
-    assert "- Not corrected for multiplicity (8 comparisons per benchmark): every verdict" in page
+    tests = len(ranks) * len(TASKS) * len(CLAIMANTS) * len(BASELINES) * 2
+    assert f"- Holm's correction across the study's {tests} per-model tests: every test significant alone" in page
+    assert "Hartung-Knapp" not in page and "holds" not in [ln.rstrip(" |").rsplit("|", 1)[-1].strip() for ln in table]
     assert "(plots/claims.png)" in page and (tmp_path / "plots" / "claims.png").stat().st_size > 10_000
     # compute: per cell 30 s of compression and evaluation, plus one calibration (60 s) per model
     n = len(cells)
