@@ -18,6 +18,12 @@ def add_plan_parser(sub):
     for flag, dest, kw in RUN_FLAGS:
         if dest in PLAN_FLAGS:
             p.add_argument(flag, dest=dest, default=None, **kw)
+    p.add_argument("--detect", nargs="+", default=None, metavar="TASK=DIFF",
+                   help="size the evaluation: per task, the items each comparison needs for 80 %% power to detect this "
+                        "paired difference (e.g. lama=0.05 ppl-token=0.05), from the stored cells of the model")
+    p.add_argument("--results", nargs="+", default=["results"],
+                   help="with --detect: results folders whose stored cells give the paired spreads (default results/)")
+    p.add_argument("--vs", default="pca", help="with --detect: the reference method of the comparisons (default pca)")
     p.set_defaults(**{dest: None for _, dest, _ in RUN_FLAGS if dest not in PLAN_FLAGS},
                    config=None, method_option=None, task_option=None, analysis_option=None, overwrite=None,
                    measure_latency=None, report=None, progress=None)
@@ -42,7 +48,11 @@ def cmd_plan(args) -> int:
     may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
     total."""
     from bench.runner.config import resolve_run
+    from bench.results.leaderboard_display import check_margins
 
+    detect = check_margins(args.detect, "--detect", "difference") if args.detect is not None else None
+    if detect:
+        check_results_folders(args.results)
     runs = [resolve_run(c, writes=False) for c in plan_configs(args)]  # every model's settings before any costing
     for run in runs:
         check_against_model(run)
@@ -60,9 +70,75 @@ def cmd_plan(args) -> int:
         if own:
             print(own)
         totals.append((c.model, times[0]["total"], est.calibration_peak, est.evaluation_peak))
+        if detect:
+            print(render_detection(c.model, detect, args.results, args.vs))
     if len(runs) > 1:
         print(render_sweep(totals))
     return 0
+
+
+def check_results_folders(folders) -> None:
+    """--results for --detect: each a folder or not there yet (nothing stored: spreads assumed), never empty or a
+    file."""
+    from pathlib import Path
+
+    from core.errors import UserError
+
+    for f in folders:
+        if not f.strip():
+            raise UserError("--results has an empty folder name: name the results folder whose cells give the spreads")
+        if Path(f).exists() and not Path(f).is_dir():
+            raise UserError(f"--results {f} is a file, not a results folder: give the folder `bench run --output` "
+                            "wrote")
+
+
+def task_holds(task: str, tokenizer) -> tuple[int | None, str]:
+    """How many items the task's default source holds: LAMA's probes, MMLU's test questions, the evaluation
+    text's perplexity windows at the default length (by this model's tokenizer)."""
+    import tasks
+
+    settings = tasks.get_task(task).Settings()
+    if task == "lama":
+        from tasks.data.lama_data import load_lama
+
+        n = len(load_lama(settings.source).probes)
+        return n, f"{n:,} probes"
+    if task == "mmlu":
+        from tasks.data.mmlu_data import load_mmlu
+
+        n = len(load_mmlu(settings.source)[0])
+        return n, f"{n:,} questions"
+    if task == "ppl-token":
+        from tasks.data.text_data import load_text, resolve_bos
+        from tasks.perplexity import token_windows
+
+        windows = token_windows(tokenizer, load_text(settings.source, "eval"), settings.seq_len, None,
+                                resolve_bos(tokenizer, settings.bos))
+        return len(windows), f"{len(windows):,} windows of {settings.seq_len}"
+    return None, "?"
+
+
+def render_detection(model: str, detect: dict[str, float], folders, ref: str) -> str:
+    """`--detect`: per task and stored comparison, the items for 80 % power; assumed spreads where none is stored."""
+    from bench.measure.sizing import ASSUMED, Spread, render_detect, stored_spreads
+    from bench.model.sources import display_name, open_model
+
+    name = display_name(model)
+    tokenizer = open_model(model, progress=False).tokenizer if "ppl-token" in detect else None
+    rows, missing = [], []
+    for task, delta in detect.items():
+        spreads = stored_spreads(folders, name, task, ref)
+        assumed = not spreads
+        if assumed:
+            missing.append(task)
+            kind = "nll" if task.startswith("ppl") else "accuracy"
+            spreads = [Spread("assumed", kind, v, 0, None) for v in ASSUMED[kind]]
+        rows.append((task, delta, spreads, task_holds(task, tokenizer), assumed))
+    head = (f"items for 80 % power (two-sided 5 %) to detect each difference, paired against {ref}, from the spreads "
+            f"of {name}'s stored cells under {', '.join(map(str, folders))}")
+    note = (f"\nno stored comparison with {ref} for {', '.join(missing)}: spreads assumed (run a small pilot, e.g. "
+            "`bench run --lama-limit 5`, and plan again from its cells)" if missing else "")
+    return f"{head}{note}\n\n{render_detect(rows)}\n"
 
 
 def check_against_model(run) -> None:

@@ -30,7 +30,7 @@ def report_display(margins: dict[str, float] | None = None):
     return Display(labels=labels, order=order, sections=sections, margins=margin)
 
 
-def check_margins(margins, where: str = "--margin") -> dict[str, float]:
+def check_margins(margins, where: str = "--margin", what: str = "margin") -> dict[str, float]:
     """{task: margin} from `--margin lama=0.02 ppl-token=0.02` items (spaces or commas) or a config's mapping: each
     a registered task and a number in (0, 1] (a fraction of accuracy, or nats of mean NLL: a margin of 1 nat already
     lets perplexity differ 2.7x), or one line naming the problem and the fix."""
@@ -48,10 +48,10 @@ def check_margins(margins, where: str = "--margin") -> dict[str, float]:
         for item in (p.strip() for m in margins for p in m.split(",")):
             task, eq, value = item.partition("=")
             if not item or not eq or not task.strip():
-                raise UserError(f"{where} {item!r} is not task=margin (e.g. {where} lama=0.02 ppl-token=0.02)")
+                raise UserError(f"{where} {item!r} is not task={what} (e.g. {where} lama=0.02 ppl-token=0.02)")
             pairs.append((task.strip(), value.strip()))
     else:
-        raise UserError(f"{where} must be task=margin items or a mapping of task to margin, not "
+        raise UserError(f"{where} must be task={what} items or a mapping of task to {what}, not "
                         f"{type(margins).__name__}")
     out: dict[str, float] = {}
     known = set(tasks.known_tasks())
@@ -63,7 +63,7 @@ def check_margins(margins, where: str = "--margin") -> dict[str, float]:
         except (TypeError, ValueError):
             m = math.nan
         if not (math.isfinite(m) and 0 < m <= 1):
-            raise UserError(f"{where} {task}={value!r}: a margin is a number in (0, 1], in the task's comparison "
+            raise UserError(f"{where} {task}={value!r}: a {what} is a number in (0, 1], in the task's comparison "
                             "unit (0.02: two points of accuracy, or 0.02 nats of mean NLL)")
         if task in out:
             raise UserError(f"{where} gives {task} twice ({out[task]:g} and {m:g}): give it once")
