@@ -5,10 +5,11 @@ docs/reproductions.md from every stored cell.
 
 Each row is one claim on one model: the paper, its model and setting, its reported numbers and the ordering it
 claims, and acbench's paired difference on the same items (perplexity: per-window mean NLL; LAMA: P@1), its 95 %
-interval, the smallest difference the comparison had 80 % power to detect, and a verdict: *reproduces* (the
-interval lies on the claimed side of zero, or, for a claim that two methods are level, within the margin),
-*contradicts* (the interval lies on the other side, or the level pair differs), or *not detected* (the interval
-spans zero: a difference up to the detectable one could have been missed). Every contradiction names what in its
+interval, its p-value before and after Holm's correction across every comparison on the page, the smallest
+difference the comparison had 80 % power to detect, and a verdict: *reproduces* (the corrected test rejects zero on
+the claimed side, or, for a claim that two methods are level, two one-sided tests put them within the margin),
+*contradicts* (it rejects on the other side, or the level pair differs), or *not detected* (a difference up to the
+detectable one could have been missed). Every contradiction names what in its
 conditions differs from the authors' (calibration size, mode, a budget that destroys the model), or is an open
 question where nothing does but the model's size. A part is one model's claims (`--models`); its cells go to
 `studies/cells/reproductions/`, committed with them."""
@@ -20,8 +21,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.meta_analysis import holm
 from core.record import DENSE, CellRecord, calibration_mode
-from core.significance import above_chance, compare, detectable_difference
+from core.significance import ALPHA, above_chance, compare, detectable_difference
 
 from studies import budget_label
 
@@ -114,15 +116,19 @@ CLAIMS = (
 
 
 def sides() -> dict[tuple, list[str]]:
-    """{(budget keywords as a sorted tuple, tasks): methods} over every claim's sides, dense aside: each method is
-    scored only on the tasks its claims read (a sequential calibration of 262,144 tokens is not run twice)."""
+    """{(budget keywords as a sorted tuple, tasks): methods} over every claim's sides and docs/baselines.md's (its
+    page reads these cells too), dense aside: each method is scored only on the tasks its claims read (a sequential
+    calibration of 262,144 tokens is not run twice)."""
+    from studies.baselines import TASK as BASELINES_TASK, sides as baseline_sides
+
+    wanted = [(side, claim.task) for claim in CLAIMS for side in (claim.better, claim.worse)]
+    wanted += [(Side(m, b), BASELINES_TASK) for m, b in baseline_sides()]
     tasks: dict = {}
-    for claim in CLAIMS:
-        for side in (claim.better, claim.worse):
-            if side.method != DENSE:
-                budget = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in
-                                      side.sweep_budget().items()))
-                tasks.setdefault((budget, side.method), set()).add(claim.task)
+    for side, task in wanted:
+        if side.method != DENSE:
+            budget = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in
+                                  side.sweep_budget().items()))
+            tasks.setdefault((budget, side.method), set()).add(task)
     out: dict = {}
     for (budget, method), needed in tasks.items():
         out.setdefault((budget, tuple(t for t in TASKS if t in needed)), []).append(method)
@@ -181,29 +187,26 @@ def conditions(c: CellRecord) -> list[str]:
     return out
 
 
-def verdict(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> dict:
-    """The paired difference in the claimed direction (positive: the claim's better side is better), its interval,
-    the detectable difference and the verdict, with the cause of a contradiction."""
-    d = compare(worse, better)
-    if d is None:
-        return {"verdict": "not paired (the cells scored different items)"}
+def verdict(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None, d: dict,
+            p_holm: float) -> dict:
+    """The paired difference `d` (compare(worse, better)) in the claimed direction (positive: the claim's better
+    side is better), its interval, p before and after Holm's correction across the page, the detectable difference
+    and the verdict, with the cause of a contradiction. Level claims: two one-sided tests (the 90 % interval inside
+    the margin) reproduce them."""
     lower_better = claim.task == "ppl-token"
     sign = -1.0 if lower_better else 1.0  # an NLL that falls is an improvement
     diff, lo, hi = sign * d["diff"], *sorted(sign * x for x in d["ci95"])
+    lo90, hi90 = sorted(sign * x for x in d.get("ci90", d["ci95"]))
     mde = detectable_difference(worse, better)
-    out = {"diff": diff, "ci95": (lo, hi), "detectable": mde}
+    out = {"diff": diff, "ci95": (lo, hi), "p": d["p"], "p_holm": p_holm, "detectable": mde}
     margin = MARGIN[claim.task]
-    if claim.level:
-        if -margin < lo and hi < margin:
-            out["verdict"] = f"reproduces (level within {margin:g})"
-        elif lo > 0 or hi < 0:
-            out["verdict"] = "contradicts (they differ)"
-        else:
-            out["verdict"] = f"not detected (could miss {mde:.3f})"
-    elif lo > 0:
-        out["verdict"] = "reproduces"
-    elif hi < 0:
-        out["verdict"] = "contradicts"
+    decided = p_holm < ALPHA
+    if claim.level and -margin < lo90 and hi90 < margin:
+        out["verdict"] = f"reproduces (level within {margin:g})"
+    elif claim.level and decided:
+        out["verdict"] = "contradicts (they differ)"
+    elif not claim.level and decided:
+        out["verdict"] = "reproduces" if diff > 0 else "contradicts"
     else:
         out["verdict"] = f"not detected (could miss {mde:.3f})"
     if out["verdict"].startswith("contradicts"):
@@ -227,27 +230,33 @@ def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord
 
 
 def rows(cells: list[CellRecord], models: list[str] | None = None) -> list[list[str]]:
-    """One row per claim and model (default: the models the cells hold)."""
-    out = []
+    """One row per claim and model (default: the models the cells hold); Holm's correction across every
+    comparison the page measures."""
+    found = []
     models = models or list(dict.fromkeys(c.cell.model for c in cells))
     for claim in CLAIMS:
         for model in models:
             dense = find(cells, model, Side(DENSE, ""), claim.task)
             better = dense if claim.better.method == DENSE else find(cells, model, claim.better, claim.task)
             worse = dense if claim.worse.method == DENSE else find(cells, model, claim.worse, claim.task)
-            relation = "level with" if claim.level else "better than"
-            head = [claim.paper, claim.setting, claim.reported, f"{claim.better.label} {relation} "
-                    f"{claim.worse.label if claim.worse.method != DENSE else 'dense'}", claim.task, model]
-            if better is None or worse is None:
-                out.append(head + ["", "", "", "not yet measured", ""])
-                continue
-            v = verdict(claim, better, worse, dense)
-            if "diff" not in v:
-                out.append(head + ["", "", "", v["verdict"], ""])
-                continue
-            out.append(head + [f"{v['diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]",
-                               "" if v["detectable"] is None else f"{v['detectable']:.3f}", v["verdict"],
-                               v.get("cause", "")])
+            d = compare(worse, better) if better is not None and worse is not None else None
+            found.append((claim, model, dense, better, worse, d))
+    adjusted = iter(holm([f[5]["p"] for f in found if f[5] is not None]))
+    out = []
+    for claim, model, dense, better, worse, d in found:
+        relation = "level with" if claim.level else "better than"
+        head = [claim.paper, claim.setting, claim.reported, f"{claim.better.label} {relation} "
+                f"{claim.worse.label if claim.worse.method != DENSE else 'dense'}", claim.task, model]
+        if better is None or worse is None:
+            out.append(head + ["", "", "", "", "", "not yet measured", ""])
+            continue
+        if d is None:
+            out.append(head + ["", "", "", "", "", "not paired (the cells scored different items)", ""])
+            continue
+        v = verdict(claim, better, worse, dense, d, next(adjusted))
+        out.append(head + [f"{v['diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]", f"{v['p']:.2g}",
+                           f"{v['p_holm']:.2g}", "" if v["detectable"] is None else f"{v['detectable']:.3f}",
+                           v["verdict"], v.get("cause", "")])
     return out
 
 
@@ -258,7 +267,8 @@ def render(cells: list[CellRecord], root: Path) -> str:
     commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
     every = list(dict.fromkeys([*MODELS, *(c.cell.model for c in cells)]))  # measured or not yet
     table = tabulate(rows(cells, every), headers=["paper", "their setting", "they report", "claim", "task", "model",
-                                           "Δ (claimed direction)", "95 % interval", "detectable", "verdict",
+                                           "Δ (claimed direction)", "95 % interval", "p", "Holm p", "detectable",
+                                           "verdict",
                                            "cause of a contradiction"], tablefmt="github", disable_numparse=True)
     return "\n".join([
         "# Published orderings, tested in their authors' conditions", "",

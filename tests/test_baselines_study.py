@@ -1,35 +1,49 @@
-"""studies/baselines.py: the tables pair each new method with the older ones of its family on the same items, and
-LaRoSa's matched-density cells get rows of their own; CATS meets the older methods at its own compute only."""
+"""studies/baselines.py: each new method paired with the older ones of its family at the papers' budgets, on the
+same windows; Holm's correction across the page; a destroyed budget marked; a model without cells said so."""
+
+import pytest
 
 from conftest import hand_cell
 
-
-def _cell(model, method, task, rank, values, compute=0.5):
-    return hand_cell(model, method, task, rank, values, compute=compute)
+BASE = [3.0 + 0.05 * i for i in range(8)]
 
 
-def test_new_methods_are_paired_with_their_family_and_matched_density_rows_are_their_own():
-    from studies.baselines import tables
+def _cell(method, budget, rank, shift, model="m", calibration=None, compute=0.5):
+    return hand_cell(model, method, "ppl-token", rank, [b + shift + 0.01 * (i % 3) for i, b in enumerate(BASE)],
+                     budget=budget, compute=compute, calibration=calibration)
 
-    lama = {"dense": [1] * 8 + [0] * 2, "act-sparse": [1] * 5 + [0] * 5, "teal": [1] * 4 + [0] * 6,
-            "wina": [1] * 7 + [0] * 3, "larosa": [1] * 6 + [0] * 4, "wanda": [1] * 3 + [0] * 7,
-            "sparsegpt": [1] * 6 + [0] * 4}
-    cells = []
-    for method, v in lama.items():
-        cells.append(_cell("m", method, "lama", 0.5, v))
-        cells.append(_cell("m", method, "ppl-token", 0.5, [3.0, 3.2, 3.1] if method == "dense" else [3.5, 3.6, 3.4]))
-    cells += [_cell("m", "larosa", "lama", 0.312, [1] * 2 + [0] * 8, 0.5),
-              _cell("m", "larosa", "ppl-token", 0.312, [4.0, 4.2, 4.1], 0.5),
-              _cell("m", "cats", "lama", 0.5, [1] * 7 + [0] * 3, 0.76),
-              _cell("m", "cats", "ppl-token", 0.5, [3.3, 3.4, 3.2], 0.76),
-              _cell("m", "teal", "lama", 0.76, [1] * 6 + [0] * 4, 0.76),
-              _cell("m", "teal", "ppl-token", 0.76, [3.4, 3.5, 3.3], 0.76)]
-    text = "\n".join(tables(cells))
-    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| new")]
-    pairs = [tuple(c.strip() for c in ln.strip("|").split("|")[:6:5]) for ln in rows]
-    assert pairs == [("wina", "act-sparse"), ("wina", "teal"), ("larosa", "act-sparse"), ("larosa", "teal"),
-                     ("larosa@0.312", "act-sparse"), ("larosa@0.312", "teal"), ("cats", "teal@0.76"),
-                     ("sparsegpt", "wanda")]
-    wina_vs_act = rows[0]
-    assert "+0.200" in wina_vs_act  # 7 of 10 right against 5 of 10, paired on the same items
-    assert "Dense: LAMA P@1 0.800" in text
+
+def test_each_section_pairs_its_new_methods_with_the_older_ones_and_holm_reads_the_verdicts():
+    from core.meta_analysis import holm
+    from core.significance import compare
+    from studies.baselines import comparisons, render
+
+    cells = [hand_cell("m", "dense", "ppl-token", None, BASE),
+             _cell("sparsegpt", "unstructured", 0.5, 0.10), _cell("wanda", "unstructured", 0.5, 0.30),
+             _cell("magnitude-prune", "unstructured", 0.5, 2.50),  # more than 5x dense's perplexity: destroyed
+             _cell("sparsegpt", "2:4", 0.5, 0.6), _cell("wanda", "2:4", 0.5, 0.6),
+             _cell("svd-llm-v2", "params", 0.8, 0.2), _cell("whitened-svd", "params", 0.8, 0.25),
+             _cell("cats", "unstructured", 0.5, 0.05, compute=0.76), _cell("teal", "unstructured", 0.5, 0.2)]
+    rows = comparisons(cells, ["m"])
+    pairs = [(r["budget"], r["new"].cell.method, r["old"].cell.method) for r in rows]
+    assert pairs == [("density 0.5", "cats", "teal"), ("density 0.5", "sparsegpt", "wanda"),
+                     ("density 0.5", "sparsegpt", "magnitude-prune"), ("2:4", "sparsegpt", "wanda"),
+                     ("params 0.8", "svd-llm-v2", "whitened-svd")]
+    ps = [compare(r["old"], r["new"])["p"] for r in rows]
+    assert [r["holm_p"] for r in rows] == pytest.approx(holm(ps))
+    verdicts = {p[1:] + (p[0],): r["verdict"] for p, r in zip(pairs, rows)}
+    assert verdicts[("sparsegpt", "wanda", "density 0.5")] == "better"  # 0.2 nats lower on every window
+    assert verdicts[("sparsegpt", "wanda", "2:4")] == "equivalent"  # the same windows to the last digit
+    text = render(cells, "root", models=["m", "other"])
+    assert "(destroyed)" in text and "### other\n\nNot yet measured." in text
+    assert "| density 0.5 | sparsegpt | wanda " in text.replace("  ", " ").replace("  ", " ")
+
+
+def test_the_page_is_written_from_the_stored_cells(tmp_path):
+    from studies.baselines import main
+
+    doc = tmp_path / "b.md"
+    assert main(["--root", str(tmp_path / "none"), "--doc", str(doc), "--models", "m"]) == 0
+    assert "Not yet measured." in doc.read_text()
+    with pytest.raises(SystemExit):
+        main(["--doc", "b.txt"])
