@@ -20,7 +20,11 @@ ALPHA = 0.05
 def item_scores(cell: CellRecord) -> tuple[str, list] | None:
     """('accuracy', [0/1 per item]) or ('nll', [per window]) from a cell's per-item records, in stored order.
     Any task gets paired tests by storing "correct" or "nll" per item (older cells are upgraded on reading)."""
-    recs = cell.records
+    return record_scores(cell.records)
+
+
+def record_scores(recs) -> tuple[str, list] | None:
+    """item_scores of a list of records."""
     if not isinstance(recs, list) or not recs or not all(isinstance(r, dict) for r in recs):
         return None
     if all("correct" in r for r in recs):
@@ -32,8 +36,13 @@ def item_scores(cell: CellRecord) -> tuple[str, list] | None:
 
 def item_keys(cell: CellRecord) -> list:
     """What identifies each item, to check that two cells scored the same items in the same order."""
+    return record_keys(cell.records)
+
+
+def record_keys(records) -> list:
+    """item_keys of a list of records."""
     out = []
-    for r in cell.records or []:
+    for r in records or []:
         out.append(tuple(str(r.get(k)) for k in ("id", "subject", "relation", "gold", "window") if k in r))
     return out
 
@@ -70,8 +79,40 @@ def paired_mean(ref: list[float], other: list[float], n_boot: int = 10_000, seed
             "n": n, "test": "paired t, bootstrap CI"}
 
 
+def until_decided(cell: CellRecord) -> dict | None:
+    """The cell's `--until-decided` record (its reference, looks, budget, items and decision), or None."""
+    spec = (cell.details or {}).get("until_decided") if isinstance(cell.details, dict) else None
+    return spec if isinstance(spec, dict) and isinstance(spec.get("budget"), int) and spec["budget"] > 0 else None
+
+
+def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
+    """Two cells evaluated until decided, paired on the items both scored (a prefix of the same seeded order): the
+    difference, and the confidence sequence at that count in place of a fixed-n interval (they were read after every
+    block, so only a sequence is valid); its decision at the last look, the items used. None: not pairable."""
+    from core.confidence_sequences import accuracy_cs, mean_cs
+
+    spec = until_decided(cell) or until_decided(ref_cell)
+    a, b = item_scores(ref_cell), item_scores(cell)
+    if spec is None or not a or not b or a[0] != b[0]:
+        return None
+    n = min(len(a[1]), len(b[1]))
+    if n < 1 or item_keys(ref_cell)[:n] != item_keys(cell)[:n]:
+        return None
+    d = np.asarray(b[1][:n], dtype=np.float64) - np.asarray(a[1][:n], dtype=np.float64)
+    lo, hi = accuracy_cs(d) if a[0] == "accuracy" else mean_cs(d, budget=spec["budget"])
+    sd = float(d.std(ddof=1)) if n > 1 else float("inf")
+    half = (float(hi[-1]) - float(lo[-1])) / 2
+    return {"diff": float(d.mean()), "ci95": [float(lo[-1]), float(hi[-1])], "ci90": [float(lo[-1]), float(hi[-1])],
+            "p": None, "n": n, "budget": spec["budget"], "decision": spec.get("decision") if until_decided(cell)
+            else None, "detectable": half + Z_POWER_SEQ * sd / math.sqrt(n) if math.isfinite(half) else None,
+            "test": "confidence sequence (anytime-valid)"}
+
+
 def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
-    """The paired difference cell - reference on their common items, or None when they cannot be paired."""
+    """The paired difference cell - reference on their common items, or None when they cannot be paired. Cells
+    evaluated until decided pair on the items both scored, with their confidence sequence (sequential_compare)."""
+    if until_decided(cell) or until_decided(ref_cell):
+        return sequential_compare(ref_cell, cell)
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
         return None
@@ -107,6 +148,7 @@ Z_ALPHA = float(stats.norm.ppf(1 - ALPHA / 2))  # two-sided
 Z_POWER = float(stats.norm.ppf(POWER))
 Z_DETECT = Z_ALPHA + Z_POWER
 VERDICTS = ("better", "worse", "equivalent", "undecided")
+Z_POWER_SEQ = Z_POWER  # a sequence detects a difference beyond its half-width plus z_b standard errors
 
 
 def detectable_accuracy(discordant: float, n: int) -> float:
@@ -131,6 +173,9 @@ def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | Non
     (two-sided, 5 %), from the measured spread of the paired differences and their count: for accuracy from the
     discordant share (detectable_accuracy), for per-window NLL from sd(d) (detectable_mean). None where the cells
     cannot be paired or hold fewer than two items."""
+    if until_decided(cell) or until_decided(ref_cell):
+        s = sequential_compare(ref_cell, cell)
+        return None if s is None else s["detectable"]
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
         return None
@@ -148,6 +193,10 @@ def verdict(d: dict, margin: float | None, higher: bool | None) -> str:
     the two-sided test rejects zero (the metric's direction says which), else 'undecided'. A metric with no better
     direction reads 'higher' or 'lower'."""
     lo90, hi90 = d.get("ci90") or d["ci95"]
+    if d.get("p") is None:  # a confidence sequence: decided by its bounds, as the run stopped it
+        from core.confidence_sequences import sequential_decision
+
+        return sequential_decision(lo90, hi90, margin, higher) or "undecided"
     if margin is not None and margin > 0 and -margin < lo90 and hi90 < margin:
         return "equivalent"
     if d["p"] >= ALPHA:

@@ -152,7 +152,7 @@ def frontier_line(rows: list[dict], columns: list[Column]) -> list[str]:
 def _fmt_delta(row: dict, key: str) -> str:
     if not is_number(row.get(key)):
         return ""
-    s = fmt_interval(row[key], row[key + " lo"], row[key + " hi"], row[key + " p"])
+    s = fmt_interval(row[key], row[key + " lo"], row[key + " hi"], row[key + " p"], row.get(key + " n"))
     return s + " " + fmt_decision(row[key + " verdict"], row.get(key + " detectable")) if row.get(key + " verdict") \
         else s
 
@@ -164,7 +164,8 @@ def markdown_table(rows: list[dict], ref: str = REFERENCE, columns: list[Column]
             shown.append(d)
             dk = delta_key(d[1], ref)
             if any(is_number(r.get(dk)) for r in rows):
-                nll = any(str(r.get(dk + " test", "")).startswith("paired t") for r in rows)
+                nll = any(str(r.get(dk + " test", "")).startswith("paired t") or (
+                    str(r.get(dk + " test", "")).startswith("confidence sequence") and d[2] is False) for r in rows)
                 label = "Δ NLL" if nll else "Δ " + d[1]
                 shown.append((f"{label} vs {ref}", dk, None, "delta"))
     bests = {d[1]: _best(rows, d[1], d[2]) if d[3] not in ("delta", "speedup") and d[2] is not None else None
@@ -194,7 +195,12 @@ def significance_note(rows: list[dict], ref: str, margins: Mapping[str, float] |
             "paired t-test. Then the verdict: *better* or *worse* where the test rejects zero, *equivalent* where two "
             f"one-sided tests at {ALPHA} put the difference within the task's margin ({shown or 'none set'}; "
             "`--margin`), else *undecided*; in brackets the difference the comparison had 80 % power to detect "
-            "(two-sided 5 %), which an undecided comparison could have missed.", ""]
+            "(two-sided 5 %), which an undecided comparison could have missed."
+            + (" `CS n=...`: evaluated until decided (`--until-decided`): the interval is the anytime-valid confidence "
+               "sequence over the n items both rows scored (a fixed-n interval is not valid when read after every "
+               "block), and the verdict is its decision." if any(str(r.get(k, "")).startswith("confidence sequence")
+                                                            for r in rows for k in r if k.endswith(" test")) else ""),
+            ""]
 
 
 def chance_note(dense_cells: list[CellRecord], columns: list[Column] | None = None) -> list[str]:
@@ -234,12 +240,12 @@ def param_ratio_warning(rows: list[dict], key: str = "param ratio") -> list[str]
 def item_set_warning(dense: list[CellRecord], by_row: dict) -> list[str]:
     """Rows of one table are set side by side only when each task scored the same items: a rerun at another
     --ppl-windows or --lama-limit leaves a pca of 3 windows beside a fasc-kfac of 4, and the table says so."""
-    from core.significance import item_keys
+    from core.significance import item_keys, until_decided
 
     by_task: dict[str, dict[tuple, list[str]]] = {}
     for name, cells in [("dense", dense), *sorted(by_row.items())]:
         for c in cells:
-            if c.records:
+            if c.records and not until_decided(c):  # evaluated until decided: a prefix of one order, by design
                 by_task.setdefault(c.cell.task, {}).setdefault(tuple(item_keys(c)), []).append(name)
     out = []
     for task, sets in sorted(by_task.items()):

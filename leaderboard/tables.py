@@ -273,8 +273,12 @@ def allocation_k(cells: list[CellRecord]) -> dict[str, list[dict]]:
     return out
 
 
-def fmt_interval(diff: float, lo: float, hi: float, p: float) -> str:
-    """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA."""
+def fmt_interval(diff: float, lo: float, hi: float, p: float | None, n: int | None = None) -> str:
+    """A paired difference as every table prints it: +0.152 [+0.058, +0.207] p=0.0015 *, the star at p < ALPHA; a
+    comparison evaluated until decided has a confidence sequence and the items it used instead of a p-value:
+    +0.152 [+0.031, +0.260] CS n=240."""
+    if p is None:
+        return f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] CS" + (f" n={n}" if n is not None else "")
     s = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] p={p:.2g}"
     return s + " *" if p < ALPHA else s
 

@@ -21,6 +21,7 @@ Each script runs as `python -m studies.<name>`; figures the README shows are in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -46,3 +47,29 @@ def budget_label(cell) -> str:
     if ":" in cell.cell.budget:
         return cell.cell.budget
     return f"{'density' if cell.cell.budget == 'unstructured' else cell.cell.budget} {cell.cell.rank:g}"
+
+
+@dataclass(frozen=True)
+class Side:
+    method: str
+    budget: str  # "density 0.5", "2:4", "params 0.8", "rank 0.75"
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} ({self.budget})"
+
+    def sweep_budget(self) -> dict:
+        kind, _, value = self.budget.partition(" ")
+        if ":" in kind:
+            return {"sparsity": [kind]}
+        if kind == "density":
+            return {"sparsity": [value]}
+        return {"rank": [float(value)], "budget": kind}
+
+
+def find(cells: list, model: str, side: Side, task: str):
+    for c in cells:
+        if c.cell.model == model and c.cell.method == side.method and c.cell.task == task and \
+                budget_label(c) == side.budget:
+            return c
+    return None

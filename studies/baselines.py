@@ -45,7 +45,7 @@ def sides() -> list[tuple[str, str]]:
 def comparisons(cells: list[CellRecord], models) -> list[dict]:
     """Every (model, section, new, old) pair both of whose cells are stored, with its paired difference; Holm's
     correction across all of them, and each one's verdict from the corrected p."""
-    from studies.reproductions import Side, find
+    from studies import Side, find
 
     out = []
     for model in models:

@@ -25,7 +25,7 @@ from core.meta_analysis import holm
 from core.record import DENSE, CellRecord, calibration_mode
 from core.significance import ALPHA, above_chance, compare, detectable_difference
 
-from studies import budget_label
+from studies import Side, find
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
@@ -33,24 +33,6 @@ TASKS = ("ppl-token", "lama")
 # the margin within which two methods count as level: nats of mean NLL (perplexity within 2 %), points of P@1
 MARGIN = {"ppl-token": 0.02, "lama": 0.02}
 DESTROYED = 5.0  # a side whose perplexity is this many times dense's: the budget destroys the model
-
-
-@dataclass(frozen=True)
-class Side:
-    method: str
-    budget: str  # "density 0.5", "2:4", "params 0.8", "rank 0.75"
-
-    @property
-    def label(self) -> str:
-        return f"{self.method} ({self.budget})"
-
-    def sweep_budget(self) -> dict:
-        kind, _, value = self.budget.partition(" ")
-        if ":" in kind:
-            return {"sparsity": [kind]}
-        if kind == "density":
-            return {"sparsity": [value]}
-        return {"rank": [float(value)], "budget": kind}
 
 
 @dataclass(frozen=True)
@@ -160,14 +142,6 @@ def run_part(model: str, root: Path, progress: bool = True) -> None:
             jobs.append((cost, [m for m in names if calibration_cost(m) == cost], common))
     for cost, names, common in sorted(jobs, key=lambda j: j[0]):
         bench.sweep(methods=names, **({"calibration": "authors"} if cost else {}), **common)
-
-
-def find(cells: list[CellRecord], model: str, side: Side, task: str) -> CellRecord | None:
-    for c in cells:
-        if c.cell.model == model and c.cell.method == side.method and c.cell.task == task and \
-                budget_label(c) == side.budget:
-            return c
-    return None
 
 
 def conditions(c: CellRecord) -> list[str]:

@@ -43,6 +43,20 @@ class RunShared:
     bos: str = "auto"
 
 
+@dataclass(frozen=True)
+class UntilDecided:
+    """How a task is evaluated under `bench run --until-decided`: its items drawn in blocks in a seeded order, each
+    comparison with `reference` tested after every block by a confidence sequence and stopped when decided (or at
+    the budget). Part of the cell key: a cell evaluated this way is never taken for a fixed-size one."""
+
+    reference: str
+    looks: int = 20  # blocks the budget is cut into: a comparison is tested after each
+    margin: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"reference": self.reference, "looks": self.looks, "margin": self.margin}
+
+
 class Task(Plugin):
     kind = "task"
     higher_is_better: ClassVar[dict[str, bool]] = {}
@@ -54,6 +68,28 @@ class Task(Plugin):
     # fraction, nats of mean NLL for perplexity): within it two methods are called equivalent; None: never
     margin: ClassVar[float | None] = None
     shortcuts: ClassVar[tuple[Shortcut, ...]] = ()
+    until_decided: UntilDecided | None = None  # set by the run (--until-decided) on a task that has an item_pool
+
+    def settings_dict(self) -> dict:
+        out = super().settings_dict()
+        if self.until_decided is not None:
+            out["until_decided"] = self.until_decided.as_dict()
+        return out
+
+    # Sequential evaluation: a task that can score any subset of its items defines these three; evaluate() stays
+    # what a fixed-size run calls.
+    def item_pool(self, tokenizer) -> list | None:
+        """Every item this task's settings allow (its budget), in the order a sequential evaluation draws them:
+        seeded, and stratified so that each prefix keeps the strata in proportion. None: evaluated whole only."""
+        return None
+
+    def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
+        """One record per item, as evaluate() stores them ("correct" or "nll" per item)."""
+        raise NotImplementedError
+
+    def result_of(self, records: list[dict]) -> TaskResult:
+        """The task's metrics from the records of the items scored so far."""
+        raise NotImplementedError
 
     @classmethod
     def run_settings(cls, shared: RunShared) -> dict:

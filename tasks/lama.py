@@ -213,6 +213,38 @@ class LAMA(Task):
         probes = sample_probes(ls, s.per_relation, s.seed)
         if s.protocol == "vocab":
             return self._evaluate_vocab(model, tokenizer, ls, probes, progress)
+        records, missing_gold = self._score_candidates(model, tokenizer, ls, probes, progress)
+        return self._aggregate(records, missing_gold, ls, s)
+
+    def item_pool(self, tokenizer) -> list | None:
+        """The probes --lama-limit allows (all by default under --until-decided), each relation's in a seeded order,
+        merged so that every prefix holds the relations in proportion to their sizes (the j-th of a relation of n
+        probes at (j + 1/2) / n)."""
+        s = self.settings
+        if s.protocol == "vocab":  # records per object, not per probe: evaluated whole
+            return None
+        self._pool_set = ls = load_lama(s.source)
+        by_rel: dict[str, list[Probe]] = {}
+        for p in sample_probes(ls, s.per_relation, s.seed):
+            by_rel.setdefault(p.relation, []).append(p)
+        keyed = []
+        for r, (rel, ps) in enumerate(by_rel.items()):
+            random.Random(f"{s.seed}|{rel}").shuffle(ps)
+            keyed += [((j + 0.5) / len(ps), r, p) for j, p in enumerate(ps)]
+        return [p for _, _, p in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+    def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
+        return self._score_candidates(model, tokenizer, self._pool_set, items, progress)[0]
+
+    def result_of(self, records: list[dict]) -> TaskResult:
+        missing = [{"subject": r["subject"], "relation": r["relation"], "objects": r["gold"]} for r in records
+                   if r["rank"] is None]
+        return self._aggregate(records, missing, self._pool_set, self.settings)
+
+    def _score_candidates(self, model, tokenizer, ls: LamaSet, probes: list[Probe], progress: bool
+                          ) -> tuple[list[dict], list[dict]]:
+        """Each probe ranked against its candidates: (records, probes whose gold is among no candidates)."""
+        s = self.settings
         token_ids: dict[str, list[int]] = {}
         records, missing_gold = [], []
         for start in tqdm(range(0, len(probes), s.batch_size), desc="lama", disable=not progress, leave=False):
@@ -234,7 +266,7 @@ class LAMA(Task):
                 records.append({"subject": probe.subject, "relation": probe.relation, "pred": os_[ranking[0]],
                                 "gold": list(probe.objects), "rank": rank, "n_candidates": len(os_),
                                 "correct": int(rank == 0), "chance": 1.0 / len(os_)})
-        return self._aggregate(records, missing_gold, ls, s)
+        return records, missing_gold
 
     def _evaluate_vocab(self, model, tokenizer, ls: LamaSet, probes: list[Probe], progress: bool) -> TaskResult:
         """One record per (subject, relation, object) whose object is one token of the vocabulary."""

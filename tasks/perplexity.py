@@ -68,21 +68,42 @@ class PPLToken(Task):
         s = self.settings
         token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, resolve_bos(tokenizer, s.bos))
 
+    def item_pool(self, tokenizer) -> list | None:
+        """The windows --ppl-windows allows (every window of the text by default under --until-decided), in a
+        seeded random order (seed 0): (index in the text, window) pairs."""
+        s = self.settings
+        self._pool_bos = bos = resolve_bos(tokenizer, s.bos)
+        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
+        order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(0)).tolist()
+        return [(i, windows[i]) for i in order]
+
+    def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
+        s = self.settings
+        nll = window_nll(model, torch.stack([w for _, w in items]), s.batch_size, progress) / (s.seq_len - 1)
+        return [{"window": i, "nll": float(v)} for (i, _), v in zip(items, nll.tolist())]
+
+    def result_of(self, records: list[dict]) -> TaskResult:
+        return self._result([r["nll"] for r in records], [r["window"] for r in records], self._pool_bos)
+
+    def _result(self, per_window: list[float], index: list[int], bos: str) -> TaskResult:
+        s = self.settings
+        nll, nll_se = mean_stderr(per_window)
+        ppl = math.exp(nll) if nll < 700 else float("inf")  # a destroyed model's perplexity overflows: stored as null
+        return TaskResult(
+            metrics={"ppl": ppl, "nll": nll},
+            stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method
+            details={"protocol": "ppl-token", "bos": bos, "n_windows": len(per_window),
+                     "n_tokens": len(per_window) * (s.seq_len - 1)},
+            records=[{"window": i, "nll": float(v)} for i, v in zip(index, per_window)],
+            config={**s.__dict__, "bos": bos},
+        )
+
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         s = self.settings
         bos = resolve_bos(tokenizer, s.bos)
         windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
         per_window = window_nll(model, windows, s.batch_size, progress) / (s.seq_len - 1)
-        nll, nll_se = mean_stderr(per_window.tolist())
-        ppl = math.exp(nll) if nll < 700 else float("inf")  # a destroyed model's perplexity overflows: stored as null
-        return TaskResult(
-            metrics={"ppl": ppl, "nll": nll},
-            stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method
-            details={"protocol": "ppl-token", "bos": bos, "n_windows": len(windows),
-                     "n_tokens": len(windows) * (s.seq_len - 1)},
-            records=[{"window": i, "nll": float(v)} for i, v in enumerate(per_window.tolist())],
-            config={**s.__dict__, "bos": bos},
-        )
+        return self._result(per_window.tolist(), list(range(len(windows))), bos)
 
 
 @dataclass(frozen=True)

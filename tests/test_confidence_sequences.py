@@ -85,6 +85,12 @@ def test_the_sequences_on_one_run():
         mean_cs([0.1, math.nan], budget=10)
 
 
+def test_the_level_is_the_projects():
+    from core import confidence_sequences, significance
+
+    assert confidence_sequences.ALPHA == significance.ALPHA
+
+
 def test_sequential_decisions():
     assert sequential_decision(-0.01, 0.015, MARGIN, True) == "equivalent"
     assert sequential_decision(0.01, 0.1, MARGIN, True) == "better"

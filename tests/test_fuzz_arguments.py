@@ -33,6 +33,7 @@ VALUES = {
     "--detect": ["lama=0.05", "lama=0.05,mmlu=0.02", "lama=0", "mmlu=1.5", "lamma=0.1", "=0.1", "lama=nan"],
     "--results": ["results", "/nonexistent", "/etc/hostname", ""],
     "--vs": ["pca", "fasc", "nobody", ""],
+    "--reference": ["pca", "svd", "nobody", "", "dense"],
     "--margin": ["lama=0.02", "ppl-token=0.05,lama=0.01", "lama=0", "lama=2", "lamma=0.02", "lama", "=0.1",
                  "lama=nan", "lama=0.02,lama=0.03", "lama=inf", "mmlu=1"],
     "--bos": ["auto", "window", "stream", "none", "always"],
@@ -465,6 +466,24 @@ def test_report_out_never_replaces_a_file_it_did_not_write(tmp_path_factory, whe
             assert p.read_bytes() == b, (out, p)
     if not (where == "a-cell" and standing == "user-json"):  # there the user's file written above is the cell
         assert json.loads(cell.read_text())["cell"]["task"] == "lama"
+
+
+# ---------------------------------------------------------------- --until-decided with any reference and tasks
+
+@settings(max_examples=30, deadline=None)
+@given(methods=st.lists(st.sampled_from(["pca", "svd", "teal", "dense", "fasc"]), min_size=1, max_size=3, unique=True),
+       reference=st.sampled_from([None, "pca", "svd", "teal", "nobody", "", "dense"]),
+       tasks=st.lists(st.sampled_from(["lama", "ppl-token", "mmlu", "rho"]), min_size=1, max_size=2, unique=True),
+       limits=st.sampled_from([[], ["--lama-limit", "0"], ["--ppl-windows", "3"], ["--lama-limit", "-1"]]),
+       switch=st.sampled_from(["--until-decided", "--until-decided=1"]))
+def test_until_decided_with_any_reference_ends_in_one_line_or_runs(tmp_path, tiny, checked_only, methods, reference,
+                                                                   tasks, limits, switch):
+    argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet", switch,
+            "--methods", *methods, "--rank", "0.5", "--sparsity", "0.5", "--tasks", *tasks, *limits]
+    if reference is not None:
+        argv += ["--reference", reference] if reference and not reference.startswith("-") else \
+            [f"--reference={reference}"]
+    assert_clean(argv)
 
 
 # ---------------------------------------------------------------- bench report --margin

@@ -16,7 +16,7 @@ from fuzz_common import assert_clean, json_value
 KEYS = ["model", "methods", "rank", "ranks", "sparsity", "tasks", "blocks", "groups", "seed", "batch_size",
         "calib_samples", "method_options", "task_options", "analysis_options", "stats_memory", "allocate", "bos",
         "lama-limit", "ppl_windows", "overwrite", "progress", "bogus_key", "executor", "no_latency", "quiet",
-        "task_option", "method-option", "no-report", "calibration_mode", "calibration", "margin"]
+        "task_option", "method-option", "no-report", "calibration_mode", "calibration", "margin", "until_decided", "reference"]
 
 @given(data=st.dictionaries(st.sampled_from(KEYS) | st.integers(0, 3), json_value, max_size=5) | json_value)
 def test_generated_yaml_configs(tmp_path, tiny, checked_only, data):

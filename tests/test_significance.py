@@ -42,8 +42,8 @@ def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_pairs(b, c, both, 
 
 def test_mcnemar_without_discordant_pairs_is_no_difference():
     ref, other = _pairs(0, 0, 8, 4)
-    assert mcnemar(ref, other) == {"diff": 0.0, "ci95": [0.0, 0.0], "p": 1.0, "n": 12, "discordant": [0, 0],
-                                   "test": "McNemar exact"}
+    assert mcnemar(ref, other) == {"diff": 0.0, "ci95": [0.0, 0.0], "ci90": [0.0, 0.0], "p": 1.0, "n": 12,
+                                   "discordant": [0, 0], "test": "McNemar exact"}
 
 
 def test_paired_mean_t_test_is_the_closed_form_and_the_bootstrap_approaches_the_normal_interval():

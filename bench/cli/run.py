@@ -87,6 +87,13 @@ RUN_FLAGS = [
     ("--calibration", "calibration", {"help": "as-given (default: the calibration flags for every method) or "
                                               "authors (each method at its paper's windows, length and mode)"}),
     ("--margin", "margin", {"nargs": "+", "metavar": "TASK=MARGIN", "help": MARGIN_HELP}),
+    ("--until-decided", "until_decided", {"action": "store_true",
+                                          "help": "evaluate LAMA and ppl-token in 20 blocks of a seeded order and stop "
+                                                  "each method's comparison with --reference when a confidence "
+                                                  "sequence decides it (budget: every item, or --lama-limit / "
+                                                  "--ppl-windows)"}),
+    ("--reference", "reference", {"help": "with --until-decided: the method every comparison is tested against "
+                                          "(default pca)"}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
     ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
                       "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "
@@ -318,7 +325,7 @@ def configs_from_args(args) -> list[RunConfig]:
                        ("sparsity", "--sparsity")):
         if getattr(args, dest) is not None:  # spaces or commas alike
             data[dest] = split_list(getattr(args, dest), float if dest == "ranks" else str, flag)
-    for dest in ("overwrite", "measure_latency", "report", "progress"):
+    for dest in ("overwrite", "measure_latency", "report", "progress", "until_decided"):
         if getattr(args, dest) is not None:
             data[dest] = getattr(args, dest)
     if "margin" in data:  # task=margin items (flag or file) or the file's mapping, as {task: margin}

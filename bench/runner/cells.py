@@ -83,24 +83,32 @@ def variants(run: Run) -> list[tuple[str, RankSpec | SparsitySpec, str]]:
     return out
 
 
+def variant_cell_id(run: Run, model: ModelInfo, method: str, budget, rule: str, task: str) -> CellId:
+    """The identity of one compressed variant's cell on one task (the run resolved for the model's blocks)."""
+    sparse = isinstance(budget, SparsitySpec)
+    scope = run.selection.scope
+    key = settings_hash(task_key(run.tasks[task]), run.method_key(method, rule, scope, budget), model.fingerprint)
+    return CellId(model.name, method, budget.ratio, budget.budget if sparse else run.config.budget, task, key,
+                  allocation=rule, scope=scope)
+
+
+def path_of(run: Run, i: CellId) -> Path:
+    return cell_path(run.output, i.model, i.method, i.rank, i.budget, i.task, i.key, allocation=i.allocation,
+                     scope=i.scope if i.method != DENSE else ALL_GROUPS)
+
+
 def plan(run: Run, model: ModelInfo, overwrite: bool | None = None) -> list[Cell]:
     """Every cell of the run that is not stored and valid (all of them with `overwrite`), in the order a local
     executor computes them: the dense model's, then each variant's, then the analyses'."""
     overwrite = run.config.overwrite if overwrite is None else overwrite
     run = run.for_blocks(model.n_blocks)  # a prepared run is resolved already: this checks it is for this model
-    scope = run.selection.scope
     wanted = []
     for name, task in run.tasks.items():
         key = settings_hash(task_key(task), None, model.fingerprint)
         wanted.append(Cell(CellId(model.name, DENSE, None, run.config.budget, name, key), Path()))
     for m, budget, rule in variants(run):
-        sparse = isinstance(budget, SparsitySpec)
-        extra = run.method_key(m, rule, scope, budget)
-        for name, task in run.tasks.items():
-            key = settings_hash(task_key(task), extra, model.fingerprint)
-            cell = CellId(model.name, m, budget.ratio, budget.budget if sparse else run.config.budget, name, key,
-                          allocation=rule, scope=scope)
-            wanted.append(Cell(cell, Path(), budget))
+        for name in run.tasks:
+            wanted.append(Cell(variant_cell_id(run, model, m, budget, rule, name), Path(), budget))
     if run.ranks:  # analyses run at rank ratios
         for name, analysis in run.analyses.items():
             key = analysis_key(run, analysis, model.fingerprint)
@@ -110,10 +118,8 @@ def plan(run: Run, model: ModelInfo, overwrite: bool | None = None) -> list[Cell
                 wanted.append(Cell(cell, Path(), r))
     out = []
     for c in wanted:
-        i = c.id
-        path = cell_path(run.output, i.model, i.method, i.rank, i.budget, i.task, i.key,
-                         allocation=i.allocation, scope=i.scope if i.method != DENSE else ALL_GROUPS)
+        path = path_of(run, c.id)
         why = "overwrite" if overwrite else cell_status(path)
         if why is not None:
-            out.append(Cell(i, path, c.budget, why))
+            out.append(Cell(c.id, path, c.budget, why))
     return out

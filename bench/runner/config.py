@@ -22,7 +22,7 @@ from core.registry import code_key
 from core.settings import type_problems
 from core.stats import CALIBRATION_MODES, LOW_RANK_FAMILY, SEQUENTIAL, SPARSITY_FAMILY, RankSpec, SparsitySpec
 from core.units import parse_bytes
-from tasks.base import RunShared, Task
+from tasks.base import RunShared, Task, UntilDecided
 
 from bench.deploy.allocation import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
 from bench.calibration.engine import CalibSpec, needed_stats
@@ -93,6 +93,10 @@ class RunConfig:
     # {task: margin}: the leaderboard calls two methods equivalent within it (two one-sided tests); unset tasks keep
     # their own default (bench.results.leaderboard_display.check_margins)
     margin: dict = field(default_factory=dict)
+    # evaluate the tasks that can (lama, ppl-token) block by block until each comparison with `reference` is
+    # decided by a confidence sequence, or its budget is spent (docs/decisions.md)
+    until_decided: bool = False
+    reference: str = "pca"
     progress: bool = True
 
     @classmethod
@@ -130,7 +134,12 @@ class Run:
     def task(self, name: str, **overrides) -> Task:
         """A task as this run sizes it, with `overrides` on top (an analysis's smaller probes)."""
         options = {**self.config.task_options.get(name, {}), **overrides}
-        return task_registry.get_task(name).for_run(options, self.shared)
+        task = task_registry.get_task(name).for_run(options, self.shared)
+        if self.config.until_decided and not overrides:  # an analysis's own probes are evaluated whole
+            from bench.results.leaderboard_display import check_margins
+
+            task = until_decided_task(task, self.config, check_margins(self.config.margin))
+        return task
 
     def with_bos(self, bos: str) -> "Run":
         """The run under the tokenizer's resolved BOS protocol: one protocol for calibration and the tasks."""
@@ -509,6 +518,30 @@ def check_methods(config: RunConfig, names) -> None:
             raise UserError(f"method '{variant}': {e}") from None
 
 
+def check_reference(config: RunConfig, names) -> None:
+    if not isinstance(config.reference, str) or config.reference not in names:
+        raise UserError(f"--until-decided tests every method against --reference {config.reference!r}, which this run "
+                        f"does not compress: add it to --methods or name one of {', '.join(names) or 'them'}")
+
+
+def until_decided_task(task: Task, config: RunConfig, margins: dict) -> Task:
+    """The task as --until-decided evaluates it: its budget every item unless --lama-limit / --ppl-windows (or its
+    option) set one, and its comparisons stopped when decided. A task without an item pool is returned as it is
+    (evaluated whole)."""
+    import dataclasses
+
+    if type(task).item_pool is Task.item_pool:
+        return task
+    given = config.task_options.get(task.name) or {}
+    whole = {f: None for f in UNTIL_DECIDED_BUDGETS.get(task.name, ()) if f not in given}
+    out = type(task)(dataclasses.replace(task.settings, **whole)) if whole else task
+    out.until_decided = UntilDecided(config.reference, margin=margins.get(task.name, task.margin))
+    return out
+
+
+UNTIL_DECIDED_BUDGETS = {"lama": ("per_relation",), "ppl-token": ("max_windows",)}  # None there: every item
+
+
 def build_tasks(config: RunConfig, analyses: Mapping) -> dict[str, Task]:
     """The run's model tasks; every --task-option block is checked, also of a task this run does not run (that each
     is a mapping, `check_option_blocks` made sure)."""
@@ -672,7 +705,10 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     check_execution(config, writes)
     from bench.results.leaderboard_display import check_margins
 
-    check_margins(config.margin, "--margin")
+    margins = check_margins(config.margin, "--margin")
+    if config.until_decided:
+        check_reference(config, names)
+        model_tasks = {name: until_decided_task(task, config, margins) for name, task in model_tasks.items()}
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
                allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,

@@ -37,6 +37,7 @@ from bench.model.groups import find_input_groups, fused_experts_problem
 from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
+from bench.runner.until_decided import evaluate_until_decided, reference_records
 from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
 from bench.calibration.support import after_line, short_groups, support_line, support_record
 from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
@@ -441,7 +442,11 @@ class Worker:
             for s in threshold_sparsifiers(model):
                 s.reset_counts()
             with peak_memory(torch.device(run.config.device)) as mem:
-                result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
+                if task.until_decided is not None:
+                    result = evaluate_until_decided(task, model, self.lm.tokenizer, self.reference_for(cell),
+                                                    progress=run.config.progress)
+                else:
+                    result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
             # thresholds: the density this task's tokens kept (a threshold checkpoint run as dense has no
             # compression summary of this run, but its layers still keep a measured density)
             density = measured_density(model)
@@ -451,10 +456,27 @@ class Worker:
                 compression=comp, memory={"weight_bytes": eff["weight_bytes"], "peak": dict(mem)},
                 latency=eff.get("latency"), timings={**timings, "evaluate_s": time.perf_counter() - t0})
             self.spent(f"evaluate {cell.id.task}", record.timings["evaluate_s"])
+            seq = result.details.get("until_decided") if isinstance(result.details, dict) else None
+            if seq and seq.get("interval"):
+                log(f"[{cell.label}] {cell.id.task} vs {seq['reference']}: {seq['decision'] or 'undecided'} after "
+                    f"{seq['items']:,} of {seq['budget']:,} items ({seq['stopped']})")
             write_cell(cell.path, record)
             self.unclaim(cell.path)
             written.append(record)
         return written
+
+    def reference_for(self, cell: Cell) -> list[dict] | None | bool:
+        """--until-decided: the stored records of the reference's cell this cell is compared with (same budget and
+        task); False for dense and the reference itself, which are evaluated on the whole budget."""
+        ref = self.run.tasks[cell.id.task].until_decided.reference
+        if cell.id.method in (DENSE, ref):
+            return False
+        from bench.runner.cells import ModelInfo, path_of, variant_cell_id
+
+        lm = self.model()
+        info = ModelInfo(cell.id.model, lm.fingerprint, self.run.n_blocks)
+        return reference_records(path_of(self.run, variant_cell_id(self.run, info, ref, cell.budget, UNIFORM,
+                                                                   cell.id.task)))
 
     @_on_claimed
     def dense(self, cells: list[Cell]) -> int:
@@ -573,6 +595,8 @@ class Worker:
         for c in cells:
             if c.id.method != DENSE and not c.id.is_analysis:
                 by_variant.setdefault(c.variant, []).append(c)
+        if self.run.config.until_decided:  # the reference first: every other variant stops against its records
+            by_variant = dict(sorted(by_variant.items(), key=lambda kv: kv[0][0] != self.run.config.reference))
         written = 0
         try:
             written += self.dense(dense)

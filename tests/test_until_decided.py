@@ -1,0 +1,115 @@
+"""bench run --until-decided end to end on the tiny model: the reference and dense on the whole budget, every other
+variant stopped when its confidence sequence decided (its stored records give the same decision again), the cells
+keyed apart from fixed-size ones, the leaderboard's CS columns; the tasks' item pools (stratified prefixes, the same
+metrics as evaluate() on the same items); refusals in one line."""
+
+import contextlib
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+
+
+def _run(argv) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue() + err.getvalue()
+
+
+def _cells(root: Path) -> dict:
+    out = {}
+    for p in root.rglob("*.json"):
+        if any(part.startswith(".") for part in p.relative_to(root).parts) or p.name.startswith("LEADERBOARD"):
+            continue
+        rec = json.loads(p.read_text())
+        out[(rec["cell"]["method"], rec["cell"]["task"])] = rec
+    return out
+
+
+ARGS = ["--methods", "pca", "svd", "random", "--rank", "0.5", "--tasks", "lama", "ppl-token", "--calib-samples", "2",
+        "--calib-seq-len", "32", "--no-latency", "--quiet", "--ppl-seq-len", "32", "--lama-limit", "12",
+        "--ppl-windows", "200"]
+
+
+@pytest.fixture(scope="module")
+def decided(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("until") / "results"
+    rc, text = _run(["run", "--model", str(tiny), *ARGS, "--until-decided", "--output", str(out)])
+    assert rc == 0, text[-800:]
+    return out, text
+
+
+def test_the_reference_and_dense_take_the_budget_and_the_others_stop_when_decided(decided):
+    from bench.runner.until_decided import decide, scores_of
+
+    out, text = decided
+    cells = _cells(out)
+    for task, budget in (("lama", 12 * 7), ("ppl-token", 200)):
+        for whole in ("dense", "pca"):
+            seq = cells[(whole, task)]["details"]["until_decided"]
+            assert seq["items"] == seq["budget"] == budget and seq["stopped"].startswith("whole budget")
+        ref = scores_of(cells[("pca", task)]["records"])
+        for m in ("svd", "random"):
+            rec = cells[(m, task)]
+            seq = rec["details"]["until_decided"]
+            assert seq["reference"] == "pca" and seq["block"] == -(-budget // 20) and len(rec["records"]) == seq["items"]
+            mine = scores_of(rec["records"])
+            assert mine[2] == ref[2][:len(mine[2])]  # a prefix of the reference's items, in the same order
+            again = decide(ref[0], ref[1], mine[1], budget, seq["margin"], task == "lama")
+            assert again[0] == seq["decision"] and list(again[1:]) == pytest.approx(seq["interval"])
+            if seq["decision"]:
+                assert seq["stopped"] == "decided" and seq["items"] <= budget
+                # one block fewer would not have decided: it stopped at the first look that did
+                if seq["items"] > seq["block"]:
+                    before = decide(ref[0], ref[1], mine[1][:seq["items"] - seq["block"]], budget, seq["margin"],
+                                    task == "lama")
+                    assert before[0] is None
+            else:
+                assert seq["items"] == budget and seq["stopped"] == "budget"
+            assert f"[{m} @ 0.5] {task} vs pca: " in text.replace("  ", "")
+    board = (out / "LEADERBOARD.md").read_text()
+    assert " CS n=" in board and "confidence sequence" in board
+
+
+def test_the_cells_are_keyed_apart_from_fixed_size_ones(tiny, decided, tmp_path):
+    out, _ = decided
+    rc, text = _run(["run", "--model", str(tiny), *ARGS, "--output", str(out), "--no-report"])
+    assert rc == 0 and "8 cell(s) to compute" in text  # the fixed-size cells are other cells
+    rc, text = _run(["run", "--model", str(tiny), *ARGS, "--until-decided", "--output", str(out), "--no-report"])
+    assert rc == 0 and "0 cell(s) to compute" in text  # and a rerun of the sequential one computes nothing
+
+
+def test_a_run_without_its_reference_is_refused_in_one_line(tiny, tmp_path):
+    rc, text = _run(["run", "--model", str(tiny), "--methods", "svd", "--rank", "0.5", "--until-decided",
+                     "--output", str(tmp_path / "r")])
+    assert rc == 2 and "--until-decided tests every method against --reference 'pca'" in text
+    rc, text = _run(["run", "--model", str(tiny), "--methods", "svd", "--rank", "0.5", "--until-decided",
+                     "--reference", "svd", "--output", str(tmp_path / "r"), "--tasks", "ppl-token", "--ppl-windows",
+                     "3", "--ppl-seq-len", "16", "--no-latency", "--quiet", "--calib-samples", "1"])
+    assert rc == 0, text[-500:]
+
+
+def test_the_pools_are_stratified_and_score_as_evaluate_does(tiny):
+    import tasks
+    from bench.model.sources import load_model
+
+    lm = load_model(str(tiny), progress=False)
+    lama = tasks.get_task("lama").from_options({"per_relation": 6})
+    pool = lama.item_pool(lm.tokenizer)
+    assert len(pool) == 42
+    for k in (7, 14, 21):  # every prefix of k * 7 probes holds k of each relation
+        assert set(Counter(p.relation for p in pool[:k]).values()) == {k // 7}
+    fixed = lama.evaluate(lm.model, lm.tokenizer, progress=False)
+    seq = lama.result_of(lama.score_items(lm.model, lm.tokenizer, pool, progress=False))
+    assert seq.metrics == pytest.approx(fixed.metrics)
+    ppl = tasks.get_task("ppl-token").from_options({"max_windows": 6, "seq_len": 16, "bos": "none"})
+    pool = ppl.item_pool(lm.tokenizer)
+    assert sorted(i for i, _ in pool) == list(range(6)) and [i for i, _ in pool] != list(range(6))
+    fixed = ppl.evaluate(lm.model, lm.tokenizer, progress=False)
+    seq = ppl.result_of(ppl.score_items(lm.model, lm.tokenizer, pool, progress=False))
+    assert seq.metrics == pytest.approx(fixed.metrics)
