@@ -224,42 +224,61 @@ class MMLU(Task):
         s = self.settings
         test, dev = load_mmlu(s.source)
         qs = select_questions(test, s.limit, s.seed)
-        if s.format == "cloze":
-            return self._evaluate_cloze(model, tokenizer, qs, dev, progress)
-        prompts = [build_prompt(q, dev.get(q.subject, [])[: s.shots]) for q in qs]
-        scores = score_prompts(model, tokenizer, prompts, s.batch_size, progress)
-        preds = scores.argmax(1).tolist()
-        correct = [float(p == q.answer) for p, q in zip(preds, qs)]
-        metrics, stderr, details = self._aggregate(qs, correct, dev)
-        return TaskResult(
-            metrics=metrics, stderr=stderr, details=details,
-            records=[{"subject": q.subject, "pred": LETTERS[p], "gold": LETTERS[q.answer], "correct": int(p == q.answer),
-                      "chance": 0.25} for q, p in zip(qs, preds)],
-            config={"n_questions": len(qs), **s.__dict__},
-        )
+        return self._result(qs, self._score(model, tokenizer, qs, dev, progress), dev)
 
-    def _evaluate_cloze(self, model, tokenizer, qs, dev, progress) -> TaskResult:
+    def item_pool(self, tokenizer) -> list | None:
+        """The questions --mmlu-limit allows (all 14,042 by default under --until-decided), each subject's in a
+        seeded order, merged so that every prefix holds the subjects in proportion to their sizes."""
         s = self.settings
+        test, self._pool_dev = load_mmlu(s.source)
+        by_subject: dict[str, list] = {}
+        for q in select_questions(test, s.limit, s.seed):
+            by_subject.setdefault(q.subject, []).append(q)
+        keyed = []
+        for k, (subject, qs) in enumerate(by_subject.items()):
+            random.Random(f"{s.seed}|{subject}").shuffle(qs)
+            keyed += [((j + 0.5) / len(qs), k, q) for j, q in enumerate(qs)]
+        self._pool = [q for _, _, q in sorted(keyed, key=lambda t: (t[0], t[1]))]
+        return list(self._pool)
+
+    def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
+        return self._score(model, tokenizer, items, self._pool_dev, progress)
+
+    def result_of(self, records: list[dict]) -> TaskResult:
+        return self._result(self._pool[:len(records)], records, self._pool_dev)  # scored in pool order
+
+    def _score(self, model, tokenizer, qs, dev, progress) -> list[dict]:
+        """One record per question: its prediction, gold and "correct" (cloze: under each normalisation too)."""
+        s = self.settings
+        if s.format != "cloze":
+            prompts = [build_prompt(q, dev.get(q.subject, [])[: s.shots]) for q in qs]
+            preds = score_prompts(model, tokenizer, prompts, s.batch_size, progress).argmax(1).tolist()
+            return [{"subject": q.subject, "pred": LETTERS[p], "gold": LETTERS[q.answer], "correct": int(p == q.answer),
+                     "chance": 0.25} for q, p in zip(qs, preds)]
         prompts = [build_cloze_prompt(q, dev.get(q.subject, [])[: s.shots]) for q in qs]
         lls = cloze_loglikelihoods(model, tokenizer, qs, prompts, s.batch_size, progress)
         preds = [cloze_predictions(ll, q.choices) for ll, q in zip(lls, qs)]
-        right = {"acc": [float(raw == q.answer) for (raw, _), q in zip(preds, qs)],
-                 "acc_norm": [float(norm == q.answer) for (_, norm), q in zip(preds, qs)]}
+        shown = 1 if s.metric == "acc_norm" else 0
+        # "correct" follows the accuracy shown, which the paired tests and recovery read; both kept
+        return [{"subject": q.subject, "pred": LETTERS[p[shown]], "gold": LETTERS[q.answer],
+                 "correct": int(p[shown] == q.answer), "correct_acc": int(p[0] == q.answer),
+                 "correct_acc_norm": int(p[1] == q.answer), "loglikelihoods": [round(v, 6) for v in ll],
+                 "chance": 0.25} for q, p, ll in zip(qs, preds, lls)]
+
+    def _result(self, qs, records: list[dict], dev) -> TaskResult:
+        s = self.settings
+        if s.format != "cloze":
+            metrics, stderr, details = self._aggregate(qs, [float(r["correct"]) for r in records], dev)
+            return TaskResult(metrics=metrics, stderr=stderr, details=details, records=records,
+                              config={"n_questions": len(qs), **s.__dict__})
+        right = {"acc": [float(r["correct_acc"]) for r in records],
+                 "acc_norm": [float(r["correct_acc_norm"]) for r in records]}
         metrics, stderr, details = self._aggregate(qs, right[s.metric], dev)  # its "acc" is the shown accuracy's
         metrics, stderr = {s.metric: metrics.pop("acc"), **metrics}, {s.metric: stderr.pop("acc"), **stderr}
         other = "acc" if s.metric == "acc_norm" else "acc_norm"
         metrics[other], stderr[other] = mean_stderr(right[other])
-        shown = 1 if s.metric == "acc_norm" else 0
-        return TaskResult(
-            metrics=metrics, stderr=stderr, details=details,
-            # "correct" follows the accuracy shown, which the paired tests and recovery read; both kept
-            records=[{"subject": q.subject, "pred": LETTERS[p[shown]], "gold": LETTERS[q.answer],
-                      "correct": int(p[shown] == q.answer), "correct_acc": int(p[0] == q.answer),
-                      "correct_acc_norm": int(p[1] == q.answer), "loglikelihoods": [round(v, 6) for v in ll],
-                      "chance": 0.25} for q, p, ll in zip(qs, preds, lls)],
-            config={"n_questions": len(qs), **s.__dict__},
-            primary_metric=s.metric,
-        )
+        return TaskResult(metrics=metrics, stderr=stderr, details=details, records=records,
+                          config={"n_questions": len(qs), **s.__dict__}, primary_metric=s.metric)
 
     def _aggregate(self, qs, correct: list[float], dev) -> tuple[dict, dict, dict]:
         """(metrics, stderr, details) of per-question 0/1 scores: micro accuracy ("acc"), macro over subjects."""

@@ -107,6 +107,13 @@ def test_the_pools_are_stratified_and_score_as_evaluate_does(tiny):
     fixed = lama.evaluate(lm.model, lm.tokenizer, progress=False)
     seq = lama.result_of(lama.score_items(lm.model, lm.tokenizer, pool, progress=False))
     assert seq.metrics == pytest.approx(fixed.metrics)
+    for fmt in ("cloze", "letter"):  # one question per subject: 57, every prefix of k * 57 k per subject
+        mmlu = tasks.get_task("mmlu").from_options({"limit": 2, "format": fmt})
+        pool = mmlu.item_pool(lm.tokenizer)
+        assert len(pool) == 114 and len({q.subject for q in pool[:57]}) == 57
+        fixed = mmlu.evaluate(lm.model, lm.tokenizer, progress=False)
+        seq = mmlu.result_of(mmlu.score_items(lm.model, lm.tokenizer, pool, progress=False))
+        assert seq.metrics == pytest.approx(fixed.metrics)
     ppl = tasks.get_task("ppl-token").from_options({"max_windows": 6, "seq_len": 16, "bos": "none"})
     pool = ppl.item_pool(lm.tokenizer)
     assert sorted(i for i, _ in pool) == list(range(6)) and [i for i, _ in pool] != list(range(6))

@@ -88,10 +88,10 @@ RUN_FLAGS = [
                                               "authors (each method at its paper's windows, length and mode)"}),
     ("--margin", "margin", {"nargs": "+", "metavar": "TASK=MARGIN", "help": MARGIN_HELP}),
     ("--until-decided", "until_decided", {"action": "store_true",
-                                          "help": "evaluate LAMA and ppl-token in 20 blocks of a seeded order and stop "
-                                                  "each method's comparison with --reference when a confidence "
-                                                  "sequence decides it (budget: every item, or --lama-limit / "
-                                                  "--ppl-windows)"}),
+                                          "help": "evaluate LAMA, MMLU and ppl-token in 20 blocks of a seeded order "
+                                                  "and stop each method's comparison with --reference when a "
+                                                  "confidence sequence decides it (budget: every item, or "
+                                                  "--lama-limit / --mmlu-limit / --ppl-windows)"}),
     ("--reference", "reference", {"help": "with --until-decided: the method every comparison is tested against "
                                           "(default pca)"}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),

@@ -539,7 +539,8 @@ def until_decided_task(task: Task, config: RunConfig, margins: dict) -> Task:
     return out
 
 
-UNTIL_DECIDED_BUDGETS = {"lama": ("per_relation",), "ppl-token": ("max_windows",)}  # None there: every item
+# None there: every item
+UNTIL_DECIDED_BUDGETS = {"lama": ("per_relation",), "ppl-token": ("max_windows",), "mmlu": ("limit",)}
 
 
 def build_tasks(config: RunConfig, analyses: Mapping) -> dict[str, Task]:
