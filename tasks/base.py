@@ -91,6 +91,11 @@ class Task(Plugin):
         """The task's metrics from the records of the items scored so far."""
         raise NotImplementedError
 
+    def item_identity(self, item) -> dict:
+        """The fields that identify `item` in its record (what core.significance.record_keys reads), known before
+        it is scored: how a resumed evaluation checks that the records it finds are this pool's."""
+        raise NotImplementedError
+
     @classmethod
     def run_settings(cls, shared: RunShared) -> dict:
         """Settings this task takes from the run unless its own options say otherwise (default: none)."""

@@ -236,6 +236,9 @@ class LAMA(Task):
     def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
         return self._score_candidates(model, tokenizer, self._pool_set, items, progress)[0]
 
+    def item_identity(self, item) -> dict:
+        return {"subject": item.subject, "relation": item.relation, "gold": list(item.objects)}
+
     def result_of(self, records: list[dict]) -> TaskResult:
         missing = [{"subject": r["subject"], "relation": r["relation"], "objects": r["gold"]} for r in records
                    if r["rank"] is None]

@@ -244,6 +244,9 @@ class MMLU(Task):
     def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
         return self._score(model, tokenizer, items, self._pool_dev, progress)
 
+    def item_identity(self, item) -> dict:
+        return {"subject": item.subject, "gold": LETTERS[item.answer]}
+
     def result_of(self, records: list[dict]) -> TaskResult:
         return self._result(self._pool[:len(records)], records, self._pool_dev)  # scored in pool order
 

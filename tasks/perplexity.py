@@ -82,6 +82,9 @@ class PPLToken(Task):
         nll = window_nll(model, torch.stack([w for _, w in items]), s.batch_size, progress) / (s.seq_len - 1)
         return [{"window": i, "nll": float(v)} for (i, _), v in zip(items, nll.tolist())]
 
+    def item_identity(self, item) -> dict:
+        return {"window": item[0]}
+
     def result_of(self, records: list[dict]) -> TaskResult:
         return self._result([r["nll"] for r in records], [r["window"] for r in records], self._pool_bos)
 

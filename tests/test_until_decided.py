@@ -120,3 +120,56 @@ def test_the_pools_are_stratified_and_score_as_evaluate_does(tiny):
     fixed = ppl.evaluate(lm.model, lm.tokenizer, progress=False)
     seq = ppl.result_of(ppl.score_items(lm.model, lm.tokenizer, pool, progress=False))
     assert seq.metrics == pytest.approx(fixed.metrics)
+
+
+# ---------------------------------------------------------------- resuming an interrupted variant
+
+class _Windows:
+    """A task of 40 windows whose NLL is known without a model; it counts what it scores."""
+
+    name, primary_metric, higher_is_better = "fake", "ppl", {"ppl": False}
+
+    def __init__(self, shift=0.0):
+        from tasks.base import UntilDecided
+
+        self.until_decided = UntilDecided("pca", looks=4, margin=0.02)
+        self.shift, self.scored = shift, []
+
+    def item_pool(self, tokenizer):
+        return [(i, None) for i in range(40)]
+
+    def score_items(self, model, tokenizer, items, progress=True):
+        self.scored += [i for i, _ in items]
+        return [{"window": i, "nll": 3.0 + self.shift + 0.01 * (i % 7)} for i, _ in items]
+
+    def item_identity(self, item):
+        return {"window": item[0]}
+
+    def result_of(self, records):
+        from tasks.base import TaskResult
+
+        return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
+
+
+def test_an_interrupted_variant_resumes_from_its_blocks_and_a_tampered_file_is_not_trusted(tmp_path, capsys):
+    from bench.runner.until_decided import evaluate_until_decided
+
+    ref = _Windows().score_items(None, None, _Windows().item_pool(None))
+    fresh = evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False)
+    assert fresh.details["until_decided"]["items"] == 40  # a constant difference has no spread: it runs its budget
+    keep = tmp_path / "cell.json.partial"
+    first = _Windows(0.5).score_items(None, None, [(i, None) for i in range(20)])
+    keep.write_text(json.dumps({"records": first}))
+    task = _Windows(0.5)
+    again = evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
+    assert task.scored == list(range(20, 40)) and again.records == fresh.records and not keep.exists()
+    assert again.details["until_decided"] == fresh.details["until_decided"]
+    for bad in ([dict(r, window=r["window"] + 1) for r in first], [dict(r, nll=float("nan")) for r in first],
+                first[:7], "x", [1, 2]):
+        keep.write_text(json.dumps({"records": bad}))
+        task = _Windows(0.5)
+        again = evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
+        assert task.scored == list(range(40)) and again.records == fresh.records
+        assert "evaluating from the first block" in capsys.readouterr().err
+    keep.write_text("{not json")
+    assert evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False, keep=keep).records == fresh.records

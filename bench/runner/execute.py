@@ -37,7 +37,7 @@ from bench.model.groups import find_input_groups, fused_experts_problem
 from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
-from bench.runner.until_decided import evaluate_until_decided, reference_records
+from bench.runner.until_decided import evaluate_until_decided, partial_path, reference_records
 from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
 from bench.calibration.support import after_line, short_groups, support_line, support_record
 from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
@@ -444,7 +444,7 @@ class Worker:
             with peak_memory(torch.device(run.config.device)) as mem:
                 if task.until_decided is not None:
                     result = evaluate_until_decided(task, model, self.lm.tokenizer, self.reference_for(cell),
-                                                    progress=run.config.progress)
+                                                    progress=run.config.progress, keep=partial_path(cell.path))
                 else:
                     result = task.evaluate(model, self.lm.tokenizer, progress=run.config.progress)
             # thresholds: the density this task's tokens kept (a threshold checkpoint run as dense has no
