@@ -117,6 +117,22 @@ class Task(Plugin):
         raise NotImplementedError
 
 
+def stratified_order(items, stratum, seed: int) -> list:
+    """`items` in the order a sequential evaluation draws them: each stratum's in a seeded shuffle, merged so that
+    every prefix holds the strata in proportion to their sizes (the j-th of a stratum of n at (j + 1/2) / n; ties
+    in the strata's first-seen order)."""
+    import random
+
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(stratum(item), []).append(item)
+    keyed = []
+    for k, (name, members) in enumerate(groups.items()):
+        random.Random(f"{seed}|{name}").shuffle(members)
+        keyed += [((j + 0.5) / len(members), k, item) for j, item in enumerate(members)]
+    return [item for _, _, item in sorted(keyed, key=lambda t: (t[0], t[1]))]
+
+
 def check_limit(limit: int | None, sizes, flag: str, unit: str) -> None:
     """A per-subject / per-relation limit above every group's size would silently mean "all": refuse it."""
     largest = max(sizes, default=0)

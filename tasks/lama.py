@@ -19,7 +19,7 @@ from core.errors import UserError
 from tqdm.auto import tqdm
 
 from .base import (RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr,
-                   model_device, target_logprobs)
+                   model_device, stratified_order, target_logprobs)
 from .data.lama_data import LamaSet, Probe, load_lama, sample_probes
 
 
@@ -224,14 +224,7 @@ class LAMA(Task):
         if s.protocol == "vocab":  # records per object, not per probe: evaluated whole
             return None
         self._pool_set = ls = load_lama(s.source)
-        by_rel: dict[str, list[Probe]] = {}
-        for p in sample_probes(ls, s.per_relation, s.seed):
-            by_rel.setdefault(p.relation, []).append(p)
-        keyed = []
-        for r, (rel, ps) in enumerate(by_rel.items()):
-            random.Random(f"{s.seed}|{rel}").shuffle(ps)
-            keyed += [((j + 0.5) / len(ps), r, p) for j, p in enumerate(ps)]
-        return [p for _, _, p in sorted(keyed, key=lambda k: (k[0], k[1]))]
+        return stratified_order(sample_probes(ls, s.per_relation, s.seed), lambda p: p.relation, s.seed)
 
     def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
         return self._score_candidates(model, tokenizer, self._pool_set, items, progress)[0]

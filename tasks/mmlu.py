@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 
-from .base import RunShared, Shortcut, Task, TaskResult, check_limit, mean_stderr, model_device
+from .base import RunShared, Shortcut, Task, TaskResult, check_limit, mean_stderr, model_device, stratified_order
 from .data.mmlu_data import LETTERS, MMLUQuestion, load_mmlu
 
 
@@ -231,14 +231,7 @@ class MMLU(Task):
         seeded order, merged so that every prefix holds the subjects in proportion to their sizes."""
         s = self.settings
         test, self._pool_dev = load_mmlu(s.source)
-        by_subject: dict[str, list] = {}
-        for q in select_questions(test, s.limit, s.seed):
-            by_subject.setdefault(q.subject, []).append(q)
-        keyed = []
-        for k, (subject, qs) in enumerate(by_subject.items()):
-            random.Random(f"{s.seed}|{subject}").shuffle(qs)
-            keyed += [((j + 0.5) / len(qs), k, q) for j, q in enumerate(qs)]
-        self._pool = [q for _, _, q in sorted(keyed, key=lambda t: (t[0], t[1]))]
+        self._pool = stratified_order(select_questions(test, s.limit, s.seed), lambda q: q.subject, s.seed)
         return list(self._pool)
 
     def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
