@@ -13,9 +13,13 @@ Each call checks what it is given as `bench run` does and raises `core.errors.Us
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+import random
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,10 +43,59 @@ from bench.runner.one_variant import Compressed, compress_variant
 __all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "sweep"]
 
 
+# ---------------------------------------------------------------- the caller's process, left as it was
+# torch's thread count and random state, numpy's and Python's random states, os.environ, the working directory, and
+# transformers' progress bars and log handler are put back after each call: a run sets threads and seeds for itself,
+# torch and the hub probe set environment variables, and a quiet load silences transformers' bars
+
+
+@contextmanager
+def kept_state():
+    import numpy as np
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    root = hf_logging._get_library_root_logger()
+    handler = getattr(hf_logging, "_default_handler", None)
+    saved = (torch.get_num_threads(), torch.get_rng_state(), np.random.get_state(), random.getstate(),
+             dict(os.environ), os.getcwd(), hf_logging.is_progress_bar_enabled(), handler in root.handlers)
+    try:
+        yield
+    finally:
+        threads, torch_rng, np_rng, py_rng, env, cwd, bars, had_handler = saved
+        torch.set_num_threads(threads)
+        torch.set_rng_state(torch_rng)
+        np.random.set_state(np_rng)
+        random.setstate(py_rng)
+        for key in set(os.environ) - set(env):
+            del os.environ[key]
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+        if had_handler and handler not in root.handlers:
+            hf_logging.enable_default_handler()
+        elif not had_handler and handler in root.handlers:
+            hf_logging.disable_default_handler()
+
+
+def keeps_caller_state(fn):
+    """`fn` run inside kept_state."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with kept_state():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@keeps_caller_state
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu",
                device_map: str | None = None, progress: bool = True) -> LoadedModel:
     """A model as `bench run --model` opens it (a built-in alias, a local checkpoint folder, a GGUF file or a hub
-    id), with its tokenizer and the fingerprint of its weights: `compress` caches its statistics under it."""
+    id), with its tokenizer and the fingerprint of its weights: `compress` caches its statistics under it.
+    `progress=False` silences transformers' bars for this load only (the caller's setting is put back)."""
     return _load_model(model, dtype=dtype, device=device, progress=progress, device_map=device_map)
 
 
@@ -135,6 +188,7 @@ def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
     return None, [str(sparsity)]
 
 
+@keeps_caller_state
 def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsity: str | float | None = None,
              calibration="wiki", text_column: str = "text", samples: int = 12, seq_len: int = 256,
              pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
@@ -229,6 +283,7 @@ def _task_config(tasks: Sequence[str], task_options: Mapping | None, settings: d
     return RunConfig(tasks=list(tasks), task_options=options, methods=["dense"], **run)
 
 
+@keeps_caller_state
 def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token"), *, task_options=None,
              bos: str = "auto", seed: int = 0, batch_size: int = 4, progress: bool = True, **settings) -> dict:
     """Score `model` (any transformers causal LM, compressed or not) on `tasks` as a run's cells score it:
@@ -307,6 +362,7 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     return configs
 
 
+@keeps_caller_state
 def sweep(model=DEFAULT_MODEL, **keywords) -> list[dict]:
     """What `bench run` does, with its flags as keywords (`methods=["pca", "fasc-kfac"], rank=[0.5],
     lama_limit=5, output="results"`): the missing cells computed and stored, the leaderboard written (unless

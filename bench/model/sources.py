@@ -385,13 +385,16 @@ def transformers_warnings():
             kept.append(record.getMessage())
 
     root, handler = hf_logging.get_logger(), Keep(level=logging.WARNING)
+    # the caller's choice is kept: its default handler is put back only if it was there
+    had_default = getattr(hf_logging, "_default_handler", None) in root.handlers
     hf_logging.disable_default_handler()
     root.addHandler(handler)
     try:
         yield kept
     finally:
         root.removeHandler(handler)
-        hf_logging.enable_default_handler()
+        if had_default:
+            hf_logging.enable_default_handler()
 
 
 def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:

@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.io import atomic_write_json
@@ -171,6 +172,27 @@ def torch_build(config: str) -> dict:
     blas = re.search(r"BLAS_INFO=([^,\s]+)", config)
     onednn = re.search(r"(?:oneDNN|MKL-DNN) (v[\d.]+)", config)
     return {"torch_blas": blas.group(1) if blas else None, "torch_onednn": onednn.group(1) if onednn else None}
+
+
+@contextmanager
+def run_process_state(threads: int | None, seed: int):
+    """A run's torch threads and seed set for its duration, and the caller's put back after it (torch's thread
+    count and random state, numpy's and Python's random states): a run from Python changes none of them."""
+    import random
+
+    import numpy as np
+    import torch
+
+    kept = (torch.get_num_threads(), torch.get_rng_state(), np.random.get_state(), random.getstate())
+    torch.set_num_threads(threads or available_cpus())
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(kept[0])
+        torch.set_rng_state(kept[1])
+        np.random.set_state(kept[2])
+        random.setstate(kept[3])
 
 
 def available_cpus() -> int:

@@ -40,8 +40,8 @@ from bench.runner.selection import ALL
 from bench.runner.until_decided import evaluate_until_decided, partial_path, reference_records
 from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
 from bench.calibration.support import after_line, short_groups, support_line, support_record
-from bench.results.store import (available_cpus, cell_status, claim_cell, environment, model_identity, release_cell, results_name,
-                    write_cell)
+from bench.results.store import (cell_status, claim_cell, environment, model_identity, release_cell, results_name,
+                    run_process_state, write_cell)
 
 
 def log(msg: str) -> None:
@@ -709,8 +709,10 @@ class LocalExecutor:
     calib_windows: torch.Tensor | None = None
 
     def __call__(self, cells: list[Cell], run: Run) -> dict:
-        torch.set_num_threads(run.config.threads or available_cpus())
-        torch.manual_seed(run.config.seed)
+        with run_process_state(run.config.threads, run.config.seed):  # the caller's threads and seeds put back
+            return self._compute(cells, run)
+
+    def _compute(self, cells: list[Cell], run: Run) -> dict:
         t0 = time.perf_counter()
         worker = Worker(run, self.source, self.calib_windows)
         written = worker.compute(cells)

@@ -17,8 +17,9 @@ from bench.measure.latency import weight_bytes
 from bench.calibration.support import after_line
 from bench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
 from bench.runner.config import Run, solve_device_for
-from bench.runner.execute import (Worker, available_cpus, deploy_one, log, open_checked, third_party_kept,
-                                  variant_allocation, cell_calibration, write_kept_lines)
+from bench.results.store import available_cpus
+from bench.runner.execute import (Worker, deploy_one, log, open_checked, third_party_kept, variant_allocation,
+                                  cell_calibration, write_kept_lines)
 
 
 @dataclass
