@@ -43,6 +43,11 @@ def test_import_bench_is_light_and_names_the_calls():
         assert name in out and callable(getattr(bench, name))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         bench.nope  # noqa: B018
+    from core.errors import UserError
+
+    assert "UserError" in out and bench.UserError is UserError  # what a program catches
+    with pytest.raises(bench.UserError, match="model of type Linear"):
+        bench.evaluate(torch.nn.Linear(2, 2), tasks=["ppl-token"])
 
 
 def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
