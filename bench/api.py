@@ -14,6 +14,7 @@ Each call checks what it is given as `bench run` does and raises `core.errors.Us
 from __future__ import annotations
 
 import functools
+import inspect
 import hashlib
 import os
 import random
@@ -175,6 +176,44 @@ def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, win
     return Calibration(held, info)
 
 
+# what a user of the CLI types, and the keyword compress takes for it
+_COMPRESS_SPELLINGS = {"calib_samples": "samples", "calib_seq_len": "seq_len", "merged": "merge", "ranks": "rank",
+                       "calib_source": "calibration"}
+
+
+def method_settings(method, settings: dict, method_options) -> dict:
+    """The method's settings from compress's extra keywords and `method_options`, each checked against the method's
+    own: a keyword that is neither a setting of the method nor one of compress's is one UserError naming both
+    lists (and the keyword meant, where a CLI spelling was used)."""
+    import dataclasses
+
+    import methods
+
+    if method_options is not None and not isinstance(method_options, Mapping):
+        raise UserError(f"method_options must be a mapping of the method's settings, not "
+                        f"{type(method_options).__name__}")
+    merged = dict(method_options or {})
+    twice = sorted(set(merged) & set(settings))
+    if twice:
+        raise UserError(f"compress: {', '.join(twice)} given both as a keyword and in method_options: give it once")
+    merged.update(settings)
+    if not merged or not isinstance(method, str):
+        return merged
+    try:
+        cls = methods.get_method(methods.base_name(method))
+    except Exception:  # an unknown method is refused by the run's own check, with its did-you-mean
+        return merged
+    own = {f.name for f in dataclasses.fields(cls.Settings)}
+    for key in merged:
+        if key not in own:
+            hint = _COMPRESS_SPELLINGS.get(key)
+            run = sorted(set(inspect.signature(compress).parameters) - {"model", "tokenizer", "method", "settings"})
+            raise UserError(f"compress: {key!r} is neither a setting of {method} ({', '.join(sorted(own)) or 'none'})"
+                            f" nor a keyword of compress ({', '.join(run)})"
+                            + (f": did you mean {hint}=?" if hint else ""))
+    return merged
+
+
 def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
     if (rank is None) == (sparsity is None):
         raise UserError("give rank= (a low-rank method's ratio, e.g. 0.5) or sparsity= (e.g. '2:4' or 0.5), "
@@ -195,13 +234,15 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
              allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
              solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
              stats_memory: str | None = None, cache: bool = True, merge: bool = False, progress: bool = True,
-             calibration_mode: str = "one-pass", **settings) -> Compressed:
+             calibration_mode: str = "one-pass", method_options: Mapping | None = None, **settings) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
     at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
     `.restore()`, `.save(path)`). `model`: a loaded transformers causal LM on any device (`device_map` included),
     or what `load_model` returns (then `tokenizer` may be None). `calibration`: a source name, a list of texts, a
     `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
-    (`bench ls methods`), as `--method-option` gives them. The other keywords are `bench compress`'s flags.
+    (`bench ls methods`), as `--method-option` gives them; `method_options={...}` passes them apart from the call's
+    own keywords, for a setting whose name is one of them (random's `seed`, svd-llm-v2's `allocate`). The other
+    keywords are `bench compress`'s flags.
     Statistics are cached by content when the model has a fingerprint (a model from `load_model`) and `cache`,
     and held in memory otherwise. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
     each on the compressed blocks' outputs (nothing cached: the statistics depend on the compression)."""
@@ -211,7 +252,8 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
 
     lm = _loaded(model, tokenizer)
     ranks, patterns = _budget_lists(rank, sparsity)
-    options = {methods.base_name(method): settings} if settings and isinstance(method, str) else {}
+    mine = method_settings(method, settings, method_options)
+    options = {methods.base_name(method): mine} if mine else {}
     config = RunConfig(
         model=lm.name, methods=[method], ranks=ranks, sparsity=patterns, budget=budget, rank_align=rank_align,
         allocate=[allocate], groups=groups, blocks=blocks, tasks=[], seed=seed, bos=bos, calib_samples=samples,

@@ -19,7 +19,7 @@ SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_
               "calibration_mode", "calibration"]
 COMPRESS_KEYS = ["samples", "seq_len", "pair_tokens", "seed", "bos", "budget", "rank_align", "allocate", "groups",
                  "blocks", "solve_dtype", "solve_device", "batch_size", "stats_memory", "text_column", "max_swaps",
-                 "score", "mitigation", "bogus", "calibration_mode"]
+                 "score", "mitigation", "bogus", "calibration_mode", "method_options", "calib_samples", "merged"]
 value = st.one_of(json_leaf, st.lists(json_leaf, max_size=3), st.dictionaries(st.text(max_size=5), json_leaf,
                                                                                max_size=2),
                   st.sampled_from(["sequential", "one-pass", "authors", "as-given"]))

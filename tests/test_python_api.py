@@ -202,3 +202,26 @@ def test_sweep_refuses_in_one_line_before_any_model_opens(kwargs, needle, tmp_pa
 def test_load_results_of_a_missing_folder_is_one_line(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         bench.load_results(tmp_path / "none")
+
+
+def test_method_settings_travel_apart_from_the_calls_keywords(lm):
+    """random's `seed` and svd-llm-v2's `allocate` share a name with compress's own keywords: `method_options`
+    reaches the method with them; an unknown keyword names both lists, and a CLI spelling the keyword meant."""
+    ids = torch.randint(3, 1000, (1, 8))
+    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    outs = []
+    for opts in (None, {"seed": 3}):
+        with bench.compress(lm, None, "random", rank=0.5, method_options=opts, **small) as c:
+            outs.append(logits(c.model, ids))
+    assert not torch.equal(outs[0], outs[1])
+    ks = []
+    for opts in (None, {"allocate": False}):
+        with bench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
+            ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
+    assert ks[0] != ks[1]  # its own allocation across groups, then none
+    with pytest.raises(bench.UserError, match=r"'calib_samples' is neither a setting of pca .* did you mean samples="):
+        bench.compress(lm, None, "pca", rank=0.5, calib_samples=4, **small)
+    with pytest.raises(bench.UserError, match="given both as a keyword and in method_options"):
+        bench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
+    with pytest.raises(bench.UserError, match="method_options must be a mapping"):
+        bench.compress(lm, None, "fasc", rank=0.5, method_options=["max_swaps"], **small)
