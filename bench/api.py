@@ -41,7 +41,46 @@ from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, m
 from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
 from bench.runner.one_variant import Compressed, compress_variant
 
-__all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "sweep"]
+__all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "methods", "sweep",
+           "tasks"]
+
+
+def methods() -> list[dict]:
+    """What `bench ls methods` lists: per registered method its name, family, version, what it needs (data-free,
+    activations, gradients), description, settings with their defaults, and its authors' calibration."""
+    import dataclasses
+
+    import methods as registry
+
+    out = []
+    for name in registry.known_methods():
+        cls = registry.get_method(name)
+        caps = cls().capabilities()
+        own = cls.authors_calibration
+        out.append({"name": name, "family": cls.family, "version": cls.version,
+                    "needs": [k for k in ("activations", "gradients") if caps[k]], "description": cls.description,
+                    "settings": dataclasses.asdict(cls.Settings()) if dataclasses.is_dataclass(
+                        getattr(cls, "Settings", None)) else {},
+                    "authors_calibration": dataclasses.asdict(own) if own is not None else None})
+    return out
+
+
+def tasks() -> list[dict]:
+    """What `bench ls tasks` lists: per registered task its name, version, description, primary metric and its
+    direction, the margin it is called equivalent within, and its settings with their defaults."""
+    import dataclasses
+
+    import tasks as registry
+
+    out = []
+    for name in registry.known_tasks():
+        cls = registry.get_task(name)
+        out.append({"name": name, "version": cls.version, "description": cls.description,
+                    "primary_metric": cls.primary_metric,
+                    "higher_is_better": cls.higher_is_better.get(cls.primary_metric), "margin": cls.margin,
+                    "settings": dataclasses.asdict(cls.Settings()) if dataclasses.is_dataclass(
+                        getattr(cls, "Settings", None)) else {}})
+    return out
 
 
 # ---------------------------------------------------------------- the caller's process, left as it was
@@ -148,6 +187,8 @@ def _vocabulary(model) -> int | None:
 
 
 def _loaded(model, tokenizer) -> LoadedModel:
+    if isinstance(model, Compressed):  # what compress returned: its model, and its tokenizer unless one is given
+        return _loaded(model.model, tokenizer if tokenizer is not None else model.tokenizer)
     if isinstance(model, LoadedModel):
         return model if tokenizer is None else replace(model, tokenizer=tokenizer)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
@@ -335,8 +376,8 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
     from tasks.data.text_data import resolve_bos
 
     lm = _loaded(model, tokenizer)
-    if isinstance(tasks, str):
-        tasks = [tasks]
+    if isinstance(tasks, str):  # "lama" or "lama,ppl-token", as --tasks takes them
+        tasks = [t.strip() for t in tasks.split(",")]
     if isinstance(tasks, Sequence) and not tasks:
         raise UserError("tasks=[] names no task: pass task names (bench ls tasks), e.g. tasks=['lama', 'ppl-token']")
     config = _task_config(tasks, task_options, settings, model=lm.name, bos=bos, seed=seed, batch_size=batch_size,
@@ -378,8 +419,12 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     fields_ = RunConfig.field_names()
     data, shortcuts = {}, {}
     known = {flag.lstrip("-").replace("-", "_") for flag in task_shortcuts()}
+    by_dest: dict[str, str] = {}
     for key, value in keywords.items():
         dest = _FLAG_NAMES.get(key, key)
+        if dest in by_dest:  # rank= and ranks= are one setting: the last would win in silence
+            raise UserError(f"sweep: {by_dest[dest]}= and {key}= are the same setting: give it once")
+        by_dest[dest] = key
         if dest in fields_ and dest != "model":
             data[dest] = value
         elif key in known:
@@ -390,8 +435,14 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     for dest in ("methods", "tasks", "ranks", "allocate", "groups", "sparsity"):
         if isinstance(data.get(dest), (str, int, float)) and not isinstance(data.get(dest), bool):
             data[dest] = [data[dest]]  # one value where the flag takes several
+    if isinstance(data.get("sparsity"), list):  # densities as numbers, as compress(sparsity=0.5) takes them
+        data["sparsity"] = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                            for v in data["sparsity"]]
     options = _with_shortcuts(shortcut_options(shortcuts, data.get("tasks", list(DEFAULT_TASKS))),
                               data.pop("task_options", None))
+    if isinstance(models, (torch.nn.Module, LoadedModel, Compressed)):
+        raise UserError("sweep(model=...) takes model names or paths (it opens each model itself, as bench run does): "
+                        "for a model in memory, use bench.compress and bench.evaluate, or save it and pass its folder")
     models = [models] if isinstance(models, (str, Path)) else list(models)
     if not models:
         raise UserError("model=[] names no model: pass one or more models")

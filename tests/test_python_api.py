@@ -225,3 +225,32 @@ def test_method_settings_travel_apart_from_the_calls_keywords(lm):
         bench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
     with pytest.raises(bench.UserError, match="method_options must be a mapping"):
         bench.compress(lm, None, "fasc", rank=0.5, method_options=["max_swaps"], **small)
+
+
+def test_one_vocabulary_across_the_calls(lm, tmp_path):
+    """evaluate takes what compress returns and a comma list of tasks; sweep takes densities as numbers, refuses
+    rank= with ranks= and a model in memory in one line; bench.methods() and bench.tasks() list the registries."""
+    import methods as method_registry
+    import tasks as task_registry
+    from bench.api import sweep_configs
+
+    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
+        got = bench.evaluate(c, tasks="ppl-token", ppl_windows=1, ppl_seq_len=16, progress=False)
+        again = bench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
+                               progress=False)
+    assert got["ppl-token"].metrics == again["ppl-token"].metrics
+    (config,) = sweep_configs("m", {"methods": "teal", "sparsity": [0.5, "2:4"]})
+    assert config.sparsity == ["0.5", "2:4"]
+    with pytest.raises(bench.UserError, match="rank= and ranks= are the same setting"):
+        sweep_configs("m", {"rank": [0.5], "ranks": [0.25]})
+    with pytest.raises(bench.UserError, match="takes model names or paths"):
+        bench.sweep(model=lm, methods=["pca"], output=str(tmp_path / "r"))
+    listed = bench.methods()
+    assert [m["name"] for m in listed] == method_registry.known_methods()
+    fasc = next(m for m in listed if m["name"] == "fasc-kfac")
+    assert fasc["needs"] == ["activations", "gradients"] and fasc["family"] == "low-rank"
+    assert next(m for m in listed if m["name"] == "sparsegpt")["authors_calibration"]["samples"] == 128
+    found = {t["name"]: t for t in bench.tasks()}
+    assert list(found) == task_registry.known_tasks() and found["lama"]["margin"] == 0.02
+    assert found["ppl-token"]["higher_is_better"] is False
