@@ -34,7 +34,7 @@ from bench.calibration.group_files import from_stored, to_stored
 from bench.calibration.memory import calibration_chunks
 from bench.model.checkpoint import runtime_forms
 from bench.model.groups import find_input_groups
-from bench.model.sources import DEFAULT_MODEL, LoadedModel, load_model as _load_model
+from bench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
 from bench.runner.cells import ModelInfo, plan
 from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
                                  shortcut_options, task_shortcuts)
@@ -136,7 +136,7 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str =
     """A model as `bench run --model` opens it (a built-in alias, a local checkpoint folder, a GGUF file or a hub
     id), with its tokenizer and the fingerprint of its weights: `compress` caches its statistics under it.
     `progress=False` silences transformers' bars for this load only (the caller's setting is put back)."""
-    return _load_model(model, dtype=dtype, device=device, progress=progress, device_map=device_map)
+    return open_and_load_model(model, dtype=dtype, device=device, progress=progress, device_map=device_map)
 
 
 # ---------------------------------------------------------------- compress
@@ -152,7 +152,7 @@ def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed:
     `text_column`; joined by blank lines and cut into `samples` seeded windows of `seq_len` tokens, as for a
     file), or a 2-D integer tensor of token windows used as they are. A label that is not a name is the digest
     of the windows, so cached statistics are found by content."""
-    from tasks.data.text_data import calibration_windows
+    from tasks.data.text_data import sample_text_windows
 
     if isinstance(calibration, str):
         return calibration, None
@@ -174,7 +174,7 @@ def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed:
                             f"{', '.join(calibration.column_names)}): pass text_column=")
         calibration = calibration[text_column]
     if isinstance(calibration, Sequence) and calibration and all(isinstance(t, str) for t in calibration):
-        windows = calibration_windows(tokenizer, "\n\n".join(calibration), samples, seq_len, seed, bos)
+        windows = sample_text_windows(tokenizer, "\n\n".join(calibration), samples, seq_len, seed, bos)
         return f"texts:{_digest(windows)}", windows
     raise UserError(f"calibration of type {type(calibration).__name__}: pass a source name (wiki, wikitext2, "
                     "file:<path>), a non-empty list of texts, a datasets.Dataset, or a 2-D tensor of token ids")
@@ -510,15 +510,15 @@ def load_results(*folders: str | Path):
     stderr, the compression ratios and the cell's file. Cells the leaderboard would skip (unreadable, invalid,
     superseded) are left out the same way, and the DataFrame's `attrs["problems"]` names them."""
     from leaderboard.frame import results_frame
-    from leaderboard.load import load_results as load_cells
+    from leaderboard.load import read_result_set as load_cells
 
-    from leaderboard.load import folder_problem
+    from leaderboard.load import results_folder_problem
 
     if not folders:
         raise UserError("load_results() names no folder: pass the output folder of a run, e.g. "
                         "load_results('results')")
     for f in folders:
-        problem = folder_problem(f)
+        problem = results_folder_problem(f)
         if problem:
             raise UserError(problem + ": pass the output folder of a run (default results)")
     rs = load_cells(*folders)

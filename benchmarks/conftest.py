@@ -87,6 +87,6 @@ def _efficiency(terminalreporter, session) -> None:
 
 @pytest.fixture(scope="session")
 def default_model():
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    return load_model("gemma-3-270m", progress=False)
+    return open_and_load_model("gemma-3-270m", progress=False)

@@ -89,11 +89,11 @@ def test_body_decode(benchmark, model, method, pattern):
     from bench.calibration.engine import CalibSpec, calibrate
     from bench.deploy.compression import deploy
     from bench.model.groups import find_input_groups
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from bench.calibration.cache import calibration_windows
     from core.stats import SparsitySpec
 
-    lm = load_model(model, progress=False)
+    lm = open_and_load_model(model, progress=False)
     text = calibration_windows(lm.tokenizer, CalibSpec())
     needs = methods.build(method).required_stats()
     stats = calibrate(lm.model, find_input_groups(lm.model), text[:4], needs, CalibSpec(), progress=False) \

@@ -39,14 +39,14 @@ def cell_date(rec: CellRecord) -> str:
     return date if isinstance(date, str) else ""
 
 
-def folder_problem(root) -> str | None:
+def results_folder_problem(root) -> str | None:
     """Why `root` cannot be read as a results folder, or None (missing, or a file named as a file)."""
     from core.io import folder_problem as problem
 
     return problem(root, "results folder")
 
 
-def load_results(*roots) -> ResultSet:
+def read_result_set(*roots) -> ResultSet:
     """Every *.json cell under the roots; several roots (runs, models) merge without double-counting:
     when one cell appears twice the most recent result wins."""
     rs = ResultSet()

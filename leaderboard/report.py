@@ -16,7 +16,7 @@ from core.record import ALL_GROUPS, ONE_PASS, UNIFORM, CellRecord, calibration_l
 
 from . import plots
 from .across_models import across_models_section
-from .load import cell_date, load_results
+from .load import cell_date, read_result_set
 from core.significance import ALPHA
 from core.stats import is_sparsity_budget
 
@@ -603,11 +603,11 @@ def write_tables(out_md: Path, md: list[str], flat_rows: list[dict]) -> None:
 DEFAULT_DISPLAY = Display()  # frozen: one instance serves every call
 
 
-def build(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> dict:
+def build_report(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
     from core.errors import UserError
 
-    rs = load_results(*results_dirs)
+    rs = read_result_set(*results_dirs)
     if not rs.cells:
         skipped = f" ({len(rs.problems)} unreadable or invalid file(s) skipped: {rs.problems[0]})" if rs.problems else ""
         raise UserError(f"no result cells under {', '.join(map(str, results_dirs))}{skipped}: run `bench run` first "
@@ -702,10 +702,10 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
     from core.errors import UserError  # only for the error type users see
 
     roots = [Path(r) for r in ([results] if isinstance(results, (str, Path)) else results)]
-    from .load import folder_problem
+    from .load import results_folder_problem
 
     for root in roots:
-        problem = folder_problem(root)
+        problem = results_folder_problem(root)
         if problem:
             raise UserError(f"{problem}: run `bench run` first or pass --results DIR")
     out_md = Path(out) if out else roots[0] / "LEADERBOARD.md"
@@ -715,7 +715,7 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
     if problem:
         raise UserError(f"--out {out_md}: {problem}")
     try:
-        info = build(roots, out_md, ref, display)
+        info = build_report(roots, out_md, ref, display)
     except OSError as e:
         raise UserError(f"cannot write the leaderboard to {out_md} ({e.strerror or type(e).__name__}): pass "
                         "--out <path in a writable folder>") from None

@@ -59,7 +59,7 @@ def truncation_loss(W: torch.Tensor, Us: torch.Tensor, root: torch.Tensor, k: in
     return float(s[k:].pow(2).sum().sqrt())
 
 
-def allocate(losses: dict[str, dict]) -> tuple[dict[str, int], list[dict]]:
+def allocate_ranks(losses: dict[str, dict]) -> tuple[dict[str, int], list[dict]]:
     """{site: k} from {site: {"type", "loss", "k", "m", "n"}} (the uniform k and its least loss), and the
     fallbacks (a type left uniform, a rank clipped)."""
     ks, fallbacks = {}, []
@@ -118,7 +118,7 @@ class SVDLLMV2(Compressor):
                 losses[name] = {"type": matrix_type(name), "loss": truncation_loss(W, Us, root, k), "k": k,
                                 "m": site.out_features, "n": g.d_in}
                 group_of[name] = g.name
-        ks, fallbacks = allocate(losses)
+        ks, fallbacks = allocate_ranks(losses)
         out: dict[str, dict[str, int]] = {}
         for site, k in ks.items():
             out.setdefault(group_of[site], {})[site] = k

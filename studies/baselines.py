@@ -119,7 +119,7 @@ def render(cells: list[CellRecord], root: Path, models=MODELS) -> str:
 
 def main(argv=None) -> int:
     from core.io import atomic_write_text
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
 
     from studies import output_problem
 
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     if problem:
         ap.error(problem)
     root = Path(a.root)
-    cells = load_results(root).cells if root.is_dir() else []
+    cells = read_result_set(root).cells if root.is_dir() else []
     try:
         atomic_write_text(Path(a.doc), render(cells, root, a.models))
     except OSError as e:

@@ -87,7 +87,7 @@ def run_part(model: str, tokens: int, mode: str, root: Path, progress: bool = Tr
 
 def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
     """(mode, tokens, cell) of every cell stored under the study's folders, read as the leaderboard reads them."""
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
 
     out = []
     for folder in sorted(root.glob("*-*x*")):
@@ -95,7 +95,7 @@ def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
         if mode not in (ONE_PASS, SEQUENTIAL):
             continue
         windows, _, length = size.partition("x")
-        for c in load_results(folder).cells:
+        for c in read_result_set(folder).cells:
             out.append((mode, int(windows) * int(length), c))
     return out
 

@@ -54,7 +54,7 @@ def sweep_keywords(s: Settings) -> dict:
             "output": s.output}
 
 
-def sweep(s: Settings) -> list[CellRecord]:
+def compute_cells(s: Settings) -> list[CellRecord]:
     """Every cell the study reads: computed where missing, read back where stored (bench.sweep)."""
     import bench
 
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
     s = parse(argv)
     start = time.perf_counter()
     try:
-        cells = sweep(s)
+        cells = compute_cells(s)
         doc = write_doc(s, cells)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

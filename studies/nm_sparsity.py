@@ -15,13 +15,13 @@ import sys
 
 from tabulate import tabulate
 
-from leaderboard.load import load_results
+from leaderboard.load import read_result_set
 from core.significance import compare
 
 
 def cells_by_row(root):
     out: dict = {}
-    for c in load_results(root).cells:
+    for c in read_result_set(root).cells:
         out.setdefault(c.cell.model, {})[(c.cell.method, c.cell.budget, c.cell.task)] = c
     return out
 

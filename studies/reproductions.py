@@ -257,7 +257,7 @@ def render(cells: list[CellRecord], root: Path) -> str:
 def main(argv=None) -> int:
     from core.errors import UserError
     from core.io import atomic_write_text
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
 
     ap = argparse.ArgumentParser(prog="python -m studies.reproductions", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    cells = load_results(root).cells if root.is_dir() else []
+    cells = read_result_set(root).cells if root.is_dir() else []
     atomic_write_text(Path(a.doc), render(cells, root))
     print(f"wrote {a.doc}")
     return 0

@@ -13,7 +13,7 @@ from scipy import stats
 from core.meta_analysis import (cliques, common_effect, dersimonian_laird, holm, friedman, nemenyi_cd, paired_effect, scenario_ranks,
                                 stratified_mcnemar, win_rates)
 from core.record import cell_relpath
-from leaderboard.report import build
+from leaderboard.report import build_report
 
 
 # ---------------------------------------------------------------- the statistics, by hand
@@ -229,7 +229,7 @@ def three_models(tmp_path_factory):
         for method in LAMA[model]:
             for task in ("lama", "ppl-token"):
                 write_cell(root, model, method, task)
-    info = build([root], out / "LEADERBOARD.md")
+    info = build_report([root], out / "LEADERBOARD.md")
     return info, out, (out / "LEADERBOARD.md").read_text()
 
 
@@ -298,7 +298,7 @@ def test_one_model_has_no_across_models_section(tmp_path):
     root = tmp_path / "results"
     for method in LAMA["model-x"]:
         write_cell(root, "model-x", method, "lama")
-    build([root], tmp_path / "LEADERBOARD.md")
+    build_report([root], tmp_path / "LEADERBOARD.md")
     assert "Across models" not in (tmp_path / "LEADERBOARD.md").read_text()
     assert re.search(r"## model-x", (tmp_path / "LEADERBOARD.md").read_text())
 
@@ -419,7 +419,7 @@ def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_rank
     root = tmp_path / "results"
     shutil.copytree(out / "results", root)
     _pca_rerun_on_five_windows(root, "model-y")
-    build([root], tmp_path / "L.md")
+    build_report([root], tmp_path / "L.md")
     text = (tmp_path / "L.md").read_text()
     assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
             "model-y / ppl-token ppl") in text
@@ -752,7 +752,7 @@ def test_every_scenario_scored_on_other_items_is_named_and_the_rest_of_the_secti
     shutil.copytree(out / "results", root)
     for model in ("model-x", "model-y"):
         _pca_rerun_on_five_windows(root, model)
-    build([root], tmp_path / "L.md")
+    build_report([root], tmp_path / "L.md")
     text = (tmp_path / "L.md").read_text()
     assert ("- left out of the ranking, its methods scored on different items (a rerun at other sizes): "
             "model-x / ppl-token ppl, model-y / ppl-token ppl\n\n") in text

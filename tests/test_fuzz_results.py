@@ -189,7 +189,7 @@ def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_pat
     (and then shown) or skipped with one line naming its file: never a NaN verdict, a negative bandwidth, a text
     overhead or a perplexity its records contradict in the leaderboard."""
     from core.record import cell_problem
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from leaderboard.report import write_report
 
     root = tmp_path_factory.mktemp("timed") / "results"
@@ -203,7 +203,7 @@ def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_pat
     with contextlib.redirect_stdout(io.StringIO()):
         md = write_report(str(root))
     text = md.read_text()
-    rs = load_results(root)
+    rs = read_result_set(root)
     shown = any(c.cell.method == "pca" for c in rs.cells)
     assert shown == (cell_problem(json.loads(json.dumps(cell, allow_nan=True))) is None)
     if not shown:
@@ -231,7 +231,7 @@ def test_a_cell_with_any_calibration_mode_authors_or_shortfall_is_shown_valid_or
     the cell is shown (under its mode's row name, with its calibration column) exactly when every value is valid,
     else skipped in one line naming it."""
     from core.record import cell_problem
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from leaderboard.report import write_report
 
     root = tmp_path_factory.mktemp("calibrated") / "results"
@@ -243,7 +243,7 @@ def test_a_cell_with_any_calibration_mode_authors_or_shortfall_is_shown_valid_or
     (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
     with contextlib.redirect_stdout(io.StringIO()):
         md = write_report(str(root))
-    rs = load_results(root)
+    rs = read_result_set(root)
     shown = [c for c in rs.cells if c.cell.method == "pca"]
     valid = cell_problem(json.loads(json.dumps(cell, allow_nan=True))) is None
     assert bool(shown) == valid, (calibration, rs.problems)
@@ -268,7 +268,7 @@ HAND_EDITS = [  # (a path into the timed cell, a value): each what the issue fou
 
 @pytest.mark.parametrize("path,value", HAND_EDITS, ids=[f"{'.'.join(map(str, p))}={v!r}" for p, v in HAND_EDITS])
 def test_each_hand_edit_the_probe_found_skips_the_cell_with_one_line(tmp_path, path, value):
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from leaderboard.report import write_report
 
     root = tmp_path / "results"
@@ -280,7 +280,7 @@ def test_each_hand_edit_the_probe_found_skips_the_cell_with_one_line(tmp_path, p
     parent[path[-1]] = value
     (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
     (root / TIMED_PLACE).write_text(json.dumps(cell, allow_nan=True))
-    rs = load_results(root)
+    rs = read_result_set(root)
     assert not any(c.cell.method == "pca" for c in rs.cells)
     assert [p for p in rs.problems if TIMED_PLACE in p], rs.problems
     with contextlib.redirect_stdout(io.StringIO()):

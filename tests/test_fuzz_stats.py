@@ -23,7 +23,7 @@ def calibrated(tmp_path_factory):
 
     from bench.calibration.engine import CalibSpec
     from bench.model.groups import find_input_groups
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from bench.calibration.cache import calibration_windows, load_or_calibrate, stats_folder
 
     cache = tmp_path_factory.mktemp("cache")
@@ -31,7 +31,7 @@ def calibrated(tmp_path_factory):
     os.environ["ACBENCH_CACHE"] = str(cache)
     os.environ["ACBENCH_STATS_CACHE"] = str(cache / "stats")
     try:
-        lm = load_model(str(tiny_checkpoint()), progress=False)
+        lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
         groups = find_input_groups(lm.model)
         cspec, needs = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none"), frozenset({"C", "F", "pairs", "act_hist"})
         windows = calibration_windows(lm.tokenizer, cspec)  # tokenized once: recomputing a group is then quick

@@ -254,9 +254,9 @@ def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny
     assert all("metrics" in json.loads(f.read_text()) for f in files)
     # a cell whose identity is a string is named and skipped by report, not a crash
     pca.write_text(json.dumps({**good, "cell": "oops"}))
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
 
-    rs = load_results(out)
+    rs = read_result_set(out)
     assert any(pca.name in p and "no cell identity" in p for p in rs.problems)
     assert main(["report", "--results", str(out)]) == 0
     assert main(base(tiny, out)) == 0  # and a rerun recomputes it

@@ -295,3 +295,40 @@ def test_the_length_check_sees_a_long_function(tmp_path):
     for pkg in PACKAGES[1:]:
         (tmp_path / pkg).mkdir()
     assert long_functions(tmp_path) == [f"core/long.py:1 long: {MAX_FUNCTION_LINES + 1} lines"]
+
+
+# ---------------------------------------------------------------- one public name, one meaning
+
+LIBRARY = ("bench", "core", "tasks", "methods", "leaderboard", "analyses")
+# the same name on purpose: each plugin registry's `build` builds its plugins from names and options
+SHARED_NAMES = {"build": {"methods/__init__.py", "analyses/__init__.py"}}
+
+
+def public_definitions(files) -> dict[str, list[str]]:
+    """{name: [file, ...]} of every module-level function and class whose name has no leading underscore."""
+    import ast
+
+    out: dict[str, list[str]] = {}
+    for path, text in files:
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                out.setdefault(node.name, []).append(path)
+    return out
+
+
+def collisions(defs: dict[str, list[str]]) -> list[str]:
+    return sorted(f"{name}: {', '.join(files)}" for name, files in defs.items()
+                  if len(files) > 1 and set(files) != SHARED_NAMES.get(name))
+
+
+def test_no_two_library_modules_define_one_public_name():
+    """A name says one thing: no public function or class is defined in two of the library's modules (the API's
+    load_model once shared its name with the loader under it, and load_results with the leaderboard's reader)."""
+    files = [(str(p.relative_to(ROOT)), p.read_text()) for pkg in LIBRARY for p in (ROOT / pkg).rglob("*.py")]
+    assert collisions(public_definitions(files)) == []
+
+
+def test_the_name_checker_sees_a_collision():
+    defs = public_definitions([("a/x.py", "def sweep():\n    pass\n"), ("b/y.py", "class sweep:\n    pass\n"),
+                               ("c/z.py", "def _private():\n    pass\n"), ("d/w.py", "def _private():\n    pass\n")])
+    assert collisions(defs) == ["sweep: a/x.py, b/y.py"]

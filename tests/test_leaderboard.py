@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from core.record import SCHEMA_VERSION
-from leaderboard.load import SUPPORTED_SCHEMA, load_results
+from leaderboard.load import SUPPORTED_SCHEMA, read_result_set
 from bench.results.leaderboard_display import report_display
-from leaderboard.report import build
+from leaderboard.report import build_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 EXPECTED = Path(__file__).parent / "fixtures" / "expected_leaderboard.md"
@@ -24,7 +24,7 @@ def rendered(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("rendered")
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
-    info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
+    info = build_report([root], tmp_path / "LEADERBOARD.md", display=report_display())
     return info, tmp_path
 
 
@@ -50,7 +50,7 @@ def test_missing_cell_listed_and_duplicates_not_double_counted(rendered):
     info, _ = rendered
     assert info["missing"] == ["model-b / pca / rank 0.25 / lama"]
     assert info["duplicates"] == 1
-    rs = load_results(FIXTURE)
+    rs = read_result_set(FIXTURE)
     ppl = [c for c in rs.cells if c.cell.method == "pca" and c.cell.rank == 0.5
            and c.cell.task == "ppl-token" and c.cell.model == "model-a"]
     assert len(ppl) == 1 and ppl[0].metrics["ppl"] != 999.0  # the newer result wins
@@ -59,7 +59,7 @@ def test_missing_cell_listed_and_duplicates_not_double_counted(rendered):
 def test_csv_round_trip_equals_result_files(rendered):
     _, out = rendered
     rows = list(csv.DictReader(open(out / "LEADERBOARD.csv")))
-    rs = load_results(FIXTURE)
+    rs = read_result_set(FIXTURE)
     columns = {"mmlu": ("MMLU acc", "acc"), "lama": ("LAMA P@1", "p@1"), "ppl-token": ("PPL (ppl-token)", "ppl")}
     checked = 0
     for c in rs.cells:
@@ -94,11 +94,11 @@ def test_several_result_dirs_merge(tmp_path):
     shutil.copytree(FIXTURE / "model-a", a / "model-a")
     shutil.copytree(FIXTURE / "model-b", b / "model-b")
     shutil.copytree(FIXTURE / "model-a" / "dense", b / "model-a" / "dense")  # the same dense cells again
-    info = build([a, b], tmp_path / "merged.md")
+    info = build_report([a, b], tmp_path / "merged.md")
     text = (tmp_path / "merged.md").read_text()
     assert "## model-a" in text and "## model-b" in text
     assert info["duplicates"] == 3  # the three copied dense cells (the fixture's own older copy is in older-run/)
-    build([FIXTURE], tmp_path / "single.md")
+    build_report([FIXTURE], tmp_path / "single.md")
     assert (tmp_path / "merged.md").read_text().split("## Cells with other")[0] == \
         (tmp_path / "single.md").read_text().split("## Cells with other")[0]
 
@@ -111,7 +111,7 @@ def test_a_model_evaluated_only_as_loaded_gets_its_own_table(tmp_path):
     cell = root / "model-b" / "dense" / "ppl-token-k1.json"
     rec = json.loads(cell.read_text())
     cell.write_text(json.dumps({**rec, "compression": {"measured_density": 0.4375}}))
-    build([root], tmp_path / "lb.md")
+    build_report([root], tmp_path / "lb.md")
     text = (tmp_path / "lb.md").read_text()
     table = text.split("### As loaded (no compression in this run)")[1].split("\n\n")[1]
     header, _, dense = table.splitlines()
@@ -132,7 +132,7 @@ def test_the_header_names_the_machine_its_cells_measured_on(tmp_path):
     for cell in (root / "model-b" / "dense").glob("*.json"):
         rec = json.loads(cell.read_text())
         cell.write_text(json.dumps({**rec, "env": {**rec["env"], **machine, "cpu_threads": 2}}))
-    build([root], tmp_path / "lb.md")
+    build_report([root], tmp_path / "lb.md")
     text = (tmp_path / "lb.md").read_text()
     assert ("- machine: AMD EPYC 7B13; 2 CPUs available, 2 threads used; vector extensions avx2 fma; torch kernels "
             "AVX2, BLAS mkl, oneDNN v3.12.0") in text
@@ -145,7 +145,7 @@ def test_cells_with_other_settings_are_named_not_merged(rendered):
     info, out = rendered
     text = (out / "LEADERBOARD.md").read_text()
     assert "mmlu-k0.json (settings k0, 2026-10-15) is not shown" in text
-    rs = load_results(FIXTURE)
+    rs = read_result_set(FIXTURE)
     shown = [c for c in rs.cells if c.cell.model == "model-a" and c.cell.method == "fasc" and c.cell.rank == 0.5
              and c.cell.task == "mmlu"]
     assert [c.cell.key for c in shown] == ["k1"]
@@ -162,7 +162,7 @@ def test_unequal_parameter_ratios_flagged():
 
 
 def _fixture_cell(model, method, rank, task):
-    rs = load_results(FIXTURE)
+    rs = read_result_set(FIXTURE)
     return next(c for c in rs.cells if c.cell.model == model and c.cell.method == method
                 and c.cell.rank == rank and c.cell.task == task)
 
@@ -273,7 +273,7 @@ def test_a_cell_without_a_text_date_sorts_as_the_oldest(tmp_path):
     rec = json.loads(p.read_text())
     rec["env"]["date"] = None
     p.write_text(json.dumps(rec))
-    info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
+    info = build_report([root], tmp_path / "LEADERBOARD.md", display=report_display())
     assert (tmp_path / "LEADERBOARD.md").exists() and info["markdown"]
 
 
@@ -285,7 +285,7 @@ def test_a_compressed_cell_without_a_ratio_is_named_and_skipped(tmp_path):
     root = tmp_path / "results"
     (root / "m" / "fasc").mkdir(parents=True)
     (root / "m" / "fasc" / "lama.json").write_text(json.dumps(cell))
-    rs = load_results(root)
+    rs = read_result_set(root)
     assert rs.cells == [] and "cell.rank missing for method 'fasc'" in rs.problems[0]
 
 
@@ -306,7 +306,7 @@ def test_a_cell_that_disagrees_with_its_place_or_domain_is_named_and_skipped(tmp
     rec = json.loads(p.read_text())
     edit(rec)
     p.write_text(json.dumps(rec))
-    rs = load_results(root)
+    rs = read_result_set(root)
     named = [x for x in rs.problems if x.startswith("results/model-b/pca/rank-0.5/lama-k1.json")]
     assert len(named) == 1 and why in named[0] and named[0].endswith(", skipped")
     fasc = [c for c in rs.cells if (c.cell.model, c.cell.method, c.cell.rank, c.cell.task) == ("model-b", "fasc", 0.5,
@@ -321,7 +321,7 @@ def test_perplexity_below_one_is_outside_its_domain(tmp_path):
     rec = json.loads(p.read_text())
     rec["metrics"]["ppl"] = -1.0
     p.write_text(json.dumps(rec))
-    assert any("metric ppl = -1.0 is outside its domain [1, inf]" in x for x in load_results(root).problems)
+    assert any("metric ppl = -1.0 is outside its domain [1, inf]" in x for x in read_result_set(root).problems)
 
 
 def test_write_report_writes_where_asked_and_says_what_it_skipped(tmp_path, capsys):
@@ -365,14 +365,14 @@ def test_write_report_refusals_in_full(tmp_path, monkeypatch):
         seen.append((roots, out_md, ref, display))
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(report, "build", refused)
+    monkeypatch.setattr(report, "build_report", refused)
     mine = report.Display()  # equal to the default, so forwarded is checked by identity
     with pytest.raises(UserError) as e:
         report.write_report(str(root), out=str(tmp_path / "b.md"), ref="svd", display=mine)
     assert str(e.value) == (f"cannot write the leaderboard to {tmp_path / 'b.md'} (Permission denied): pass --out "
                             "<path in a writable folder>")
     assert seen[0][:3] == ([root], tmp_path / "b.md", "svd") and seen[0][3] is mine
-    monkeypatch.setattr(report, "build", lambda *a: (_ for _ in ()).throw(OSError()))
+    monkeypatch.setattr(report, "build_report", lambda *a: (_ for _ in ()).throw(OSError()))
     with pytest.raises(UserError, match=r"\(OSError\): pass --out"):
         report.write_report(str(root))
 
@@ -570,7 +570,7 @@ def test_golden_markdown_of_both_families(tmp_path):
     ratio, and the quality-against-speed figure. Every number and sentence of it checked once by hand."""
     root = tmp_path / "results"
     shutil.copytree(Path(__file__).parent / "fixtures" / "results_families", root)
-    info = build([root], tmp_path / "LEADERBOARD.md", display=report_display())
+    info = build_report([root], tmp_path / "LEADERBOARD.md", display=report_display())
     assert (info["missing"], info["problems"], info["duplicates"]) == ([], [], 0)
     assert [p.name for p in info["plots"]] == [
         "model-c_k_rank_0.5.png", "model-c_k_rank_0.25.png", "model-c_accuracy_vs_rank.png",
@@ -617,7 +617,7 @@ def _plot_inputs(root, out, monkeypatch):
     for name in ("k_by_block", "metric_vs_compute", "quality_vs_speed", "accuracy_vs_rank", "ppl_vs_params"):
         monkeypatch.setattr(plots, name, lambda *a, _n=name: calls.append([_n, rounded(list(a[:-1])), a[-1].name])
                             or a[-1])
-    build([root], out, display=report_display())
+    build_report([root], out, display=report_display())
     return calls
 
 
@@ -715,7 +715,7 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
 
 def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch):
     from leaderboard import report
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from leaderboard.tables import Column, group_cells, metric_columns
 
     col = Column("acc", "t", "acc", True)
@@ -730,7 +730,7 @@ def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch)
         "- recovery % averages the accuracy tasks where dense is significantly above chance (each item's chance "
         "level as its task records it): lama dense 0.600 vs chance 0.100 (n=40, one-sided p=1e-09): above chance"]
     monkeypatch.undo()
-    g = group_cells(load_results(Path(__file__).parent / "fixtures" / "results_families").cells)["model-c"]
+    g = group_cells(read_result_set(Path(__file__).parent / "fixtures" / "results_families").cells)["model-c"]
     cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
     columns = metric_columns(cells)
     # a reference method that is not among the matched rows: no differences, no failure
@@ -836,7 +836,7 @@ def test_a_model_evaluated_as_loaded(tmp_path):
     for part in ("model-a/dense", "model-a/pca", "model-b/dense"):
         shutil.copytree(FIXTURE / part, root / part)
     out = tmp_path / "LEADERBOARD.md"
-    build([root], out, display=Display(labels={"lama": "LAMA p@1"}))
+    build_report([root], out, display=Display(labels={"lama": "LAMA p@1"}))
     text = out.read_text()
     section = text[text.index("## model-b"):].splitlines()
     at = section.index("### As loaded (no compression in this run)")
@@ -850,7 +850,7 @@ def test_a_model_evaluated_as_loaded(tmp_path):
         "mmlu acc": 0.36}
     table = list(csv.DictReader(out.with_suffix(".csv").open()))
     assert (table[-1]["model"], table[-1]["budget"], table[-1]["LAMA p@1"]) == ("model-b", "", "0.64")
-    build([root / "model-b"], out, ref="dense")  # --vs dense: the loaded row is the reference
+    build_report([root / "model-b"], out, ref="dense")  # --vs dense: the loaded row is the reference
     assert "| dense (ref) | 0.640 ± 0.050 |" in out.read_text()
 
 
@@ -899,7 +899,7 @@ def test_no_cells_names_the_files_it_skipped(tmp_path):
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError) as e:
-        build([tmp_path / "empty"], tmp_path / "LEADERBOARD.md")
+        build_report([tmp_path / "empty"], tmp_path / "LEADERBOARD.md")
     assert str(e.value) == (f"no result cells under {tmp_path / 'empty'}: run `bench run` first or pass --results "
                             "<dir with results>")
     bad = tmp_path / "bad" / "m" / "dense"
@@ -907,7 +907,7 @@ def test_no_cells_names_the_files_it_skipped(tmp_path):
     (bad / "lama-k1.json").write_text("{not json")
     (tmp_path / "bad2").mkdir()
     with pytest.raises(UserError) as e:
-        build([tmp_path / "bad", tmp_path / "bad2"], tmp_path / "LEADERBOARD.md")
+        build_report([tmp_path / "bad", tmp_path / "bad2"], tmp_path / "LEADERBOARD.md")
     assert str(e.value).startswith(f"no result cells under {tmp_path / 'bad'}, {tmp_path / 'bad2'} (1 unreadable or "
                                    f"invalid file(s) skipped: ")
     assert str(e.value).endswith(": run `bench run` first or pass --results <dir with results>")
@@ -974,7 +974,7 @@ def test_the_across_models_figures_land_beside_the_leaderboard(tmp_path):
                 (root / model / r).parent.mkdir(parents=True, exist_ok=True)
                 (root / model / r).write_text(json.dumps(c))
     out = tmp_path / "board" / "LEADERBOARD.md"
-    info = build([root], out)
+    info = build_report([root], out)
     cd = ["across_models_cd_rank_0.5.png", "across_models_cd_rank_0.25.png"]
     assert [p.name for p in info["plots"]][-2:] == cd
     assert all((out.parent / "plots" / name).stat().st_size > 0 for name in cd)
@@ -985,7 +985,7 @@ def test_a_reference_method_that_is_not_there(tmp_path):
     from core.errors import UserError
 
     with pytest.raises(UserError) as e:
-        build([FIXTURE / "model-b", FIXTURE / "older-run"], tmp_path / "L.md", ref="whitened-svd")
+        build_report([FIXTURE / "model-b", FIXTURE / "older-run"], tmp_path / "L.md", ref="whitened-svd")
     assert str(e.value) == (f"--vs whitened-svd: no cells of that method under {FIXTURE / 'model-b'}, "
                             f"{FIXTURE / 'older-run'}; the methods there: dense, fasc, pca")
 
@@ -1105,7 +1105,7 @@ def test_a_tree_with_timed_analyses_counts_them_in_its_header(tmp_path):
     cell["cell"]["model"], cell["timings"] = "model-b", {"rho_s": 7.0}
     cell["model_fingerprint"] = some_b["model_fingerprint"]  # model-b's analysis, as a run of model-b writes it
     rho.write_text(json.dumps(cell))
-    build([root], tmp_path / "L.md")
+    build_report([root], tmp_path / "L.md")
     assert "- wall time the cells record: analyses 7.0 s (total 7.0 s)" in (tmp_path / "L.md").read_text()
 
 
@@ -1121,11 +1121,11 @@ def test_rows_scored_on_different_items_are_said_to_be_incomparable(tmp_path):
     cell["records"] = cell["records"][:-1]
     cell["metrics"]["ppl"] = math.exp(sum(r["nll"] for r in cell["records"]) / len(cell["records"]))
     path.write_text(json.dumps(cell))
-    build([root], tmp_path / "L.md")
+    build_report([root], tmp_path / "L.md")
     text = (tmp_path / "L.md").read_text()
     assert "**Different items:** the ppl-token rows of this table were scored on different items (" in text
     assert "pca: 7 items" in text and text.count("**Different items:**") == 1
     clean = tmp_path / "clean"
     shutil.copytree(Path(__file__).parent / "fixtures" / "results_families", clean / "results")
-    build([clean / "results"], clean / "L.md")
+    build_report([clean / "results"], clean / "L.md")
     assert "Different items" not in (clean / "L.md").read_text()

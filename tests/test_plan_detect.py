@@ -34,11 +34,11 @@ def test_items_invert_the_detectable_difference(psi, delta):
 
 
 def test_spreads_come_from_the_paired_stored_cells():
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
 
     spreads = stored_spreads([FIXTURES / "results"], "model-a", "lama", "pca")
     assert spreads and all(s.kind == "accuracy" and s.comparison.endswith(")") for s in spreads)
-    cells = {(c.cell.method, c.cell.rank): c for c in load_results(FIXTURES / "results").cells
+    cells = {(c.cell.method, c.cell.rank): c for c in read_result_set(FIXTURES / "results").cells
              if c.cell.model == "model-a" and c.cell.task == "lama"}
     fasc = next(s for s in spreads if s.comparison == "fasc vs pca (rank 0.5)")
     ref, other = item_scores(cells[("pca", 0.5)])[1], item_scores(cells[("fasc", 0.5)])[1]

@@ -265,7 +265,7 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     from types import SimpleNamespace
 
     from bench.runner.execute import write_stage_log
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from tests.readme_numbers import main
 
     results = tmp_path / "results"
@@ -295,4 +295,4 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     readme.write_text("a\n<!-- generated: stages 3 -->\nold\n<!-- end generated -->\nb\n")
     with pytest.raises(SystemExit, match="wants run 3 .* which stored 2"):
         main(["--readme", str(readme), "--results", str(results)])
-    assert not [p for p in load_results(results).problems if ".runs" in p]  # the hidden logs are not cells
+    assert not [p for p in read_result_set(results).problems if ".runs" in p]  # the hidden logs are not cells

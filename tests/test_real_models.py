@@ -8,16 +8,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    return load_model("smollm2-135m", progress=False)
+    return open_and_load_model("smollm2-135m", progress=False)
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    return load_model("gemma-3-270m", progress=False)
+    return open_and_load_model("gemma-3-270m", progress=False)
 
 
 def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
@@ -34,7 +34,7 @@ def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
     out = gemma.model.generate(ids, max_new_tokens=8, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 8 and gemma.tokenizer.decode(out[0, ids.shape[1]:]).strip()
     monkeypatch.setattr(models, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
-    again = models.load_model("gemma-3-270m", progress=False)
+    again = models.open_and_load_model("gemma-3-270m", progress=False)
     assert again.fingerprint == gemma.fingerprint and again.fingerprint["sha256"].startswith("a5fd3b62")
 
 
@@ -83,10 +83,10 @@ def test_golden_values_smollm2(smol):
     from bench.model.groups import find_input_groups
     from bench.deploy.compression import compressed
     from core.stats import RankSpec
-    from tasks.data.text_data import calibration_windows, load_text
+    from tasks.data.text_data import sample_text_windows, load_text
     from tasks.perplexity import token_windows, window_nll
 
-    windows = calibration_windows(smol.tokenizer, load_text("wiki", "calib"), 24, 128, seed=0, bos="none")
+    windows = sample_text_windows(smol.tokenizer, load_text("wiki", "calib"), 24, 128, seed=0, bos="none")
     groups = find_input_groups(smol.model)
     assert len(groups) == 4 * 30 and groups[0].d_in == 576
     stats = calibrate(smol.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=128),

@@ -86,17 +86,17 @@ def _tiny_context(**spec_kw):
     """The harness's AnalysisContext over the smoke model's calibration statistics."""
     from bench.calibration.engine import CalibSpec, calibrate
     from bench.model.groups import find_input_groups
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from bench.cli.smoke import tiny_checkpoint
     from bench.runner.config import RunConfig, resolve_run
     from bench.runner.execute import AnalysisContext
-    from tasks.data.text_data import calibration_windows, load_text
+    from tasks.data.text_data import sample_text_windows, load_text
 
-    lm = load_model(str(tiny_checkpoint()), progress=False)
+    lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     config = RunConfig(task_options={"ppl-token": {"seq_len": 32}, "lama": {"max_candidates": 5}}, progress=False,
                        bos="none", tasks=["ppl-token", "lama"], **spec_kw)
     run = resolve_run(config)
-    windows = calibration_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
+    windows = sample_text_windows(lm.tokenizer, load_text("wiki", "calib"), 4, 32, 0)
     groups = find_input_groups(lm.model)
     st = calibrate(lm.model, groups, windows, frozenset({"C", "F", "pairs"}), CalibSpec(pair_tokens=32),
                    progress=False)

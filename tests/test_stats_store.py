@@ -63,13 +63,13 @@ def test_store_round_trip_and_budget(tmp_path, windows):
 def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     """--stats-memory below the total: several passes; a group file lost (a run killed mid-way) is recomputed
     alone, and the statistics equal those of an unbounded run."""
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from bench.calibration.engine import CalibSpec
     from bench.cli.smoke import tiny_checkpoint
     from bench.calibration.cache import load_or_calibrate, stats_folder
     from bench.calibration.group_files import group_file
 
-    lm = load_model(str(tiny_checkpoint()), progress=False)
+    lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
     needs = frozenset({"C", "F", "pairs"})
     cspec = CalibSpec(samples=2, seq_len=32, pair_tokens=32, bos="none")
@@ -141,11 +141,11 @@ def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, mon
     import bench.calibration.cache as statistics
     from bench.calibration.engine import CalibSpec
     from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
     from bench.results.store import claim_cell, release_cell
 
     monkeypatch.setattr(statistics, "CLAIM_POLL_S", 0.05)
-    lm = load_model(str(tiny_checkpoint()), progress=False)
+    lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
     needs, cspec = frozenset({"C"}), CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
     windows = statistics.calibration_windows(lm.tokenizer, cspec)
@@ -169,9 +169,9 @@ def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monke
     the values are the sweep's; a calibration of other tokens (another seed) is not taken for it."""
     import bench.calibration.cache as statistics
     from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    lm = load_model(str(tiny_checkpoint()), progress=False)
+    lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
     cspec = CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
     wide, _ = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C", "F", "pairs"}), progress=False)
@@ -187,9 +187,9 @@ def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monke
 
 def _tiny_lm():
     from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    lm = load_model(str(tiny_checkpoint()), progress=False)
+    lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     return lm, find_input_groups(lm.model), CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
 
 

@@ -96,9 +96,9 @@ def test_a_run_without_its_reference_is_refused_in_one_line(tiny, tmp_path):
 
 def test_the_pools_are_stratified_and_score_as_evaluate_does(tiny):
     import tasks
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    lm = load_model(str(tiny), progress=False)
+    lm = open_and_load_model(str(tiny), progress=False)
     lama = tasks.get_task("lama").from_options({"per_relation": 6})
     pool = lama.item_pool(lm.tokenizer)
     assert len(pool) == 42

@@ -44,9 +44,9 @@ def test_deploy_converts_only_where_nothing_refuses(monkeypatch):
     w = torch.randn(64, 128).t().contiguous().t()  # not contiguous: the converter is handed a contiguous copy
     got = []
     convert = lambda t: got.append(t) or t * 2
-    assert ss.deploy(w, 2, 4, convert) is w and not got  # on CPU: refused, the weight as it is
+    assert ss.deploy_semi_structured(w, 2, 4, convert) is w and not got  # on CPU: refused, the weight as it is
     monkeypatch.setattr(ss, "refusal", lambda *a, **k: None)
-    out = ss.deploy(w, 2, 4, convert)
+    out = ss.deploy_semi_structured(w, 2, 4, convert)
     assert len(got) == 1 and got[0].is_contiguous() and torch.equal(got[0], w) and torch.equal(out, w * 2)
 
 

@@ -94,7 +94,7 @@ def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:
 
 
 def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:
-    from tasks.data.text_data import calibration_windows as windows, load_text
+    from tasks.data.text_data import load_text, sample_text_windows as windows
 
     return windows(tokenizer, load_text(cspec.source, "calib"), cspec.samples, cspec.seq_len, cspec.seed, cspec.bos)
 
@@ -232,11 +232,11 @@ def calibrated_passes(model, chunks: list[list], windows: torch.Tensor, needed: 
     for i, chunk in enumerate(chunks):
         stats = calibrate(model, chunk, windows, needed, cspec, batch_size=max(1, batch_size // 2),
                           progress=progress, desc=f"calibrate pass {i + 1}/{len(chunks)}")
-        check_finite(stats)
+        check_statistics_finite(stats)
         yield chunk, stats
 
 
-def check_finite(stats: dict[str, GroupStats]) -> None:
+def check_statistics_finite(stats: dict[str, GroupStats]) -> None:
     for name, s in stats.items():
         for f in ("C", "F", "abs_mean", "mean", "abs_hist", "act_hist", "xs", "gs"):
             t = getattr(s, f)

@@ -102,9 +102,9 @@ def cmd_smoke(args) -> int:
 
 
 def _prepare_model(name: str) -> str:
-    from bench.model.sources import load_model
+    from bench.model.sources import open_and_load_model
 
-    return load_model(name).fingerprint.get("sha256", "")[:12]
+    return open_and_load_model(name).fingerprint.get("sha256", "")[:12]
 
 
 def cmd_prepare(args) -> int:

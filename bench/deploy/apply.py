@@ -114,7 +114,7 @@ def _apply_masked_weights(model: nn.Module, group, result: MaskedWeights) -> Und
     with torch.no_grad():
         for name, site in zip(group.site_names, group.sites):
             undo.weights.append((site, site.weight))
-            weight = semi_structured.deploy(result.deployed_weight(name, site.weight.detach()), result.pattern.n,
+            weight = semi_structured.deploy_semi_structured(result.deployed_weight(name, site.weight.detach()), result.pattern.n,
                                             result.pattern.m)
             site.weight = nn.Parameter(weight, requires_grad=False)
     _record_layout(model, {n: {"form": result.form, "pattern": result.pattern.budget} for n in group.site_names})

@@ -192,7 +192,7 @@ def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows
     statistics of the calibration windows as the blocks before it, already compressed, pass them on. Returns the
     Deployment and the calibration's counts (tokens, blocks, seconds, held bytes); statistics are not cached (they
     depend on the method and budget that compressed the blocks before)."""
-    from bench.calibration.cache import check_finite
+    from bench.calibration.cache import check_statistics_finite
     from bench.calibration.sequential import sequential_pass
 
     comp = methods.build(method, method_options)
@@ -211,7 +211,7 @@ def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows
 
     try:
         counts = sequential_pass(model, groups, windows, comp.required_stats(), spec, compress_block, batch_size,
-                                 progress, check=check_finite)
+                                 progress, check=check_statistics_finite)
     except BaseException:
         Deployment(model, summaries, undo).restore()
         raise

@@ -46,7 +46,7 @@ def refusal(weight: torch.Tensor, n: int, m: int, capability: tuple[int, int] | 
     return None
 
 
-def deploy(weight: torch.Tensor, n: int, m: int, convert=None) -> torch.Tensor:
+def deploy_semi_structured(weight: torch.Tensor, n: int, m: int, convert=None) -> torch.Tensor:
     """The weight a masked site runs: a semi-structured sparse tensor where one applies (`convert`, the backend's
     from_dense unless given), else the weight as it is."""
     if refusal(weight, n, m) is not None:

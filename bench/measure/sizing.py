@@ -43,10 +43,10 @@ def stored_spreads(folders, model: str, task: str, ref: str) -> list[Spread]:
     """Every stored (method, budget) cell of `model` on `task` paired with `ref`'s at the same budget, as the
     leaderboard pairs them (same items in the same order)."""
     from core.record import calibration_mode
-    from leaderboard.load import load_results
+    from leaderboard.load import read_result_set
     from leaderboard.tables import row_name
 
-    cells = [c for c in load_results(*[f for f in folders if Path(f).is_dir()]).cells
+    cells = [c for c in read_result_set(*[f for f in folders if Path(f).is_dir()]).cells
              if c.cell.model == model and c.cell.task == task and not c.cell.is_analysis]
 
     def where(c):  # a row pairs with the reference of its own budget and calibration mode, as in its table

@@ -486,7 +486,7 @@ def check_load_arguments(model, dtype, device, device_map, progress) -> str:
     return model
 
 
-def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
+def open_and_load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> LoadedModel:
     model = check_load_arguments(model, dtype, device, device_map, progress)
     return load_weights(open_model(model, dtype, progress, device_map), device)

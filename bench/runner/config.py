@@ -518,7 +518,7 @@ def check_methods(config: RunConfig, names) -> None:
             raise UserError(f"method '{variant}': {e}") from None
 
 
-def check_reference(config: RunConfig, names) -> None:
+def check_until_decided_reference(config: RunConfig, names) -> None:
     if not isinstance(config.reference, str) or config.reference not in names:
         raise UserError(f"--until-decided tests every method against --reference {config.reference!r}, which this run "
                         f"does not compress: add it to --methods or name one of {', '.join(names) or 'them'}")
@@ -708,7 +708,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
 
     margins = check_margins(config.margin, "--margin")
     if config.until_decided:
-        check_reference(config, names)
+        check_until_decided_reference(config, names)
         model_tasks = {name: until_decided_task(task, config, margins) for name, task in model_tasks.items()}
     return Run(config=config, methods=names,
                ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),

@@ -760,11 +760,6 @@ def sweep_runs(runs: list[Run]) -> list[Prepared]:
     return prepared
 
 
-def sweep(run: Run) -> dict:
-    """One model's sweep on this machine: prepare, then execute locally."""
-    return sweep_runs([run])[0].outcome
-
-
 def sweep_models(runs: list[Run]) -> list[dict]:
     """Several models' sweep on this machine (`sweep_runs`): each model's outcome."""
     return [p.outcome for p in sweep_runs(runs)]

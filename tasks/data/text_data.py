@@ -183,7 +183,7 @@ def _with_window_bos(tokenizer, rows: torch.Tensor, bos: str) -> torch.Tensor:
     return torch.cat([torch.full((rows.shape[0], 1), tokenizer.bos_token_id, dtype=rows.dtype), rows], dim=1)
 
 
-def calibration_windows(tokenizer, text: str, samples: int, seq_len: int, seed: int, bos: str = "none") -> torch.Tensor:
+def sample_text_windows(tokenizer, text: str, samples: int, seq_len: int, seed: int, bos: str = "none") -> torch.Tensor:
     """`samples` random windows of `seq_len` tokens from the calibration text (seeded), under a BOS protocol."""
     if seq_len < 2:
         raise UserError(f"--calib-seq-len {seq_len} leaves no next-token target: use at least 2 (e.g. 256)")
