@@ -72,7 +72,7 @@ def test_semi_structured_2_4_on_cuda(benchmark, shape, tokens):
     why = ss.refusal(masked, 2, 4)
     if why is not None:
         pytest.skip(why)
-    sparse = ss.deploy(masked, 2, 4)
+    sparse = ss.deploy_semi_structured(masked, 2, 4)
     x = torch.randn(tokens, d_in, device="cuda", dtype=torch.bfloat16)
     F = torch.nn.functional
     _alternate(benchmark, lambda: F.linear(x, masked), lambda: F.linear(x, sparse),
