@@ -14,6 +14,7 @@ Each call checks what it is given as `bench run` does and raises `core.errors.Us
 from __future__ import annotations
 
 import functools
+import math
 import inspect
 import hashlib
 import os
@@ -41,8 +42,72 @@ from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, m
 from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
 from bench.runner.one_variant import Compressed, compress_variant
 
-__all__ = ["Compressed", "LoadedModel", "compress", "evaluate", "load_model", "load_results", "methods", "sweep",
-           "tasks"]
+__all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "load_model", "load_results", "methods",
+           "sweep", "tasks"]
+
+
+class _Scored:
+    """What core.significance reads of a result: its per-item records and details."""
+
+    def __init__(self, records, details):
+        self.records, self.details = records, details
+
+
+def _scored(result, task: str | None, what: str) -> tuple[_Scored, str | None, str | None, dict]:
+    """(records holder, task name, primary metric, higher_is_better) of an evaluate result, a stored cell (as sweep
+    returns it, or a CellRecord), or evaluate's whole {task: result} with `task` naming one."""
+    from core.record import CellRecord
+    from tasks.base import TaskResult
+
+    if isinstance(result, Mapping) and "cell" in result:
+        result = CellRecord.from_json(dict(result))
+    if isinstance(result, Mapping):
+        if task not in result:
+            raise UserError(f"compare: {what} is evaluate's {{task: result}}: name one of its tasks with task= "
+                            f"({', '.join(map(str, result)) or 'none'})")
+        result = result[task]
+    if isinstance(result, CellRecord):
+        return (_Scored(result.records, result.details), result.cell.task, result.primary_metric,
+                result.higher_is_better)
+    if isinstance(result, TaskResult):
+        return _Scored(result.records, result.details), task, result.primary_metric or None, result.higher_is_better
+    raise UserError(f"compare: {what} is a {type(result).__name__}: pass what evaluate or sweep returned (a task's "
+                    "result, evaluate's dict with task=, or a stored cell)")
+
+
+def compare(reference, other, task: str | None = None, margin: float | None = None) -> dict:
+    """The paired difference other - reference on the items both scored, as the leaderboard prints it: `diff`,
+    `ci95` and `p` (a confidence sequence and no p for results evaluated until decided), `n`, `test`, the
+    difference it had 80 % power to detect (`detectable`) and the `verdict` (better, worse, equivalent within
+    `margin` (default: the task's own), undecided). `reference`, `other`: what evaluate returned (one task's
+    result, or the whole dict with `task=`) or a cell sweep returned."""
+    import tasks as registry
+
+    from core.significance import compare as paired, detectable_difference, record_scores, verdict
+
+    a, name, metric, higher = _scored(reference, task, "reference")
+    b, other_name, other_metric, _ = _scored(other, task, "other")
+    name = name or other_name
+    metric = metric or other_metric
+    for side, held in (("reference", a), ("other", b)):
+        scores = record_scores(held.records)
+        if scores and not all(math.isfinite(v) for v in scores[1]):
+            raise UserError(f"compare: the {side}'s records hold a score that is not a finite number: a broken "
+                            "evaluation, not one to compare")
+    d = paired(a, b)
+    if d is None:
+        raise UserError("compare: the two results did not score the same items in the same order (or keep no "
+                        "per-item records): evaluate both with the same task settings")
+    if margin is None and name in registry.known_tasks():
+        margin = registry.get_task(name).margin
+    if name in registry.known_tasks() and (metric is None or metric not in higher):
+        cls = registry.get_task(name)
+        metric, higher = cls.primary_metric, cls.higher_is_better
+    # per-window NLL is compared (perplexity's unit): lower is better whatever the metric shown
+    kind = (record_scores(a.records) or ("", []))[0]
+    direction = False if kind == "nll" else higher.get(metric) if metric else None
+    return {**d, "detectable": detectable_difference(a, b), "verdict": verdict(d, margin, direction),
+            "margin": margin}
 
 
 def methods() -> list[dict]:

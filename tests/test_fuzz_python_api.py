@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import bench
 from core.errors import UserError
-from fuzz_common import json_leaf
+from fuzz_common import json_leaf, json_value
 
 SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
               "tasks", "calib_source", "calib_samples", "calib_seq_len", "pair_tokens", "seed", "bos", "dtype",
@@ -143,3 +143,34 @@ def test_load_results_folders_end_in_one_line_or_a_frame(tmp_path_factory, folde
         assert ("names no folder" in str(e)) if bad is None else (str(tmp / bad) in str(e))
         if bad in ("a-file", "results/LEADERBOARD.md"):
             assert "is a file, not a folder" in str(e)
+
+
+def _result(records):
+    from tasks.base import TaskResult
+
+    return TaskResult(metrics={"x": 0.0}, records=records)
+
+
+RECORDS = st.one_of(
+    st.lists(st.fixed_dictionaries({"id": st.integers(0, 5), "correct": st.sampled_from([0, 1, True, 2, "x"])}),
+             max_size=6),
+    st.lists(st.fixed_dictionaries({"window": st.integers(0, 5), "nll": st.floats(allow_nan=True)}), max_size=6),
+    st.lists(json_value, max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=RECORDS, b=RECORDS, task=st.sampled_from([None, "lama", "ppl-token", "nope"]),
+       margin=st.one_of(st.none(), st.floats(allow_nan=True)), wrap=st.sampled_from(["result", "dict", "other"]))
+def test_compare_of_any_results_ends_in_one_line_or_a_comparison(a, b, task, margin, wrap):
+    """bench.compare of results holding any records (mismatched, empty, of other kinds), any task and margin: one
+    UserError line or a comparison with its verdict."""
+    ra, rb = _result(a), _result(b)
+    if wrap == "dict":
+        ra, rb = {"lama": ra}, {"lama": rb}
+    elif wrap == "other":
+        ra = a
+    out = one_line_or_result(lambda: bench.compare(ra, rb, task=task, margin=margin))
+    if out is not None:
+        assert out["verdict"] in ("better", "worse", "equivalent", "undecided", "higher", "lower")
+        nan = any(isinstance(r, dict) and isinstance(r.get("nll"), float) and r["nll"] != r["nll"] for r in a + b)
+        assert not nan  # a NaN score is refused, never given a verdict

@@ -254,3 +254,34 @@ def test_one_vocabulary_across_the_calls(lm, tmp_path):
     found = {t["name"]: t for t in bench.tasks()}
     assert list(found) == task_registry.known_tasks() and found["lama"]["margin"] == 0.02
     assert found["ppl-token"]["higher_is_better"] is False
+
+
+def test_compare_gives_what_the_leaderboard_prints(lm, tiny, tmp_path):
+    """bench.compare on evaluate's results and on sweep's cells: the leaderboard's paired difference, interval,
+    detectable difference and verdict (core.significance's, computed here another way: by the cells' own records)."""
+    from core.record import CellRecord
+    from core.significance import compare as paired, detectable_difference, verdict
+
+    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    sizes = {"ppl_windows": 4, "ppl_seq_len": 16, "lama_limit": 2, "progress": False}
+    dense = bench.evaluate(lm, tasks=["ppl-token", "lama"], **sizes)
+    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
+        pca = bench.evaluate(c, tasks=["ppl-token", "lama"], **sizes)
+    got = bench.compare(dense, pca, task="ppl-token")
+    want = paired(dense["ppl-token"], pca["ppl-token"])
+    assert got["diff"] == pytest.approx(want["diff"]) and got["ci95"] == pytest.approx(want["ci95"])
+    assert got["verdict"] == verdict(want, 0.02, False) and got["margin"] == 0.02
+    assert got["detectable"] == pytest.approx(detectable_difference(dense["ppl-token"], pca["ppl-token"]))
+    lama = bench.compare(dense["lama"], pca["lama"], task="lama", margin=0.5)
+    assert lama["test"] == "McNemar exact" and lama["margin"] == 0.5
+    with pytest.raises(bench.UserError, match="name one of its tasks with task="):
+        bench.compare(dense, pca)
+    with pytest.raises(bench.UserError, match="pass what evaluate or sweep returned"):
+        bench.compare(3, pca["lama"])
+    cells = bench.sweep(model=str(tiny), methods=["pca", "svd"], rank=[0.5], tasks=["ppl-token"], ppl_windows=3,
+                        ppl_seq_len=16, calib_samples=2, calib_seq_len=32, measure_latency=False,
+                        output=str(tmp_path / "r"), progress=False, report=False)
+    by = {c["cell"]["method"]: c for c in cells}
+    got = bench.compare(by["pca"], by["svd"])  # a stored cell names its own task
+    want = paired(CellRecord.from_json(by["pca"]), CellRecord.from_json(by["svd"]))
+    assert got["diff"] == pytest.approx(want["diff"]) and got["n"] == 3
