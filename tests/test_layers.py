@@ -300,8 +300,10 @@ def test_the_length_check_sees_a_long_function(tmp_path):
 # ---------------------------------------------------------------- one public name, one meaning
 
 LIBRARY = ("bench", "core", "tasks", "methods", "leaderboard", "analyses")
-# the same name on purpose: each plugin registry's `build` builds its plugins from names and options
-SHARED_NAMES = {"build": {"methods/__init__.py", "analyses/__init__.py"}}
+# the same name on purpose: each plugin registry's `build` builds its plugins from names and options; the API's
+# `compare` is core.significance's paired comparison over what evaluate and sweep return, with its verdict
+SHARED_NAMES = {"build": {"methods/__init__.py", "analyses/__init__.py"},
+                "compare": {"bench/api.py", "core/significance.py"}}
 
 
 def public_definitions(files) -> dict[str, list[str]]:
