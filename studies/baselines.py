@@ -99,6 +99,10 @@ def tables(rows: list[dict], models) -> list[str]:
         lines += [tabulate(body, headers=["budget", "new", "vs", "ppl new", "ppl old", "compute new / old",
                                           "Δ NLL new − old [95 %]", "p", "Holm p", "verdict", "new calibrated on",
                                           "old calibrated on"], tablefmt="github", disable_numparse=True), ""]
+        done = {(r["budget"], r["new"].cell.method, r["old"].cell.method) for r in mine}
+        pending = [f"{n} vs {o} ({b})" for b, new, old in SECTIONS for n in new for o in old if (b, n, o) not in done]
+        if pending:
+            lines += [f"Not yet measured ({len(pending)}): {'; '.join(pending)}.", ""]
     return lines
 
 
