@@ -19,9 +19,14 @@ def page_code() -> str:
     return "\n".join(blocks)
 
 
+OUT_LINE = 'OUT = Path(tempfile.mkdtemp(prefix="acbench-"))'
+
+
 def run_page(code: str, out: Path, capsys) -> str:
-    namespace = {"OUT": out, "__name__": "python_api_page"}
-    exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page is the project's own
+    """The page's code in one namespace, its OUT the test's folder (the page makes a temporary one of its own)."""
+    assert code.count(OUT_LINE) == 1, "the page defines OUT once, in its first block"
+    namespace = {"__name__": "python_api_page"}
+    exec(compile(code.replace(OUT_LINE, f"OUT = Path({str(out)!r})"), str(PAGE), "exec"), namespace)  # noqa: S102
     return capsys.readouterr().out
 
 
