@@ -523,9 +523,16 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
 @keeps_caller_state
 def sweep(model=DEFAULT_MODEL, **keywords) -> list[dict]:
     """What `bench run` does, with its flags as keywords (`methods=["pca", "fasc-kfac"], rank=[0.5],
-    lama_limit=5, output="results"`): the missing cells computed and stored, the leaderboard written (unless
-    report=False). `model`: one model or a list (one results folder each, pooled in the report). Returns every
-    cell the sweep asks for, as stored (a rerun computes only what is missing and returns them all)."""
+    lama_limit=5, output="results"`): the missing cells computed and stored under `output`, the leaderboard
+    written there (unless report=False). Without `output` nothing is kept: the cells are computed in a temporary
+    folder, returned, and the folder removed (no leaderboard). `model`: one model or a list (one results folder
+    each, pooled in the report). Returns every cell the sweep asks for, as stored (with `output`, a rerun computes
+    only what is missing and returns them all)."""
+    if "output" not in keywords:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="acbench-sweep-") as tmp:
+            return sweep(model, **{**keywords, "output": tmp, "report": keywords.get("report", False)})
     configs = sweep_configs(model, keywords)
     if any(c.executor != "local" for c in configs):
         raise UserError("executor= other than local: run a Ray sweep with `bench run --executor ray`")

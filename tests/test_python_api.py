@@ -285,3 +285,16 @@ def test_compare_gives_what_the_leaderboard_prints(lm, tiny, tmp_path):
     got = bench.compare(by["pca"], by["svd"])  # a stored cell names its own task
     want = paired(CellRecord.from_json(by["pca"]), CellRecord.from_json(by["svd"]))
     assert got["diff"] == pytest.approx(want["diff"]) and got["n"] == 3
+
+
+def test_a_sweep_without_output_keeps_nothing(tiny, tmp_path, monkeypatch):
+    """No `output`: the cells come back and nothing is left on disk, in the working directory or the temp folder."""
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cells = bench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
+                        measure_latency=False, progress=False, **PPL)
+    assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
+    assert list(tmp_path.iterdir()) == [tmp_path / "tmp"] and not list((tmp_path / "tmp").iterdir())
