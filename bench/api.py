@@ -43,7 +43,7 @@ from bench.runner.execute import check_groups, check_lengths, warn_short_calibra
 from bench.runner.one_variant import Compressed, compress_variant
 
 __all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "load_model", "load_results", "methods",
-           "sweep", "tasks"]
+           "statistics_cache", "sweep", "tasks"]
 
 
 class _Scored:
@@ -108,6 +108,37 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     direction = False if kind == "nll" else higher.get(metric) if metric else None
     return {**d, "detectable": detectable_difference(a, b), "verdict": verdict(d, margin, direction),
             "margin": margin}
+
+
+def statistics_cache(clear: bool = False) -> list[dict]:
+    """The calibration statistics cache ($ACBENCH_STATS_CACHE, else the cache folder's stats/): one entry per
+    folder, largest first, with its `key`, `bytes` on disk, the calibration it holds (`spec`, `stats`, `tokens`) and
+    `path`. `clear=True` removes every folder no process is writing now (a claimed one is kept, and listed with
+    `kept: "being written"`) and returns what it removed and kept."""
+    import json
+    import shutil
+
+    from core.io import stats_cache_dir
+
+    root = stats_cache_dir()
+    out = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        try:
+            info = json.loads((folder / "info.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            info = {}
+        info = info if isinstance(info, dict) else {}
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        entry = {"key": folder.name, "bytes": size, "spec": info.get("spec"), "stats": info.get("stats"),
+                 "tokens": info.get("n_tokens"), "path": str(folder)}
+        if clear:
+            if any(f.name.endswith(".lock") for f in folder.iterdir()):
+                entry["kept"] = "being written"
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+                entry["removed"] = True
+        out.append(entry)
+    return sorted(out, key=lambda e: -e["bytes"])
 
 
 def methods() -> list[dict]:

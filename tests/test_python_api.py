@@ -298,3 +298,18 @@ def test_a_sweep_without_output_keeps_nothing(tiny, tmp_path, monkeypatch):
                         measure_latency=False, progress=False, **PPL)
     assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
     assert list(tmp_path.iterdir()) == [tmp_path / "tmp"] and not list((tmp_path / "tmp").iterdir())
+
+
+def test_the_statistics_cache_is_listed_and_cleared(lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
+    assert bench.statistics_cache() == []
+    with bench.compress(lm, None, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=True):
+        pass
+    (entry,) = bench.statistics_cache()
+    assert entry["bytes"] > 0 and entry["spec"]["samples"] == 2 and entry["stats"] == ["C"] and entry["tokens"] == 64
+    busy = tmp_path / "stats" / "busy"
+    busy.mkdir()
+    (busy / ".calibration.lock").write_text("1")
+    done = {e["key"]: e for e in bench.statistics_cache(clear=True)}
+    assert done[entry["key"]]["removed"] and done["busy"]["kept"] == "being written"
+    assert [p.name for p in (tmp_path / "stats").iterdir()] == ["busy"]
