@@ -218,12 +218,46 @@ def kept_state():
 
 
 def keeps_caller_state(fn):
-    """`fn` run inside kept_state."""
+    """`fn` run inside kept_state, its refusals in the API's words (api_words)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with kept_state():
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except UserError as e:
+                raise UserError(api_words(str(e), fn.__name__)) from None
     return wrapper
+
+
+# a flag, as a refusal shared with the CLI names it -> the keyword of the call (the rest: its snake_case name)
+_KEYWORDS = {"compress": {"calib-samples": "samples", "calib-seq-len": "seq_len", "calib-source": "calibration",
+                          "merged": "merge", "method-option": "method_options", "method": "method"},
+             "sweep": {"task-option": "task_options", "method-option": "method_options",
+                       "analysis-option": "analysis_options", "no-latency": "measure_latency=False",
+                       "quiet": "progress=False"},
+             "evaluate": {"task-option": "task_options"}}
+
+
+def api_words(message: str, call: str) -> str:
+    """A refusal shared with the CLI, in the words of the Python call that met it: `--calib-samples` becomes
+    `samples=` in compress (`calib_samples=` in sweep), and the config file a Python caller never wrote is not
+    mentioned."""
+    import re
+
+    names = _KEYWORDS.get(call, {})
+
+    def keyword(m):
+        flag, value = m.group(1), m.group(2)
+        word = names.get(flag, flag.replace("-", "_"))
+        return word if "=" in word else f"{word}={value or ''}"
+
+    message = re.sub(r"(?:,? or (?:that|its) (?:key|block) (?:in|of) the --config file)", "", message)
+    # "--rank 0.5" -> "rank=0.5"; "--calib-samples must be ..." -> "samples= must be ..."
+    # a command quoted in backticks (`bench run --executor ray`) is one to type, and stays as it is
+    words = r"(?:must|is|are|has|have|needs|and|or|with|to|for|of|in|exceeds|names|takes|cannot|does|only)\b"
+    flag = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?: (?!" + words + r")([^\s:;,`]+))?")
+    parts = message.split("`")
+    return "`".join(part if i % 2 else flag.sub(keyword, part) for i, part in enumerate(parts))
 
 
 @keeps_caller_state

@@ -313,3 +313,21 @@ def test_the_statistics_cache_is_listed_and_cleared(lm, tmp_path, monkeypatch):
     done = {e["key"]: e for e in bench.statistics_cache(clear=True)}
     assert done[entry["key"]]["removed"] and done["busy"]["kept"] == "being written"
     assert [p.name for p in (tmp_path / "stats").iterdir()] == ["busy"]
+
+
+def test_refusals_speak_the_calls_keywords(lm):
+    """A refusal shared with the CLI names the keyword the Python caller typed, not a flag, and no config file."""
+    from bench.api import api_words
+
+    small = {"progress": False, "cache": False}
+    with pytest.raises(bench.UserError, match=r"^samples= must be a positive integer, got 0$"):
+        bench.compress(lm, None, "pca", rank=0.5, samples=0, **small)
+    with pytest.raises(bench.UserError, match=r"pass e\.g\. rank=0\.5 "):
+        bench.compress(lm, None, "pca", rank=2, **small)
+    with pytest.raises(bench.UserError) as e:
+        bench.compress(lm, None, "pca", rank=0.5, allocate="fishr", **small)
+    assert "--" not in str(e.value) and "allocate=fishr" in str(e.value)
+    assert api_words("run setting x: fix --calib-samples or that key in the --config file", "sweep") == \
+        "run setting x: fix calib_samples="
+    assert api_words("run a Ray sweep with `bench run --executor ray`", "sweep") == \
+        "run a Ray sweep with `bench run --executor ray`"  # a command to type stays one
