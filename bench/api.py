@@ -2,13 +2,14 @@
 
     import bench
     lm = bench.load_model("smollm2-135m")
-    with bench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
-        scores = bench.evaluate(c.model, lm.tokenizer, tasks=["lama", "ppl-token"])
+    with bench.compress(lm, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
+        scores = bench.evaluate(c, tasks=["lama", "ppl-token"])
         c.save("smollm2-fasc-kfac-0.5")
-    cells = bench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5])
+    cells = bench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5], output="results")
     frame = bench.load_results("results")
 
-Each call checks what it is given as `bench run` does and raises `core.errors.UserError` with the same one line.
+Each call checks what it is given as `bench run` does and raises `bench.UserError` with the same one line, in the
+call's keywords; each leaves the caller's process as it found it (kept_state).
 """
 
 from __future__ import annotations
@@ -399,7 +400,7 @@ def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
 
 
 @keeps_caller_state
-def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsity: str | float | None = None,
+def compress(model, tokenizer=None, method: str | None = None, *, rank: float | None = None, sparsity: str | float | None = None,
              calibration="wiki", text_column: str = "text", samples: int = 12, seq_len: int = 256,
              pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
              allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
@@ -408,8 +409,9 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
              calibration_mode: str = "one-pass", method_options: Mapping | None = None, **settings) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
     at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
-    `.restore()`, `.save(path)`). `model`: a loaded transformers causal LM on any device (`device_map` included),
-    or what `load_model` returns (then `tokenizer` may be None). `calibration`: a source name, a list of texts, a
+    `.restore()`, `.save(path)`). `model`: what `load_model` returns (`compress(lm, "pca", rank=0.5)`: its
+    tokenizer comes with it), or a loaded transformers causal LM on any device (`device_map` included) with its
+    tokenizer (`compress(model, tokenizer, "pca", rank=0.5)`). `calibration`: a source name, a list of texts, a
     `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
     (`bench ls methods`), as `--method-option` gives them; `method_options={...}` passes them apart from the call's
     own keywords, for a setting whose name is one of them (random's `seed`, svd-llm-v2's `allocate`). The other
@@ -421,6 +423,10 @@ def compress(model, tokenizer, method: str, *, rank: float | None = None, sparsi
 
     from tasks.data.text_data import resolve_bos
 
+    if method is None and isinstance(tokenizer, str):  # compress(lm, "pca", ...): the tokenizer comes with lm
+        method, tokenizer = tokenizer, None
+    if method is None:
+        raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see bench.methods())")
     lm = _loaded(model, tokenizer)
     ranks, patterns = _budget_lists(rank, sparsity)
     mine = method_settings(method, settings, method_options)

@@ -331,3 +331,14 @@ def test_refusals_speak_the_calls_keywords(lm):
         "run setting x: fix calib_samples="
     assert api_words("run a Ray sweep with `bench run --executor ray`", "sweep") == \
         "run a Ray sweep with `bench run --executor ray`"  # a command to type stays one
+
+
+def test_compress_takes_the_tokenizer_from_the_loaded_model(lm):
+    ids = torch.randint(3, 1000, (1, 8))
+    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    with bench.compress(lm, "pca", rank=0.5, **small) as c:
+        short = logits(c.model, ids)
+    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
+        assert torch.equal(short, logits(c.model, ids))
+    with pytest.raises(bench.UserError, match="compress needs a method"):
+        bench.compress(lm, rank=0.5, **small)
