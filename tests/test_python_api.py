@@ -219,8 +219,8 @@ def test_method_settings_travel_apart_from_the_calls_keywords(lm):
         with bench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
             ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
     assert ks[0] != ks[1]  # its own allocation across groups, then none
-    with pytest.raises(bench.UserError, match=r"'calib_samples' is neither a setting of pca .* did you mean samples="):
-        bench.compress(lm, None, "pca", rank=0.5, calib_samples=4, **small)
+    with pytest.raises(bench.UserError, match=r"'merged' is neither a setting of pca .* did you mean merge="):
+        bench.compress(lm, None, "pca", rank=0.5, merged=True, **small)
     with pytest.raises(bench.UserError, match="given both as a keyword and in method_options"):
         bench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
     with pytest.raises(bench.UserError, match="method_options must be a mapping"):
@@ -320,8 +320,8 @@ def test_refusals_speak_the_calls_keywords(lm):
     from bench.api import api_words
 
     small = {"progress": False, "cache": False}
-    with pytest.raises(bench.UserError, match=r"^samples= must be a positive integer, got 0$"):
-        bench.compress(lm, None, "pca", rank=0.5, samples=0, **small)
+    with pytest.raises(bench.UserError, match=r"^calib_samples= must be a positive integer, got 0$"):
+        bench.compress(lm, None, "pca", rank=0.5, calib_samples=0, **small)
     with pytest.raises(bench.UserError, match=r"pass e\.g\. rank=0\.5 "):
         bench.compress(lm, None, "pca", rank=2, **small)
     with pytest.raises(bench.UserError) as e:
@@ -342,3 +342,17 @@ def test_compress_takes_the_tokenizer_from_the_loaded_model(lm):
         assert torch.equal(short, logits(c.model, ids))
     with pytest.raises(bench.UserError, match="compress needs a method"):
         bench.compress(lm, rank=0.5, **small)
+
+
+def test_compress_names_the_calibration_size_as_sweep_does(lm):
+    """calib_samples= and calib_seq_len=, as sweep, bench run and RunConfig name them; the old samples= and
+    seq_len= still work with a DeprecationWarning, and both names with two values are refused."""
+    ids = torch.randint(3, 1000, (1, 8))
+    with bench.compress(lm, "pca", rank=0.5, calib_samples=2, calib_seq_len=32, progress=False, cache=False) as c:
+        new = logits(c.model, ids)
+        assert c.calibration["spec"]["samples"] == 2 and c.calibration["spec"]["seq_len"] == 32
+    with pytest.warns(DeprecationWarning, match="calib_samples="):
+        with bench.compress(lm, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=False) as c:
+            assert torch.equal(new, logits(c.model, ids))
+    with pytest.raises(bench.UserError, match="samples=2 and calib_samples=3 are the same setting"):
+        bench.compress(lm, "pca", rank=0.5, samples=2, calib_samples=3, progress=False, cache=False)
