@@ -8,7 +8,7 @@ problem with what it was given (one line naming it and the fix), so a program ca
 __version__ = "0.1.0"
 
 _API = ("Compressed", "LoadedModel", "compare", "compress", "evaluate", "load_model", "load_results", "methods",
-        "statistics_cache", "sweep", "tasks")
+        "statistics_cache", "sweep", "tasks", "to_frame")
 __all__ = ["__version__", "UserError", *_API]
 
 

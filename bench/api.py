@@ -44,7 +44,7 @@ from bench.runner.execute import check_groups, check_lengths, warn_short_calibra
 from bench.runner.one_variant import Compressed, compress_variant
 
 __all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "load_model", "load_results", "methods",
-           "statistics_cache", "sweep", "tasks"]
+           "statistics_cache", "sweep", "tasks", "to_frame"]
 
 
 class _Scored:
@@ -661,6 +661,42 @@ def write_leaderboard(folder: str | Path, margins: dict | None = None) -> Path:
     from bench.results.leaderboard_display import report_display
 
     return Path(write_report(str(folder), display=report_display(margins)))
+
+
+def to_frame(results, model: str | None = None, method: str | None = None):
+    """What `evaluate` or `sweep` returned as the DataFrame `load_results` gives: one row per (cell or task) and
+    metric, in load_results' columns. `sweep`'s cells fill every column; `evaluate`'s {task: result} fills the task,
+    metric, value, stderr, direction and item count, with `model` and `method` as given (the rest empty)."""
+    import pandas as pd
+
+    from core.record import CellRecord
+    from leaderboard.frame import COLUMNS, results_frame
+    from tasks.base import TaskResult
+
+    if isinstance(results, list) and all(isinstance(c, (Mapping, CellRecord)) for c in results):
+        try:
+            cells = [c if isinstance(c, CellRecord) else CellRecord.from_json(dict(c)) for c in results]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise UserError(f"to_frame: a cell sweep returned does not read as one ({e})") from None
+        return results_frame(cells)
+    if isinstance(results, Mapping) and all(isinstance(r, TaskResult) for r in results.values()):
+        rows = []
+        for task, r in results.items():
+            primary = r.primary_metric or getattr(_task_class(task), "primary_metric", "")
+            higher = {**getattr(_task_class(task), "higher_is_better", {}), **r.higher_is_better}
+            for name, value in r.metrics.items():
+                rows.append({"model": model, "method": method, "task": task, "kind": "task", "metric": name,
+                             "value": value, "stderr": r.stderr.get(name), "primary": name == primary,
+                             "higher_is_better": higher.get(name), "n_items": len(r.records)})
+        return pd.DataFrame(rows, columns=list(COLUMNS))
+    raise UserError(f"to_frame takes what sweep returned (a list of cells) or what evaluate returned ({{task: "
+                    f"result}}), not {type(results).__name__}")
+
+
+def _task_class(name: str):
+    import tasks as registry
+
+    return registry.get_task(name) if name in registry.known_tasks() else None
 
 
 def load_results(*folders: str | Path):

@@ -174,3 +174,13 @@ def test_compare_of_any_results_ends_in_one_line_or_a_comparison(a, b, task, mar
         assert out["verdict"] in ("better", "worse", "equivalent", "undecided", "higher", "lower")
         nan = any(isinstance(r, dict) and isinstance(r.get("nll"), float) and r["nll"] != r["nll"] for r in a + b)
         assert not nan  # a NaN score is refused, never given a verdict
+
+
+@settings(max_examples=60, deadline=None)
+@given(results=st.one_of(json_value, st.lists(json_value, max_size=3),
+                         st.dictionaries(st.sampled_from(["lama", "ppl-token", "nope"]), st.just(_result([])),
+                                         max_size=2)))
+def test_to_frame_of_anything_ends_in_one_line_or_a_frame(results):
+    frame = one_line_or_result(lambda: bench.to_frame(results))
+    if frame is not None:
+        assert "metric" in frame.columns

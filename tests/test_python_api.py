@@ -356,3 +356,25 @@ def test_compress_names_the_calibration_size_as_sweep_does(lm):
             assert torch.equal(new, logits(c.model, ids))
     with pytest.raises(bench.UserError, match="samples=2 and calib_samples=3 are the same setting"):
         bench.compress(lm, "pca", rank=0.5, samples=2, calib_samples=3, progress=False, cache=False)
+
+
+def test_every_result_converts_to_one_frame(lm, tiny, tmp_path):
+    """to_frame of what sweep returned is what load_results reads from disk (same columns and values); evaluate's
+    results give the same columns, with the task's metrics."""
+    out = tmp_path / "r"
+    cells = bench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
+                        measure_latency=False, output=str(out), progress=False, **PPL)
+    mine, stored = bench.to_frame(cells), bench.load_results(out)
+    assert list(mine.columns) == list(stored.columns)
+    key = ["method", "metric"]
+    left = mine.drop(columns=["file"]).sort_values(key).reset_index(drop=True)
+    right = stored.drop(columns=["file"]).sort_values(key).reset_index(drop=True)
+    assert left.equals(right)
+    scores = bench.evaluate(lm, tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=16, progress=False)
+    frame = bench.to_frame(scores, model="tiny", method="dense")
+    assert list(frame.columns) == list(stored.columns)
+    ppl = frame[frame.metric == "ppl"].iloc[0]
+    assert ppl.value == scores["ppl-token"].metrics["ppl"] and bool(ppl.primary) and not bool(ppl.higher_is_better)
+    assert ppl.n_items == 2 and ppl.model == "tiny"
+    with pytest.raises(bench.UserError, match="to_frame takes"):
+        bench.to_frame(3)
