@@ -296,3 +296,27 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     with pytest.raises(SystemExit, match="wants run 3 .* which stored 2"):
         main(["--readme", str(readme), "--results", str(results)])
     assert not [p for p in read_result_set(results).problems if ".runs" in p]  # the hidden logs are not cells
+
+
+def test_every_flag_the_docs_name_after_a_command_exists():
+    """Every `bench <command> ... --flag` written in README.md or docs/ (code blocks and inline code) is a flag that
+    command's parser knows (docs/cli.md once named a `bench compress --out` that never existed)."""
+    import re
+
+    from bench.cli import _parser
+
+    commands = {name: {o for action in sub._actions for o in action.option_strings}
+                for group in _parser()._subparsers._group_actions for name, sub in group.choices.items()}
+    unknown = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+        inline = re.findall(r"`([^`\n]+)`", re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S))
+        for line in (ln for seg in blocks + inline for ln in seg.splitlines()):
+            for m in re.finditer(r"\bbench ([a-z][a-z-]*)((?: +[^|;&#]*)?)", line):
+                known = commands.get(m.group(1))
+                if known is None:
+                    continue
+                unknown += [f"{path.name}: bench {m.group(1)} {flag}" for flag in
+                            re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)) if flag not in known]
+    assert unknown == []
