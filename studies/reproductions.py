@@ -192,8 +192,16 @@ def verdict(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellReco
     return out
 
 
+COMPUTE_GAP = 0.05  # compute ratios further apart than this: the two sides do not cost the same
+
+
 def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> str:
     found = conditions(better) + conditions(worse)
+    costs = [(c.cell.method, (c.compression or {}).get("compute_ratio")) for c in (better, worse)
+             if c.cell.method != DENSE]
+    if len(costs) == 2 and all(isinstance(v, (int, float)) for _, v in costs) and \
+            abs(costs[0][1] - costs[1][1]) > COMPUTE_GAP:
+        found.append("unequal compute (" + ", ".join(f"{m} {v:.2f}" for m, v in costs) + " of dense's)")
     if claim.task == "ppl-token" and dense is not None:
         base = dense.metrics["ppl"]
         gone = [c.cell.method for c in (better, worse)

@@ -145,3 +145,14 @@ def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
     import re
 
     assert re.search(r"\| fasc-kfac +\| pca +\| kfac +\| \d+ of \d+ ", doc.read_text())
+
+
+def test_unequal_compute_is_named_as_a_cause():
+    from studies.reproductions import rows
+
+    base = [3.0 + 0.02 * i for i in range(6)]
+    cells = [_cell("m", "dense", "ppl-token", "", None, base),
+             hand_cell("m", "larosa", "ppl-token", 0.5, [b + 0.4 for b in base], budget="unstructured", compute=0.5),
+             hand_cell("m", "cats", "ppl-token", 0.5, [b + 0.2 for b in base], budget="unstructured", compute=0.77)]
+    row = next(r for r in rows(cells) if r[3] == "larosa (density 0.5) better than cats (density 0.5)")
+    assert row[11] == "contradicts" and "unequal compute (larosa 0.50, cats 0.77 of dense's)" in row[12]
