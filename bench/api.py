@@ -84,7 +84,7 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     result, or the whole dict with `task=`) or a cell sweep returned."""
     import tasks as registry
 
-    from core.significance import compare as paired, detectable_difference, record_scores, verdict
+    from core.significance import compare as paired, record_scores, verdict
 
     a, name, metric, higher = _scored(reference, task, "reference")
     b, other_name, other_metric, _ = _scored(other, task, "other")
@@ -107,8 +107,7 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     # per-window NLL is compared (perplexity's unit): lower is better whatever the metric shown
     kind = (record_scores(a.records) or ("", []))[0]
     direction = False if kind == "nll" else higher.get(metric) if metric else None
-    return {**d, "detectable": detectable_difference(a, b), "verdict": verdict(d, margin, direction),
-            "margin": margin}
+    return {**d, "verdict": verdict(d, margin, direction), "margin": margin}
 
 
 def statistics_cache(clear: bool = False) -> list[dict]:
@@ -231,8 +230,7 @@ def keeps_caller_state(fn):
 
 
 # a flag, as a refusal shared with the CLI names it -> the keyword of the call (the rest: its snake_case name)
-_KEYWORDS = {"compress": {"calib-source": "calibration", "merged": "merge", "method-option": "method_options",
-                          "method": "method"},
+_KEYWORDS = {"compress": {"calib-source": "calibration", "merged": "merge", "method-option": "method_options"},
              "sweep": {"task-option": "task_options", "method-option": "method_options",
                        "analysis-option": "analysis_options", "no-latency": "measure_latency=False",
                        "quiet": "progress=False"},

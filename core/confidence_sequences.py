@@ -85,6 +85,12 @@ def mean_cs(d, budget: int, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarra
     return _running_intersection(lo, hi)
 
 
+def paired_cs(kind: str, d, budget: int, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """The confidence sequence of paired differences `d` of one kind of score: accuracy_cs for "accuracy", else
+    mean_cs tuned at `budget` items."""
+    return accuracy_cs(d, alpha) if kind == "accuracy" else mean_cs(d, budget, alpha)
+
+
 def sequential_decision(lo: float, hi: float, margin: float | None, higher: bool | None) -> str | None:
     """The decision a confidence sequence's current bounds support, or None while it is open: 'equivalent' when it
     lies within +-margin, 'better' or 'worse' when it excludes zero (the metric's direction says which)."""

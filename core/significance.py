@@ -88,8 +88,9 @@ def until_decided(cell: CellRecord) -> dict | None:
 def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     """Two cells evaluated until decided, paired on the items both scored (a prefix of the same seeded order): the
     difference, and the confidence sequence at that count in place of a fixed-n interval (they were read after every
-    block, so only a sequence is valid); its decision at the last look, the items used. None: not pairable."""
-    from core.confidence_sequences import accuracy_cs, mean_cs
+    block, so only a sequence is valid); its decision at the last look, the items used, and the difference it could
+    detect: a sequence detects one beyond its half-width plus z_b standard errors. None: not pairable."""
+    from core.confidence_sequences import paired_cs
 
     spec = until_decided(cell) or until_decided(ref_cell)
     a, b = item_scores(ref_cell), item_scores(cell)
@@ -99,24 +100,34 @@ def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     if n < 1 or item_keys(ref_cell)[:n] != item_keys(cell)[:n]:
         return None
     d = np.asarray(b[1][:n], dtype=np.float64) - np.asarray(a[1][:n], dtype=np.float64)
-    lo, hi = accuracy_cs(d) if a[0] == "accuracy" else mean_cs(d, budget=spec["budget"])
+    lo, hi = paired_cs(a[0], d, spec["budget"])
     sd = float(d.std(ddof=1)) if n > 1 else float("inf")
     half = (float(hi[-1]) - float(lo[-1])) / 2
     return {"diff": float(d.mean()), "ci95": [float(lo[-1]), float(hi[-1])], "ci90": [float(lo[-1]), float(hi[-1])],
             "p": None, "n": n, "budget": spec["budget"], "decision": spec.get("decision") if until_decided(cell)
-            else None, "detectable": half + Z_POWER_SEQ * sd / math.sqrt(n) if math.isfinite(half) else None,
+            else None, "detectable": half + Z_POWER * sd / math.sqrt(n) if math.isfinite(half) else None,
             "test": "confidence sequence (anytime-valid)"}
 
 
 def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
-    """The paired difference cell - reference on their common items, or None when they cannot be paired. Cells
-    evaluated until decided pair on the items both scored, with their confidence sequence (sequential_compare)."""
+    """The paired difference cell - reference on their common items with the difference it could detect, or None
+    when they cannot be paired. Cells evaluated until decided pair on the items both scored, with their confidence
+    sequence (sequential_compare)."""
     if until_decided(cell) or until_decided(ref_cell):
         return sequential_compare(ref_cell, cell)
+    pair = _same_items(ref_cell, cell)
+    if pair is None:
+        return None
+    kind, x, y = pair
+    return {**(mcnemar if kind == "accuracy" else paired_mean)(x, y), "detectable": _detectable(kind, x, y)}
+
+
+def _same_items(ref_cell: CellRecord, cell: CellRecord) -> tuple[str, list, list] | None:
+    """(kind, reference scores, scores) of two cells that scored the same items in the same order, else None."""
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
         return None
-    return (mcnemar if a[0] == "accuracy" else paired_mean)(a[1], b[1])
+    return a[0], a[1], b[1]
 
 
 def chance_levels(cell: CellRecord) -> list[float] | None:
@@ -147,8 +158,6 @@ POWER = 0.8
 Z_ALPHA = float(stats.norm.ppf(1 - ALPHA / 2))  # two-sided
 Z_POWER = float(stats.norm.ppf(POWER))
 Z_DETECT = Z_ALPHA + Z_POWER
-VERDICTS = ("better", "worse", "equivalent", "undecided")
-Z_POWER_SEQ = Z_POWER  # a sequence detects a difference beyond its half-width plus z_b standard errors
 
 
 def detectable_accuracy(discordant: float, n: int) -> float:
@@ -176,13 +185,15 @@ def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | Non
     if until_decided(cell) or until_decided(ref_cell):
         s = sequential_compare(ref_cell, cell)
         return None if s is None else s["detectable"]
-    a, b = item_scores(ref_cell), item_scores(cell)
-    if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
-        return None
-    d = np.asarray(b[1], dtype=np.float64) - np.asarray(a[1], dtype=np.float64)
+    pair = _same_items(ref_cell, cell)
+    return None if pair is None else _detectable(*pair)
+
+
+def _detectable(kind: str, ref: list, other: list) -> float | None:
+    d = np.asarray(other, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
     if len(d) < 2:
         return None
-    if a[0] == "accuracy":
+    if kind == "accuracy":
         return detectable_accuracy(float(np.mean(d != 0)), len(d))
     return detectable_mean(float(d.std(ddof=1)), len(d))
 

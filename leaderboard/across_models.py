@@ -14,7 +14,7 @@ from tabulate import tabulate
 from core.meta_analysis import (RANDOM_EFFECTS_MIN_K, cliques, common_effect, dersimonian_laird, friedman, holm,
                                 nemenyi_cd, paired_effect, scenario_ranks, stratified_mcnemar, win_rates)
 from core.record import ALL_GROUPS, CellRecord
-from core.significance import ALPHA, compare, detectable_difference, item_keys, item_scores, verdict
+from core.significance import ALPHA, compare, item_keys, item_scores, verdict
 
 from . import plots
 from .tables import (Column, file_slug, budget_title, chance_table, fmt_decision, fmt_interval, is_number,
@@ -84,7 +84,7 @@ def pooled_rows(grouped: dict, key: tuple, models: list[str], columns: list[Colu
                     shown = compare(ref_cell, cell)
                     per[model] = {"kind": pair[0], "ref": pair[1], "other": pair[2], "diff": diff, "var": var,
                                   "shown": shown, "verdict": verdict(shown, (margins or {}).get(col.task), col.higher),
-                                  "detectable": detectable_difference(ref_cell, cell)}
+                                  "detectable": shown["detectable"]}
             if len(per) < 2:
                 continue
             effects, variances = [p["diff"] for p in per.values()], [p["var"] for p in per.values()]

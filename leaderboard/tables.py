@@ -11,7 +11,7 @@ from core.record import (ALL_GROUPS, DENSE, ONE_PASS, CellRecord, calibration_la
                          variant_name)
 from core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from core.significance import ALPHA, above_chance, compare, detectable_difference, verdict
+from core.significance import ALPHA, above_chance, compare, verdict
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 
@@ -206,7 +206,7 @@ def rank_table(dense_cells: list[CellRecord], by_method: dict[str, list[CellReco
                     k = delta_key(col.label, ref)
                     row[k], (row[k + " lo"], row[k + " hi"]), row[k + " p"] = d["diff"], d["ci95"], d["p"]
                     row[k + " test"], row[k + " n"] = d["test"], d.get("n")
-                    row[k + " detectable"] = detectable_difference(ref_cells[col.task], by_task[col.task])
+                    row[k + " detectable"] = d.get("detectable")
                     row[k + " verdict"] = verdict(d, (margins or {}).get(col.task), col.higher)
         rec = []
         if dense:

@@ -21,7 +21,7 @@ from tabulate import tabulate
 
 from core.meta_analysis import holm
 from core.record import DENSE, CellRecord, calibration_label
-from core.significance import compare, detectable_difference, verdict
+from core.significance import compare, verdict
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
@@ -58,7 +58,7 @@ def comparisons(cells: list[CellRecord], models) -> list[dict]:
                     d = compare(b, a) if a and b else None
                     if d is not None:
                         out.append({"model": model, "budget": budget, "new": a, "old": b, "dense": dense, "d": d,
-                                    "detectable": detectable_difference(b, a)})
+                                    "detectable": d["detectable"]})
     for r, q in zip(out, holm([r["d"]["p"] for r in out])):
         r["holm_p"] = q
         r["verdict"] = verdict({**r["d"], "p": q}, MARGIN, False)

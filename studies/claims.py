@@ -23,7 +23,7 @@ from tabulate import tabulate
 
 from core.meta_analysis import RANDOM_EFFECTS_MIN_K, common_effect, dersimonian_laird, holm, paired_effect
 from core.record import DENSE, CellRecord
-from core.significance import ALPHA, above_chance, compare, detectable_difference, item_scores
+from core.significance import ALPHA, above_chance, compare, item_scores
 
 MODELS = ("gemma-3-270m", "smollm2-135m")
 RANKS = (0.9, 0.75, 0.5)
@@ -91,7 +91,7 @@ def comparison(cells: dict, models, rank: float, task: str, claimant: str, basel
         if shown is None:
             continue
         diff, var = paired_effect(item_scores(ref)[1], item_scores(other)[1])
-        per[m] = {"shown": shown, "diff": diff, "var": var, "detectable": detectable_difference(ref, other)}
+        per[m] = {"shown": shown, "diff": diff, "var": var, "detectable": shown["detectable"]}
     out = {"rank": rank, "task": task, "claimant": claimant, "baseline": baseline, "per_model": per,
            "common": None, "pooled": None, "interval": None, "detectable": None}
     if len(per) >= 2:

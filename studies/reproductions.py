@@ -23,7 +23,7 @@ from pathlib import Path
 
 from core.meta_analysis import holm
 from core.record import DENSE, CellRecord, calibration_mode
-from core.significance import ALPHA, above_chance, compare, detectable_difference
+from core.significance import ALPHA, above_chance, compare
 
 from studies import Side, find
 
@@ -171,7 +171,7 @@ def verdict(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellReco
     sign = -1.0 if lower_better else 1.0  # an NLL that falls is an improvement
     diff, lo, hi = sign * d["diff"], *sorted(sign * x for x in d["ci95"])
     lo90, hi90 = sorted(sign * x for x in d.get("ci90", d["ci95"]))
-    mde = detectable_difference(worse, better)
+    mde = d["detectable"]
     out = {"diff": diff, "ci95": (lo, hi), "p": d["p"], "p_holm": p_holm, "detectable": mde}
     margin = MARGIN[claim.task]
     decided = p_holm < ALPHA

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from core.record import CellId, CellRecord
-from core.significance import above_chance, compare, mcnemar, paired_mean
+from core.significance import above_chance, compare, detectable_difference, mcnemar, paired_mean
 
 
 def _pairs(b, c, both, neither):
@@ -107,7 +107,8 @@ def test_above_chance_with_varied_levels_is_the_normal_approximation(k):
 def test_compare_pairs_cells_only_on_the_same_items():
     ref, other = _pairs(4, 9, 10, 7)
     a, b = _cell(ref, [0.25] * len(ref)), _cell(other, [0.25] * len(ref))
-    assert compare(a, b) == mcnemar(ref, other)
+    # McNemar's result, with the difference the comparison could detect beside it
+    assert compare(a, b) == {**mcnemar(ref, other), "detectable": detectable_difference(a, b)}
     b.records = b.records[::-1]  # the same scores in another order: not the same items
     assert compare(a, b) is None
 

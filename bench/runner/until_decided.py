@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.confidence_sequences import accuracy_cs, mean_cs, sequential_decision
+from core.confidence_sequences import paired_cs, sequential_decision
 from tasks.base import Task, TaskResult
 
 
@@ -38,7 +38,7 @@ def reference_records(path: Path) -> list[dict] | None:
 def decide(kind: str, ref: list[float], mine: list[float], budget: int, margin, higher) -> tuple:
     """(decision or None, lower, upper) of the confidence sequence on the items scored so far."""
     d = np.asarray(mine, dtype=np.float64) - np.asarray(ref[:len(mine)], dtype=np.float64)
-    lo, hi = accuracy_cs(d) if kind == "accuracy" else mean_cs(d, budget=budget)
+    lo, hi = paired_cs(kind, d, budget)
     return sequential_decision(float(lo[-1]), float(hi[-1]), margin, higher), float(lo[-1]), float(hi[-1])
 
 
@@ -115,7 +115,7 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
             break
     if keep is not None:
         keep.unlink(missing_ok=True)
-    result = task.result_of(records[:min(len(records), len(pool))])
+    result = task.result_of(records)
     result.details["until_decided"] = {
         **spec.as_dict(), "budget": len(pool), "block": block, "items": len(records),
         "decision": decision, "interval": bounds,
