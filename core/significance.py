@@ -115,14 +115,14 @@ def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     sequence (sequential_compare)."""
     if until_decided(cell) or until_decided(ref_cell):
         return sequential_compare(ref_cell, cell)
-    pair = _same_items(ref_cell, cell)
+    pair = same_items(ref_cell, cell)
     if pair is None:
         return None
     kind, x, y = pair
     return {**(mcnemar if kind == "accuracy" else paired_mean)(x, y), "detectable": _detectable(kind, x, y)}
 
 
-def _same_items(ref_cell: CellRecord, cell: CellRecord) -> tuple[str, list, list] | None:
+def same_items(ref_cell: CellRecord, cell: CellRecord) -> tuple[str, list, list] | None:
     """(kind, reference scores, scores) of two cells that scored the same items in the same order, else None."""
     a, b = item_scores(ref_cell), item_scores(cell)
     if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or item_keys(ref_cell) != item_keys(cell):
@@ -185,7 +185,7 @@ def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | Non
     if until_decided(cell) or until_decided(ref_cell):
         s = sequential_compare(ref_cell, cell)
         return None if s is None else s["detectable"]
-    pair = _same_items(ref_cell, cell)
+    pair = same_items(ref_cell, cell)
     return None if pair is None else _detectable(*pair)
 
 

@@ -14,7 +14,7 @@ from tabulate import tabulate
 from core.meta_analysis import (RANDOM_EFFECTS_MIN_K, cliques, common_effect, dersimonian_laird, friedman, holm,
                                 nemenyi_cd, paired_effect, scenario_ranks, stratified_mcnemar, win_rates)
 from core.record import ALL_GROUPS, CellRecord
-from core.significance import ALPHA, compare, item_keys, item_scores, verdict
+from core.significance import ALPHA, compare, item_keys, same_items, verdict
 
 from . import plots
 from .tables import (Column, file_slug, budget_title, chance_table, fmt_decision, fmt_interval, is_number,
@@ -27,10 +27,8 @@ def _paired(ref: CellRecord | None, cell: CellRecord | None):
     """(kind, reference scores, scores) of two cells scored on the same items in the same order, else None."""
     if ref is None or cell is None:
         return None
-    a, b = item_scores(ref), item_scores(cell)
-    if not a or not b or a[0] != b[0] or len(a[1]) != len(b[1]) or len(a[1]) < 2 or item_keys(ref) != item_keys(cell):
-        return None
-    return a[0], a[1], b[1]
+    pair = same_items(ref, cell)
+    return pair if pair is not None and len(pair[1]) >= 2 else None
 
 
 def shared_sections(grouped: dict) -> dict[tuple, list[str]]:
