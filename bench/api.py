@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
+from core.log import say, shows_progress, status_lines
+from tasks.data.text_data import SHOWS_PARSE_BAR, WRITES_DATA_CACHE
 
 from bench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
 from bench.calibration.engine import CalibSpec
@@ -108,6 +110,25 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     kind = (record_scores(a.records) or ("", []))[0]
     direction = False if kind == "nll" else higher.get(metric) if metric else None
     return {**d, "verdict": verdict(d, margin, direction), "margin": margin}
+
+
+DEFAULT_CACHE_LIMIT = "20GB"  # from Python, where $ACBENCH_STATS_CACHE_LIMIT is unset
+
+
+def cache_bound(cache, cache_limit) -> int | None:
+    """The statistics cache's bound in bytes for a call with `cache` (checked: a bool) and `cache_limit` (a size,
+    else $ACBENCH_STATS_CACHE_LIMIT's, else DEFAULT_CACHE_LIMIT)."""
+    from core.io import stats_cache_limit
+    from core.units import parse_bytes
+
+    if not isinstance(cache, bool):
+        raise UserError(f"cache={cache!r}: pass True (keep the statistics on disk) or False (the default)")
+    if cache_limit is not None and not isinstance(cache_limit, (str, int)) or isinstance(cache_limit, bool):
+        raise UserError(f"cache_limit={cache_limit!r}: pass a size such as \"50GB\"")
+    if cache_limit is not None:
+        return parse_bytes(str(cache_limit), "cache_limit=")
+    from_env = stats_cache_limit()
+    return from_env if from_env is not None else parse_bytes(DEFAULT_CACHE_LIMIT)
 
 
 def statistics_cache(clear: bool = False) -> list[dict]:
@@ -217,11 +238,29 @@ def kept_state():
             hf_logging.disable_default_handler()
 
 
+@contextmanager
+def _reset_after(tokens):
+    try:
+        yield
+    finally:
+        for token in tokens:
+            token.var.reset(token)
+
+
 def keeps_caller_state(fn):
-    """`fn` run inside kept_state, its refusals in the API's words (api_words)."""
+    """`fn` run inside kept_state, its refusals in the API's words (api_words). Its status lines go through the
+    `bench` logger, dropped for a call made with progress=False; a caller who set that logger above INFO gets no
+    bars either."""
+    takes_progress = "progress" in inspect.signature(fn).parameters or fn.__name__ == "sweep"
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with kept_state():
+        if takes_progress and not shows_progress(kwargs.get("progress", True)):
+            kwargs["progress"] = False
+        shown = kwargs.get("progress", True) is not False
+        # the embedded text's parse is written to the cache folder only for a call that asked for the cache
+        asked = (WRITES_DATA_CACHE.set(kwargs.get("cache") is True), SHOWS_PARSE_BAR.set(shown))
+        with kept_state(), status_lines(shown), _reset_after(asked):
             try:
                 return fn(*args, **kwargs)
             except UserError as e:
@@ -416,7 +455,8 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
              pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
              allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
              solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
-             stats_memory: str | None = None, cache: bool = True, merge: bool = False, progress: bool = True,
+             stats_memory: str | None = None, cache: bool = False, cache_limit: str | None = None, merge: bool = False,
+             progress: bool = True,
              calibration_mode: str = "one-pass", method_options: Mapping | None = None, samples: int | None = None,
              seq_len: int | None = None, **settings) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
@@ -428,8 +468,9 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     (`bench ls methods`), as `--method-option` gives them; `method_options={...}` passes them apart from the call's
     own keywords, for a setting whose name is one of them (random's `seed`, svd-llm-v2's `allocate`). The other
     keywords are `bench compress`'s flags.
-    Statistics are cached by content when the model has a fingerprint (a model from `load_model`) and `cache`,
-    and held in memory otherwise. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
+    Statistics are held in memory; `cache=True` keeps them on disk by content (a model from `load_model`, which has a
+    fingerprint), saying their size before writing and refusing to take the cache past `cache_limit` (e.g. "50GB";
+    default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `bench.statistics_cache()` lists and clears it. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
     each on the compressed blocks' outputs (nothing cached: the statistics depend on the compression)."""
     import methods
 
@@ -442,6 +483,7 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     if method is None:
         raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see bench.methods())")
     lm = _loaded(model, tokenizer)
+    limit = cache_bound(cache, cache_limit)
     ranks, patterns = _budget_lists(rank, sparsity)
     mine = method_settings(method, settings, method_options)
     options = {methods.base_name(method): mine} if mine else {}
@@ -480,7 +522,7 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     if needed:
         if lm.fingerprint and cache:
             calibrated = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
-                                           progress, windows)
+                                           progress, windows, limit)
         else:
             calibrated = _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
                                                batch_size, progress)
@@ -590,10 +632,8 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
                             for v in data["sparsity"]]
     options = _with_shortcuts(shortcut_options(shortcuts, data.get("tasks", list(DEFAULT_TASKS))),
                               data.pop("task_options", None))
-    if isinstance(models, (torch.nn.Module, LoadedModel, Compressed)):
-        raise UserError("sweep(model=...) takes model names or paths (it opens each model itself, as bench run does): "
-                        "for a model in memory, use bench.compress and bench.evaluate, or save it and pass its folder")
-    models = [models] if isinstance(models, (str, Path)) else list(models)
+    models = [models] if isinstance(models, (str, Path, torch.nn.Module, LoadedModel, Compressed)) else list(models)
+    models = [_sweep_source(m) for m in models]
     if not models:
         raise UserError("model=[] names no model: pass one or more models")
     configs = []
@@ -605,6 +645,44 @@ def sweep_configs(models, keywords: dict) -> list[RunConfig]:
     return configs
 
 
+def _sweep_source(model):
+    """What a sweep opens for `model`: a name or path as given; a model `load_model` returned, by its source (the
+    sweep opens it again, as bench run does), unless it is compressed now (its cells would not be its source's)."""
+    if isinstance(model, Compressed):
+        raise UserError("sweep(model=...) got a compressed model: sweep the model it came from (load_model's result, "
+                        "after .restore()), or save it (.save(folder)) and evaluate that with bench.evaluate")
+    if isinstance(model, LoadedModel):
+        compressed = [n for n, m in model.model.named_modules() if type(m).__module__ == "core.compressed_layers"]
+        if compressed:
+            raise UserError(f"sweep(model=...) got a model compressed in place ({compressed[0]} ...): .restore() the "
+                            "handle compress returned first, so the sweep starts from the model as loaded")
+        if model.given is None:
+            raise UserError("sweep(model=...) got a model built in memory: save it with save_pretrained (and its "
+                            "tokenizer) and pass the folder")
+        return model.given
+    if isinstance(model, torch.nn.Module):
+        raise UserError("sweep(model=...) takes load_model's result, a model name or a checkpoint folder: for a "
+                        "model you built yourself, save it with save_pretrained (and its tokenizer) and pass the folder")
+    return model
+
+
+@contextmanager
+def _statistics_cache_for(cache, cache_limit):
+    """A sweep's statistics: with `cache`, kept in the shared cache under its bound (the bound given to the runner
+    for this call); without, in a temporary folder removed afterwards. The environment is restored by the caller's
+    kept_state."""
+    import tempfile
+
+    bound = cache_bound(cache, cache_limit)
+    if cache:
+        os.environ["ACBENCH_STATS_CACHE_LIMIT"] = str(bound)
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="acbench-stats-") as tmp:
+        os.environ["ACBENCH_STATS_CACHE"] = tmp
+        yield
+
+
 @keeps_caller_state
 def sweep(model=DEFAULT_MODEL, **keywords) -> list[dict]:
     """What `bench run` does, with its flags as keywords (`methods=["pca", "fasc-kfac"], rank=[0.5],
@@ -612,16 +690,21 @@ def sweep(model=DEFAULT_MODEL, **keywords) -> list[dict]:
     written there (unless report=False). Without `output` nothing is kept: the cells are computed in a temporary
     folder, returned, and the folder removed (no leaderboard). `model`: one model or a list (one results folder
     each, pooled in the report). Returns every cell the sweep asks for, as stored (with `output`, a rerun computes
-    only what is missing and returns them all)."""
+    only what is missing and returns them all). `model` may also be what `load_model` returned (opened again from
+    its source). The calibration statistics are computed for the call and removed after it, unless `cache=True`
+    keeps them in the shared cache (`cache_limit` as in `compress`)."""
+    cache, cache_limit = keywords.pop("cache", False), keywords.pop("cache_limit", None)
     if "output" not in keywords:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="acbench-sweep-") as tmp:
-            return sweep(model, **{**keywords, "output": tmp, "report": keywords.get("report", False)})
+            return sweep(model, **{**keywords, "output": tmp, "report": keywords.get("report", False),
+                                   "cache": cache, "cache_limit": cache_limit})
     configs = sweep_configs(model, keywords)
     if any(c.executor != "local" for c in configs):
         raise UserError("executor= other than local: run a Ray sweep with `bench run --executor ray`")
-    prepared = run_configs(configs)
+    with _statistics_cache_for(cache, cache_limit):
+        prepared = run_configs(configs)
     return [cell for p in prepared for cell in stored_cells(p)]
 
 
@@ -636,9 +719,9 @@ def run_configs(configs: list[RunConfig]) -> list:
         prepared = sweep_runs(runs)
     if said:
         kept = write_kept_lines(Path(configs[0].output) / STAGE_LOG, said)
-        print(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
+        say(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
     if configs[0].report:
-        print(f"leaderboard: {write_leaderboard(configs[0].output, configs[0].margin)}")
+        say(f"leaderboard: {write_leaderboard(configs[0].output, configs[0].margin)}")
     return prepared
 
 

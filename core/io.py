@@ -40,6 +40,29 @@ def stats_cache_dir() -> Path:
     return cache_dir() / "stats"
 
 
+STATS_CACHE_LIMIT = "ACBENCH_STATS_CACHE_LIMIT"
+
+
+def stats_cache_limit() -> int | None:
+    """The bound on the statistics cache's size on disk ($ACBENCH_STATS_CACHE_LIMIT, e.g. 50GB), None where unset:
+    a calibration that would take the cache past it is refused before it starts."""
+    from core.units import parse_bytes
+
+    text = os.environ.get(STATS_CACHE_LIMIT, "").strip()
+    return parse_bytes(text, STATS_CACHE_LIMIT) if text else None
+
+
+def folder_bytes(root: Path) -> int:
+    """The bytes of every file under `root` (0 where it does not exist); a file removed while counted is skipped."""
+    total = 0
+    for f in root.rglob("*") if root.is_dir() else ():
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except OSError:
+            continue
+    return total
+
+
 _HASHED: dict[tuple, str] = {}  # (path, inode, size, mtime_ns) -> digest: a file hashed once per process
 
 

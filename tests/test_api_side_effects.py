@@ -26,7 +26,7 @@ hf_logging.disable_default_handler()  # a caller's own logging choice
 before = state()
 import bench
 lm = bench.load_model(sys.argv[1], progress=False)
-c = bench.compress(lm, None, "pca", rank=0.5, calibration="wiki", samples=2, seq_len=32, progress=False, cache=False)
+c = bench.compress(lm, "pca", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32, progress=False)
 bench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16, progress=False)
 c.restore()
 bench.sweep(model=sys.argv[1], methods=["pca"], rank=[0.5], tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
@@ -46,4 +46,6 @@ def test_the_api_leaves_the_callers_process_as_it_found_it(tiny, tmp_path):
     changed = json.loads(r.stdout.strip().splitlines()[-1])
     assert changed == {}, changed
     assert list(out.rglob("ppl-token-*.json"))  # the sweep wrote where it was told
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and out not in p.parents)
+    assert written == [], written  # and nothing else: no statistics cache, no parsed data, nothing in the cwd
     assert not list(Path(tmp_path).glob("results*")) or (tmp_path / "results") == out  # nothing in the cwd besides

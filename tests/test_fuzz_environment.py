@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from tests.fuzz_common import outcome
 
 VARIABLES = ("ACBENCH_BANDWIDTH_MB", "ACBENCH_LOCK_TTL", "ACBENCH_DECODE_KERNEL", "ACBENCH_CACHE",
-             "ACBENCH_STATS_CACHE")
+             "ACBENCH_STATS_CACHE", "ACBENCH_STATS_CACHE_LIMIT")
 VALUES = st.one_of(st.text(max_size=12), st.sampled_from(["abc", "-1", "0", "1e12", "1e400", "nan", "inf", "16",
-                                                          "2.5", " 8 ", "triton", "tritn", "/dev/null", "/proc/x"]))
+                                                          "2.5", " 8 ", "triton", "tritn", "/dev/null", "/proc/x", "50GB",
+                                                          "2GiB", "-1GB", "1 KB"]))
 
 
 @given(name=st.sampled_from(VARIABLES), value=VALUES)
@@ -18,7 +19,7 @@ def test_any_value_of_any_variable_is_one_line_or_works(tmp_path_factory, monkey
     if "\x00" in value:
         return  # the environment cannot hold a NUL
     where = tmp_path_factory.mktemp("cwd")
-    cache_var = name in ("ACBENCH_CACHE", "ACBENCH_STATS_CACHE")
+    cache_var = name in ("ACBENCH_CACHE", "ACBENCH_STATS_CACHE", "ACBENCH_STATS_CACHE_LIMIT")
     # a cache variable is read by commands that use the cache: the report of a tree without cells, whose own
     # refusal ("no result cells") is the other possible line
     argv = ["report", "--results", str(where)] if cache_var else ["ls", "methods"]

@@ -16,13 +16,14 @@ SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_
               "tasks", "calib_source", "calib_samples", "calib_seq_len", "pair_tokens", "seed", "bos", "dtype",
               "batch_size", "stats_memory", "solve_dtype", "solve_device", "lama_limit", "ppl_windows", "limit",
               "task_options", "method_options", "analysis_options", "threads", "overwrite", "executor", "bogus",
-              "calibration_mode", "calibration"]
+              "calibration_mode", "calibration", "cache", "cache_limit"]
 COMPRESS_KEYS = ["samples", "seq_len", "pair_tokens", "seed", "bos", "budget", "rank_align", "allocate", "groups",
                  "blocks", "solve_dtype", "solve_device", "batch_size", "stats_memory", "text_column", "max_swaps",
-                 "score", "mitigation", "bogus", "calibration_mode", "method_options", "calib_samples", "merged"]
+                 "score", "mitigation", "bogus", "calibration_mode", "method_options", "calib_samples", "merged",
+                 "cache", "cache_limit"]
 value = st.one_of(json_leaf, st.lists(json_leaf, max_size=3), st.dictionaries(st.text(max_size=5), json_leaf,
                                                                                max_size=2),
-                  st.sampled_from(["sequential", "one-pass", "authors", "as-given"]))
+                  st.sampled_from(["sequential", "one-pass", "authors", "as-given", "1KB", "50GB", "-3GB"]))
 SLOW = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

@@ -5,6 +5,9 @@ CLI refuses in the same one line."""
 from __future__ import annotations
 
 import json
+import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,8 +247,19 @@ def test_one_vocabulary_across_the_calls(lm, tmp_path):
     assert config.sparsity == ["0.5", "2:4"]
     with pytest.raises(bench.UserError, match="rank= and ranks= are the same setting"):
         sweep_configs("m", {"rank": [0.5], "ranks": [0.25]})
-    with pytest.raises(bench.UserError, match="takes model names or paths"):
-        bench.sweep(model=lm, methods=["pca"], output=str(tmp_path / "r"))
+    stats_root = Path(os.environ["ACBENCH_STATS_CACHE"])
+    before = sorted(stats_root.rglob("*"))
+    sweep = {"methods": ["pca"], "rank": [0.5], "tasks": ["ppl-token"], "ppl_windows": 1, "ppl_seq_len": 16,
+             "calib_samples": 2, "calib_seq_len": 32, "measure_latency": False, "progress": False}
+    cells = bench.sweep(model=lm, **sweep)  # opened again from its source; nothing kept
+    assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
+    assert all(math.isfinite(c["metrics"][c["primary_metric"]]) for c in cells)
+    assert sorted(stats_root.rglob("*")) == before  # the statistics cache is opt-in (cache=True)
+    with bench.compress(lm, None, "pca", rank=0.5, **small):
+        with pytest.raises(bench.UserError, match="compressed in place"):
+            bench.sweep(model=lm, **sweep)
+    with pytest.raises(bench.UserError, match="save it with save_pretrained"):
+        bench.sweep(model=lm.model, **sweep)
     listed = bench.methods()
     assert [m["name"] for m in listed] == method_registry.known_methods()
     fasc = next(m for m in listed if m["name"] == "fasc-kfac")
@@ -378,3 +392,65 @@ def test_every_result_converts_to_one_frame(lm, tiny, tmp_path):
     assert ppl.n_items == 2 and ppl.model == "tiny"
     with pytest.raises(bench.UserError, match="to_frame takes"):
         bench.to_frame(3)
+
+
+def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm, capsys):
+    """compress keeps no statistics on disk unless cache=True; with it, their size is said before they are
+    written, a calibration that would take the cache past its bound is one line and writes nothing, and
+    bench.statistics_cache lists and clears it."""
+    root = Path(os.environ["ACBENCH_STATS_CACHE"])
+    small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
+    with bench.compress(lm, "pca", rank=0.5, **small):
+        pass
+    assert not list(root.rglob("*.safetensors")) and bench.statistics_cache() == []
+    with pytest.raises(bench.UserError, match=r"past its bound of 1\.0 KB: clear it"):
+        bench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="1KB", **small)
+    assert not list(root.rglob("*.safetensors"))
+    capsys.readouterr()
+    with bench.compress(lm, "pca", rank=0.5, cache=True, **small):
+        pass
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("calibration statistics: about")]
+    assert len(said) == 1 and "bound 20.0 GB" in said[0], said
+    (entry,) = bench.statistics_cache()
+    assert entry["bytes"] > 0 and entry["stats"] == ["C"]
+    with pytest.raises(bench.UserError, match="cache_limit="):
+        bench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="lots", **small)
+    (gone,) = bench.statistics_cache(clear=True)
+    assert gone["removed"] and bench.statistics_cache() == []
+
+
+def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys):
+    """Status lines are the `bench` logger's INFO records: progress=False drops them for the call, a caller who
+    sets the logger to WARNING drops them and the bars; warnings pass both ways."""
+    import logging
+
+    small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
+    logger = logging.getLogger("bench")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    try:
+        with bench.compress(lm, "pca", rank=0.5, progress=False, **small):
+            pass
+        assert seen and all(r.levelno >= logging.WARNING for r in seen)  # the short calibration's warnings
+        assert all(r.getMessage().startswith("warning: ") for r in seen)
+        level, seen[:] = logger.level, []
+        logger.setLevel(logging.WARNING)
+        capsys.readouterr()
+        try:
+            with bench.compress(lm, "pca", rank=0.5, **small):
+                pass
+        finally:
+            logger.setLevel(level)
+        out, err = capsys.readouterr()
+        assert all(r.levelno >= logging.WARNING for r in seen) and "calibrate" not in err  # no bars
+        assert [line for line in out.splitlines() if line and not line.startswith("warning: ")] == []
+        seen[:] = []
+        with bench.compress(lm, "pca", rank=0.5, cache=True, **small):
+            pass
+        assert any(r.levelno == logging.INFO and "calibration statistics" in r.getMessage() for r in seen)
+    finally:
+        logger.removeHandler(handler)
+        bench.statistics_cache(clear=True)
+    assert logger.level == level

