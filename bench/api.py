@@ -269,7 +269,7 @@ def keeps_caller_state(fn):
 
 
 # a flag, as a refusal shared with the CLI names it -> the keyword of the call (the rest: its snake_case name)
-_KEYWORDS = {"compress": {"calib-source": "calibration", "merged": "merge", "method-option": "method_options"},
+_KEYWORDS = {"compress": {"calib-source": "calibration", "method-option": "method_options"},
              "sweep": {"task-option": "task_options", "method-option": "method_options",
                        "analysis-option": "analysis_options", "no-latency": "measure_latency=False",
                        "quiet": "progress=False"},
@@ -386,17 +386,17 @@ def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, win
 
 
 # what a user of the CLI types, and the keyword compress takes for it
-_COMPRESS_SPELLINGS = {"merged": "merge", "ranks": "rank", "calib_source": "calibration"}
+_COMPRESS_SPELLINGS = {"ranks": "rank", "calib_source": "calibration"}
 
 
 def _renamed(old: str, old_value, new: str, new_value, default):
-    """compress's calibration size under its old name (`samples=`, `seq_len=`: sweep, the CLI and RunConfig say
-    calib_samples and calib_seq_len), still taken, with a DeprecationWarning; both names with two values refused."""
+    """compress's old names (`samples=`, `seq_len=`, `merge=`: sweep, the CLI and RunConfig say calib_samples,
+    calib_seq_len and merged), still taken, with a DeprecationWarning; both names with two values refused."""
     if old_value is None:
         return new_value
     import warnings
 
-    warnings.warn(f"compress({old}=) is now {new}= (the name sweep and bench run use)", DeprecationWarning,
+    warnings.warn(f"compress({old}=) is now {new}= (the name sweep and the CLI use)", DeprecationWarning,
                   stacklevel=3)
     if new_value != default and new_value != old_value:
         raise UserError(f"compress: {old}={old_value!r} and {new}={new_value!r} are the same setting: give {new}= once")
@@ -455,10 +455,10 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
              pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
              allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
              solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
-             stats_memory: str | None = None, cache: bool = False, cache_limit: str | None = None, merge: bool = False,
+             stats_memory: str | None = None, cache: bool = False, cache_limit: str | None = None, merged: bool = False,
              progress: bool = True,
              calibration_mode: str = "one-pass", method_options: Mapping | None = None, samples: int | None = None,
-             seq_len: int | None = None, **settings) -> Compressed:
+             seq_len: int | None = None, merge: bool | None = None, **settings) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
     at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
     `.restore()`, `.save(path)`). `model`: what `load_model` returns (`compress(lm, "pca", rank=0.5)`: its
@@ -480,6 +480,7 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
         method, tokenizer = tokenizer, None
     samples = _renamed("samples", samples, "calib_samples", calib_samples, 12)
     seq_len = _renamed("seq_len", seq_len, "calib_seq_len", calib_seq_len, 256)
+    merged = _renamed("merge", merge, "merged", merged, False)
     if method is None:
         raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see bench.methods())")
     lm = _loaded(model, tokenizer)
@@ -528,7 +529,7 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
                                                batch_size, progress)
     source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
     stats, record = (calibrated.stats, calibrated.record) if calibrated else ({}, None)
-    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merge,
+    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merged,
                             windows=windows if sequential else None)
 
 

@@ -1,18 +1,14 @@
-"""Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I."""
+"""Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I. Written as one
+decorated function (methods/from_function.py), the short form a new method can start from."""
 
 from core.linalg import pca_basis
 
-from .base import Compressor, basis_ops, projection_factors, projection_ops
+from .base import basis_ops
+from .from_function import Basis, low_rank_method
 
 
-class PCA(Compressor):
-    name = "pca"
-    description = "top-k eigenvectors of C = E[x x^T] (min E||x - Px||^2)"
-    needs = frozenset({"C"})
-
-    def solve_ops(self, d_in, d_outs, k, pair_tokens):
-        return [basis_ops(d_in)["pca_basis"], *projection_ops(d_in, d_outs, k)]
-
-    def solve(self, weights, stats, k):
-        sol = pca_basis(stats)
-        return projection_factors(weights, sol["U"][:, :k], sol["Wt"][:k]), True, sol["fallbacks"], {}
+@low_rank_method("pca", needs={"C"}, description="top-k eigenvectors of C = E[x x^T] (min E||x - Px||^2)",
+                 solve_ops=lambda d_in, d_outs, k: [basis_ops(d_in)["pca_basis"]])
+def PCA(stats, k):
+    sol = pca_basis(stats)
+    return Basis(sol["U"][:, :k], sol["Wt"][:k], sol["fallbacks"])

@@ -149,16 +149,18 @@ NAME_TEXT = st.one_of(st.text(max_size=20), st.sampled_from(
      "x" * 300, "a-b", "class", "json", "", " ", "pca:", "pca:k", "fasc,pca", "../x", "rho-analysis"]))
 
 
-@given(name=NAME_TEXT, output=st.sampled_from(["dir", "file", "under-file", "new/deep"]))
-def test_new_method_names_and_outputs_end_in_one_line_or_a_whole_package(tmp_path_factory, name, output):
-    """Any name and any --output: exit 0 with the whole package written, or one line and nothing written."""
+@given(name=NAME_TEXT, output=st.sampled_from(["dir", "file", "under-file", "new/deep"]),
+       form=st.sampled_from([None, "function", "class", "Function", "", "func", "--class"]))
+def test_new_method_names_and_outputs_end_in_one_line_or_a_whole_package(tmp_path_factory, name, output, form):
+    """Any name, --form and --output: exit 0 with the whole package written, or one line and nothing written."""
     root = tmp_path_factory.mktemp("author")
     (root / "afile").write_text("x")
     parent = {"dir": root, "file": root / "afile", "under-file": root / "afile" / "sub",
               "new/deep": root / "new" / "deep"}[output]
     if name.startswith("-") or "\x00" in name:
         return  # argparse reads a leading dash as a flag; a NUL cannot be a path
-    rc = assert_clean(["new-method", name, "--family", "low-rank", "--output", str(parent)])
+    rc = assert_clean(["new-method", name, "--family", "low-rank", "--output", str(parent),
+                       *(["--form", form] if form is not None else [])])
     written = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     if rc == 0:
         module = name.replace("-", "_")

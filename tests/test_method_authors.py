@@ -254,15 +254,19 @@ def test_new_method_refuses_an_output_it_cannot_write_in_one_line(tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]
 
 
+@pytest.mark.parametrize("form", ["function", "class"])
 @pytest.mark.parametrize("family", ["low-rank", "sparsity"])
-def test_each_generated_template_meets_the_contract_and_its_own_reference(tmp_path, monkeypatch, family):
-    """The generated package's method, imported from the folder as written, passes the contract with the
-    reference its generated test holds; and that reference is not vacuous: it fails a different method."""
+def test_each_generated_template_meets_the_contract_and_its_own_reference(tmp_path, monkeypatch, family, form):
+    """The generated package's method (one decorated function by default, or a class), imported from the folder
+    as written, passes the contract with the reference its generated test holds; and that reference is not
+    vacuous: it fails a different method."""
     from bench.cli.author import new_method
 
-    name = f"gen-{family}"
+    name = f"gen-{family}-{form}"
     module = name.replace("-", "_")
-    folder = new_method(name, family, tmp_path)
+    folder = new_method(name, family, tmp_path, form)
+    decorated = "@low_rank_method" if family == "low-rank" else "@sparsity_method"
+    assert (decorated in (folder / module / "method.py").read_text()) == (form == "function")
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.syspath_prepend(str(folder / "tests"))
     cls = importlib.import_module(f"{module}.method").__dict__["".join(p.capitalize() for p in name.split("-"))]

@@ -222,8 +222,11 @@ def test_method_settings_travel_apart_from_the_calls_keywords(lm):
         with bench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
             ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
     assert ks[0] != ks[1]  # its own allocation across groups, then none
-    with pytest.raises(bench.UserError, match=r"'merged' is neither a setting of pca .* did you mean merge="):
-        bench.compress(lm, None, "pca", rank=0.5, merged=True, **small)
+    with pytest.raises(bench.UserError, match=r"'calib_source' is neither a setting of pca .* did you mean "
+                                              r"calibration="):
+        bench.compress(lm, None, "pca", rank=0.5, calib_source="wiki", **small)
+    with pytest.warns(DeprecationWarning, match="compress\\(merge=\\) is now merged="):
+        bench.compress(lm, "pca", rank=0.5, merge=False, **small).restore()
     with pytest.raises(bench.UserError, match="given both as a keyword and in method_options"):
         bench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
     with pytest.raises(bench.UserError, match="method_options must be a mapping"):

@@ -35,18 +35,22 @@ def add_new_parser(sub) -> None:
     p = sub.add_parser("new-method", help="write an installable plugin package for a new method")
     p.add_argument("name", help="the method's name, lowercase words joined by '-' (e.g. my-svd)")
     p.add_argument("--family", choices=["low-rank", "sparsity"], required=True)
+    p.add_argument("--form", choices=FORMS, default="function",
+                   help="function (default): one decorated function that returns the basis or the scores; class: a "
+                        "Compressor subclass, for a method that needs more (per-site factors, masks, thresholds)")
     p.add_argument("--output", default=None, help="parent folder of the package (default: the current folder)")
 
 
 def cmd_new_method(args) -> int:
-    out = new_method(args.name, args.family, Path(args.output or "."))
+    out = new_method(args.name, args.family, Path(args.output or "."), args.form)
     print(f"wrote {out}: `pip install -e {out}`, then `bench check-method {args.name}` and "
           f"`bench smoke --methods {args.name} --no-latency`")
     return 0
 
 
-def new_method(name: str, family: str, parent: Path) -> Path:
-    """The package folder for method `name`: pyproject (the entry point), the module, its tests, a README."""
+def new_method(name: str, family: str, parent: Path, form: str = "function") -> Path:
+    """The package folder for method `name`: pyproject (the entry point), the module (one decorated function, or a
+    class), its tests, a README."""
     import methods
 
     if not NAME.fullmatch(name):
@@ -71,12 +75,17 @@ def new_method(name: str, family: str, parent: Path) -> Path:
     if out.exists():
         raise UserError(f"{out} exists: remove it or pass --output elsewhere")
     cls = "".join(part.capitalize() for part in name.split("-"))
-    low_rank = family == "low-rank"
+    if form not in FORMS:
+        raise UserError(f"--form {form!r}: use one of {', '.join(FORMS)}")
+    source = {("low-rank", "class"): LOW_RANK, ("sparsity", "class"): SPARSITY,
+              ("low-rank", "function"): LOW_RANK_FUNCTION, ("sparsity", "function"): SPARSITY_FUNCTION}[family, form]
+    test = {("low-rank", "class"): LOW_RANK_TEST, ("low-rank", "function"): PROJECTION_TEST}.get((family, form),
+                                                                                                 SPARSITY_TEST)
     files = {
         "pyproject.toml": PYPROJECT.format(name=name, module=module, cls=cls),
         f"{module}/__init__.py": f'"""{name}: an acbench compression method."""\n',
-        f"{module}/method.py": (LOW_RANK if low_rank else SPARSITY).format(name=name, cls=cls),
-        f"tests/test_{module}.py": (LOW_RANK_TEST if low_rank else SPARSITY_TEST).format(name=name, module=module),
+        f"{module}/method.py": source.format(name=name, cls=cls),
+        f"tests/test_{module}.py": test.format(name=name, module=module),
         "README.md": README.format(name=name, module=module, family=family),
     }
     # written whole or not at all: into a folder of its own beside the target, renamed into place at the end
@@ -98,6 +107,7 @@ def new_method(name: str, family: str, parent: Path) -> Path:
 
 
 MAX_NAME = 64
+FORMS = ("function", "class")
 RESERVED = {"dense", "all", "none", "acbench"}
 # acbench's own top-level packages: a plugin package of one of these names would shadow it on import
 OWN_PACKAGES = {"bench", "core", "methods", "tasks", "leaderboard", "analyses", "studies", "tests", "benchmarks"}
@@ -226,6 +236,78 @@ class {cls}(SparsityMethod):
         """weights: {{site: W}} in float64 on the solve device; returns the per-token rule a layer deploys."""
         scale = stacked_column_norms(weights) ** self.settings.power
         return SparseActivation(pattern=pattern, scale=scale.float())
+'''
+
+LOW_RANK_FUNCTION = '''"""{name}: the group input projected on the top-k eigenvectors of D C D, C = E[x x^T] and D the input
+channels' weight norms ||W[:, j]|| to a power (0: PCA). Edit the function; bump `version` when the algorithm changes
+(an edit recomputes its cells anyway: their key holds a digest of this package's code)."""
+
+from dataclasses import dataclass
+
+import torch
+
+from methods.base import stacked_column_norms
+from methods.from_function import low_rank_method
+
+
+@dataclass(frozen=True)
+class {cls}Settings:
+    power: float = 1.0  # the weight norms' say in the basis (0: plain PCA)
+
+
+@low_rank_method("{name}", needs={{"C"}}, settings={cls}Settings, version=1,
+                 description="top-k eigenvectors of D C D, D = diag(||W[:, j]||)^power")
+def {cls}(stats, weights, k, settings):
+    """stats: the group's statistics (stats.C: d_in x d_in), weights: {{site: W (d_out x d_in)}}, both on the solve
+    device in the solve precision; k: the group's rank. Returns U (d_in x k, orthonormal columns): every site then
+    reads U U^T x. `needs` names the statistics it reads (docs/method-interface.md lists them)."""
+    d = stacked_column_norms(weights) ** settings.power
+    _, vectors = torch.linalg.eigh(stats.C * d[:, None] * d[None, :])
+    return vectors[:, -k:].flip(1)  # eigh sorts ascending: the top k, largest first
+'''
+
+SPARSITY_FUNCTION = '''"""{name}: per token, keep the input channels with the largest |x_j| * ||W[:, j]||^power (the weight columns
+of every site of the group), as an N:M pattern or a density. Edit the function; bump `version` when the algorithm
+changes (an edit recomputes its cells anyway: their key holds a digest of this package's code)."""
+
+from dataclasses import dataclass
+
+from methods.base import stacked_column_norms
+from methods.from_function import sparsity_method
+
+
+@dataclass(frozen=True)
+class {cls}Settings:
+    power: float = 1.0  # the column norms' weight in the score (0: |x| alone)
+
+
+@sparsity_method("{name}", settings={cls}Settings, version=1,
+                 description="keep |x_j| * ||W[:, j]||^power per token (N:M or a density)")
+def {cls}(weights, settings):
+    """weights: {{site: W}} in float64 on the solve device. Returns one factor >= 0 per input channel: each token
+    keeps its channels with the largest |x_j| * factor_j. Data-free; `needs={{"abs_mean"}}` (or C, ...) in the
+    decorator hands the function `stats` (docs/method-interface.md)."""
+    return stacked_column_norms(weights) ** settings.power
+'''
+
+PROJECTION_TEST = '''"""{name} against the method contract and against a reference written here."""
+
+import numpy as np
+import torch
+
+from bench.testing import assert_method_contract
+
+
+def reference(weights, stats, k):
+    """What {name} should return: every site's W projected on the top-k eigenvectors of D C D (numpy's eigh)."""
+    d = torch.sqrt(sum(W.pow(2).sum(0) for W in weights.values())).numpy()
+    _, vectors = np.linalg.eigh(stats.C.numpy() * np.outer(d, d))
+    U = torch.from_numpy(vectors[:, ::-1][:, :k].copy())
+    return {{n: W @ U @ U.T for n, W in weights.items()}}
+
+
+def test_{module}_meets_the_method_contract():
+    assert_method_contract("{name}", reference=reference)
 '''
 
 LOW_RANK_TEST = '''"""{name} against the method contract and against a reference written here."""
