@@ -478,9 +478,8 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
 
     if method is None and isinstance(tokenizer, str):  # compress(lm, "pca", ...): the tokenizer comes with lm
         method, tokenizer = tokenizer, None
-    samples = _renamed("samples", samples, "calib_samples", calib_samples, 12)
-    seq_len = _renamed("seq_len", seq_len, "calib_seq_len", calib_seq_len, 256)
-    merged = _renamed("merge", merge, "merged", merged, False)
+    samples, seq_len, merged = (_renamed(*names) for names in (("samples", samples, "calib_samples", calib_samples, 12),
+                                ("seq_len", seq_len, "calib_seq_len", calib_seq_len, 256), ("merge", merge, "merged", merged, False)))
     if method is None:
         raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see bench.methods())")
     lm = _loaded(model, tokenizer)

@@ -12,7 +12,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from core.io import atomic_write_text
-from core.log import say, warn
+from core.log import say
 from core.record import ALL_GROUPS, ONE_PASS, UNIFORM, CellRecord, calibration_label, calibration_mode, describe_scope
 
 from . import plots
@@ -721,7 +721,7 @@ def write_report(results, out: str | None = None, ref: str = REFERENCE, display:
         raise UserError(f"cannot write the leaderboard to {out_md} ({e.strerror or type(e).__name__}): pass "
                         "--out <path in a writable folder>") from None
     for p in info["problems"]:
-        warn(f"skipped: {p}")
+        say(f"skipped: {p}")
     if info["duplicates"]:
         say(f"{info['duplicates']} cell(s) stored more than once: the most recent result of each was used")
     return out_md

@@ -36,7 +36,7 @@ def _reads(method):
 LOW_RANK_READING = [(m, s) for m in methods.known_methods("low-rank") for s in _reads(m)]
 # who says it: the method itself, or the shared solve it goes through (C's whitening, fasc's K-FAC basis)
 WHERE = {"asvd": "asvd", "espace-nl": "espace-nl", "fwsvd": "fwsvd", "fasc": "fasc", "fasc-kfac": "fasc",
-         "svd-llm-v2": "svd-llm-v2"}
+         "svd-llm-v2": "svd-llm-v2", "pca": "pca"}  # pca: a decorated function, checked by its decorator
 
 
 @pytest.mark.parametrize("method,stat", LOW_RANK_READING, ids=lambda v: str(v))

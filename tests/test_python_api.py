@@ -397,11 +397,12 @@ def test_every_result_converts_to_one_frame(lm, tiny, tmp_path):
         bench.to_frame(3)
 
 
-def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm, capsys):
+def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm, capsys, tmp_path, monkeypatch):
     """compress keeps no statistics on disk unless cache=True; with it, their size is said before they are
     written, a calibration that would take the cache past its bound is one line and writes nothing, and
     bench.statistics_cache lists and clears it."""
-    root = Path(os.environ["ACBENCH_STATS_CACHE"])
+    root = tmp_path / "stats"
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(root))  # this test's own cache: it lists and clears it all
     small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
     with bench.compress(lm, "pca", rank=0.5, **small):
         pass
@@ -422,10 +423,12 @@ def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm
     assert gone["removed"] and bench.statistics_cache() == []
 
 
-def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys):
+def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tmp_path, monkeypatch):
     """Status lines are the `bench` logger's INFO records: progress=False drops them for the call, a caller who
     sets the logger to WARNING drops them and the bars; warnings pass both ways."""
     import logging
+
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))  # cleared at the end: this test's own
 
     small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
     logger = logging.getLogger("bench")

@@ -264,7 +264,7 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys):
 def test_readme_sparsity_method_example_runs():
     from conftest import readme_example
 
-    cls = readme_example("# my_methods/my_methods/relative_magnitude.py")["RelativeMagnitude"]
+    cls = readme_example("# my_methods/my_methods/top_weight_norm.py")["RelativeMagnitude"]
     assert cls.family == "sparsity" and cls.capabilities()["activations"]
     g = fake_group({"s": torch.randn(3, 8)})
     res = cls().compress(g, GroupStats(abs_mean=torch.full((8,), 2.0, dtype=torch.float64)), SparsitySpec.parse("2:4"))
