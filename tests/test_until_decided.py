@@ -173,3 +173,19 @@ def test_an_interrupted_variant_resumes_from_its_blocks_and_a_tampered_file_is_n
         assert "evaluating from the first block" in capsys.readouterr().err
     keep.write_text("{not json")
     assert evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False, keep=keep).records == fresh.records
+
+
+def test_the_stored_done_when_run_reads_as_decided_in_the_report(tmp_path, capsys):
+    """studies/cells/until-decided holds the issue's run (SmolLM2, pca / fasc-kfac / whitened-svd at rank 0.75,
+    LAMA and ppl-token until decided): the report built from those cells alone gives each comparison with pca its
+    confidence sequence at the items both scored, its verdict and its detectable difference."""
+    cells = Path(__file__).resolve().parents[1] / "studies" / "cells" / "until-decided"
+    out = tmp_path / "LEADERBOARD.md"
+    assert main(["report", "--results", str(cells), "--out", str(out), "--vs", "pca"]) == 0
+    rows: dict[str, str] = {}
+    for line in out.read_text().splitlines():  # the rank section's table, the first to name each row
+        if line.startswith("| "):
+            rows.setdefault(line.split("|")[1].strip(), line)
+    for method in ("fasc-kfac", "whitened-svd"):
+        assert "CS n=272 better (detectable" in rows[method] and "CS n=40 better (detectable" in rows[method]
+    assert "CS n=1354 better" in rows["dense"] and "CS n=781 better" in rows["dense"]
