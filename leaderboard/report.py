@@ -192,7 +192,7 @@ def significance_note(rows: list[dict], ref: str, margins: Mapping[str, float] |
     shown = ", ".join(f"{t} ±{m:g}" for t, m in sorted((margins or {}).items()))
     return [f"Δ columns: paired difference to `{ref}` on the same items, [95 % interval], p-value; * marks p < {ALPHA}. "
             "Accuracy: per-item (micro) difference, McNemar's exact test on the discordant items, exact conditional interval. "
-            "Perplexity: difference of per-window mean NLL (log of the perplexity ratio), seeded bootstrap interval, "
+            "Perplexity: difference of per-window mean NLL (log of the perplexity ratio), t interval, "
             "paired t-test. Then the verdict: *better* or *worse* where the test rejects zero, *equivalent* where two "
             f"one-sided tests at {ALPHA} put the difference within the task's margin ({shown or 'none set'}; "
             "`--margin`), else *undecided*; in brackets the difference the comparison had 80 % power to detect "
