@@ -147,3 +147,64 @@ def test_the_shell_check_fails_on_a_missing_target_or_program(tmp_path, monkeypa
     (tmp_path / "Makefile").write_text("test:\n\ttrue\n")
     with pytest.raises(AssertionError, match=re.escape(problem)):
         test_every_shell_line_names_a_program_and_a_make_target_that_exist()
+
+
+# files the docs name that acbench writes (into a checkpoint, a results folder, a cache) or that a user writes (a
+# plugin package the page builds, the authors' own repository): every other named file is one of the repository's
+WRITTEN_OR_USERS = {"my_svd/method.py", "tests/test_my_svd.py", "my_tasks/my_tasks/__init__.py", "compression.json",
+                    "configuration_acbench.py", "modeling_acbench.py", "info.json", "emerge/results/EMERGENCE.md",
+                    "utils/setup.py", "mutants/mutmut-stats.json", "results/LEADERBOARD.md"}
+FILE = re.compile(r"`([A-Za-z0-9_.\-/]+\.(?:py|md|json|yaml|yml|toml|ipynb|png|txt|csv|sh))`")
+
+
+def missing_files(pages, files: list[str]) -> list[str]:
+    """Files named in backticks that the repository does not hold: a path by itself or as the end of one (a
+    module named in its folder's row), a bare name anywhere."""
+    names = {Path(f).name for f in files}
+    out = []
+    for page in pages:
+        for name in sorted(set(FILE.findall(page.read_text(encoding="utf-8")))):
+            held = name in files or ("/" not in name and name in names) or any(f.endswith("/" + name) for f in files)
+            if not held and name not in WRITTEN_OR_USERS:
+                out.append(f"{page.name}: {name}")
+    return out
+
+
+def test_every_file_the_docs_name_exists(tmp_path):
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    assert missing_files(PAGES, files) == []
+    page = tmp_path / "page.md"
+    page.write_text("`methods/pca.py`, `pca.py`, `methods/gone.py` and `gone.py`")
+    assert missing_files([page], files) == ["page.md: gone.py", "page.md: methods/gone.py"]  # it can fail
+
+
+def api_keywords() -> set[str]:
+    """Every keyword a Python call of the API takes: the calls' parameters, sweep's (RunConfig's fields and the task
+    shortcuts) and the methods' settings."""
+    import dataclasses
+    import inspect
+
+    import bench
+    import methods
+    from bench.runner.config import RunConfig, task_shortcuts
+
+    names = set(RunConfig.field_names()) | {f.lstrip("-").replace("-", "_") for f in task_shortcuts()}
+    for call in (bench.load_model, bench.compress, bench.evaluate, bench.sweep, bench.load_results, bench.compare,
+                 bench.to_frame, bench.statistics_cache):
+        names |= set(inspect.signature(call).parameters)
+    for name in methods.known_methods():
+        names |= {f.name for f in dataclasses.fields(methods.get_method(name).Settings)}
+    return names
+
+
+def unknown_keywords(text: str, known: set[str]) -> set[str]:
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    return {k for s in spans for k in re.findall(r"(?<![\w.-])([a-z_][a-z0-9_]*)=(?!=)", s)} - known
+
+
+def test_every_keyword_the_python_page_names_is_one_a_call_takes():
+    known = api_keywords()
+    assert unknown_keywords((ROOT / "docs" / "python-api.md").read_text(encoding="utf-8"), known) == set()
+    assert unknown_keywords("pass `cache_size=1` or `cache=True`", known) == {"cache_size"}  # it can fail
