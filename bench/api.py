@@ -403,6 +403,35 @@ def _renamed(old: str, old_value, new: str, new_value, default):
     return old_value
 
 
+def _method_setting_names(method) -> set[str]:
+    """The setting names of `method` (a name or variant), or none where it is no method (refused later)."""
+    import dataclasses
+
+    import methods
+
+    try:
+        return {f.name for f in dataclasses.fields(methods.get_method(methods.base_name(method)).Settings)}
+    except Exception:  # an unknown method is refused by the run's own check, with its did-you-mean
+        return set()
+
+
+def shared_keywords(method, seed: int, allocate, method_options) -> tuple[dict, str]:
+    """compress's keywords that a method also has as a setting, so that neither is dropped: `seed=` seeds the call
+    (its calibration windows) and the method's own seed (random's subspace); `allocate=True/False` is the method's
+    setting (svd-llm-v2's), `allocate="fisher"` the call's rank allocation. Returns the settings they give the
+    method (none that `method_options` gives itself) and the call's allocation."""
+    names = _method_setting_names(method) if isinstance(method, str) else set()
+    given = set(method_options) if isinstance(method_options, Mapping) else set()
+    extra = {}
+    if "seed" in names and "seed" not in given and seed != 0:
+        extra["seed"] = seed
+    if isinstance(allocate, bool) and "allocate" in names:
+        if "allocate" not in given:
+            extra["allocate"] = allocate
+        allocate = "uniform"
+    return extra, allocate
+
+
 def method_settings(method, settings: dict, method_options) -> dict:
     """The method's settings from compress's extra keywords and `method_options`, each checked against the method's
     own: a keyword that is neither a setting of the method nor one of compress's is one UserError naming both
@@ -465,9 +494,8 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     tokenizer comes with it), or a loaded transformers causal LM on any device (`device_map` included) with its
     tokenizer (`compress(model, tokenizer, "pca", rank=0.5)`). `calibration`: a source name, a list of texts, a
     `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
-    (`bench ls methods`), as `--method-option` gives them; `method_options={...}` passes them apart from the call's
-    own keywords, for a setting whose name is one of them (random's `seed`, svd-llm-v2's `allocate`). The other
-    keywords are `bench compress`'s flags.
+    (`bench ls methods`); `method_options={...}` passes them apart from the call's own keywords (shared_keywords:
+    `seed=` also seeds random's subspace, `allocate=False` is svd-llm-v2's). The rest are `bench compress`'s flags.
     Statistics are held in memory; `cache=True` keeps them on disk by content (a model from `load_model`, which has a
     fingerprint), saying their size before writing and refusing to take the cache past `cache_limit` (e.g. "50GB";
     default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `bench.statistics_cache()` lists and clears it. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
@@ -485,7 +513,8 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     lm = _loaded(model, tokenizer)
     limit = cache_bound(cache, cache_limit)
     ranks, patterns = _budget_lists(rank, sparsity)
-    mine = method_settings(method, settings, method_options)
+    shared, allocate = shared_keywords(method, seed, allocate, method_options)
+    mine = method_settings(method, {**settings, **shared}, method_options)
     options = {methods.base_name(method): mine} if mine else {}
     config = RunConfig(
         model=lm.name, methods=[method], ranks=ranks, sparsity=patterns, budget=budget, rank_align=rank_align,

@@ -222,6 +222,13 @@ def test_method_settings_travel_apart_from_the_calls_keywords(lm):
         with bench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
             ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
     assert ks[0] != ks[1]  # its own allocation across groups, then none
+    # the same as plain keywords: seed= seeds random's subspace too, allocate=False is svd-llm-v2's own setting
+    with bench.compress(lm, "random", rank=0.5, seed=3, **small) as c:
+        assert torch.equal(logits(c.model, ids), outs[1])  # what method_options={"seed": 3} gave
+    with bench.compress(lm, "svd-llm-v2", rank=0.5, allocate=False, **small) as c:
+        assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[1]
+    with bench.compress(lm, "svd-llm-v2", rank=0.5, allocate="uniform", **small) as c:
+        assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[0]  # the call's rank allocation
     with pytest.raises(bench.UserError, match=r"'calib_source' is neither a setting of pca .* did you mean "
                                               r"calibration="):
         bench.compress(lm, None, "pca", rank=0.5, calib_source="wiki", **small)
