@@ -123,7 +123,7 @@ def cache_bound(cache, cache_limit) -> int | None:
 
     if not isinstance(cache, bool):
         raise UserError(f"cache={cache!r}: pass True (keep the statistics on disk) or False (the default)")
-    if cache_limit is not None and not isinstance(cache_limit, (str, int)) or isinstance(cache_limit, bool):
+    if cache_limit is not None and (isinstance(cache_limit, bool) or not isinstance(cache_limit, (str, int))):
         raise UserError(f"cache_limit={cache_limit!r}: pass a size such as \"50GB\"")
     if cache_limit is not None:
         return parse_bytes(str(cache_limit), "cache_limit=")
@@ -139,7 +139,7 @@ def statistics_cache(clear: bool = False) -> list[dict]:
     import json
     import shutil
 
-    from core.io import stats_cache_dir
+    from core.io import folder_bytes, stats_cache_dir
 
     root = stats_cache_dir()
     out = []
@@ -149,7 +149,7 @@ def statistics_cache(clear: bool = False) -> list[dict]:
         except (OSError, ValueError):
             info = {}
         info = info if isinstance(info, dict) else {}
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        size = folder_bytes(folder)
         entry = {"key": folder.name, "bytes": size, "spec": info.get("spec"), "stats": info.get("stats"),
                  "tokens": info.get("n_tokens"), "path": str(folder)}
         if clear:
@@ -251,7 +251,8 @@ def keeps_caller_state(fn):
     """`fn` run inside kept_state, its refusals in the API's words (api_words). Its status lines go through the
     `bench` logger, dropped for a call made with progress=False; a caller who set that logger above INFO gets no
     bars either."""
-    takes_progress = "progress" in inspect.signature(fn).parameters or fn.__name__ == "sweep"
+    params = inspect.signature(fn).parameters
+    takes_progress = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())  # sweep's
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -681,10 +682,11 @@ def _sweep_source(model):
         raise UserError("sweep(model=...) got a compressed model: sweep the model it came from (load_model's result, "
                         "after .restore()), or save it (.save(folder)) and evaluate that with bench.evaluate")
     if isinstance(model, LoadedModel):
-        compressed = [n for n, m in model.model.named_modules() if type(m).__module__ == "core.compressed_layers"]
-        if compressed:
-            raise UserError(f"sweep(model=...) got a model compressed in place ({compressed[0]} ...): .restore() the "
-                            "handle compress returned first, so the sweep starts from the model as loaded")
+        from bench.deploy.compression import is_deployed
+
+        if is_deployed(model.model):
+            raise UserError("sweep(model=...) got a model compressed in place: .restore() the handle compress "
+                            "returned first, so the sweep starts from the model as loaded")
         if model.given is None:
             raise UserError("sweep(model=...) got a model built in memory: save it with save_pretrained (and its "
                             "tokenizer) and pass the folder")

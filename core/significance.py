@@ -184,12 +184,9 @@ def detectable_difference(ref_cell: CellRecord, cell: CellRecord) -> float | Non
     """The smallest true paired difference the comparison of `cell` with `ref_cell` had 80 % power to detect
     (two-sided, 5 %), from the measured spread of the paired differences and their count: for accuracy from the
     discordant share (detectable_accuracy), for per-window NLL from sd(d) (detectable_mean). None where the cells
-    cannot be paired or hold fewer than two items."""
-    if until_decided(cell) or until_decided(ref_cell):
-        s = sequential_compare(ref_cell, cell)
-        return None if s is None else s["detectable"]
-    pair = same_items(ref_cell, cell)
-    return None if pair is None else _detectable(*pair)
+    cannot be paired or hold fewer than two items. What `compare` carries, by the one pairing it does."""
+    d = compare(ref_cell, cell)
+    return None if d is None else d["detectable"]
 
 
 def _detectable(kind: str, ref: list, other: list) -> float | None:

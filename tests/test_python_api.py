@@ -265,9 +265,10 @@ def test_one_vocabulary_across_the_calls(lm, tmp_path):
     assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
     assert all(math.isfinite(c["metrics"][c["primary_metric"]]) for c in cells)
     assert sorted(stats_root.rglob("*")) == before  # the statistics cache is opt-in (cache=True)
-    with bench.compress(lm, None, "pca", rank=0.5, **small):
-        with pytest.raises(bench.UserError, match="compressed in place"):
-            bench.sweep(model=lm, **sweep)
+    for method, budget in (("pca", {"rank": 0.5}), ("wanda", {"sparsity": 0.5})):  # modules replaced; weights masked
+        with bench.compress(lm, None, method, **budget, **small):
+            with pytest.raises(bench.UserError, match="compressed in place"):
+                bench.sweep(model=lm, **sweep)
     with pytest.raises(bench.UserError, match="save it with save_pretrained"):
         bench.sweep(model=lm.model, **sweep)
     listed = bench.methods()

@@ -4,19 +4,20 @@ page's own); the slow one runs the page unchanged on SmolLM2-135M."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
+
+from tests.test_docs_code_blocks import blocks
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
 MODEL_LINE = 'MODEL = "smollm2-135m"'
 
 
 def page_code() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert len(blocks) >= 2, "the page's examples are its python blocks"
-    return "\n".join(blocks)
+    code = [text for _, language, text in blocks(PAGE) if language == "python"]
+    assert len(code) >= 2, "the page's examples are its python blocks"
+    return "\n".join(code)
 
 
 OUT_LINE = 'OUT = Path(tempfile.mkdtemp(prefix="acbench-"))'

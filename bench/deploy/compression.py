@@ -6,6 +6,7 @@ compressed model comes from.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from contextlib import contextmanager
 
@@ -34,6 +35,15 @@ class _StatsOf:
         return self._stats.get(name) or GroupStats()
 
 
+# model -> deployments in it not yet restored (weakly held: a dropped model leaves no entry)
+_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def is_deployed(model) -> bool:
+    """Whether `model` holds a compression not yet restored, whatever its kind (replaced modules or masked weights)."""
+    return _LIVE.get(model, 0) > 0
+
+
 class Deployment:
     """A variant deployed in a model, in place: the model (the same object, now compressed), each group's summary,
     and what undoes it. `restore()` puts the dense modules and weights back (kept by reference, so bit for bit);
@@ -42,6 +52,7 @@ class Deployment:
     def __init__(self, model, summaries: list[dict], undo: list):
         self.model, self.summaries, self._undo = model, summaries, undo
         self._restored = False
+        _LIVE[model] = _LIVE.get(model, 0) + 1
 
     @property
     def restored(self) -> bool:
@@ -54,6 +65,9 @@ class Deployment:
         self._restored = True
         for u in reversed(self._undo):
             restore(self.model, u)
+        _LIVE[self.model] -= 1
+        if not _LIVE[self.model]:
+            del _LIVE[self.model]
 
     def dense_switch(self):
         """`use_dense(flag)`: True puts the dense modules back in place, False the deployed ones (both kept by

@@ -46,11 +46,8 @@ from bench.results.store import (cell_status, claim_cell, environment, model_ide
 
 
 def log(msg: str) -> None:
-    """A run's line through the `bench` logger: one that starts 'warning: ' at WARNING, the rest at INFO."""
-    if msg.startswith("warning: "):
-        warn(msg[len("warning: "):])
-    else:
-        say(msg)
+    """A run's status line, through the `bench` logger (its warnings go through core.log.warn)."""
+    say(msg)
 
 
 # ---------------------------------------------------------------- before any weights load
@@ -271,7 +268,7 @@ def warn_short_calibrations(run: Run, selected) -> list[str]:
     lines = [support_line([m for m, _ in ms], ms[0][1], selected, tokens, seq_len)
              for (tokens, seq_len, _), ms in short.items()]
     for line in lines:
-        log("warning: " + line)
+        warn(line)
     return lines
 
 
@@ -566,7 +563,7 @@ class Worker:
             summary = compression_summary(dep.summaries, budget, m, opts, alloc.summary() if alloc else None,
                                           self.scope, self.solve_device, run.config.solve_dtype)
             if calibration and calibration.get("short"):
-                log("warning: " + after_line(cells[0].label, calibration["short"], summary))
+                warn(after_line(cells[0].label, calibration["short"], summary))
             recs = self.evaluate(dep.model, cells, summary, timings, common, dep)
         finally:
             dep.restore()

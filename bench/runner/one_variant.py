@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from core.log import warn
 from core.stats import RankSpec, SparsitySpec
 
 from bench.deploy.compression import Deployment, compression_summary
@@ -93,7 +94,7 @@ def compress_variant(run: Run, model, tokenizer, source_model: dict, selected, s
     calibration = cell_calibration(record, run.compressor(method), selected) if run.uses_stats(method, rule) \
         else None
     if calibration and calibration.get("short"):
-        log("warning: " + after_line(f"{method} @ {budget.label}", calibration["short"], summary))
+        warn(after_line(f"{method} @ {budget.label}", calibration["short"], summary))
     label = f"{budget.budget} {budget.label}" if isinstance(budget, RankSpec) else f"sparsity {budget.label}"
     provenance = {
         "method": method, "budget": label + ("" if alloc is None else f", {rule} allocation"),
