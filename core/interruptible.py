@@ -21,11 +21,14 @@ def interruptible(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     import torch
 
-    grad = torch.is_grad_enabled()  # torch's grad mode is per thread: the helper runs in the caller's
+    # torch's grad mode and OpenMP's thread count are per thread: the helper runs with the caller's (a new thread
+    # would otherwise take OpenMP's default, every core, and oversubscribe a caller limited to fewer)
+    grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
     box: dict = {}
 
     def target():
         try:
+            torch.set_num_threads(threads)
             with torch.set_grad_enabled(grad):
                 box["value"] = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - handed to the caller as it is

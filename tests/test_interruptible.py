@@ -3,9 +3,11 @@ the main thread waits on in slices, so Python's handlers (which run only in the 
 at once; without it a SIGTERM waited minutes for an 8,192-wide eigen-solve to return."""
 
 import os
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,37 @@ def test_a_result_and_an_error_come_back_as_from_a_plain_call():
     with torch.no_grad():  # the caller's grad mode holds in the helper thread
         assert interruptible(torch.is_grad_enabled) is False
     assert interruptible(torch.is_grad_enabled) is True
+
+
+def _openmp():
+    """The OpenMP runtime torch loaded (Linux: found in the process's memory map), or None."""
+    import ctypes
+
+    maps = Path("/proc/self/maps")
+    paths = {line.split()[-1] for line in maps.read_text().splitlines()} if maps.exists() else set()
+    names = sorted(p for p in paths if re.fullmatch(r"lib[gi]?omp[0-9]*\.so(\.[0-9]+)*", Path(p).name))
+    return ctypes.CDLL(names[0]) if names else None
+
+
+def test_the_solve_runs_with_the_callers_thread_count():
+    """OpenMP's thread count is per thread, and a new thread takes its default (every core), not the caller's
+    torch.set_num_threads: a test worker pinned to one core with one thread ran its solves' parallel regions on two
+    threads, 70 times slower (212 s for a 3 s fuzz target). torch.get_num_threads cannot show it (it reads a global),
+    so the check reads OpenMP's own count in the helper; the count set is one the default is not."""
+    omp = _openmp()
+    if omp is None:
+        pytest.skip("no OpenMP runtime found in this process's memory map (Linux only)")
+    kept = torch.get_num_threads()
+    fresh: list[int] = []
+    t = threading.Thread(target=lambda: fresh.append(omp.omp_get_max_threads()))
+    t.start()
+    t.join()
+    wanted = 1 if fresh[0] > 1 else 2
+    try:
+        torch.set_num_threads(wanted)
+        assert interruptible(omp.omp_get_max_threads) == wanted
+    finally:
+        torch.set_num_threads(kept)
 
 
 def test_ctrl_c_stops_a_long_eigen_solve_within_a_second():
