@@ -39,6 +39,18 @@ def output_problem(path, what: str, folder: bool = False) -> str | None:
     return f"{what} {path} cannot be written ({why}): pass a writable path" if why else None
 
 
+def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
+    """A study's --doc must be a markdown file it can write, and each of `folders` ({flag: path}, the cells it
+    fills) a folder it can write: else ap.error's one line, before any compute."""
+    if not str(doc).endswith(".md"):
+        ap.error(f"--doc {str(doc)!r}: give a markdown file (.md)")
+    problems = [output_problem(doc, "--doc")] + [output_problem(path, what, folder=True)
+                                                 for what, path in (folders or {}).items()]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        ap.error(problem)
+
+
 def budget_label(cell) -> str:
     """A cell's budget as the studies' pages name it: "params 0.8", "rank 0.9", "density 0.5" or "2:4" ("" for
     dense)."""

@@ -125,18 +125,14 @@ def main(argv=None) -> int:
     from core.io import atomic_write_text
     from leaderboard.load import read_result_set
 
-    from studies import output_problem
+    from studies import refuse_unwritable
 
     ap = argparse.ArgumentParser(prog="python -m studies.baselines", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--root", default=str(ROOT), help="the reproductions study's cells (default %(default)s)")
     ap.add_argument("--doc", default="docs/baselines.md")
     a = ap.parse_args(argv)
-    if not a.doc.endswith(".md"):
-        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
-    problem = output_problem(a.doc, "--doc") or output_problem(a.root, "--root", folder=True)
-    if problem:
-        ap.error(problem)
+    refuse_unwritable(ap, a.doc, {"--root": a.root})
     root = Path(a.root)
     cells = read_result_set(root).cells if root.is_dir() else []
     try:

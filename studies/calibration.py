@@ -266,13 +266,9 @@ def main(argv=None) -> int:
     bad = [t for t in a.tokens if t < SEQ_LEN or t % SEQ_LEN]
     if bad:
         ap.error(f"--tokens {bad[0]}: give a multiple of {SEQ_LEN} (whole windows of {SEQ_LEN} tokens)")
-    if not a.doc.endswith(".md"):
-        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
-    from studies import output_problem
+    from studies import refuse_unwritable
 
-    problem = output_problem(a.doc, "--doc") or output_problem(a.root, "--root", folder=True)
-    if problem:
-        ap.error(problem)
+    refuse_unwritable(ap, a.doc, {"--root": a.root})
     root, doc = Path(a.root), Path(a.doc)
     if not a.report_only:
         try:

@@ -308,7 +308,10 @@ def write_doc(s: Settings, cells: list[CellRecord]) -> Path:
         "(fixed, inverse-variance) summarises the models under the assumption that they share one effect; with "
         "two models the between-model variance cannot be estimated, so no verdict rests on a pooled interval "
         "(random effects need three or more models). \"detectable\" is the largest of the models' differences "
-        "their comparisons had 80 % power to detect (two-sided, 5 %; docs/decisions.md).",
+        "their comparisons had 80 % power to detect (two-sided, 5 %; docs/decisions.md). The item counts are "
+        "fixed in advance, not evaluated until decided: each test here is read at its Holm-adjusted level, which "
+        "a run that stops at its first decision at 5 % (`bench run --until-decided`, docs/decisions.md) does not "
+        "give; so each \"not detected\" names what its fixed count could have missed.",
         "",
         *summary_lines(rows, s.ranks),
         "",
@@ -370,15 +373,10 @@ def parse(argv=None) -> Settings:
     a = ap.parse_args(argv)
     if len(set(a.ranks)) != len(a.ranks):
         ap.error("--ranks names a rank twice: give each once")
-    if not Path(a.doc).name.endswith(".md"):
-        ap.error(f"--doc {a.doc}: give a markdown file (.md)")
-    from studies import output_problem
+    from studies import refuse_unwritable
 
-    problem = (output_problem(a.doc, "--doc") or output_problem(Path(a.doc).parent / "plots", "--doc's figure folder",
-                                                                folder=True)
-               or output_problem(a.output, "--output", folder=True))
-    if problem:  # before the sweep: an hour's cells never end in "cannot write the page"
-        ap.error(problem)
+    # before the sweep: an hour's cells never end in "cannot write the page"
+    refuse_unwritable(ap, a.doc, {"--doc's figure folder": Path(a.doc).parent / "plots", "--output": a.output})
     return Settings(models=tuple(a.models), ranks=tuple(sorted(a.ranks, reverse=True)), mmlu_limit=a.mmlu_limit,
                     output=a.output, doc=a.doc)
 

@@ -148,13 +148,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.samples < 1 or a.seq_len < 2:
         ap.error("--samples must be at least 1 and --seq-len at least 2")
-    if not a.doc.endswith(".md"):
-        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
-    from studies import output_problem
+    from studies import refuse_unwritable
 
-    problem = output_problem(a.doc, "--doc")
-    if problem:
-        ap.error(problem)
+    refuse_unwritable(ap, a.doc)
     try:
         rows = [r for m in a.models for r in measure(m, a.samples, a.seq_len, progress=not a.quiet)]
     except UserError as e:

@@ -274,13 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="write the page from the stored cells, compute nothing")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
-    if not a.doc.endswith(".md"):
-        ap.error(f"--doc {a.doc!r}: give a markdown file (.md)")
-    from studies import output_problem
+    from studies import refuse_unwritable
 
-    problem = output_problem(a.doc, "--doc") or output_problem(a.root, "--root", folder=True)
-    if problem:
-        ap.error(problem)
+    refuse_unwritable(ap, a.doc, {"--root": a.root})
     root = Path(a.root)
     if not a.report_only:
         try:
