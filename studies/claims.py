@@ -170,6 +170,9 @@ def fmt_float(x: float, task: str) -> str:
     return f"{x * scale(task):.1f}" if TASKS[task][2] else f"{x:.4f}"
 
 
+AT_CHANCE = "†"  # beside an accuracy not significantly above its items' chance
+
+
 def score_table(cells: dict, models, ranks) -> list[list[str]]:
     body = []
     for m in models:
@@ -179,7 +182,9 @@ def score_table(cells: dict, models, ranks) -> list[list[str]]:
                 for rank in ranks:  # dense: its one score under every rank, the reference of each
                     c = cells.get((m, method, None if method == DENSE else rank, task))
                     v = c.metrics.get(metric) if c else None
-                    row.append("" if v is None else f"{100 * v:.1f}" if higher else f"{v:.2f}")
+                    chance = above_chance(c) if c and higher else None
+                    mark = AT_CHANCE if chance and not chance["above"] else ""
+                    row.append("" if v is None else f"{100 * v:.1f}{mark}" if higher else f"{v:.2f}")
             body.append(row)
     return body
 
@@ -248,7 +253,10 @@ def compute_time(cells: list[CellRecord]) -> tuple[float, dict]:
         t = c.timings or {}
         total += sum(float(t.get(k, 0.0)) for k in ("compress_s", "evaluate_s"))
         calib[c.cell.model] = max(calib.get(c.cell.model, 0.0), float(t.get("calibrate_s", 0.0)))
-    env = next((c.env for c in cells if c.env), {})
+    env = dict(next((c.env for c in cells if c.env), {}))
+    # the cells of one study may come from processes given different thread counts (parts run side by side)
+    threads = sorted({str(c.env["cpu_threads"]) for c in cells if c.env and c.env.get("cpu_threads") is not None})
+    env["cpu_threads"] = " or ".join(threads) if threads else "?"
     return total + sum(calib.values()), env
 
 
@@ -322,7 +330,9 @@ def write_doc(s: Settings, cells: list[CellRecord]) -> Path:
         "",
         "## Scores",
         "",
-        "MMLU and LAMA in %, perplexity as is; dense's one score stands under every rank.",
+        f"MMLU and LAMA in %, perplexity as is; dense's one score stands under every rank. {AT_CHANCE}: at chance "
+        "(not above the items' chance level by a one-sided binomial test at 5 %): such a score keeps no knowledge "
+        "this test can see, and a difference between two of them says nothing about knowledge kept.",
         "",
         tabulate(score_table(by, s.models, s.ranks),
                  headers=["model", "method", *[f"{t} {r:g}" for t in ("MMLU", "LAMA", "ppl") for r in s.ranks]],

@@ -158,6 +158,29 @@ def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
     n = len(cells)
     assert f"Compute: {(n * 30 + 2 * 60) / 60:.0f} minutes" in page
     assert "| a       | dense" in page or "| a | dense" in page.replace("  ", " ")
+    assert "on 2 threads of test CPU" in page
+    # the compressed models score 20 of 40 (above chance 25 %); a page of models at chance marks every such score
+    assert "| 50.0 " in page and "50.0†" not in page
+
+
+def test_a_score_at_chance_is_marked_so():
+    from studies.claims import AT_CHANCE, score_table
+
+    cells = _set({("a", "dense", "lama", None): DENSE_ABOVE, ("a", "pca", "lama", 0.5): DENSE_AT_CHANCE})
+    rows = {row[1]: row for row in score_table(cells, ["a"], [0.5])}
+    lama = 2 + 1  # after model and method: MMLU's one rank, then LAMA's
+    assert rows["dense"][lama] == "75.0" and rows["pca"][lama] == f"25.0{AT_CHANCE}"
+
+
+def test_the_compute_line_names_every_thread_count_its_cells_ran_on():
+    """Parts run side by side, each pinned to a core, store cells of 1 thread beside cells of 2: the page says both
+    (it once named the first cell's alone)."""
+    from studies.claims import compute_time
+
+    one, two = _cell("a", "dense", "lama", None, [1, 0]), _cell("a", "pca", "lama", 0.5, [1, 0])
+    two.env["cpu_threads"] = 1
+    assert compute_time([one, two])[1]["cpu_threads"] == "1 or 2"
+    assert compute_time([one])[1]["cpu_threads"] == "2"
 
 
 def test_the_sweep_asks_for_cloze_mmlu_every_pair_and_rank_without_latency():
