@@ -127,6 +127,19 @@ def test_calibration_study_report_from_no_cells_lists_what_is_missing(tmp_path):
     assert "smollm2-135m sequential 262,144" in text and "; m one-pass 4,096" in text
 
 
+def test_a_part_stopped_before_its_end_says_how_much_it_holds():
+    """A part counts as measured once one cell is stored; the page says when it is not whole (a part stopped at the
+    end of a sitting once read as measured). The sizes are the stored whole parts' (42 and 17 cells at 4,096)."""
+    from studies.calibration import part_size, part_state
+
+    assert (part_size("one-pass", 4096), part_size("sequential", 4096)) == (42, 17)
+    # later parts leave out the methods that read no calibration (their cells are stored once, in the first): 8
+    # low-rank methods at three budgets, 5 sparsity methods, 2 of them at 2:4 too, and dense
+    assert part_size("one-pass", 16384) == 8 * 3 + 5 + 2 + 1
+    assert part_state(17, "sequential", 16384) == ""
+    assert part_state(3, "sequential", 16384) == " (part: 3 of its 17 cells)"
+
+
 def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
     """studies/objectives.py end to end on the smoke model: a row per claim and group it applies to, objectives
     measured on the held-out draw, and the page's table from them."""
