@@ -211,11 +211,12 @@ def cost_lines(cells) -> list[str]:
 
     from core.units import human
 
-    one, seq = {}, {}
+    one, seq, threads = {}, {}, {}
     for mode, tokens, c in cells:
         t, cal = c.timings or {}, c.calibration or {}
         if c.cell.method == DENSE or t.get("calibrate_s") is None:
             continue
+        threads.setdefault((c.cell.model, tokens), set()).add(str((c.env or {}).get("cpu_threads", "?")))
         if mode == ONE_PASS:  # the part's shared calibration: its largest (it holds every method's statistics)
             key = (c.cell.model, tokens)
             one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
@@ -223,16 +224,19 @@ def cost_lines(cells) -> list[str]:
             seq.setdefault((c.cell.model, tokens), []).append((t["calibrate_s"], cal.get("held_bytes")))
     rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "",
              f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
-             human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else ""]
+             human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else "",
+             " or ".join(sorted(threads[(m, tok)]))]
             for m, tok in sorted(set(one) | set(seq))]
     if not rows:
         return []
     return ["## What each size costs", "",
-            "Measured on the machine the cells name (2 cores). One-pass: the part's one calibration, which holds "
+            "Measured on the machine the cells name, in processes given the threads shown (parts run side by side "
+            "take one core each, and a busy machine slows them). One-pass: the part's one calibration, which holds "
             "every method's statistics (gradients included) and is cached. Sequential: one variant's calibration, "
             "its solves excluded; it runs again for every budget and method.", "",
             tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "sequential s per variant",
-                                    "sequential hidden states held"], tablefmt="github", disable_numparse=True), ""]
+                                    "sequential hidden states held", "threads"], tablefmt="github",
+                     disable_numparse=True), ""]
 
 
 def render(cells, doc: Path, plots: Path, asked: dict) -> str:

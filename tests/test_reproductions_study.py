@@ -140,6 +140,21 @@ def test_a_part_stopped_before_its_end_says_how_much_it_holds():
     assert part_state(3, "sequential", 16384) == " (part: 3 of its 17 cells)"
 
 
+def test_the_cost_table_names_the_threads_each_size_ran_on():
+    """A part run pinned to one core beside another costs more per second of work than one on both cores: the
+    table says which it was (it once said "2 cores" for every part)."""
+    from studies.calibration import cost_lines
+
+    cells = []
+    for threads, method in ((2, "pca"), (1, "teal")):
+        c = hand_cell("m", method, "ppl-token", 0.8, [3.0], budget="params", calibration={"cached": False},
+                      timings={"calibrate_s": 10.0 * threads})
+        c.env["cpu_threads"] = threads
+        cells.append(("one-pass", 4096, c))
+    row = next(ln for ln in "\n".join(cost_lines(cells)).splitlines() if ln.startswith("| m "))
+    assert row.replace(" ", "").endswith("|20|||1or2|")
+
+
 def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
     """studies/objectives.py end to end on the smoke model: a row per claim and group it applies to, objectives
     measured on the held-out draw, and the page's table from them."""
