@@ -39,6 +39,13 @@ def output_problem(path, what: str, folder: bool = False) -> str | None:
     return f"{what} {path} cannot be written ({why}): pass a writable path" if why else None
 
 
+def thread_counts(cells) -> str:
+    """The thread counts `cells` ran on, as "2" or "1 or 2" (parts run side by side, pinned to a core each, store
+    cells of one thread beside those of two), "?" where no cell says."""
+    found = sorted({str(c.env["cpu_threads"]) for c in cells if c.env and c.env.get("cpu_threads") is not None})
+    return " or ".join(found) or "?"
+
+
 def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
     """A study's --doc must be a markdown file it can write, and each of `folders` ({flag: path}, the cells it
     fills) a folder it can write: else ap.error's one line, before any compute."""

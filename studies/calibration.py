@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
 
-from studies import budget_label
+from studies import budget_label, thread_counts
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 SEQ_LEN = 2048
@@ -211,12 +211,12 @@ def cost_lines(cells) -> list[str]:
 
     from core.units import human
 
-    one, seq, threads = {}, {}, {}
+    one, seq, ran = {}, {}, {}
     for mode, tokens, c in cells:
         t, cal = c.timings or {}, c.calibration or {}
         if c.cell.method == DENSE or t.get("calibrate_s") is None:
             continue
-        threads.setdefault((c.cell.model, tokens), set()).add(str((c.env or {}).get("cpu_threads", "?")))
+        ran.setdefault((c.cell.model, tokens), []).append(c)
         if mode == ONE_PASS:  # the part's shared calibration: its largest (it holds every method's statistics)
             key = (c.cell.model, tokens)
             one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
@@ -225,7 +225,7 @@ def cost_lines(cells) -> list[str]:
     rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "",
              f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
              human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else "",
-             " or ".join(sorted(threads[(m, tok)]))]
+             thread_counts(ran[(m, tok)])]
             for m, tok in sorted(set(one) | set(seq))]
     if not rows:
         return []

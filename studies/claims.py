@@ -253,10 +253,9 @@ def compute_time(cells: list[CellRecord]) -> tuple[float, dict]:
         t = c.timings or {}
         total += sum(float(t.get(k, 0.0)) for k in ("compress_s", "evaluate_s"))
         calib[c.cell.model] = max(calib.get(c.cell.model, 0.0), float(t.get("calibrate_s", 0.0)))
-    env = dict(next((c.env for c in cells if c.env), {}))
-    # the cells of one study may come from processes given different thread counts (parts run side by side)
-    threads = sorted({str(c.env["cpu_threads"]) for c in cells if c.env and c.env.get("cpu_threads") is not None})
-    env["cpu_threads"] = " or ".join(threads) if threads else "?"
+    from studies import thread_counts
+
+    env = {**next((c.env for c in cells if c.env), {}), "cpu_threads": thread_counts(cells)}
     return total + sum(calib.values()), env
 
 
