@@ -171,6 +171,25 @@ class _GroupCollector:
         )
 
 
+class _HeadReached(Exception):
+    """Raised as the output head is called, in a pass that reads no gradients: every group has had its input."""
+
+
+def _stop_at_head(model: nn.Module, groups: list[InputGroup]):
+    """A hook that ends a forward at the output head, or None where that is not safe. Activation statistics are all
+    read inside the blocks, so the head's product (on Gemma's 262k-token vocabulary, 44 % of a 2 x 2,048 forward
+    measured on one core) and its logits (4 GB there) are work thrown away. Not where the head is the input
+    embedding itself or one of the groups' sites: the stop would come before a group's input."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    sites = {id(s) for g in groups for s in g.sites}
+    if not isinstance(head, nn.Module) or head is model.get_input_embeddings() or id(head) in sites:
+        return None
+
+    def stop(module, args):
+        raise _HeadReached
+    return head.register_forward_pre_hook(stop)
+
+
 def calibrate(
     model: torch.nn.Module,
     groups: list[InputGroup],
@@ -197,7 +216,7 @@ def calibrate(
     was_training = model.training
     model.eval()
     saved_flags = {p: p.requires_grad for p in model.parameters()}
-    embed_handle = None
+    embed_handle = head_handle = None
     try:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -211,10 +230,14 @@ def calibrate(
             embed_handle = model.get_input_embeddings().register_forward_hook(
                 lambda m, a, out: out.requires_grad_(True).clone()
             )
+        head_handle = None if want_grad else _stop_at_head(model, groups)
         for b in tqdm(range(n_batches), desc=desc, disable=not progress, leave=False):
             ids = windows[b * batch_size:(b + 1) * batch_size].to(device)
             with torch.set_grad_enabled(want_grad):
-                logits = model(input_ids=ids, use_cache=False).logits
+                try:
+                    logits = model(input_ids=ids, use_cache=False).logits
+                except _HeadReached:
+                    logits = None
                 if want_grad:
                     next_token_loss_sum(logits, ids).backward()
             del logits
@@ -223,8 +246,9 @@ def calibrate(
     finally:
         for c in collectors:
             c.remove_hooks()
-        if embed_handle is not None:
-            embed_handle.remove()
+        for handle in (embed_handle, head_handle):
+            if handle is not None:
+                handle.remove()
         for p, flag in saved_flags.items():
             p.requires_grad_(flag)
         model.train(was_training)
