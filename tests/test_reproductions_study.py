@@ -184,3 +184,16 @@ def test_unequal_compute_is_named_as_a_cause():
              hand_cell("m", "cats", "ppl-token", 0.5, [b + 0.2 for b in base], budget="unstructured", compute=0.77)]
     row = next(r for r in rows(cells) if r[3] == "larosa (density 0.5) better than cats (density 0.5)")
     assert row[11] == "contradicts" and "unequal compute (larosa 0.50, cats 0.77 of dense's)" in row[12]
+
+
+def test_the_authors_one_pass_calibration_is_kept_between_the_budgets_it_serves(monkeypatch, tmp_path):
+    """Each budget is its own sweep; without the shared cache each would calibrate whitened SVD's 524,288 tokens
+    again (a sweep's statistics are otherwise removed after it)."""
+    import bench
+    from studies.reproductions import run_part
+
+    calls = []
+    monkeypatch.setattr(bench, "sweep", lambda **kw: calls.append(kw))
+    run_part("smollm2-135m", tmp_path, progress=False)
+    authors = [c for c in calls if c.get("calibration") == "authors" and "whitened-svd" in c["methods"]]
+    assert len(authors) >= 3 and all(c.get("cache") is True for c in calls)
