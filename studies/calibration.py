@@ -239,6 +239,43 @@ def cost_lines(cells) -> list[str]:
                      disable_numparse=True), ""]
 
 
+def fallback_summary(c: CellRecord) -> str:
+    """A cell's recorded fallbacks counted by kind; a rank clipped to 1 names its group (all but removed)."""
+    fbs = [f for f in ((c.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
+    counts = Counter(str(f.get("fallback") or " ".join(str(f[k]) for k in ("op", "kind") if f.get(k)) or "unnamed")
+                     for f in fbs)
+    to_one = sorted({f"{f['group']} (k {f['k']})" for f in fbs if f.get("clipped_to") == 1 and f.get("group")})
+    return ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) + \
+        (f": {', '.join(to_one)} to rank 1" if to_one else "")
+
+
+# why a size can move SVD-LLM V2 across its own rule: printed where a cell has a rank clipped to 1
+V2_RULE = ("SVD-LLM V2 weighs each matrix of a type by 1 / log L, L its least truncation loss summed over the "
+           "calibration tokens (so L grows about as the square root of their number): a type with an L at most 1 "
+           "keeps uniform ranks, and a matrix whose L has just passed 1 takes a weight near infinity, its rank "
+           "clipped to 1 (the k shown is the rule's). A larger calibration can therefore move a matrix from the first "
+           "case to the second.")
+
+
+def fallback_lines(rows_of: dict) -> list[str]:
+    """The fallbacks each row's cells record, size by size: where a row's quality moves against its calibration,
+    the cause is often here (a rank the allocation clipped, a whitening that fell back to damping)."""
+    from tabulate import tabulate
+
+    rows, clipped = [], False
+    for (model, _, budget), by in sorted(rows_of.items()):
+        for (method, mode), pts in sorted(by.items()):
+            said = {t: fallback_summary(c) for t, c in sorted(pts.items())}
+            if any(said.values()):
+                rows.append([model, budget, method, mode, "; ".join(f"{t:,}: {s or 'none'}" for t, s in said.items())])
+                clipped |= method == "svd-llm-v2" and any("to rank 1" in s for s in said.values())
+    if not rows:
+        return []
+    return ["## Fallbacks recorded, by size", "", "Counted from each cell's compression record.", "",
+            tabulate(rows, headers=["model", "budget", "method", "mode", "fallbacks, by calibration tokens"],
+                     tablefmt="github", disable_numparse=True), "", *([V2_RULE, ""] if clipped else [])]
+
+
 def render(cells, doc: Path, plots: Path, asked: dict) -> str:
     rows_of = series(cells)
     envs = sorted((c.env for _, _, c in cells if c.env), key=lambda e: str(e.get("date", "")))
@@ -270,7 +307,7 @@ def render(cells, doc: Path, plots: Path, asked: dict) -> str:
             lines += [f"### {family}", "", *body]
             if fig is not None:
                 lines += [f"![{model} {family}]({Path(fig).relative_to(doc.parent).as_posix()})", ""]
-    lines += cost_lines(cells)
+    lines += fallback_lines(rows_of) + cost_lines(cells)
     return "\n".join(lines) + "\n"
 
 

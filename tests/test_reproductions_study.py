@@ -197,3 +197,23 @@ def test_the_authors_one_pass_calibration_is_kept_between_the_budgets_it_serves(
     run_part("smollm2-135m", tmp_path, progress=False)
     authors = [c for c in calls if c.get("calibration") == "authors" and "whitened-svd" in c["methods"]]
     assert len(authors) >= 3 and all(c.get("cache") is True for c in calls)
+
+
+def test_the_fallbacks_each_size_records_and_a_rank_clipped_to_one():
+    """SVD-LLM V2's perplexity rose from 4,096 to 16,384 calibration tokens because its rule clipped a rank to 1:
+    the page lists each row's fallbacks by size, and explains the rule only where a clip to 1 is recorded."""
+    from studies.calibration import V2_RULE, fallback_lines, series
+
+    def cell(tokens, fallbacks):
+        c = hand_cell("m", "svd-llm-v2", "ppl-token", 0.8, [3.0], budget="params")
+        c.compression["fallbacks"] = fallbacks
+        return ("one-pass", tokens, c)
+
+    uniform = {"fallback": "svd-llm-v2 uniform ranks", "site": "s"}
+    clip = {"fallback": "svd-llm-v2 rank clipped", "group": "layers.0.attn_out", "k": -480, "clipped_to": 1}
+    whiten = {"op": "whiten", "kind": "rank-deficient", "group": "g"}
+    text = "\n".join(fallback_lines(series([cell(4096, [uniform]), cell(16384, [clip, whiten])])))
+    assert "4,096: 1 svd-llm-v2 uniform ranks; 16,384: 1 svd-llm-v2 rank clipped, 1 whiten rank-deficient: " \
+        "layers.0.attn_out (k -480) to rank 1" in text and V2_RULE in text
+    assert V2_RULE not in "\n".join(fallback_lines(series([cell(4096, [uniform]), cell(16384, [whiten])])))
+    assert fallback_lines(series([cell(4096, []), cell(16384, [])])) == []
