@@ -338,10 +338,9 @@ def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
     rf.needs = frozenset({"row_fisher"})
     assert estimate_times(rf, speed)["calibration"] == pytest.approx(12 * 256 * (4 * (LINEAR + 6400) + 2 * LINEAR)
                                                                      / 1e10, rel=1e-12)
-    # C alone (pca): the forward only, and x^T x
+    # C alone (pca): the forward, stopped before the LM head, and x^T x
     pca_only = estimate_times(make_plan(tiny, ["pca"], [0.5]), speed)
-    assert pca_only["calibration"] == pytest.approx(12 * 256 * (2 * (LINEAR + 6400) + 2 * SQUARES * 2) / 1e10,
-                                                    rel=1e-12)
+    assert pca_only["calibration"] == pytest.approx(12 * 256 * (2 * LINEAR + 2 * SQUARES * 2) / 1e10, rel=1e-12)
     # (x, g) pairs alone take the backward too, and no product
     rf.needs = frozenset({"pairs"})
     assert estimate_times(rf, speed)["calibration"] == pytest.approx(12 * 256 * 4 * (LINEAR + 6400) / 1e10, rel=1e-12)
@@ -614,3 +613,24 @@ def test_a_plan_of_an_architecture_without_intermediate_size(tmp_path):
     assert plan.kinds[0]["d_outs"] == (64, 64, 64, 256)  # q, k, v and fc_in read the one normed input
     tokens = 2 * 16  # the activations kept for the backward: 6 hidden and 4 intermediate numbers per token and block
     assert plan.activation_bytes == tokens * (6 * 64 + 4 * 256) * 2 * 4 + tokens * 100 * 4 * 2
+
+
+def test_the_calibrations_of_their_own_by_hand(tiny):
+    """Wanda's authors' sequential 262,144 tokens: every block twice (statistics, compressed output) and the
+    capture of its first two batches; whitened SVD's one-pass 524,288: the forward, stopped before the LM head (it
+    reads no gradient). Each with x^T x per group."""
+    from bench.cli import _parser
+    from bench.cli.plan import plan_config
+    from bench.measure.costs import estimate_run_costs, own_calibration_costs
+    from bench.runner.config import resolve_run
+
+    flags = ["--model", tiny, "--methods", "wanda", "whitened-svd", "--sparsity", "0.5", "--rank", "0.8",
+             "--budget", "params", "--calibration", "authors"]
+    run = resolve_run(plan_config(_parser().parse_args(["plan", *flags])), writes=False)
+    costs = {c["method"]: c for c in own_calibration_costs(run, estimate_run_costs(run), _speed(matmul32=1e10))}
+    assert costs["wanda"]["mode"] == "sequential" and costs["whitened-svd"]["mode"] == "one-pass"
+    squares = 2 * 2 * SQUARES  # two blocks, 2 per x^T x entry
+    captured = 2 * max(1, run.config.batch_size // 2) * 2048
+    want = (262144 * (4 * LINEAR + squares) + captured * 2 * LINEAR) / 1e10
+    assert costs["wanda"]["seconds"] == pytest.approx(want, rel=1e-12)
+    assert costs["whitened-svd"]["seconds"] == pytest.approx(524288 * (2 * LINEAR + squares) / 1e10, rel=1e-12)

@@ -226,6 +226,54 @@ def test_arguments_equal_across_batches_are_held_once():
     assert _shared(torch.zeros(3, dtype=torch.int64), a).dtype == torch.int64 and _shared(None, a) is None
 
 
+def _calls_of_block_0(model, salt_at=()):
+    """Block 0's calls, counted; at the calls in `salt_at` it gets one more keyword argument, a per-batch value."""
+    seen = []
+
+    def salt(module, args, kwargs):
+        seen.append(1)
+        return (args, {**kwargs, "salt": torch.full((1,), float(len(seen)))}) if len(seen) in salt_at else None
+    model.model.layers[0].register_forward_pre_hook(salt, with_kwargs=True)
+
+
+def test_later_batches_stop_at_block_0_and_change_nothing(arch, monkeypatch):
+    """Once batch 1's blocks get batch 0's arguments, a later batch of the same shape runs only up to block 0 (its
+    embeddings are all it adds): the chain, the statistics and the deployed model are those of a dense forward of
+    every batch."""
+    from bench.calibration import sequential
+
+    ids = _windows(n=8)
+    model = tiny_model(arch, layers=2)
+    dense = _logits(model, ids)
+    chain = BlockChain(model, ids, batch_size=2)
+    assert chain.full_forwards == 2
+    dep, _ = deploy_sequential(model, "wanda", SparsitySpec.parse("0.5"), ids, CalibSpec(), progress=False,
+                               batch_size=2)
+    fast = _logits(model, ids)
+    dep.restore()
+    monkeypatch.setattr(sequential, "_same_call", lambda a, b: False)
+    slow_chain = BlockChain(model, ids, batch_size=2)
+    assert slow_chain.full_forwards == 4
+    assert all(torch.equal(a, b) for a, b in zip(chain.hidden, slow_chain.hidden))
+    for i in range(2):
+        st, slow = (block_statistics(c, i, [g for g in find_input_groups(model) if g.block == i], frozenset({"C"}),
+                                     CalibSpec()) for c in (chain, slow_chain))
+        assert all(torch.equal(st[k].C, slow[k].C) for k in st)
+    dep, _ = deploy_sequential(model, "wanda", SparsitySpec.parse("0.5"), ids, CalibSpec(), progress=False,
+                               batch_size=2)
+    assert torch.equal(_logits(model, ids), fast) and not torch.equal(fast, dense)
+    dep.restore()
+
+
+@pytest.mark.parametrize("salt_at,n,forwards", [((2,), 8, 4), ((4,), 8, 3), ((), 7, 3)])
+def test_a_batch_whose_arguments_or_shape_differ_runs_its_whole_forward(salt_at, n, forwards):
+    """Batch 1 with an argument of its own: every batch runs whole. A later batch whose block 0 gets an argument
+    of its own, or a last batch with fewer windows (its masks have another shape): that batch runs whole."""
+    model = tiny_model("llama", layers=2)
+    _calls_of_block_0(model, salt_at)
+    assert BlockChain(model, _windows(n=n), batch_size=2).full_forwards == forwards
+
+
 # ---------------------------------------------------------------- the engine's pieces, each against its contract
 
 def test_a_blocks_hidden_states_are_read_positional_or_by_keyword_and_anything_else_is_one_line():

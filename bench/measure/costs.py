@@ -18,7 +18,7 @@ import torch
 import methods
 from methods.base import factorised_params
 from core.errors import UserError
-from core.stats import SEQUENTIAL, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
+from core.stats import GRADIENT_STATS, SEQUENTIAL, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
 from bench.calibration.memory import calibration_chunks, stat_bytes
 from bench.model.groups import InputGroup, find_input_groups, meta_model
@@ -217,8 +217,9 @@ def estimate_run_costs(run) -> CostEstimate:
 def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:
     """What each method with a calibration of its own costs beside the shared one (`bench plan`): a one-pass one
     (its authors' sizes) once, cached; a sequential one once per budget (its statistics depend on the blocks
-    compressed before), each a capture forward, then every block twice (statistics, then its compressed output),
-    with the windows' hidden states held once. {method, mode, tokens, runs, seconds, peak}"""
+    compressed before), each a capture forward of its first two batches (the later ones stop at block 0), then
+    every block twice (statistics, then its compressed output), with the windows' hidden states held once; a pass
+    without gradients stops before the LM head. {method, mode, tokens, runs, seconds, peak}"""
     groups = est.groups
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
     head = est.config["vocab_size"] * est.config["hidden_size"]
@@ -233,13 +234,13 @@ def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:
         batch = max(1, run.config.batch_size // 2) * spec.seq_len
         if spec.mode == SEQUENTIAL:
             runs = len(run.patterns) if comp.family != methods.LOW_RANK_FAMILY else len(run.ranks)
-            per_token = 2 * (linear + head) + 2 * 2 * linear + products
+            per_token = 2 * 2 * linear + products + 2 * linear * min(tokens, 2 * batch) / tokens
             block = max(sum(s for g, s in zip(groups, stats) if g.block == b) for b in {g.block for g in groups})
             peak = est.weight_bytes + tokens * est.config["hidden_size"] * width + block + batch * est.config[
                 "vocab_size"] * 4
         else:
             runs = 1
-            per_token = 2 * (linear + head) + products
+            per_token = 2 * (linear + (head if needs & GRADIENT_STATS else 0)) + products
             peak = est.weight_bytes + min(sum(stats), run.stats_memory or sum(stats)) + max(stats, default=0) + \
                 batch * est.config["vocab_size"] * 4
         out.append({"method": m, "mode": spec.mode, "tokens": tokens, "windows": f"{spec.samples} x {spec.seq_len}",
@@ -354,11 +355,11 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
     grads = bool(needs & {"F", "pairs", "row_fisher"})
     # forward (2 per weight) and, with gradients, the backward to the inputs (2 more: the weights are frozen)
-    # through the blocks and the LM head once per calibration pass (each pass hooks only its groups, but runs the
-    # whole model); the weight gradients of the row Fisher (2 per site weight) and the hooks' float32 products
+    # through the blocks once per calibration pass (each pass hooks only its groups, but runs the whole model), and
+    # through the LM head where gradients are read (a pass without them stops before it); the weight gradients of the row Fisher (2 per site weight) and the hooks' float32 products
     # x^T x (and g^T g) once per group. (The TinyLlama-shaped run: 4 per weight measured 155 s a pass, this says 166.)
     head = est.config["vocab_size"] * est.config["hidden_size"]
-    per_token = est.passes * (2 + (2 if grads else 0)) * (linear + head) + \
+    per_token = est.passes * (2 + (2 if grads else 0)) * (linear + (head if grads else 0)) + \
         (2 * linear if "row_fisher" in needs else 0) + \
         sum(2 * g.d_in ** 2 * ((needs >= {"C"}) + (needs >= {"F"})) for g in groups)
     out = {"calibration": est.calib_tokens * per_token / calib_speed.matmul32 if needs else 0.0, "methods": {},
