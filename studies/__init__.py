@@ -58,6 +58,12 @@ def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
         ap.error(problem)
 
 
+def ranks_clipped_to_one(cell) -> list[str]:
+    """The groups a cell's allocation clipped to rank 1 (all but removed), each with the rank its rule asked for."""
+    fbs = [f for f in ((cell.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
+    return sorted({f"{f['group']} (k {f['k']})" for f in fbs if f.get("clipped_to") == 1 and f.get("group")})
+
+
 def budget_label(cell) -> str:
     """A cell's budget as the studies' pages name it: "params 0.8", "rank 0.9", "density 0.5" or "2:4" ("" for
     dense)."""

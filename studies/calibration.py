@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
 
-from studies import budget_label, thread_counts
+from studies import budget_label, ranks_clipped_to_one, thread_counts
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 SEQ_LEN = 2048
@@ -244,7 +244,7 @@ def fallback_summary(c: CellRecord) -> str:
     fbs = [f for f in ((c.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
     counts = Counter(str(f.get("fallback") or " ".join(str(f[k]) for k in ("op", "kind") if f.get(k)) or "unnamed")
                      for f in fbs)
-    to_one = sorted({f"{f['group']} (k {f['k']})" for f in fbs if f.get("clipped_to") == 1 and f.get("group")})
+    to_one = ranks_clipped_to_one(c)
     return ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) + \
         (f": {', '.join(to_one)} to rank 1" if to_one else "")
 

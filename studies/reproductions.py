@@ -25,7 +25,7 @@ from core.meta_analysis import holm
 from core.record import DENSE, CellRecord, calibration_mode
 from core.significance import ALPHA, above_chance, compare
 
-from studies import Side, find
+from studies import Side, find, ranks_clipped_to_one
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
@@ -198,6 +198,8 @@ COMPUTE_GAP = 0.05  # compute ratios further apart than this: the two sides do n
 
 def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> str:
     found = conditions(better) + conditions(worse)
+    found += [f"{c.cell.method}'s allocation clipped {', '.join(ranks_clipped_to_one(c))} to rank 1"
+              for c in (better, worse) if ranks_clipped_to_one(c)]
     costs = [(c.cell.method, (c.compression or {}).get("compute_ratio")) for c in (better, worse)
              if c.cell.method != DENSE]
     if len(costs) == 2 and all(isinstance(v, (int, float)) for _, v in costs) and \

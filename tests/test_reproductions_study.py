@@ -217,3 +217,19 @@ def test_the_fallbacks_each_size_records_and_a_rank_clipped_to_one():
         "layers.0.attn_out (k -480) to rank 1" in text and V2_RULE in text
     assert V2_RULE not in "\n".join(fallback_lines(series([cell(4096, [uniform]), cell(16384, [whiten])])))
     assert fallback_lines(series([cell(4096, []), cell(16384, [])])) == []
+
+
+def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
+    """SVD-LLM V2 at 16,384 tokens: its rule clipped layer 0's o_proj to rank 1 and put it behind whitened SVD;
+    kept at its uniform rank, that one matrix took its perplexity from 1,010 to 332 (docs/methods.md)."""
+    from studies.reproductions import rows
+
+    dense = [3.0 + 0.01 * i for i in range(8)]
+    v2 = _cell("m", "svd-llm-v2", "ppl-token", "params", 0.8, [x + 1.0 + 0.01 * (i % 2) for i, x in enumerate(dense)])
+    v2.compression["fallbacks"] = [{"fallback": "svd-llm-v2 rank clipped", "group": "layers.0.attn_out", "k": -480,
+                                    "clipped_to": 1, "site": "model.layers.0.self_attn.o_proj"}]
+    cells = [_cell("m", "dense", "ppl-token", "", None, dense), v2,
+             _cell("m", "whitened-svd", "ppl-token", "params", 0.8, [x + 0.5 for x in dense])]
+    row = {(r[3], r[5]): r for r in rows(cells)}[("svd-llm-v2 (params 0.8) better than whitened-svd (params 0.8)", "m")]
+    assert row[11].startswith("contradicts")
+    assert "svd-llm-v2's allocation clipped layers.0.attn_out (k -480) to rank 1" in row[12]
