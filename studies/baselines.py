@@ -5,7 +5,8 @@ study stores (`python -m studies.reproductions` computes the missing ones: one s
 Each family at the budget its papers report: activation sparsity at density 0.5 (WINA, R-Sparse, LaRoSa, CATS
 against act-sparse and TEAL; CATS sparsifies the MLP activation only, so its compute stays well above 0.5); weight
 sparsity at 50 % unstructured and 2:4 (SparseGPT against Wanda and magnitude); low-rank at parameter ratios 0.8 and
-0.9, the papers' 20 % and 10 % compression (SVD-LLM V2 against SVD-LLM's whitened SVD, ASVD, PCA and FASC-KFAC).
+0.9, the papers' 20 % and 10 % compression (SVD-LLM V2 against SVD-LLM's whitened SVD, per matrix as its
+code compresses and with one basis per input group as acbench's whitened-svd, ASVD, PCA and FASC-KFAC).
 Each method is calibrated as its authors state (`--calibration authors`), the others at the run's default.
 Quality is token perplexity, the papers' headline: the paired difference of per-window mean NLL, new minus old, on
 the same windows (negative favours the new method), with its interval, its verdict after Holm's correction across
@@ -30,7 +31,9 @@ MARGIN = 0.02  # nats of mean NLL: the ppl-token task's default margin
 DESTROYED = 5.0  # a row whose perplexity is this many times dense's: the budget destroys the model
 ACTIVATION_OLD, ACTIVATION_NEW = ("act-sparse", "teal"), ("wina", "r-sparse", "larosa", "cats")
 WEIGHT_OLD, WEIGHT_NEW = ("wanda", "magnitude-prune"), ("sparsegpt",)
-LOW_RANK_OLD, LOW_RANK_NEW = ("whitened-svd", "asvd", "pca", "fasc-kfac"), ("svd-llm-v2",)
+# SVD-LLM in its code's per-matrix form, and acbench's whitened-svd, one basis per input group
+LOW_RANK_OLD = ("whitened-svd:per_site=true", "whitened-svd", "asvd", "pca", "fasc-kfac")
+LOW_RANK_NEW = ("svd-llm-v2",)
 # (budget as the pages name it, new methods, older methods)
 SECTIONS = (("density 0.5", ACTIVATION_NEW, ACTIVATION_OLD), ("density 0.5", WEIGHT_NEW, WEIGHT_OLD),
             ("2:4", WEIGHT_NEW, WEIGHT_OLD), ("params 0.8", LOW_RANK_NEW, LOW_RANK_OLD),

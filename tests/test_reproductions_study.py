@@ -61,7 +61,8 @@ def test_each_verdict_and_the_cause_of_a_contradiction():
     # Holm across the page's measured comparisons (four here: sparsegpt and wanda each against magnitude too)
     assert float(level[9]) >= float(level[8]) and ahead[8] != ""
     # a claim whose cells are missing says so, and every claim has a row per model
-    assert out[("svd-llm-v2 (params 0.8) better than whitened-svd (params 0.8)", "m")][11] == "not yet measured"
+    assert out[("svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)", "m")][11] == \
+        "not yet measured"
     assert len(rows(cells)) == len(CLAIMS)
 
 
@@ -83,10 +84,11 @@ def test_a_destroyed_budget_is_named_as_the_cause():
 
     base = [3.0 + 0.02 * i for i in range(6)]
     cells = [_cell("m", "dense", "ppl-token", "", None, base),
-             _cell("m", "whitened-svd", "ppl-token", "params", 0.8, [b + 3.0 for b in base]),
+             _cell("m", "whitened-svd:per_site=true", "ppl-token", "params", 0.8, [b + 3.0 for b in base]),
              _cell("m", "asvd", "ppl-token", "params", 0.8, [b + 2.0 for b in base])]
-    row = next(r for r in rows(cells) if r[3] == "whitened-svd (params 0.8) better than asvd (params 0.8)")
-    assert row[11] == "contradicts" and "budget destroys the model (whitened-svd, asvd above 5x" in row[12]
+    row = next(r for r in rows(cells) if r[3] == "whitened-svd:per_site=true (params 0.8) better than asvd (params 0.8)")
+    assert row[11] == "contradicts"
+    assert "budget destroys the model (whitened-svd:per_site=true, asvd above 5x" in row[12]
 
 
 def test_calibration_study_saturation_and_budget_labels():
@@ -229,7 +231,8 @@ def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
     v2.compression["fallbacks"] = [{"fallback": "svd-llm-v2 rank clipped", "group": "layers.0.attn_out", "k": -480,
                                     "clipped_to": 1, "site": "model.layers.0.self_attn.o_proj"}]
     cells = [_cell("m", "dense", "ppl-token", "", None, dense), v2,
-             _cell("m", "whitened-svd", "ppl-token", "params", 0.8, [x + 0.5 for x in dense])]
-    row = {(r[3], r[5]): r for r in rows(cells)}[("svd-llm-v2 (params 0.8) better than whitened-svd (params 0.8)", "m")]
+             _cell("m", "whitened-svd:per_site=true", "ppl-token", "params", 0.8, [x + 0.5 for x in dense])]
+    claim = "svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)"
+    row = {(r[3], r[5]): r for r in rows(cells)}[(claim, "m")]
     assert row[11].startswith("contradicts")
     assert "svd-llm-v2's allocation clipped layers.0.attn_out (k -480) to rank 1" in row[12]
