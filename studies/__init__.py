@@ -58,10 +58,15 @@ def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
         ap.error(problem)
 
 
+def recorded_fallbacks(cell) -> list[dict]:
+    """The fallbacks a cell's compression record lists (entries that are not records skipped)."""
+    return [f for f in ((cell.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
+
+
 def ranks_clipped_to_one(cell) -> list[str]:
     """The groups a cell's allocation clipped to rank 1 (all but removed), each with the rank its rule asked for."""
-    fbs = [f for f in ((cell.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
-    return sorted({f"{f['group']} (k {f['k']})" for f in fbs if f.get("clipped_to") == 1 and f.get("group")})
+    return sorted({f"{f['group']} (k {f['k']})" for f in recorded_fallbacks(cell)
+                   if f.get("clipped_to") == 1 and f.get("group")})
 
 
 def budget_label(cell) -> str:

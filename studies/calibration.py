@@ -19,7 +19,7 @@ from pathlib import Path
 
 from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
 
-from studies import budget_label, ranks_clipped_to_one, thread_counts
+from studies import budget_label, ranks_clipped_to_one, recorded_fallbacks, thread_counts
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 SEQ_LEN = 2048
@@ -241,9 +241,8 @@ def cost_lines(cells) -> list[str]:
 
 def fallback_summary(c: CellRecord) -> str:
     """A cell's recorded fallbacks counted by kind; a rank clipped to 1 names its group (all but removed)."""
-    fbs = [f for f in ((c.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]
     counts = Counter(str(f.get("fallback") or " ".join(str(f[k]) for k in ("op", "kind") if f.get(k)) or "unnamed")
-                     for f in fbs)
+                     for f in recorded_fallbacks(c))
     to_one = ranks_clipped_to_one(c)
     return ", ".join(f"{n} {label}" for label, n in sorted(counts.items())) + \
         (f": {', '.join(to_one)} to rank 1" if to_one else "")
@@ -268,7 +267,7 @@ def fallback_lines(rows_of: dict) -> list[str]:
             said = {t: fallback_summary(c) for t, c in sorted(pts.items())}
             if any(said.values()):
                 rows.append([model, budget, method, mode, "; ".join(f"{t:,}: {s or 'none'}" for t, s in said.items())])
-                clipped |= method == "svd-llm-v2" and any("to rank 1" in s for s in said.values())
+                clipped |= method == "svd-llm-v2" and any(ranks_clipped_to_one(c) for c in pts.values())
     if not rows:
         return []
     return ["## Fallbacks recorded, by size", "", "Counted from each cell's compression record.", "",

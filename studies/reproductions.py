@@ -203,8 +203,9 @@ COMPUTE_GAP = 0.05  # compute ratios further apart than this: the two sides do n
 
 def cause(claim: Claim, better: CellRecord, worse: CellRecord, dense: CellRecord | None) -> str:
     found = conditions(better) + conditions(worse)
-    found += [f"{c.cell.method}'s allocation clipped {', '.join(ranks_clipped_to_one(c))} to rank 1"
-              for c in (better, worse) if ranks_clipped_to_one(c)]
+    for c in (better, worse):
+        if clipped := ranks_clipped_to_one(c):
+            found.append(f"{c.cell.method}'s allocation clipped {', '.join(clipped)} to rank 1")
     costs = [(c.cell.method, (c.compression or {}).get("compute_ratio")) for c in (better, worse)
              if c.cell.method != DENSE]
     if len(costs) == 2 and all(isinstance(v, (int, float)) for _, v in costs) and \

@@ -353,11 +353,11 @@ def estimate_times(est: CostEstimate, speed: DeviceSpeed, calib_speed: DeviceSpe
     groups, needs = est.groups, est.needs
     comps = {m: methods.build(m) for m in est.method_names}
     linear = sum(g.d_in * sum(g.d_outs) for g in groups)
-    grads = bool(needs & {"F", "pairs", "row_fisher"})
+    grads = bool(needs & GRADIENT_STATS)
     # forward (2 per weight) and, with gradients, the backward to the inputs (2 more: the weights are frozen)
     # through the blocks once per calibration pass (each pass hooks only its groups, but runs the whole model), and
-    # through the LM head where gradients are read (a pass without them stops before it); the weight gradients of the row Fisher (2 per site weight) and the hooks' float32 products
-    # x^T x (and g^T g) once per group. (The TinyLlama-shaped run: 4 per weight measured 155 s a pass, this says 166.)
+    # through the LM head where gradients are read (a pass without them stops before it); the weight gradients of
+    # the row Fisher (2 per site weight) and the hooks' float32 products x^T x (and g^T g) once per group. (The TinyLlama-shaped run: 4 per weight measured 155 s a pass, this says 166.)
     head = est.config["vocab_size"] * est.config["hidden_size"]
     per_token = est.passes * (2 + (2 if grads else 0)) * (linear + (head if grads else 0)) + \
         (2 * linear if "row_fisher" in needs else 0) + \
