@@ -1,10 +1,14 @@
 """A pass that reads no gradients stops at the output head: the statistics are those of the whole forward, and the
-head (on Gemma the largest product of the forward) is never run."""
+head (on Gemma the largest product of the forward) is never run. A pass that reads gradients takes the loss's
+gradient at the logits a block of positions at a time: the same statistics to the bit, without the whole loss's
+vocabulary-wide intermediates."""
+
+import functools
 
 import torch
 
 from bench.calibration import engine
-from bench.calibration.engine import CalibSpec, calibrate
+from bench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
 from bench.model.groups import find_input_groups
 from core.stats import ACTIVATION_STATS
 
@@ -47,3 +51,38 @@ def test_no_stop_where_the_head_is_the_input_embedding_or_a_site():
     assert engine._stop_at_head(model, groups) is None
     model.get_output_embeddings = lambda: groups[0].sites[0]
     assert engine._stop_at_head(model, groups) is None
+
+
+def test_blockwise_loss_gradient_gives_the_whole_loss_statistics_to_the_bit(arch, windows, monkeypatch):
+    model = tiny_model(arch)
+    groups = find_input_groups(model)
+    needed = frozenset({"C", "F", "pairs", "row_fisher"})
+    # blocks of 5 positions: each 24-token window is cut into five blocks, the last one short
+    monkeypatch.setattr(engine, "backward_next_token_loss", functools.partial(engine.backward_next_token_loss, rows=5))
+    blocks = calibrate(model, groups, windows, needed, CalibSpec(), progress=False)
+    monkeypatch.setattr(engine, "backward_next_token_loss", lambda logits, ids: next_token_loss_sum(logits, ids).backward())
+    whole = calibrate(model, groups, windows, needed, CalibSpec(), progress=False)
+    for name in whole:
+        for field in ("C", "F", "xs", "gs", "row_fisher"):
+            a, b = getattr(blocks[name], field), getattr(whole[name], field)
+            if isinstance(a, dict):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (name, field)
+            else:
+                assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), (name, field)
+
+
+def test_gradient_pass_never_holds_a_vocabulary_wide_tensor_for_more_than_a_block_of_positions():
+    model = tiny_model("llama")
+    vocab = model.config.vocab_size
+    long_windows = torch.randint(0, vocab, (2, 600), generator=torch.Generator().manual_seed(0))
+    widest = []
+
+    def pack(t):
+        if t.dim() and t.shape[-1] == vocab:
+            widest.append(t.numel() // vocab)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        calibrate(model, find_input_groups(model), long_windows, frozenset({"C", "F"}), CalibSpec(), progress=False)
+    # the whole loss saves the log-softmax of all 2 x 599 positions for its backward
+    assert widest and max(widest) <= 256, max(widest)
