@@ -31,6 +31,10 @@ RANK_RATIO = 0.9  # a rank ratio (k = 0.9 of each group's width): deployed merge
 DENSITY = "0.5"
 N_M = ("wanda", "sparsegpt")  # at 2:4 as well, their papers' other budget
 PATTERN = "2:4"
+# Sequential calibration runs again for every variant; beyond this size only the methods whose authors calibrate
+# sequentially (SparseGPT, Wanda) get it: at 262,144 tokens SparseGPT's took 3,793 s of one core on SmolLM2, so the
+# other 12 variants would take SmolLM2 alone about 13 hours
+SEQUENTIAL_ALL_UP_TO = 16384
 TASKS = ("ppl-token",)
 ROOT = Path("studies/cells/calibration")
 # within this many nats of mean NLL of the largest size measured: saturated (perplexity within 2 %)
@@ -62,6 +66,13 @@ def calibrated(names) -> list[str]:
     return [n for n in names if methods.build(n).required_stats()]
 
 
+def authors_sequential(names) -> list[str]:
+    """Those of `names` whose authors' declared calibration is sequential."""
+    import methods
+
+    return [n for n in names if getattr(type(methods.build(n)).authors_calibration, "mode", None) == SEQUENTIAL]
+
+
 def part_methods(mode: str, tokens: int) -> tuple[list[str], list[str], list[str]]:
     """The low-rank, sparsity and N:M methods of one part."""
     low, sparse = list(LOW_RANK), list(SPARSITY)
@@ -69,6 +80,8 @@ def part_methods(mode: str, tokens: int) -> tuple[list[str], list[str], list[str
         low, sparse = calibrated(low), calibrated(sparse)  # measured once, in the first part
     if mode == SEQUENTIAL:
         low, sparse = sequential_methods(low), sequential_methods(sparse)
+        if tokens > SEQUENTIAL_ALL_UP_TO:
+            low, sparse = authors_sequential(low), authors_sequential(sparse)
     return low, sparse, [m for m in N_M if m in sparse]
 
 
@@ -288,6 +301,10 @@ def render(cells, doc: Path, plots: Path, asked: dict) -> str:
              f"Saturates at: the smallest size whose perplexity is within {SATURATED} nats of mean NLL "
              f"({math.exp(SATURATED) - 1:.0%}) of the largest size measured for that row. Data-free methods read no "
              "calibration: one cell, drawn flat.", "",
+             f"Sequential calibration runs again for every variant (its cost per variant: the last table), so beyond "
+             f"{SEQUENTIAL_ALL_UP_TO:,} tokens only the methods whose authors calibrate sequentially get it "
+             f"({', '.join(authors_sequential(sequential_methods(SPARSITY + LOW_RANK)))}); the others stop at "
+             f"{SEQUENTIAL_ALL_UP_TO:,} in that mode.", "",
              "Parts measured (model, mode, tokens): " + ("; ".join(f"{m} {mo} {t:,}" + part_state(held[m, mo, t],
                                                                                                mo, t)
                                                                    for m, mo, t in measured) or "none yet") + ".",

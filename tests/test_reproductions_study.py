@@ -140,6 +140,9 @@ def test_a_part_stopped_before_its_end_says_how_much_it_holds():
     assert part_size("one-pass", 16384) == 8 * 3 + 5 + 2 + 1
     assert part_state(17, "sequential", 16384) == ""
     assert part_state(3, "sequential", 16384) == " (part: 3 of its 17 cells)"
+    # beyond 16,384 tokens sequential keeps its authors' methods only: SparseGPT and Wanda at 50 % and 2:4, and dense
+    assert part_size("sequential", 65536) == part_size("sequential", 262144) == 2 + 2 + 1
+    assert part_size("one-pass", 262144) == part_size("one-pass", 16384)
 
 
 def test_the_cost_table_names_the_threads_each_size_ran_on():
