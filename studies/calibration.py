@@ -252,7 +252,8 @@ def cost_lines(cells) -> list[str]:
             "every method's statistics (gradients included) and is cached. Sequential: one variant's calibration, "
             "its solves excluded; it runs again for every budget and method. Peak memory: the largest resident "
             "set any of the mode's processes reached by the end of one of its cells (calibration, solves and "
-            "evaluation together; two processes of one part are counted apart).", "",
+            "evaluation together; a high-water mark, so a process that ran another part first carries that part's "
+            "peak).", "",
             tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "sequential s per variant",
                                     "sequential hidden states held", "one-pass peak memory",
                                     "sequential peak memory", "threads"], tablefmt="github",
