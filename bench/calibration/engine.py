@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import math
 from dataclasses import asdict, dataclass
@@ -67,6 +70,38 @@ def backward_next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, rows
                 loss = Fn.cross_entropy(block.float(), input_ids[i, start + 1:stop + 1], reduction="sum")
                 grad[i, start:stop] = torch.autograd.grad(loss, block)[0]
     logits.backward(grad)
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+LARGE_BLOCK = 4 << 20
+
+
+@functools.cache
+def _glibc():
+    """The C library, where it is glibc (it has malloc_trim and mallopt); else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim.argtypes, libc.mallopt.argtypes = [ctypes.c_size_t], [ctypes.c_int, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+@functools.cache
+def map_large_blocks() -> bool:
+    """Once per process: blocks of 4 MiB and more are mapped on their own, so freeing one hands it back. A backward
+    pass frees tensors of many sizes, and glibc's moving threshold let them pile up in its heap: SmolLM2's gradient
+    calibration (2 x 2,048 tokens a batch, one core) grew from 11.5 to 16.5 GB over six batches, and with this and
+    `release_freed_memory` peaked at 10.2 GB, at 65 s a batch against 61 (measured beside another process)."""
+    libc = _glibc()
+    return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
+
+
+def release_freed_memory() -> None:
+    """Hands the heap pages the last batch freed back to the system (glibc's malloc_trim)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def group_generator(seed: int, group: str) -> torch.Generator:
@@ -230,6 +265,8 @@ def calibrate(
     collectors = [_GroupCollector(g, needed, pairs_per_batch, group_generator(spec.seed, g.name), acts.get(g.name))
                   for g in groups]
     want_grad = bool(needed & GRADIENT_STATS)
+    if want_grad:
+        map_large_blocks()
     was_training = model.training
     model.eval()
     saved_flags = {p: p.requires_grad for p in model.parameters()}
@@ -260,6 +297,8 @@ def calibrate(
             del logits
             for c in collectors:
                 c.after_backward()
+            if want_grad:
+                release_freed_memory()
     finally:
         for c in collectors:
             c.remove_hooks()
