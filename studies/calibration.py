@@ -224,15 +224,12 @@ def cost_lines(cells) -> list[str]:
 
     from core.units import human
 
-    one, seq, ran, peak = {}, {}, {}, {}
+    one, seq, ran = {}, {}, {}
     for mode, tokens, c in cells:
         t, cal = c.timings or {}, c.calibration or {}
         if c.cell.method == DENSE or t.get("calibrate_s") is None:
             continue
         ran.setdefault((c.cell.model, tokens), []).append(c)
-        high = ((c.memory or {}).get("peak") or {})
-        if high.get("kind") == "rss_high_water" and isinstance(high.get("bytes"), int):
-            peak[(c.cell.model, tokens, mode)] = max(peak.get((c.cell.model, tokens, mode), 0), high["bytes"])
         if mode == ONE_PASS:  # the part's shared calibration: its largest (it holds every method's statistics)
             key = (c.cell.model, tokens)
             one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
@@ -241,7 +238,6 @@ def cost_lines(cells) -> list[str]:
     rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "",
              f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
              human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else "",
-             *(human(peak[(m, tok, mode)]) if (m, tok, mode) in peak else "" for mode in (ONE_PASS, SEQUENTIAL)),
              thread_counts(ran[(m, tok)])]
             for m, tok in sorted(set(one) | set(seq))]
     if not rows:
@@ -250,13 +246,9 @@ def cost_lines(cells) -> list[str]:
             "Measured on the machine the cells name, in processes given the threads shown (parts run side by side "
             "take one core each, and a busy machine slows them). One-pass: the part's one calibration, which holds "
             "every method's statistics (gradients included) and is cached. Sequential: one variant's calibration, "
-            "its solves excluded; it runs again for every budget and method. Peak memory: the largest resident "
-            "set any of the mode's processes reached by the end of one of its cells (calibration, solves and "
-            "evaluation together; a high-water mark, so a process that ran another part first carries that part's "
-            "peak).", "",
+            "its solves excluded; it runs again for every budget and method.", "",
             tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "sequential s per variant",
-                                    "sequential hidden states held", "one-pass peak memory",
-                                    "sequential peak memory", "threads"], tablefmt="github",
+                                    "sequential hidden states held", "threads"], tablefmt="github",
                      disable_numparse=True), ""]
 
 
