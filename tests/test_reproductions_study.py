@@ -239,3 +239,21 @@ def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
     row = {(r[3], r[5]): r for r in rows(cells)}[(claim, "m")]
     assert row[11].startswith("contradicts")
     assert "svd-llm-v2's allocation clipped layers.0.attn_out (k -480) to rank 1" in row[12]
+
+
+def test_calibration_page_gives_each_model_its_own_page(tmp_path):
+    """One page for both models ran past 150 lines: each model's tables and plots go on a page of their own, which
+    the study's page links; parts, fallbacks and costs stay on the study's page."""
+    from studies.calibration import render
+
+    cells = [("one-pass", tokens, hand_cell(model, "pca", "ppl-token", 0.8, [3.0 + tokens / 1e5], budget="params",
+                                            calibration={"cached": False}, timings={"calibrate_s": 1.0}))
+             for model in ("m", "other") for tokens in (4096, 16384)]
+    doc = tmp_path / "calibration.md"
+    pages = render(cells, doc, tmp_path / "plots", {"models": ["m", "other"], "modes": ["one-pass"],
+                                                    "tokens": [4096, 16384]})
+    assert set(pages) == {doc, tmp_path / "calibration-m.md", tmp_path / "calibration-other.md"}
+    assert "[m](calibration-m.md), [other](calibration-other.md)" in pages[doc] and "| pca " not in pages[doc]
+    own = pages[tmp_path / "calibration-m.md"]
+    assert "| params 0.8 | pca " in own and "](plots/calibration_m_low-rank.png)" in own
+    assert "other" not in own and "## What each size costs" in pages[doc]
