@@ -39,6 +39,7 @@ from bench.calibration.memory import calibration_chunks
 from bench.model.checkpoint import runtime_forms
 from bench.model.groups import find_input_groups
 from bench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
+from bench.measure.latency import with_calibration_peak
 from bench.runner.cells import ModelInfo, plan
 from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
                                  shortcut_options, task_shortcuts)
@@ -550,12 +551,11 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
 
         windows = calibration_windows(lm.tokenizer, run.calibration)
     if needed:
-        if lm.fingerprint and cache:
-            calibrated = load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
-                                           progress, windows, limit)
-        else:
-            calibrated = _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
-                                               batch_size, progress)
+        load = (lambda: load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
+                                          progress, windows, limit)) if lm.fingerprint and cache else \
+            (lambda: _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
+                                           batch_size, progress))
+        calibrated = with_calibration_peak(str(next(lm.model.parameters()).device), load)
     source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
     stats, record = (calibrated.stats, calibrated.record) if calibrated else ({}, None)
     return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merged,

@@ -220,6 +220,7 @@ FIELD_RANGES = (
     (("calibration", "n_tokens"), "size"), (("calibration", "spec", "samples"), "size"),
     (("calibration", "spec", "seq_len"), "size"), (("calibration", "seconds"), "nonneg"),
     (("calibration", "blocks"), "size"), (("calibration", "held_bytes"), "nonneg"),
+    (("calibration", "peak", "bytes"), "nonneg"), (("calibration", "peak", "working_bytes"), "nonneg"),
     (("calibration", "authors", "samples"), "size"), (("calibration", "authors", "seq_len"), "size"),
     (("calibration", "short", "groups"), "size"), (("calibration", "short", "of"), "size"),
     (("calibration", "short", "tokens"), "size"), (("calibration", "short", "tokens_needed"), "size"),

@@ -224,21 +224,24 @@ def cost_lines(cells) -> list[str]:
 
     from core.units import human
 
-    one, seq, ran = {}, {}, {}
+    one, seq, ran, peaks = {}, {}, {}, {}
     for mode, tokens, c in cells:
         t, cal = c.timings or {}, c.calibration or {}
         if c.cell.method == DENSE or t.get("calibrate_s") is None:
             continue
-        ran.setdefault((c.cell.model, tokens), []).append(c)
+        key = (c.cell.model, tokens)
+        ran.setdefault(key, []).append(c)
         if mode == ONE_PASS:  # the part's shared calibration: its largest (it holds every method's statistics)
-            key = (c.cell.model, tokens)
             one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
         else:
-            seq.setdefault((c.cell.model, tokens), []).append((t["calibrate_s"], cal.get("held_bytes")))
-    rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "",
+            seq.setdefault(key, []).append((t["calibrate_s"], cal.get("held_bytes")))
+        if calibration_peak(cal) is not None:
+            peaks[(*key, mode)] = max(peaks.get((*key, mode), 0), calibration_peak(cal))
+    peak = {k: human(v) for k, v in peaks.items()}
+    rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "", peak.get((m, tok, ONE_PASS), ""),
              f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
              human(max(b or 0 for _, b in seq[(m, tok)])) if (m, tok) in seq else "",
-             thread_counts(ran[(m, tok)])]
+             peak.get((m, tok, SEQUENTIAL), ""), thread_counts(ran[(m, tok)])]
             for m, tok in sorted(set(one) | set(seq))]
     if not rows:
         return []
@@ -247,9 +250,20 @@ def cost_lines(cells) -> list[str]:
             "take one core each, and a busy machine slows them). One-pass: the part's one calibration, which holds "
             "every method's statistics (gradients included) and is cached. Sequential: one variant's calibration, "
             "its solves excluded; it runs again for every budget and method.", "",
-            tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "sequential s per variant",
-                                    "sequential hidden states held", "threads"], tablefmt="github",
-                     disable_numparse=True), ""]
+            "Peak: the process's peak memory over the calibration (resident set on a CPU, the model and dense "
+            "reference included; sequential: the variant's calibration and solves together), the largest of the "
+            "part's cells. Blank where the part's cells predate its recording.", "",
+            tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "one-pass peak",
+                                    "sequential s per variant", "sequential hidden states held", "sequential peak",
+                                    "threads"], tablefmt="github", disable_numparse=True), ""]
+
+
+def calibration_peak(cal: dict) -> int | None:
+    """The peak memory (bytes) a cell's calibration record holds, or None: a cell from before it was recorded, or
+    one whose calibration came from the cache (it cost none)."""
+    peak = cal.get("peak")
+    value = peak.get("bytes") if isinstance(peak, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def fallback_summary(c: CellRecord) -> str:

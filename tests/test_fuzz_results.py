@@ -220,7 +220,10 @@ CALIBRATION_FIELDS = st.fixed_dictionaries({}, optional={
         "mode": st.sampled_from(["one-pass", "sequential", "paper", None, 1])}),
     "short": HOSTILE | st.fixed_dictionaries({}, optional={
         "groups": HOSTILE | st.just(3), "of": st.just(7), "tokens": HOSTILE, "tokens_needed": HOSTILE | st.just(1536)}),
-    "blocks": HOSTILE | st.just(30), "held_bytes": HOSTILE | st.just(1024), "seconds": HOSTILE | st.just(2.5)})
+    "blocks": HOSTILE | st.just(30), "held_bytes": HOSTILE | st.just(1024), "seconds": HOSTILE | st.just(2.5),
+    "peak": HOSTILE | st.fixed_dictionaries({}, optional={
+        "kind": st.sampled_from(["rss_high_water", "cuda_max_allocated", None, 4]),
+        "bytes": HOSTILE | st.just(3 << 30), "working_bytes": HOSTILE | st.just(1 << 30)})})
 
 
 @settings(max_examples=30)  # a whole report per example

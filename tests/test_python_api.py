@@ -82,6 +82,7 @@ def test_a_model_without_fingerprint_calibrates_in_memory_to_the_cached_values(l
         want = logits(cached.model, ids)
     with bench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as held:
         assert held.calibration["cache"] is None and held.calibration["cached"] is False
+        assert held.calibration["peak"]["bytes"] > 0  # what calibrating it took, as a run's cells record
         assert torch.equal(logits(held.model, ids), want)
 
 

@@ -157,7 +157,29 @@ def test_the_cost_table_names_the_threads_each_size_ran_on():
         c.env["cpu_threads"] = threads
         cells.append(("one-pass", 4096, c))
     row = next(ln for ln in "\n".join(cost_lines(cells)).splitlines() if ln.startswith("| m "))
-    assert row.replace(" ", "").endswith("|20|||1or2|")
+    assert row.replace(" ", "").endswith("|20|||||1or2|")
+
+
+def test_the_cost_table_gives_each_modes_largest_calibration_peak_and_blank_where_none_was_recorded():
+    """The peak column reads the cells' calibration.peak.bytes, the largest of the part's (a sequential part
+    calibrates once per variant); a cell without one, or with one not shaped as a peak (valid cells can hold any
+    shape there), adds nothing."""
+    from studies.calibration import cost_lines
+
+    def cell(method, mode, peak, tokens=4096):
+        cal = {"cached": False} if peak is None else {"cached": False, "peak": peak}
+        c = hand_cell("m", method, "ppl-token", 0.8, [3.0], budget="params", calibration=cal,
+                      timings={"calibrate_s": 10.0})
+        return mode, tokens, c
+
+    cells = [cell("pca", "one-pass", {"kind": "rss_high_water", "bytes": 3 << 30}),
+             cell("wanda", "sequential", {"bytes": 1 << 30}), cell("sparsegpt", "sequential", {"bytes": 2 << 30}),
+             cell("wanda", "sequential", [5 << 30]),
+             cell("pca", "one-pass", None, tokens=16384), cell("teal", "one-pass", "3 GB", tokens=16384)]
+    rows = {ln.split("|")[2].strip(): [x.strip() for x in ln.split("|")[3:-1]]
+            for ln in "\n".join(cost_lines(cells)).splitlines() if ln.startswith("| m ")}
+    assert rows["4,096"][1] == "3.2 GB" and rows["4,096"][4] == "2.1 GB"
+    assert rows["16,384"][1] == "" and rows["16,384"][4] == ""
 
 
 def test_objectives_study_on_the_tiny_model(tiny, tmp_path):

@@ -2,6 +2,8 @@
 before it as compressed. Checked against its definition (calibrate the partly compressed model, compress one
 block, repeat), and refused in one line where a model or method cannot be calibrated that way."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -389,3 +391,28 @@ def test_a_pass_over_no_group_runs_no_block_and_compresses_nothing():
     counts = sequential_pass(tiny_model("llama"), [], _windows(n=2), frozenset({"C"}), CalibSpec(),
                              lambda *a: called.append(a), progress=False)
     assert called == [] and counts["blocks"] == 0 and counts["n_tokens"] == 40
+
+
+def test_a_calibration_computed_records_its_peak_memory_and_one_read_from_the_cache_none(tmp_path,
+                                                                                         private_stats_cache):
+    """A cell says what its calibration cost in memory where the run computed it (one-pass: the shared pass;
+    sequential: the variant's calibration with its solves); a rerun that reads the statistics from the cache
+    calibrated nothing and records no peak, as it records the first run's seconds."""
+    from bench.cli import main
+    from bench.cli.smoke import tiny_checkpoint
+
+    base = ["run", "--model", str(tiny_checkpoint()), "--tasks", "ppl-token", "--calib-samples", "2",
+            "--calib-seq-len", "32", "--ppl-windows", "1", "--ppl-seq-len", "32", "--no-report", "--quiet",
+            "--no-latency"]
+    runs = {"fresh": ["--methods", "pca", "--rank", "0.5"], "cached": ["--methods", "pca", "--rank", "0.5"],
+            "sequential": ["--methods", "wanda", "--sparsity", "0.5", "--calibration-mode", "sequential"]}
+    cal = {}
+    for name, args in runs.items():
+        assert main(base + args + ["--output", str(tmp_path / name)]) == 0
+        (path,) = [p for p in (tmp_path / name).rglob("*.json") if "dense" not in p.parts and
+                   not p.name.startswith(".")]
+        cal[name] = json.loads(path.read_text())["calibration"]
+    for name in ("fresh", "sequential"):
+        peak = cal[name]["peak"]
+        assert peak["kind"].startswith("rss_high_water") and type(peak["bytes"]) is int and peak["bytes"] > 10 << 20
+    assert cal["cached"]["cached"] is True and "peak" not in cal["cached"]

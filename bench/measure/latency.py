@@ -80,6 +80,17 @@ def peak_memory(device: torch.device):
                    working_bytes=None if peak is None or before is None else max(0, peak - before))
 
 
+def with_calibration_peak(device: str, load):
+    """`load()`'s Calibration, its record given the peak memory of computing it (`peak`, as a cell's memory.peak)
+    where it was computed now; one read from the cache cost no calibration and records none (as its seconds are
+    the first run's)."""
+    with peak_memory(torch.device(device)) as mem:
+        calibration = load()
+    if calibration.record.get("cached") is False:
+        calibration.record["peak"] = dict(mem)
+    return calibration
+
+
 def threshold_sparsifiers(model) -> list:
     """The modules whose kept fraction varies per token: threshold sparsifiers (TEAL) and thresholded activations
     (CATS)."""

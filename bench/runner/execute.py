@@ -35,7 +35,8 @@ from bench.calibration.memory import calibration_chunks
 from bench.measure.costs import model_positions
 from bench.runner.config import Run, solve_device_for
 from bench.model.groups import find_input_groups, fused_experts_problem
-from bench.measure.latency import LatencySpec, compare_latency, latency, measured_density, peak_memory, threshold_sparsifiers, weight_bytes
+from bench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
+                                  threshold_sparsifiers, weight_bytes, with_calibration_peak)
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
 from bench.runner.until_decided import evaluate_until_decided, partial_path, reference_records
@@ -282,12 +283,14 @@ def deploy_one(run: Run, model, method: str, budget, stats, record: dict | None,
     only = None if run.selection.scope == ALL else {g.name for g in selected}
     if run.calibrates_sequentially(method):
         spec = run.calibration_for(method)
-        dep, counts = deploy_sequential(model, method, budget, windows, spec, opts, only_groups=only,
-                                        progress=run.config.progress, merge=merge, solve_device=solve_device,
-                                        solve_dtype=run.config.solve_dtype,
-                                        batch_size=max(1, run.config.batch_size // 2))
+        with peak_memory(torch.device(run.config.device)) as mem:  # the calibration's and its solves' together
+            dep, counts = deploy_sequential(model, method, budget, windows, spec, opts, only_groups=only,
+                                            progress=run.config.progress, merge=merge, solve_device=solve_device,
+                                            solve_dtype=run.config.solve_dtype,
+                                            batch_size=max(1, run.config.batch_size // 2))
         needs = sorted(run.compressor(method).required_stats())
-        return dep, {"spec": spec.as_dict(), "stats": needs, "cached": False, **counts}, counts["seconds"]
+        return dep, {"spec": spec.as_dict(), "stats": needs, "cached": False, **counts, "peak": dict(mem)}, \
+            counts["seconds"]
     dep = deploy(model, method, budget, stats, opts, progress=run.config.progress, only_groups=only, merge=merge,
                  solve_device=solve_device, solve_dtype=run.config.solve_dtype,
                  **(alloc.compress_args() if alloc else {}))
@@ -404,9 +407,9 @@ class Worker:
         lm = self.model()
         run = self.run
         t0 = time.perf_counter()
-        self.calibration = load_or_calibrate(
+        self.calibration = with_calibration_peak(run.config.device, lambda: load_or_calibrate(
             lm, self.groups if every_group else self.selected, run.calibration, needs, run.stats_memory,
-            run.config.batch_size, run.config.progress, self.calib_windows)
+            run.config.batch_size, run.config.progress, self.calib_windows))
         self.stats = self.calibration.stats
         self.spent(self.calibration.stage, time.perf_counter() - t0)
 
@@ -501,9 +504,9 @@ class Worker:
         if spec not in self.calibrations:
             lm, run = self.model(), self.run
             t0 = time.perf_counter()
-            self.calibrations[spec] = load_or_calibrate(
+            self.calibrations[spec] = with_calibration_peak(run.config.device, lambda: load_or_calibrate(
                 lm, self.selected, spec, run.compressor(method).required_stats(), run.stats_memory,
-                run.config.batch_size, run.config.progress, self.windows_for(spec))
+                run.config.batch_size, run.config.progress, self.windows_for(spec)))
             self.spent(self.calibrations[spec].stage, time.perf_counter() - t0)
         return self.calibrations[spec]
 
