@@ -634,3 +634,10 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     want = (262144 * (4 * LINEAR + squares) + captured * 2 * LINEAR) / 1e10
     assert costs["wanda"]["seconds"] == pytest.approx(want, rel=1e-12)
     assert costs["whitened-svd"]["seconds"] == pytest.approx(524288 * (2 * LINEAR + squares) / 1e10, rel=1e-12)
+    # sequential holds the weights, the windows' hidden states and one block's statistics; the capture stops at the
+    # LM head, so no batch of logits
+    from bench.calibration.memory import stat_bytes
+
+    est, needs = estimate_run_costs(run), run.compressor("wanda").required_stats()
+    block = max(sum(sum(stat_bytes(g, needs, 0).values()) for g in est.groups if g.block == b) for b in range(2))
+    assert costs["wanda"]["peak"] == est.weight_bytes + 262144 * est.config["hidden_size"] * 4 + block

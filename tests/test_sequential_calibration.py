@@ -416,3 +416,18 @@ def test_a_calibration_computed_records_its_peak_memory_and_one_read_from_the_ca
         peak = cal[name]["peak"]
         assert peak["kind"].startswith("rss_high_water") and type(peak["bytes"]) is int and peak["bytes"] > 10 << 20
     assert cal["cached"]["cached"] is True and "peak" not in cal["cached"]
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_the_capture_stops_at_the_lm_head_where_the_model_names_one(named):
+    """The first batch's capture runs on to the LM head and not through it: Gemma's 262k-word head made 4.3 GB of
+    logits per 2 x 2,048 batch that nothing read. A model that names no output embeddings runs its whole forward;
+    either way the chain holds every batch's block-0 input."""
+    model = tiny_model("llama", layers=2)
+    computed = []
+    model.lm_head.register_forward_hook(lambda m, a, out: computed.append(tuple(out.shape)))
+    if not named:
+        model.get_output_embeddings = lambda: None
+    chain = BlockChain(model, _windows(n=4), batch_size=2)
+    assert computed == ([] if named else [(2, 20, 101)])
+    assert len(chain.hidden) == 2 and chain.full_forwards == 2

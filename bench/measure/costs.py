@@ -236,8 +236,7 @@ def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:
             runs = len(run.patterns) if comp.family != methods.LOW_RANK_FAMILY else len(run.ranks)
             per_token = 2 * 2 * linear + products + 2 * linear * min(tokens, 2 * batch) / tokens
             block = max(sum(s for g, s in zip(groups, stats) if g.block == b) for b in {g.block for g in groups})
-            peak = est.weight_bytes + tokens * est.config["hidden_size"] * width + block + batch * est.config[
-                "vocab_size"] * 4
+            peak = est.weight_bytes + tokens * est.config["hidden_size"] * width + block  # the capture stops at the head
         else:
             runs = 1
             per_token = 2 * (linear + (head if needs & GRADIENT_STATS else 0)) + products
