@@ -5,6 +5,7 @@ vocabulary-wide intermediates."""
 
 import functools
 
+import pytest
 import torch
 
 from bench.calibration import engine
@@ -106,3 +107,53 @@ def test_large_blocks_are_mapped_where_the_c_library_is_glibc():
     engine.release_freed_memory()  # callable everywhere: a no-op where the library is not glibc
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert engine.map_large_blocks() is True
+
+
+def test_the_gradient_at_the_logits_takes_their_own_storage_and_no_second_vocabulary_wide_tensor(arch):
+    """Each block's gradient overwrites the logits it was read from: a 2 x 2,048 batch on Gemma's 262k-word head
+    holds 4.3 GB of logits, and a gradient buffer beside them held as much again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = tiny_model(arch)
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    logits = model(input_ids=ids, use_cache=False).logits
+    storage, size = logits.untyped_storage().data_ptr(), logits.numel()
+    wide = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.numel() >= size and t.untyped_storage().data_ptr() != storage:
+                    wide.append(str(func))
+            return out
+
+    with Allocations():
+        engine.backward_next_token_loss(logits, ids, rows=7)
+    assert wide == []
+
+
+HEAD_ENDINGS = {"a tanh": torch.tanh, "a tanh, then a view": lambda out: torch.tanh(out).view(out.shape)}
+
+
+@pytest.mark.parametrize("ending", HEAD_ENDINGS)
+def test_logits_a_node_kept_for_its_backward_get_a_gradient_buffer_and_the_same_statistics(ending, windows,
+                                                                                        monkeypatch):
+    """A head whose last operations keep their result (a tanh, as a soft cap could be written, seen through a view
+    too) must not have its logits overwritten: the gradient goes to a buffer of its own, and the statistics are the
+    whole loss's."""
+    model = tiny_model("llama")
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: HEAD_ENDINGS[ending](out))
+    groups = find_input_groups(model)
+    needed = frozenset({"C", "F"})
+    ids = windows[:2]
+    assert engine.logits_unsaved(model(input_ids=ids, use_cache=False).logits) is False
+    blocks = calibrate(model, groups, windows, needed, CalibSpec(), progress=False)
+    with monkeypatch.context() as m:
+        m.setattr(engine, "backward_next_token_loss", lambda logits, i: next_token_loss_sum(logits, i).backward())
+        whole = calibrate(model, groups, windows, needed, CalibSpec(), progress=False)
+    assert all(torch.equal(blocks[n].F, whole[n].F) and torch.equal(blocks[n].C, whole[n].C) for n in whole)
+    monkeypatch.setattr(engine, "logits_unsaved", lambda logits: True)  # overwriting them anyway: autograd refuses
+    with pytest.raises(RuntimeError, match="inplace"):
+        calibrate(model, groups, windows, needed, CalibSpec(), progress=False)
+    assert engine.logits_unsaved(tiny_model("llama")(input_ids=ids, use_cache=False).logits) is True

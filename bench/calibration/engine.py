@@ -59,8 +59,10 @@ def backward_next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, rows
     """Backpropagates `next_token_loss_sum` from its gradient at the logits, taken a block of positions at a time.
     Autograd on the whole loss holds the shifted copy of the logits, their log-softmax and both gradients at once:
     on Gemma's 262k-token vocabulary, a 2 x 2,048 batch went past 23 GB. Each block is the same kernels on the same
-    rows (the log-softmax reads one row), so the gradient, and every statistic after it, is unchanged to the bit."""
-    grad = torch.zeros_like(logits)
+    rows (the log-softmax reads one row), so the gradient, and every statistic after it, is unchanged to the bit.
+    Each block's gradient overwrites its logits, read just before, where no node of the forward kept the logits for
+    its backward: one vocabulary-wide tensor instead of two (4.3 GB less on Gemma at 2 x 2,048)."""
+    grad = logits.detach() if logits_unsaved(logits) else torch.zeros_like(logits)
     length = logits.shape[1] - 1  # the last position predicts nothing
     with torch.enable_grad():
         for i in range(logits.shape[0]):
@@ -69,7 +71,32 @@ def backward_next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, rows
                 block = logits[i, start:stop].detach().requires_grad_(True)
                 loss = Fn.cross_entropy(block.float(), input_ids[i, start + 1:stop + 1], reduction="sum")
                 grad[i, start:stop] = torch.autograd.grad(loss, block)[0]
+    grad[:, length:] = 0
     logits.backward(grad)
+
+
+def logits_unsaved(logits: torch.Tensor, depth: int = 4) -> bool:
+    """Whether the nodes that made the logits (the last `depth` of the forward, views and casts included) kept no
+    tensor on the logits' storage for their backward: then the storage may take the gradient. A node that keeps its
+    result (a final tanh, say) would otherwise read its gradient as its output; autograd's version check refuses
+    that loudly, and this check keeps it from arising."""
+    storage = logits.untyped_storage().data_ptr()
+    node = logits.grad_fn
+    for _ in range(depth):
+        if node is None:
+            return True
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # a saved tensor already freed or hooked away: nothing can be told, so keep a copy
+                return False
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == storage for v in values):
+                return False
+        node = next((f for f, _ in node.next_functions if f is not None), None)
+    return True
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
