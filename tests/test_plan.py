@@ -229,7 +229,7 @@ def test_a_plan_in_full_on_a_tiny_config(tiny):
     # one pass holds everything without --stats-memory
     assert plan.passes == 1 and plan.pass_bytes == sum(plan.stats_total.values()) == 4 * SQUARES * 8 + 8 * hist
     tokens = 2 * 256  # batch 2 x 256 positions, with gradients: 6 hidden + 4 intermediate floats a block, logits x2
-    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 128) * 2 * 4 + tokens * 100 * 4 * 2
+    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 128) * 2 * 4 + tokens * 100 * 4  # logits take their gradient
     largest = 2 * 128 * 128 * 8 + hist  # mlp_out's C, F and histogram
     assert plan.calibration_peak == 4 * params + plan.pass_bytes + largest + plan.activation_bytes
     # k = d_in / 2 at 0.5: attn_out (64 * 32 + 32 * 64 > 64 * 64) and mlp_out stay merged; at 0.25 all factorise
@@ -507,7 +507,7 @@ def test_peaks_of_a_sparsity_only_plan_and_of_a_row_fisher_one(tiny):
     assert sparse.evaluation_peak == 4 * params + 2 * 256 * 100 * 4 and sparse.calibration_peak == 0
     fw = make_plan(tiny, ["fwsvd"], [0.5])  # the row Fisher alone needs the backward
     assert fw.needs == {"row_fisher"}
-    assert fw.activation_bytes == 512 * (6 * 64 + 4 * 128) * 2 * 4 + 512 * 100 * 4 * 2
+    assert fw.activation_bytes == 512 * (6 * 64 + 4 * 128) * 2 * 4 + 512 * 100 * 4
 
 
 def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
@@ -612,7 +612,8 @@ def test_a_plan_of_an_architecture_without_intermediate_size(tmp_path):
     assert [k["kind"] for k in plan.kinds] == ["attn_mlp_in", "attn_out", "mlp_out"]
     assert plan.kinds[0]["d_outs"] == (64, 64, 64, 256)  # q, k, v and fc_in read the one normed input
     tokens = 2 * 16  # the activations kept for the backward: 6 hidden and 4 intermediate numbers per token and block
-    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 256) * 2 * 4 + tokens * 100 * 4 * 2
+    # and one batch of logits, which take their own gradient
+    assert plan.activation_bytes == tokens * (6 * 64 + 4 * 256) * 2 * 4 + tokens * 100 * 4
 
 
 def test_the_calibrations_of_their_own_by_hand(tiny):

@@ -283,7 +283,7 @@ def render(plan: CostEstimate) -> str:
               f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
               f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's statistics "
               f"+ the largest group's float32 products and cache copy + {human(plan.activation_bytes)} of "
-              "activations, logits and their gradients)",
+              "activations and logits, which take their gradient in place)",
               f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
               "factors, in place, + one batch of logits)"]
     return "\n".join(lines)

@@ -183,7 +183,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
                                      "param_ratio": total / dense_linear}
     # Memory: statistics of one pass (the runner's own split of the groups into passes), plus the calibration
     # batch's activations kept for the backward pass (about 6 hidden + 4 intermediate numbers per token and block
-    # in float32) and its logits and their gradient.
+    # in float32) and its logits, which take their own gradient (one batch x vocabulary tensor, with or without).
     chunks = calibration_chunks(groups, needs, pair_tokens, stats_memory or sum(est.stats_total.values())) \
         if needs else []
     est.passes = len(chunks)
@@ -192,7 +192,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     tokens = batch_size * calib_seq_len
     grads = bool(needs & {"F", "pairs", "row_fisher"})
     est.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
-        tokens * vocab * 4 * (2 if grads else 1)
+        tokens * vocab * 4
     # + the largest group's worth again: its float32 per-batch products and the float32 copy written to the cache
     largest = max((sum(stat_bytes(g, needs, pair_tokens).values()) for g in groups), default=0)
     est.calibration_peak = est.weight_bytes + pass_stats + largest + est.activation_bytes if needs else 0
