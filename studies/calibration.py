@@ -228,7 +228,7 @@ def cost_lines(cells) -> list[str]:
 
     from core.units import human
 
-    one, seq, ran, peaks = {}, {}, {}, {}
+    one, seq, ran, peaks, with_logits = {}, {}, {}, {}, False
     for mode, tokens, c in cells:
         t, cal = c.timings or {}, c.calibration or {}
         if c.cell.method == DENSE or t.get("calibrate_s") is None:
@@ -241,6 +241,7 @@ def cost_lines(cells) -> list[str]:
             seq.setdefault(key, []).append((t["calibrate_s"], cal.get("held_bytes")))
         if calibration_peak(cal) is not None:
             peaks[(*key, mode)] = max(peaks.get((*key, mode), 0), calibration_peak(cal))
+            with_logits |= mode == SEQUENTIAL and str((c.env or {}).get("date", "")) < CAPTURE_STOPS_AT_HEAD
     peak = {k: human(v) for k, v in peaks.items()}
     rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "", peak.get((m, tok, ONE_PASS), ""),
              f"{sum(s for s, _ in seq[(m, tok)]) / len(seq[(m, tok)]):.0f}" if (m, tok) in seq else "",
@@ -256,10 +257,17 @@ def cost_lines(cells) -> list[str]:
             "its solves excluded; it runs again for every budget and method.", "",
             "Peak: the process's peak memory over the calibration (resident set on a CPU, the model and dense "
             "reference included; sequential: the variant's calibration and solves together), the largest of the "
-            "part's cells. Blank where the part's cells predate its recording.", "",
+            "part's cells. Blank where the part's cells predate its recording." + (
+                " The sequential peaks of cells made before the capture forward stopped at the LM head "
+                f"({CAPTURE_STOPS_AT_HEAD[:10]}) include one batch of its logits (2 x 2,048 tokens x the vocabulary "
+                "x 4 bytes: 4.3 GB on Gemma-3-270m, 0.8 GB on SmolLM2)." if with_logits else ""), "",
             tabulate(rows, headers=["model", "tokens", "one-pass calibration s", "one-pass peak",
                                     "sequential s per variant", "sequential hidden states held", "sequential peak",
                                     "threads"], tablefmt="github", disable_numparse=True), ""]
+
+
+# when sequential calibration's capture forward stopped computing a batch of logits it never read (UTC)
+CAPTURE_STOPS_AT_HEAD = "2026-12-07T01:12:00Z"
 
 
 def calibration_peak(cal: dict) -> int | None:

@@ -180,6 +180,11 @@ def test_the_cost_table_gives_each_modes_largest_calibration_peak_and_blank_wher
             for ln in "\n".join(cost_lines(cells)).splitlines() if ln.startswith("| m ")}
     assert rows["4,096"][1] == "3.2 GB" and rows["4,096"][4] == "2.1 GB"
     assert rows["16,384"][1] == "" and rows["16,384"][4] == ""
+    # a sequential peak measured while the capture still computed a batch of logits is said to include them
+    for date, said in (("2026-12-07T00:53:36Z", True), ("2026-12-07T02:00:00Z", False)):
+        for _, _, c in cells:
+            c.env["date"] = date
+        assert ("include one batch of its logits" in "\n".join(cost_lines(cells))) is said
 
 
 def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
