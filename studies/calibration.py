@@ -239,8 +239,9 @@ def cost_lines(cells) -> list[str]:
             one[key] = max(one.get(key, 0.0), t["calibrate_s"]) if cal.get("cached") is False else one.get(key, 0.0)
         else:
             seq.setdefault(key, []).append((t["calibrate_s"], cal.get("held_bytes")))
-        if calibration_peak(cal) is not None:
-            peaks[(*key, mode)] = max(peaks.get((*key, mode), 0), calibration_peak(cal))
+        high = calibration_peak(cal)
+        if high is not None:
+            peaks[(*key, mode)] = max(peaks.get((*key, mode), 0), high)
             with_logits |= mode == SEQUENTIAL and str((c.env or {}).get("date", "")) < CAPTURE_STOPS_AT_HEAD
     peak = {k: human(v) for k, v in peaks.items()}
     rows = [[m, f"{tok:,}", f"{one[(m, tok)]:.0f}" if (m, tok) in one else "", peak.get((m, tok, ONE_PASS), ""),
