@@ -313,7 +313,9 @@ def public_definitions(files) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for path, text in files:
         for node in ast.parse(text).body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            # mutmut's copies of each function (x_name__mutmut_orig, _1, ...) in its mutants/ tree are its own
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_") \
+                    and "__mutmut_" not in node.name:
                 out.setdefault(node.name, []).append(path)
     return out
 
@@ -332,5 +334,7 @@ def test_no_two_library_modules_define_one_public_name():
 
 def test_the_name_checker_sees_a_collision():
     defs = public_definitions([("a/x.py", "def sweep():\n    pass\n"), ("b/y.py", "class sweep:\n    pass\n"),
-                               ("c/z.py", "def _private():\n    pass\n"), ("d/w.py", "def _private():\n    pass\n")])
+                               ("c/z.py", "def _private():\n    pass\n"), ("d/w.py", "def _private():\n    pass\n"),
+                               ("e/v.py", "def x_f__mutmut_1():\n    pass\n"),
+                               ("f/u.py", "def x_f__mutmut_1():\n    pass\n")])
     assert collisions(defs) == ["sweep: a/x.py, b/y.py"]
