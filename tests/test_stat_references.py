@@ -45,3 +45,21 @@ def test_first_and_second_moments_and_row_fisher_equal_direct_computation(window
     assert X.mean(0).abs().max() > 1e-3  # a mean that is not zero, so a dropped or doubled sum shows
     for n in g.site_names:
         close(stats.row_fisher[n], rows[n], 1e-4)
+
+
+def test_row_fisher_holds_one_weight_gradient_at_a_time(windows):
+    """Each site's weight gradient is read and dropped as it lands: when autograd computes the next one, no other
+    site still holds its gradient (held to the end of the backward, all of them were alive at once)."""
+    model = tiny_model("llama", hidden=32, inter=48, layers=2)
+    groups = find_input_groups(model)
+    sites = [s for g in groups for s in g.sites]
+    alive = []
+    for s in sites:
+        s.weight.requires_grad_(True)  # a hook needs it; calibrate sets and restores the flags itself
+        s.weight.register_hook(lambda g, me=s.weight: alive.append(
+            sum(o.weight.grad is not None for o in sites if o.weight is not me)))
+    stats = calibrate(model, groups, windows, frozenset({"row_fisher"}), CalibSpec(), batch_size=3, progress=False)
+    assert len(alive) == 3 * len(sites)  # every site, every batch (3, 3, 2 windows)
+    assert max(alive) == 0
+    assert all(s.weight.grad is None for s in sites)
+    assert all(float(stats[g.name].row_fisher[n].sum()) > 0 for g in groups for n in g.site_names)

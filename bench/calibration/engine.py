@@ -167,7 +167,25 @@ class _GroupCollector:
                            for n, s in zip(group.site_names, group.sites)} if "row_fisher" in needed else None
         self._seen: torch.Tensor | None = None
         self._n_at_backward = 0  # tokens read when the last backward was taken in
+        self._graded_sites: set[str] = set()  # sites whose weight gradient this backward delivered
+        self._weight_handles: list = []
         self.handle = group.sites[0].register_forward_pre_hook(self._pre_hook)
+
+    def hook_weight_grads(self):
+        """Read each site's weight gradient (the row Fisher) as autograd lands it, then drop it. Left on the weights
+        to the end of the backward, every site's float32 weight gradient is alive at once: the linear layers' size
+        again (0.4 GB for SmolLM2-135M, 28 GB for an 8B model). Autograd sums a weight's gradients from all its uses
+        before it lands, so each backward delivers one per site, as .grad held to the end would."""
+        if self.row_fisher is None:
+            return
+        for n, s in zip(self.group.site_names, self.group.sites):
+            self._weight_handles.append(s.weight.register_post_accumulate_grad_hook(
+                lambda w, n=n: self._weight_grad(n, w)))
+
+    def _weight_grad(self, name: str, weight: torch.Tensor):
+        self.row_fisher[name] += (weight.grad.double() ** 2).sum(1).cpu()
+        weight.grad = None
+        self._graded_sites.add(name)
 
     def _pre_hook(self, module, args):
         x = args[0]
@@ -209,6 +227,9 @@ class _GroupCollector:
         self.handle.remove()
         if self.act_handle is not None:
             self.act_handle.remove()
+        for h in self._weight_handles:
+            h.remove()
+        self._weight_handles = []
 
     def _grad_hook(self, g, idx):
         flat = g.detach().reshape(-1, g.shape[-1])
@@ -220,16 +241,15 @@ class _GroupCollector:
 
     def after_backward(self):
         if self.row_fisher is not None:
-            for n, s in zip(self.group.site_names, self.group.sites):
-                if s.weight.grad is None:
+            for n in self.group.site_names:
+                if n not in self._graded_sites:
                     if self.n == self._n_at_backward:
                         continue  # it read no token since the last backward (an expert its router did not choose)
                     # it ran, but its output reaches the loss only through a selection (an index, a top-k)
                     raise UserError(f"site {n} got no gradient in calibration: its output does not reach the loss "
                                     "differentiably, so gradient statistics cannot weigh it; leave its group out "
                                     "with --groups or use a method that needs no gradients")
-                self.row_fisher[n] += (s.weight.grad.double() ** 2).sum(1).cpu()
-                s.weight.grad = None
+            self._graded_sites.clear()
         self._n_at_backward = self.n
 
     def finish(self) -> GroupStats:
@@ -305,6 +325,8 @@ def calibrate(
             for g in groups:
                 for s in g.sites:
                     s.weight.requires_grad_(True)
+            for c in collectors:
+                c.hook_weight_grads()
         if want_grad:
             # Gradients must flow to every group input even with frozen weights. A copy of the embeddings (not the
             # leaf itself) goes on, since some models add to it in place (GIT, CTRL: embeddings += positions).
