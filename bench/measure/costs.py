@@ -190,7 +190,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
     pass_stats = max((sum(sum(stat_bytes(g, needs, pair_tokens).values()) for g in c) for c in chunks), default=0)
     est.pass_bytes = pass_stats
     tokens = batch_size * calib_seq_len
-    grads = bool(needs & {"F", "pairs", "row_fisher"})
+    grads = bool(needs & GRADIENT_STATS)
     est.activation_bytes = tokens * ((6 * hidden + 4 * inter) * n_blocks * 4 if grads else 0) + \
         tokens * vocab * 4
     # + the largest group's worth again: its float32 per-batch products and the float32 copy written to the cache
