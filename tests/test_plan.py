@@ -50,6 +50,20 @@ def test_plan_cli_is_one_screen_and_refuses_bad_input(capsys):
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "fsac"]) == 2
 
 
+def test_a_plan_without_a_shared_calibration_says_so_instead_of_a_zero_peak(capsys):
+    """Sequential SparseGPT calibrates on its own: no line may read 'calibration: 0 B (weights + ...)', and the time
+    table has no calibration row of 0 s; a plan that calibrates keeps both."""
+    model = str(CONFIGS / "llama-3-8b")
+    assert main(["plan", "--model", model, "--methods", "sparsegpt", "--sparsity", "0.5",
+                 "--calibration-mode", "sequential"]) == 0
+    out = capsys.readouterr().out
+    assert "shared calibration: none" in out and "peak memory, calibration" not in out, out
+    assert "| calibration " not in out and "calibrations of their own" in out, out
+    assert main(["plan", "--model", model, "--methods", "wanda", "--sparsity", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "shared calibration: none" not in out and "peak memory, calibration" in out and "| calibration " in out
+
+
 def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
     plan = make_plan(str(CONFIGS / "llama-3-8b"), ["act-sparse", "wanda"], [0.5],
                      sparsity=[SparsitySpec.parse("2:4"), SparsitySpec.parse("0.25")])

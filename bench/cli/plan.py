@@ -189,8 +189,8 @@ def render_times(times: dict, speed, model_speed) -> str:
     """The estimate under the run's own stage names ("calibration", "compress <method>")."""
     from tabulate import tabulate
 
-    rows = [["calibration", f"{times['calibration']:.0f}"]] + \
-        [[f"compress {m}", f"{s:.0f}"] for m, s in times["methods"].items() if m not in times["undeclared"]]
+    rows = [["calibration", f"{times['calibration']:.0f}"]] if times["calibration"] else []  # none shared: no row
+    rows += [[f"compress {m}", f"{s:.0f}"] for m, s in times["methods"].items() if m not in times["undeclared"]]
     rows.append(["total (evaluation not included)", f"{times['total']:.0f}"])
     bench = (f"float32 matmul {model_speed.matmul32 / 1e9:.0f} GFLOP/s on {model_speed.device}; on {speed.device} "
              f"{speed.solve_dtype} matmul {speed.solve_matmul / 1e9:.0f} GFLOP/s, eigh at n = {speed.eigh_n} in "
@@ -278,12 +278,15 @@ def render(plan: CostEstimate) -> str:
                   tabulate(sparse, headers=["method", "sparsity", "param ratio", "compute ratio", "index bits/token"],
                            tablefmt="github", disable_numparse=True), ""]
     total_stats = sum(plan.stats_total.values())
-    lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
-              f"{plan.passes} calibration pass(es), the largest holding {human(plan.pass_bytes)}",
-              f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
-              f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's statistics "
-              f"+ the largest group's float32 products and cache copy + {human(plan.activation_bytes)} of "
-              "activations and logits, which take their gradient in place)",
-              f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
+    if plan.passes:
+        lines += [f"statistics in memory: {human(total_stats)} in all, {human(plan.stats_per_block)} per block; "
+                  f"{plan.passes} calibration pass(es), the largest holding {human(plan.pass_bytes)}",
+                  f"statistics cache on disk (float32): {human(plan.cache_bytes)}",
+                  f"estimated peak memory, calibration: {human(plan.calibration_peak)} (weights + one pass's "
+                  f"statistics + the largest group's float32 products and cache copy + {human(plan.activation_bytes)} "
+                  "of activations and logits, which take their gradient in place)"]
+    else:  # every method is data-free or calibrates on its own (its own table follows the times)
+        lines += ["shared calibration: none (no method here reads the run's calibration statistics)"]
+    lines += [f"estimated peak memory, evaluation: {human(plan.evaluation_peak)} (weights + the largest variant's "
               "factors, in place, + one batch of logits)"]
     return "\n".join(lines)
