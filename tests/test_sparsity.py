@@ -224,9 +224,9 @@ def test_variants_parse_split_and_canonicalise():
         methods.build("act-sparse:score=bogus")
 
 
-def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys):
+def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys, monkeypatch):
     """pca and fasc-kfac beside act-sparse (two settings) and wanda: a row per variant, ratios in every cell, the
-    cross-family table and figure; a rerun computes nothing."""
+    cross-family table and figure; a rerun computes nothing, and does not tokenize the calibration text."""
     import json
 
     from bench.cli import main
@@ -257,6 +257,9 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys):
     assert "not a measured speedup" in md
     assert list((out / "plots").glob("*_vs_compute.png"))
     capsys.readouterr()
+    import bench.runner.execute as execute
+
+    monkeypatch.setattr(execute, "calibration_windows", lambda *a: pytest.fail("a rerun tokenized the calibration"))
     assert main(argv) == 0
     assert "0 cell(s) to compute" in capsys.readouterr().out
 

@@ -117,9 +117,10 @@ def check_lengths(run: Run, config) -> None:
             raise UserError(f"{what} {n} is longer than the model's {limit} positions: pass at most {limit}")
 
 
-def open_checked(run: Run) -> Prepared:
+def open_checked(run: Run, tokenize: bool = True) -> Prepared:
     """Open the model (tokenizer and config), settle BOS, check the tasks', the groups' and the calibration's data;
-    nothing is planned yet (`bench compress` stops here)."""
+    nothing is planned yet (`bench compress` stops here). `tokenize=False` leaves the calibration windows to the
+    caller, who knows whether any cell will read them."""
     from tasks.data.text_data import resolve_bos
 
     from bench.model.checkpoint import runtime_forms
@@ -151,14 +152,14 @@ def open_checked(run: Run) -> Prepared:
     if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)
-    windows = calibration_windows(source.tokenizer, run.calibration) if run.stats_needs() else None
+    windows = calibration_windows(source.tokenizer, run.calibration) if tokenize and run.stats_needs() else None
     return Prepared(run, source, [], windows)
 
 
 def prepare(run: Run, taken: dict[str, str] | None = None) -> Prepared:
     """`open_checked`, then plan the cells that are missing, under the model's own results folder (`taken`: the
     names already given to other models of the same sweep, {name: identity})."""
-    prepared = open_checked(run)
+    prepared = open_checked(run, tokenize=False)
     run, source = prepared.run, prepared.source
     name = results_name(run.output, source.name, source.fingerprint, taken)
     if name != source.name:
@@ -170,7 +171,9 @@ def prepare(run: Run, taken: dict[str, str] | None = None) -> Prepared:
         if cell.why not in ("missing", "overwrite"):
             log(f"recomputing {cell.path}: {cell.why}")
     log(f"{len(cells)} cell(s) to compute under {run.output}/ (existing cells are kept; --overwrite recomputes)")
-    return replace(prepared, cells=cells)
+    # a rerun with nothing to compute does not tokenize the calibration text (2.5 s of the smoke model's no-op rerun)
+    windows = calibration_windows(source.tokenizer, run.calibration) if cells and run.stats_needs() else None
+    return replace(prepared, cells=cells, calib_windows=windows)
 
 
 # ---------------------------------------------------------------- one process's work
