@@ -164,13 +164,25 @@ def ppl(c: CellRecord) -> str:
 
 
 def saturation(points: dict[int, CellRecord]) -> str:
-    """The smallest size whose mean NLL is within SATURATED nats of the largest size's ("-" with one size)."""
+    """The smallest size from which every size up to the best one (lowest mean NLL) is within SATURATED nats of it
+    ("-" with one size). A larger size worse than the best by more than that is named: measured against the largest
+    size alone, a row whose largest size came out worse read "not by <largest>", as if it wanted more calibration
+    (Gemma-3-270m's low-rank rows at the parameter budgets, 65,536 -> 262,144 tokens)."""
     sizes = sorted(points)
     if len(sizes) < 2:
         return "-"
-    last = nll(points[sizes[-1]])
-    first = next(t for t in sizes if abs(nll(points[t]) - last) <= SATURATED)
-    return f"{first:,}" if first < sizes[-1] else f"not by {sizes[-1]:,}"
+    v = {t: nll(points[t]) for t in sizes}
+    best = min(sizes, key=lambda t: (v[t], t))
+    first = best
+    for t in reversed([t for t in sizes if t < best]):
+        if v[t] - v[best] > SATURATED:
+            break
+        first = t
+    worse = [t for t in sizes if t > best and v[t] - v[best] > SATURATED]
+    label = f"not by {best:,}" if first == best == sizes[-1] else f"{first:,}"
+    if worse:
+        label += f"; {worse[-1]:,} worse by {v[worse[-1]] - v[best]:.3f} nats"
+    return label
 
 
 def table(rows_of: dict, model: str, family: str) -> list[str]:
@@ -326,9 +338,11 @@ def render(cells, doc: Path, plots: Path, asked: dict) -> dict[Path, str]:
                  f"{commits}); do not edit by hand. Protocols and sizes: docs/calibration-protocols.md.")
     lines = ["# How much calibration each method needs", "", generated, "",
              __doc__.split("\n\n")[0].replace("\n", " "), "",
-             f"Saturates at: the smallest size whose perplexity is within {SATURATED} nats of mean NLL "
-             f"({math.exp(SATURATED) - 1:.0%}) of the largest size measured for that row. Data-free methods read no "
-             "calibration: one cell, drawn flat.", "",
+             f"Saturates at: the smallest size from which every size up to the row's best (lowest perplexity) is "
+             f"within {SATURATED} nats of mean NLL ({math.exp(SATURATED) - 1:.0%}) of it; \"not by\" the largest "
+             "size when that one is best and the size before is further off. A larger size that came out worse than "
+             "the best by more than the margin is named with its distance: more calibration did not help that row. "
+             "Data-free methods read no calibration: one cell, drawn flat.", "",
              f"Sequential calibration runs again for every variant (its cost per variant: the last table), so beyond "
              f"{SEQUENTIAL_ALL_UP_TO:,} tokens only the methods whose authors calibrate sequentially get it "
              f"({', '.join(authors_sequential(sequential_methods(SPARSITY + LOW_RANK)))}); the others stop at "

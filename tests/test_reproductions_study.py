@@ -101,6 +101,14 @@ def test_calibration_study_saturation_and_budget_labels():
     assert saturation({4096: pts[4096], 262144: _cell("m", "pca", "ppl-token", "params", 0.8, [2.0] * 4)}) == \
         "not by 262,144"
     assert saturation({4096: pts[4096]}) == "-"
+    # the best size is not the largest: saturation is read against the best, and the worse larger size is named
+    dip = {t: _cell("m", "pca", "ppl-token", "params", 0.8, [v] * 4) for t, v in
+           ((4096, 3.50), (16384, 3.31), (65536, 3.30), (262144, 3.40))}
+    assert saturation(dip) == "16,384; 262,144 worse by 0.100 nats"
+    # within the margin of the best only from the best itself, and a size below it that is close by chance
+    dip[16384] = _cell("m", "pca", "ppl-token", "params", 0.8, [3.40] * 4)
+    dip[4096] = _cell("m", "pca", "ppl-token", "params", 0.8, [3.31] * 4)
+    assert saturation(dip) == "65,536; 262,144 worse by 0.100 nats"
     assert budget_label(pts[4096]) == "params 0.8"
     assert budget_label(_cell("m", "wanda", "ppl-token", "2:4", 0.5, [1.0])) == "2:4"
     assert budget_label(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [1.0])) == "density 0.5"
