@@ -99,8 +99,9 @@ def logits_unsaved(logits: torch.Tensor, depth: int = 4) -> bool:
     return True
 
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers in glibc's malloc.h
 LARGE_BLOCK = 4 << 20
+HEAP_BLOCK = 32 << 20  # the ceiling of glibc's own moving mmap threshold on 64-bit, where a long run's ends up
 
 
 @functools.cache
@@ -114,14 +115,23 @@ def _glibc():
     return libc
 
 
-@functools.cache
 def map_large_blocks() -> bool:
-    """Once per process: blocks of 4 MiB and more are mapped on their own, so freeing one hands it back. A backward
-    pass frees tensors of many sizes, and glibc's moving threshold let them pile up in its heap: SmolLM2's gradient
-    calibration (2 x 2,048 tokens a batch, one core) grew from 11.5 to 16.5 GB over six batches, and with this and
-    `release_freed_memory` peaked at 10.2 GB, at 65 s a batch against 61 (measured beside another process)."""
+    """For a gradient calibration: blocks of 4 MiB and more are mapped on their own, so freeing one hands it back.
+    A backward pass frees tensors of many sizes, and glibc's moving threshold let them pile up in its heap: SmolLM2's
+    gradient calibration (2 x 2,048 tokens a batch, one core) grew from 11.5 to 16.5 GB over six batches, and with
+    this and `release_freed_memory` peaked at 10.2 GB, at 65 s a batch against 61 (measured beside another process).
+    """
     libc = _glibc()
     return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
+
+
+def heap_large_blocks() -> bool:
+    """After a gradient calibration: blocks under 32 MiB come from the heap again. Left at 4 MiB, every later solve
+    and evaluation mapped and faulted in each medium temporary afresh: the default run's fasc solves took 197 s
+    against 107 before, with 3.8 minutes of system time (a float64 loop of 10 MB products: 5x the page faults)."""
+    libc = _glibc()
+    return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK)
+                and libc.mallopt(M_TRIM_THRESHOLD, 2 * HEAP_BLOCK))
 
 
 def release_freed_memory() -> None:
@@ -349,6 +359,8 @@ def calibrate(
             if want_grad:
                 release_freed_memory()
     finally:
+        if want_grad:
+            heap_large_blocks()
         for c in collectors:
             c.remove_hooks()
         for handle in (embed_handle, head_handle):
