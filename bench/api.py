@@ -102,6 +102,8 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     if d is None:
         raise UserError("compare: the two results did not score the same items in the same order (or keep no "
                         "per-item records): evaluate both with the same task settings")
+    if margin is not None:  # checked as --margin checks it: a margin of 5 would call any two models equivalent
+        margin = checked_margin(margin)
     if margin is None and name in registry.known_tasks():
         margin = registry.get_task(name).margin
     if name in registry.known_tasks() and (metric is None or metric not in higher):
@@ -111,6 +113,15 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     kind = (record_scores(a.records) or ("", []))[0]
     direction = False if kind == "nll" else higher.get(metric) if metric else None
     return {**d, "verdict": verdict(d, margin, direction), "margin": margin}
+
+
+def checked_margin(margin) -> float:
+    """compare's margin: a number in (0, 1] (the range --margin takes), or one line naming the problem."""
+    number = isinstance(margin, (int, float)) and not isinstance(margin, bool)
+    if not (number and math.isfinite(margin) and 0 < margin <= 1):
+        raise UserError(f"compare: margin={margin!r}: a margin is a number in (0, 1] in the task's comparison unit "
+                        "(0.02: two points of accuracy, or 0.02 nats of mean NLL), or None for the task's own")
+    return float(margin)
 
 
 DEFAULT_CACHE_LIMIT = "20GB"  # from Python, where $ACBENCH_STATS_CACHE_LIMIT is unset
@@ -142,6 +153,9 @@ def statistics_cache(clear: bool = False) -> list[dict]:
 
     from core.io import folder_bytes, stats_cache_dir
 
+    if not isinstance(clear, bool):  # 'no', 0.0 or a path would be truthy: nothing is removed on a value not True
+        raise UserError(f"statistics_cache(clear={clear!r}): pass clear=True to remove the cache's folders, or "
+                        "clear=False (the default) to list them")
     root = stats_cache_dir()
     out = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
@@ -358,6 +372,9 @@ def _vocabulary(model) -> int | None:
 
 def _loaded(model, tokenizer) -> LoadedModel:
     if isinstance(model, Compressed):  # what compress returned: its model, and its tokenizer unless one is given
+        if model.restored:  # its model is dense again: scoring it would report the dense model as compressed
+            raise UserError(f"this {model.method} compression was restored (the model is dense again): evaluate "
+                            "the model itself for the dense scores, or compress it anew")
         return _loaded(model.model, tokenizer if tokenizer is not None else model.tokenizer)
     if isinstance(model, LoadedModel):
         return model if tokenizer is None else replace(model, tokenizer=tokenizer)
@@ -785,6 +802,10 @@ def to_frame(results, model: str | None = None, method: str | None = None):
     from leaderboard.frame import COLUMNS, results_frame
     from tasks.base import TaskResult
 
+    for what, value in (("model", model), ("method", method)):
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise UserError(f"to_frame: {what}={value!r}: pass the {what}'s name as a string (it fills the frame's "
+                            f"{what} column for evaluate's results), or leave it out")
     if isinstance(results, list) and all(isinstance(c, (Mapping, CellRecord)) for c in results):
         try:
             cells = [c if isinstance(c, CellRecord) else CellRecord.from_json(dict(c)) for c in results]

@@ -12,7 +12,13 @@ count, so stopping at any of them, chosen by the data, keeps the 5 %.
 - Mean NLL differences (unbounded): the asymptotic confidence sequence of Waudby-Smith, Arnold, Wu, Chugg and
   Ramdas ("Time-uniform central limit theory and asymptotic confidence sequences", Annals of Statistics 2024,
   Theorem 2.2): Robbins' normal-mixture boundary with the sample standard deviation plugged in, its mixing
-  variance tuned to be tightest at the item budget. Valid as the count grows; MIN_ITEMS_NLL items come first.
+  variance tuned to be tightest at the item budget. Valid as the count grows; MIN_ITEMS_NLL items come first, and
+  more where the differences are skewed: the sequence is read only once t >= 25 (|g_t| + sqrt(6 / t))^2, Cochran's
+  rule for a mean's normal approximation (t > 25 G1^2; Cochran, "Sampling Techniques", 3rd ed., 1977, section 2.15)
+  with the sample skewness g_t raised by its standard error sqrt(6 / t), since a few items understate a long tail.
+  Simulated with 20 looks (tests/test_confidence_sequences.py), this keeps false verdicts at or below 5 % for
+  skewness 0 to 2 at budgets of 16 to 781 windows, where the plain plug-in reached 6-7 % at skewness 1 and 10-14 %
+  at skewness 2.
 
 Both target the mean of the items' distribution that the seeded random order draws from, as a fixed-n test does.
 """
@@ -27,6 +33,7 @@ ALPHA = 0.05  # core.significance's level (it imports this module, so the value 
 
 TRUNCATION = 0.5  # the bets' cap c in Waudby-Smith and Ramdas (they suggest 1/2 or 3/4)
 MIN_ITEMS_NLL = 8  # the asymptotic sequence is not read before this many windows
+COCHRAN = 25  # t >= COCHRAN * G1^2 items before a mean of skewness G1 is read as normal (Cochran 1977)
 
 
 # every function reads its items along the last axis, so a simulation can pass many runs at once
@@ -70,17 +77,21 @@ def accuracy_cs(d, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
 def mean_cs(d, budget: int, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) after each item for the mean of real-valued paired differences (per-window NLL): the
     normal-mixture boundary sd_t sqrt(2 (t r^2 + 1) / (t^2 r^2) log(sqrt(t r^2 + 1) / alpha)), r^2 tuned to be
-    tightest at t = budget. Before MIN_ITEMS_NLL items (or while the spread is 0) the bounds are infinite."""
+    tightest at t = budget. Before MIN_ITEMS_NLL items, while the spread is 0, and while t < COCHRAN (|g_t| +
+    sqrt(6 / t))^2 for the running sample skewness g_t, the bounds are infinite."""
     d = np.asarray(d, dtype=np.float64)
     if d.size == 0 or not np.all(np.isfinite(d)) or budget < 1:
         raise ValueError("mean_cs needs finite differences and an item budget of at least 1")
     t = np.arange(1, d.shape[-1] + 1, dtype=np.float64)
     mean = np.cumsum(d, axis=-1) / t
-    # the running sample variance, by Welford-free sums: the items are few hundred at most, in float64
-    var = np.maximum(np.cumsum(d * d, axis=-1) / t - mean ** 2, 0.0) * t / np.maximum(t - 1, 1)
+    # the running central moments, by Welford-free sums: the items are few hundred at most, in float64
+    m2 = np.maximum(np.cumsum(d * d, axis=-1) / t - mean ** 2, 0.0)
+    m3 = np.cumsum(d ** 3, axis=-1) / t - 3 * mean * np.cumsum(d * d, axis=-1) / t + 2 * mean ** 3
+    var = m2 * t / np.maximum(t - 1, 1)
+    skew = np.abs(m3) / np.where(m2 > 0, m2, 1.0) ** 1.5
     r2 = (-2 * math.log(alpha) + math.log(-2 * math.log(alpha) + 1)) / budget
     half = np.sqrt(var) * np.sqrt(2 * (t * r2 + 1) / (t * t * r2) * np.log(np.sqrt(t * r2 + 1) / alpha))
-    early = (t < MIN_ITEMS_NLL) | (var <= 0)
+    early = (t < MIN_ITEMS_NLL) | (var <= 0) | (t < COCHRAN * (skew + np.sqrt(6 / t)) ** 2)
     lo, hi = np.where(early, -np.inf, mean - half), np.where(early, np.inf, mean + half)
     return _running_intersection(lo, hi)
 

@@ -372,6 +372,55 @@ def records_problem(rec: dict) -> str | None:
     return None
 
 
+# what a cell evaluated until decided seals with a digest of its records: the decision the run took, how far it went,
+# and against which reference records (an edit of any of these, or of a record, no longer matches the digest)
+SEALED_UNTIL_DECIDED = ("reference", "looks", "margin", "budget", "block", "items", "decision", "stopped",
+                        "reference_digest")
+
+
+def _json_form(obj):
+    """obj as it reads back from a stored cell: NaN and infinity as null, tuples as lists (write_cell's form)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_form(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_form(v) for v in obj]
+    return obj
+
+
+def records_digest(records, sealed: dict | None = None) -> str:
+    """A digest of per-item records (and of `sealed`, a mapping of what else they decided), in their stored form:
+    the same before writing and after reading back."""
+    import hashlib
+    import json
+
+    text = json.dumps(_json_form({"records": records, **(sealed or {})}), sort_keys=True, separators=(",", ":"),
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def until_decided_digest(records, spec: dict) -> str:
+    """The digest an until-decided cell stores in details.until_decided.digest: its records and its decision."""
+    return records_digest(records, {k: spec.get(k) for k in SEALED_UNTIL_DECIDED})
+
+
+def until_decided_problem(rec: dict) -> str | None:
+    """A cell evaluated until decided must carry the digest of its records and decision, and match it: an edited
+    reference would move every verdict taken against it, and an edited decision would be printed as taken."""
+    spec = (rec.get("details") or {}).get("until_decided") if isinstance(rec.get("details"), dict) else None
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        return "details.until_decided is not a mapping"
+    if not isinstance(spec.get("digest"), str):
+        return "details.until_decided has no digest of its records (written before digests, or edited): rerun it"
+    if spec["digest"] != until_decided_digest(rec.get("records") or [], spec):
+        return ("its records or its until-decided decision do not match the digest written with them (edited "
+                "since the run): rerun it")
+    return None
+
+
 def cell_problem(rec) -> str | None:
     """None for a valid cell; otherwise what is wrong with it, in a few words."""
     if not isinstance(rec, dict):
@@ -413,7 +462,8 @@ def cell_problem(rec) -> str | None:
         return "no model_fingerprint (which weights a task cell measured)"
     if kind == TASK_CELL and cell["method"] != DENSE and not rec.get("compression"):
         return "no compression summary (a compressed model's cell carries what was deployed)"
-    typed = field_problem(rec) or records_problem(upgrade(rec))  # an older cell's records as the leaderboard reads them
+    # an older cell's records as the leaderboard reads them
+    typed = field_problem(rec) or records_problem(upgrade(rec)) or until_decided_problem(rec)
     if typed:
         return typed
     fp = rec.get("model_fingerprint") or {}  # a mapping of scalars, by field_problem

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from .errors import UserError, did_you_mean
+from .log import warn
 from .settings import check_settings
 
 
@@ -106,11 +107,33 @@ class UnknownName(UserError, KeyError):
         return self.args[0]
 
 
+def entry_point_origin(ep) -> str:
+    """'entry point NAME = VALUE of distribution D': where a plugin comes from, for the line that names it."""
+    name = getattr(getattr(ep, "dist", None), "name", None)
+    return f"entry point {ep.name} = {ep.value} of distribution {name or '(unknown)'}"
+
+
+def load_entry_point(ep, accepts, what: str) -> tuple[object | None, str | None]:
+    """(the loaded object, None), or (None, one line naming the entry point, its distribution, the problem and the
+    fix): a plugin that does not import, or is not `what`, is reported, never raised, so that one broken
+    distribution leaves every other plugin and command usable."""
+    try:
+        obj = ep.load()
+    except Exception as e:  # any import failure of someone else's code: ImportError, SyntaxError, a raise at import
+        problem = f"does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return None, f"{entry_point_origin(ep)} {problem}: fix or uninstall that distribution"
+    if not accepts(obj):
+        return None, f"{entry_point_origin(ep)} is not {what}: fix the plugin's packaging"
+    return obj, None
+
+
 class Registry:
     def __init__(self, kind: str, package: str, base: type, group: str, plural: str | None = None):
         self.kind, self.package, self.base, self.group = kind, package, base, group
         self.plural = plural or f"{kind}s"
         self._classes: dict[str, type] = {}
+        self._broken: dict[str, str] = {}  # entry-point name -> the line saying why it is not usable
+        self._distributions: dict[str, str] = {}  # plugin name -> the distribution whose entry point registered it
         self._loaded = False
 
     def register(self, cls: type) -> type:
@@ -128,11 +151,21 @@ class Registry:
         """Look for plugins again (a distribution installed since the first lookup)."""
         self._loaded = False
 
+    def broken(self) -> dict[str, str]:
+        """{entry-point name: why it is not usable} of the installed plugins that failed to load or were refused."""
+        self._load()
+        return dict(self._broken)
+
+    def _is_plugin(self, obj) -> bool:
+        return isinstance(obj, type) and issubclass(obj, self.base) and bool(getattr(obj, "name", ""))
+
     def _load(self) -> None:
         if self._loaded:
             return
         self._loaded = True
+        self._broken = {}
         pkg = importlib.import_module(self.package)
+        own = set()
         for info in pkgutil.iter_modules(pkg.__path__):
             if info.ispkg or info.name.startswith("_"):
                 continue
@@ -142,12 +175,30 @@ class Registry:
                 if (isinstance(obj, type) and issubclass(obj, self.base) and obj.__module__ == module.__name__
                         and obj.name):
                     self._classes.setdefault(obj.name, obj)
+                    own.add(obj.name)
         for ep in entry_points(group=self.group):
-            cls = ep.load()
-            if not (isinstance(cls, type) and issubclass(cls, self.base)):
-                raise UserError(f"entry point {ep.name} = {ep.value} in group {self.group} is not a "
-                                f"{self.base.__name__} subclass: fix the plugin's packaging")
+            cls, problem = load_entry_point(ep, self._is_plugin, f"a named {self.base.__name__} subclass")
+            if cls is not None and cls.name in own and self._classes.get(cls.name) is not cls:
+                problem = (f"{entry_point_origin(ep)} registers {self.kind} '{cls.name}', the name of acbench's own "
+                           f"{self.kind}, which stays: rename the plugin's {self.kind}")
+            if problem:
+                self._broken[ep.name] = problem
+                warn(f"{self.kind} plugin skipped: {problem}")
+                continue
             self.register(cls)
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            if dist:
+                self._distributions[cls.name] = dist
+
+    def origin(self, name: str) -> str | None:
+        """None for acbench's own plugins; else where the plugin's code comes from, for the line that names it when
+        it fails: 'plugin of distribution D' (its entry point's, else its package's) or 'plugin in module M' (one
+        defined in a script or notebook)."""
+        cls = self.get(name)
+        if cls.__module__.partition(".")[0] in PROJECT_PACKAGES:
+            return None
+        dist = self._distributions.get(name) or code_provenance(cls)["distribution"]
+        return f"plugin of distribution {dist}" if dist else f"plugin in module {cls.__module__}"
 
     def names(self) -> list[str]:
         self._load()
@@ -160,6 +211,8 @@ class Registry:
     def get(self, name: str) -> type:
         self._load()
         if name not in self._classes:
+            if name in self._broken:
+                raise UnknownName(f"{self.kind} '{name}' is installed but not usable: {self._broken[name]}")
             raise UnknownName(f"unknown {self.kind} '{name}'.{did_you_mean(name, self._classes)} "
                               f"See `bench ls {self.plural}`.")
         return self._classes[name]

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from core.record import CellRecord
+from core.record import CellRecord, records_digest
 
 ALPHA = 0.05
 
@@ -102,6 +102,9 @@ def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     n = min(len(a[1]), len(b[1]))
     if n < 1 or item_keys(ref_cell)[:n] != item_keys(cell)[:n]:
         return None
+    own = until_decided(cell) or {}
+    if own.get("reference_digest") is not None and own["reference_digest"] != records_digest(ref_cell.records[:n]):
+        return None  # the reference's records are not those this cell was decided against: no verdict from them
     d = np.asarray(b[1][:n], dtype=np.float64) - np.asarray(a[1][:n], dtype=np.float64)
     lo, hi = paired_cs(a[0], d, spec["budget"])
     sd = float(d.std(ddof=1)) if n > 1 else float("inf")

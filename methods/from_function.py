@@ -101,6 +101,8 @@ def _basis(method: str, got, d_in: int, k: int):
     if not isinstance(U, torch.Tensor) or U.ndim != 2 or tuple(U.shape) != (d_in, k):
         shape = tuple(U.shape) if isinstance(U, torch.Tensor) else type(U).__name__
         raise ValueError(f"method {method} returned a basis of {shape}, not ({d_in}, {k}): d_in x k columns")
+    if not torch.isfinite(U).all():  # before the orthonormality check, which a NaN would fail with "nan"
+        raise ValueError(f"method {method} returned a basis with NaN or inf entries")
     if B is None:
         gap = (U.T @ U - torch.eye(k, dtype=U.dtype, device=U.device)).abs().max().item() if k else 0.0
         if not gap <= ORTHONORMAL_TOL * max(1, k):

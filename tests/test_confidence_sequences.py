@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from core.confidence_sequences import MIN_ITEMS_NLL, accuracy_cs, mean_cs, sequential_decision
+from scipy import stats
+
+from core.confidence_sequences import COCHRAN, MIN_ITEMS_NLL, accuracy_cs, mean_cs, sequential_decision
 
 RUNS, LOOKS = 2000, 20
 MC = 2 * math.sqrt(0.05 * 0.95 / RUNS)  # two Monte-Carlo standard errors at a 5 % rate: 0.0097
@@ -76,7 +78,12 @@ def test_the_sequences_on_one_run():
     assert -1 <= lo[0] and hi[0] <= 1 and lo[-1] < d.mean() < hi[-1] and lo[-1] > 0  # 75 for, 25 against
     nll = 0.1 + 0.2 * np.random.default_rng(5).standard_normal(40)
     lo, hi = mean_cs(nll, budget=40)
-    assert np.all(np.isinf(lo[:MIN_ITEMS_NLL - 1])) and np.isfinite(lo[MIN_ITEMS_NLL - 1])
+    # read from the first count Cochran's rule allows: past MIN_ITEMS_NLL, at 25 (|g_t| + sqrt(6 / t))^2
+    first = int(np.argmax(np.isfinite(lo)))
+    assert first >= MIN_ITEMS_NLL - 1 and np.all(np.isinf(lo[:first])) and np.all(np.isfinite(lo[first:]))
+    t = np.arange(1, 41)
+    g = np.array([abs(stats.skew(nll[:k])) for k in t])
+    assert first == int(np.argmax((t >= MIN_ITEMS_NLL) & (t >= COCHRAN * (g + np.sqrt(6 / t)) ** 2)))
     assert lo[-1] < nll.mean() < hi[-1]
     for bad in ([], [0.5], [2]):
         with pytest.raises(ValueError):

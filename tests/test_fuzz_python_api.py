@@ -185,3 +185,54 @@ def test_to_frame_of_anything_ends_in_one_line_or_a_frame(results):
     frame = one_line_or_result(lambda: bench.to_frame(results))
     if frame is not None:
         assert "metric" in frame.columns
+
+
+@settings(max_examples=80, deadline=None)
+@given(margin=st.one_of(json_value, st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 10)),
+       task=st.sampled_from([None, "lama", "ppl-token"]))
+def test_compare_takes_only_a_margin_in_zero_one(margin, task):
+    """A margin outside (0, 1] (5 would call any two models equivalent), NaN, a string or a bool is one line naming
+    margin=; a margin in it is the verdict's."""
+    recs = [{"window": i, "nll": 3.0 + 0.01 * i} for i in range(8)]
+    other = [{"window": i, "nll": 3.0 + 0.011 * i} for i in range(8)]
+    ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 < margin <= 1
+    try:
+        out = bench.compare(_result(recs), _result(other), task=task, margin=margin)
+    except UserError as e:
+        assert margin is not None and not ok and "margin=" in str(e) and "(0, 1]" in str(e) and "\n" not in str(e)
+        return
+    assert margin is None or ok
+    assert margin is None or out["margin"] == margin
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.one_of(st.none(), json_value), method=st.one_of(st.none(), json_value))
+def test_to_frame_takes_names_as_strings(model, method):
+    """evaluate's results with a model or method that is not a name (5, ['x'], '') are one line, never written into
+    the frame; names are written as given."""
+    results = {"lama": _result([{"id": 0, "correct": 1}])}
+    named = all(v is None or (isinstance(v, str) and v.strip()) for v in (model, method))
+    try:
+        frame = bench.to_frame(results, model=model, method=method)
+    except UserError as e:
+        assert not named and "to_frame:" in str(e) and "\n" not in str(e)
+        return
+    assert named and list(frame["model"]) == [model] and list(frame["method"]) == [method]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(clear=st.one_of(json_value, st.sampled_from(["no", "False", "", 0, 1, 0.0, [], [False]])))
+def test_the_statistics_cache_is_cleared_only_on_true(clear, tmp_path_factory, monkeypatch):
+    """Nothing the user owns is removed on a value that is not True: 'no', 1, a list are one line, the cache kept."""
+    root = tmp_path_factory.mktemp("stats")
+    (root / "a-calibration").mkdir()
+    (root / "a-calibration" / "C.safetensors").write_bytes(b"x" * 10)
+    monkeypatch.setenv("ACBENCH_STATS_CACHE", str(root))
+    try:
+        listed = bench.statistics_cache(clear=clear)
+    except UserError as e:
+        assert not isinstance(clear, bool) and "clear=" in str(e) and "\n" not in str(e)
+        assert (root / "a-calibration" / "C.safetensors").exists()
+        return
+    assert isinstance(clear, bool)
+    assert (root / "a-calibration").exists() != clear and listed[0]["key"] == "a-calibration"

@@ -64,8 +64,10 @@ def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
         assert not torch.equal(compressed, dense)
         c.save(tmp_path / "ck")
     assert c.restored and torch.equal(logits(lm.model, ids), dense)
-    with pytest.raises(RuntimeError, match="restored"):
+    with pytest.raises(UserError, match="pca compression was restored .* compress it anew to save"):
         c.save(tmp_path / "again")
+    with pytest.raises(UserError, match="pca compression was restored .* evaluate the model itself"):
+        bench.evaluate(c, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16)  # would score the dense model
     from bench.model.checkpoint import load_checkpoint
 
     assert torch.allclose(logits(load_checkpoint(tmp_path / "ck"), ids), compressed, atol=1e-5)

@@ -151,7 +151,16 @@ class _Windows:
         return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
 
 
-def test_an_interrupted_variant_resumes_from_its_blocks_and_a_tampered_file_is_not_trusted(tmp_path, capsys):
+def _partial(keep: Path, records, **fields) -> None:
+    """A kept-blocks file as write_partial writes it, with `fields` replacing what it would say."""
+    from core.record import records_digest
+
+    body = {"cell": keep.name[:-len(".partial")], "task": "fake", "digest": records_digest(records),
+            "records": records, **fields}
+    keep.write_text(json.dumps(body))
+
+
+def test_an_interrupted_variant_resumes_from_its_blocks(tmp_path):
     from bench.runner.until_decided import evaluate_until_decided
 
     ref = _Windows().score_items(None, None, _Windows().item_pool(None))
@@ -159,20 +168,61 @@ def test_an_interrupted_variant_resumes_from_its_blocks_and_a_tampered_file_is_n
     assert fresh.details["until_decided"]["items"] == 40  # a constant difference has no spread: it runs its budget
     keep = tmp_path / "cell.json.partial"
     first = _Windows(0.5).score_items(None, None, [(i, None) for i in range(20)])
-    keep.write_text(json.dumps({"records": first}))
+    _partial(keep, first)
     task = _Windows(0.5)
     again = evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
     assert task.scored == list(range(20, 40)) and again.records == fresh.records and not keep.exists()
     assert again.details["until_decided"] == fresh.details["until_decided"]
-    for bad in ([dict(r, window=r["window"] + 1) for r in first], [dict(r, nll=float("nan")) for r in first],
-                first[:7], "x", [1, 2]):
-        keep.write_text(json.dumps({"records": bad}))
+
+
+def _tampered(first: list, keep: Path) -> dict:
+    """{what was done to the kept blocks: what the refusal must say}: each a file a run must not resume."""
+    from core.record import records_digest
+
+    halved = [dict(r) for r in first]
+    halved[3]["nll"] /= 2
+    negative = [dict(r) for r in first]
+    negative[0]["nll"] = -1.0
+    shifted = [dict(r, window=r["window"] + 1) for r in first]
+    return {
+        "one NLL halved, digest kept": ({"records": halved, "digest": records_digest(first)}, "digest"),
+        "a negative NLL, digest redone": ({"records": negative, "digest": records_digest(negative)}, "nll -1.0"),
+        "a NaN NLL, digest redone": ({"records": [dict(r, nll=float("nan")) for r in first]}, "nll"),
+        "other windows, digest redone": ({"records": shifted, "digest": records_digest(shifted)}, "first items"),
+        "not whole blocks": ({"records": first[:7], "digest": records_digest(first[:7])}, "whole blocks"),
+        "no digest": ({"digest": None}, "digest"),
+        "another cell's": ({"cell": "other.json"}, "other.json"),
+        "records not a list": ({"records": "x"}, "no list of records"),
+        "records not mappings": ({"records": [1, 2], "digest": records_digest([1, 2])}, "not a mapping"),
+    }
+
+
+def test_a_tampered_or_damaged_kept_file_is_refused_in_one_line_naming_it(tmp_path):
+    from bench.runner.until_decided import evaluate_until_decided
+    from core.errors import UserError
+    from core.record import records_digest
+
+    ref = _Windows().score_items(None, None, _Windows().item_pool(None))
+    keep = tmp_path / "cell.json.partial"
+    first = _Windows(0.5).score_items(None, None, [(i, None) for i in range(20)])
+    for what, (fields, said) in _tampered(first, keep).items():
+        body = {"cell": keep.name[:-len(".partial")], "task": "fake", "digest": records_digest(first),
+                "records": first, **fields}
+        if "records" in fields and "digest" not in fields:
+            body["digest"] = records_digest(body["records"]) if isinstance(body["records"], list) else None
+        keep.write_text(json.dumps(body))
         task = _Windows(0.5)
-        again = evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
-        assert task.scored == list(range(40)) and again.records == fresh.records
-        assert "evaluating from the first block" in capsys.readouterr().err
+        with pytest.raises(UserError) as e:
+            evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
+        assert str(keep) in str(e.value) and said in str(e.value) and "remove the file" in str(e.value), what
+        assert task.scored == [] and keep.exists(), what  # nothing scored, the file left for the user to look at
     keep.write_text("{not json")
-    assert evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False, keep=keep).records == fresh.records
+    with pytest.raises(UserError, match="does not read as JSON"):
+        evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False, keep=keep)
+    keep.unlink()
+    keep.mkdir()  # a folder where the file belongs
+    with pytest.raises(UserError, match="not a file"):
+        evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False, keep=keep)
 
 
 def test_the_stored_done_when_run_reads_as_decided_in_the_report(tmp_path, capsys):
@@ -189,3 +239,63 @@ def test_the_stored_done_when_run_reads_as_decided_in_the_report(tmp_path, capsy
     for method in ("fasc-kfac", "whitened-svd"):
         assert "CS n=272 better (detectable" in rows[method] and "CS n=40 better (detectable" in rows[method]
     assert "CS n=1354 better" in rows["dense"] and "CS n=781 better" in rows["dense"]
+
+
+def _ppl_cell(root: Path, method: str) -> Path:
+    return next(p for p in root.rglob("ppl-token-*.json") if f"/{method}/" in str(p))
+
+
+def test_an_edited_reference_or_decision_never_moves_a_verdict(decided, tmp_path):
+    """The reference's records edited consistently (metrics recomputed to match) no longer match the digest written
+    with them: the cell is invalid, so the report leaves it out and a rerun computes it again. Re-sealed by a forger,
+    it is still not the records the variant was decided against: the pair gives no verdict. A variant's own stored
+    decision edited to 'better' fails its digest too."""
+    import math
+    import shutil
+
+    from core.record import CellRecord, cell_problem, until_decided_digest
+    from core.significance import compare
+
+    out = tmp_path / "results"
+    shutil.copytree(decided[0], out)
+    ref_path, svd_path = _ppl_cell(out, "pca"), _ppl_cell(out, "svd")
+    svd = json.loads(svd_path.read_text())
+    pair = compare(CellRecord.from_json(json.loads(ref_path.read_text())), CellRecord.from_json(svd))
+    assert pair is not None and pair["n"] == svd["details"]["until_decided"]["items"]
+    ref = json.loads(ref_path.read_text())
+    for r in ref["records"]:
+        r["nll"] = r["nll"] + 0.5  # a reference made worse: every variant would read "better"
+    mean = sum(r["nll"] for r in ref["records"]) / len(ref["records"])
+    ref["metrics"].update(nll=mean, ppl=math.exp(mean))
+    ref_path.write_text(json.dumps(ref))
+    assert "do not match the digest" in cell_problem(ref)
+    rc, text = _run(["report", "--results", str(out), "--out", str(tmp_path / "LB.md")])
+    assert rc == 0 and f"{ref_path.name}: its records or its until-decided decision do not match the digest" in text
+    ref["details"]["until_decided"]["digest"] = until_decided_digest(ref["records"], ref["details"]["until_decided"])
+    assert cell_problem(ref) is None  # a forger's seal: the cell reads as valid ...
+    assert compare(CellRecord.from_json(ref), CellRecord.from_json(svd)) is None  # ... and decides nothing
+    svd["details"]["until_decided"]["decision"] = "better" if svd["details"]["until_decided"]["decision"] != \
+        "better" else "worse"
+    assert "do not match the digest" in cell_problem(svd)
+
+
+def test_a_tampered_kept_file_is_refused_before_any_work(tiny, decided, tmp_path):
+    """A .partial beside a missing cell is read by content when the run is planned: a halved NLL is refused in one
+    line naming the file before any model is compressed or any cell written."""
+    import shutil
+
+    from core.record import records_digest
+
+    out = tmp_path / "results"
+    shutil.copytree(decided[0], out)
+    svd_path = _ppl_cell(out, "svd")
+    records = json.loads(svd_path.read_text())["records"]
+    svd_path.unlink()
+    keep = svd_path.with_name(svd_path.name + ".partial")
+    kept = records[:json.loads((_ppl_cell(out, "pca")).read_text())["details"]["until_decided"]["block"]]
+    digest = records_digest(kept)
+    kept[0] = dict(kept[0], nll=kept[0]["nll"] / 2)
+    keep.write_text(json.dumps({"cell": svd_path.name, "task": "ppl-token", "digest": digest, "records": kept}))
+    rc, text = _run(["run", "--model", str(tiny), *ARGS, "--until-decided", "--output", str(out), "--no-report"])
+    assert rc == 2 and f"{keep}: the blocks an interrupted until-decided run left" in text and "digest" in text
+    assert "[svd" not in text and not svd_path.exists() and keep.exists()

@@ -182,6 +182,14 @@ def _deploy_group(model, comp, g, own: GroupStats | None, budget, k, extra_fallb
                             dtype=solve_torch_dtype(solve_dtype))
     except NumericError as e:
         raise UserError(str(e)) from None
+    except Exception as e:
+        plugin = methods.REGISTRY.origin(comp.name) if comp.name in methods.REGISTRY else None
+        if plugin is None or isinstance(e, UserError):  # acbench's own method: a bug, shown with its traceback
+            raise
+        # someone else's code: one line naming it and the group, the traceback kept for `raise ... from`
+        raise UserError(f"method {comp.name} ({plugin}) failed on group {g.name}: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else '(no message)'}; `bench check-method {comp.name}` "
+                        "runs it against the method contract") from e
     res.fallbacks = [*res.fallbacks, *extra_fallbacks, *unrouted]
     if merge and isinstance(res, GroupCompression):
         res.form = "merged"

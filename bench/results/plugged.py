@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 
+from core.log import warn
+from core.registry import load_entry_point
+
 GROUP = "acbench.commands"
 
 
@@ -32,9 +35,11 @@ def plugged_commands() -> dict[str, Command]:
     """{name: Command} of every installed `acbench.commands` entry point, by name."""
     out = {}
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-        command = ep.load()
-        if not isinstance(command, Command):
-            raise TypeError(f"entry point {ep.name} = {ep.value} of {GROUP} is not a bench.results.plugged.Command")
+        # a command that does not import is one warning line; every other command stays usable
+        command, problem = load_entry_point(ep, lambda c: isinstance(c, Command), "a bench.results.plugged.Command")
+        if problem:
+            warn(f"command plugin skipped: {problem}")
+            continue
         out[command.name] = command
     return out
 

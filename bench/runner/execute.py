@@ -39,7 +39,8 @@ from bench.measure.latency import (LatencySpec, compare_latency, latency, measur
                                   threshold_sparsifiers, weight_bytes, with_calibration_peak)
 from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
 from bench.runner.selection import ALL
-from bench.runner.until_decided import evaluate_until_decided, partial_path, reference_records
+from bench.runner.until_decided import (check_partials, evaluate_until_decided, partial_path,
+                                        reference_records)
 from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
 from bench.calibration.support import after_line, short_groups, support_line, support_record
 from bench.results.store import (cell_status, claim_cell, environment, model_identity, release_cell, results_name,
@@ -171,6 +172,8 @@ def prepare(run: Run, taken: dict[str, str] | None = None) -> Prepared:
         if cell.why not in ("missing", "overwrite"):
             log(f"recomputing {cell.path}: {cell.why}")
     log(f"{len(cells)} cell(s) to compute under {run.output}/ (existing cells are kept; --overwrite recomputes)")
+    if run.config.until_decided:
+        check_partials([c for c in cells if not c.id.is_analysis], run.tasks, source.tokenizer)
     # a rerun with nothing to compute does not tokenize the calibration text (2.5 s of the smoke model's no-op rerun)
     windows = calibration_windows(source.tokenizer, run.calibration) if cells and run.stats_needs() else None
     return replace(prepared, cells=cells, calib_windows=windows)

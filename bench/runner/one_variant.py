@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from core.errors import UserError
 from core.log import warn
 from core.stats import RankSpec, SparsitySpec
 
@@ -58,7 +59,8 @@ class Compressed:
         """Write the compressed model, its tokenizer and compression.json into `path` (absent or empty unless
         `overwrite`), atomically. Returns the files written and their bytes."""
         if self.restored:
-            raise RuntimeError("this compression was restored: the model is dense again; compress it anew to save")
+            raise UserError(f"this {self.method} compression was restored (the model is dense again): compress it "
+                            "anew to save it")
         out = Path(path)
         check_target(out, overwrite)
         log(f"writing {out}/")

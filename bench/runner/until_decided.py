@@ -24,13 +24,25 @@ def scores_of(records: list[dict]) -> tuple[str, list[float], list[tuple]] | Non
 
 
 def reference_records(path: Path) -> list[dict] | None:
-    """The stored reference cell's records, where it exists and was evaluated until decided (in the same order)."""
+    """The stored reference cell's records, where it exists and was evaluated until decided (in the same order);
+    None where it is not stored or was evaluated otherwise. A reference file that is there but does not read as a
+    cell, or whose records no longer match their digest, is refused in one line naming it: its records would move
+    every verdict taken against it."""
+    from core.errors import UserError
+    from core.record import cell_problem
+
+    if not path.exists():
+        return None
     try:
         rec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: the reference's cell does not read ({type(e).__name__}): remove it to compute it "
+                        "again") from None
     if not isinstance(rec, dict) or not isinstance((rec.get("details") or {}).get("until_decided"), dict):
         return None
+    problem = cell_problem(rec)
+    if problem:
+        raise UserError(f"{path}: the reference's cell is not valid ({problem}): remove it to compute it again")
     records = rec.get("records")
     return records if isinstance(records, list) else None
 
@@ -47,33 +59,88 @@ def partial_path(cell_path: Path) -> Path:
     return cell_path.with_name(cell_path.name + ".partial")
 
 
-def resumed(path: Path | None, task: Task, pool: list, block: int) -> list[dict]:
-    """The records an interrupted evaluation of this cell left, when they are whole blocks of this pool's first
-    items (checked by their identities, not by the file's say-so); [] otherwise, said in one line if a file was
-    there."""
+def partial_problem(path: Path, task: Task | None = None, pool: list | None = None,
+                    block: int | None = None) -> str | None:
+    """What is wrong with the blocks an interrupted run left in `path` (read by content: its digest, its cell's name,
+    each record's ranges and, given the task's item pool, the items' identities as whole blocks of the pool's first
+    items), or None."""
+    from core.record import _record_problem, records_digest
     from core.significance import record_keys, record_scores
 
-    if path is None or not path.exists():
-        return []
+    if not path.is_file():
+        return "not a file"
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
-        records = kept["records"]
-        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-            raise ValueError("its records are not a list of records")
+    except (OSError, ValueError) as e:
+        return f"does not read as JSON ({type(e).__name__})"
+    if not isinstance(kept, dict) or not isinstance(kept.get("records"), list):
+        return "holds no list of records"
+    records = kept["records"]
+    cell = path.name[:-len(".partial")]
+    if kept.get("cell") != cell:  # a partial copied beside another cell
+        return f"was written for cell {kept.get('cell')!r}, not {cell}"
+    if kept.get("digest") != records_digest(records):
+        return "its records do not match the digest written with them (edited or damaged since)"
+    for i, r in enumerate(records):
+        problem = "is not a mapping" if not isinstance(r, dict) else _record_problem(r, kept.get("task") or "")
+        if problem:
+            return f"records[{i}] {problem}"
+    if records and record_scores(records) is None:
+        return "its records hold no score (correct or nll) in every record"
+    if pool is not None:
         n = len(records)
-        if n % block and n != len(pool) or n > len(pool) or record_keys(records) != pool_keys(task, pool[:n]):
-            raise ValueError("not this pool's first blocks")
-        scores = record_scores(records) if records else ("", [])
-        if scores is None or not all(math.isfinite(v) and (scores[0] != "accuracy" or v in (0, 1))
-                                     for v in scores[1]):
-            raise ValueError("a score that no evaluation gives")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        import sys
+        if n > len(pool) or (n % block and n != len(pool)):
+            return f"its {n} records are not whole blocks of {block} items of this evaluation's {len(pool)}"
+        if record_keys(records) != pool_keys(task, pool[:n]):
+            return "its records are not this evaluation's first items (another task setting or item order)"
+    return None
 
-        sys.stderr.write(f"{path.name}: the blocks an interrupted run left do not match this evaluation ({e}): "
-                         "evaluating from the first block\n")
+
+def refuse_partial(path: Path, problem: str):
+    from core.errors import UserError
+
+    raise UserError(f"{path}: the blocks an interrupted until-decided run left {problem}: remove the file to "
+                    "evaluate this cell from its first block")
+
+
+def resumed(path: Path | None, task: Task, pool: list, block: int) -> list[dict]:
+    """The records an interrupted evaluation of this cell left (whole blocks of this pool's first items, checked by
+    content), [] where there is no such file; a file that does not check is refused in one line naming it, never
+    resumed and never silently dropped."""
+    if path is None or not (path.exists() or path.is_symlink()):
         return []
-    return records
+    problem = partial_problem(path, task, pool, block)
+    if problem:
+        refuse_partial(path, problem)
+    return json.loads(path.read_text(encoding="utf-8"))["records"]
+
+
+def block_size(task: Task, pool: list) -> int:
+    """Items per look: the pool cut into the task's `looks` blocks."""
+    return max(1, math.ceil(len(pool) / task.until_decided.looks))
+
+
+def check_partials(cells, tasks: dict, tokenizer) -> None:
+    """Before any work: every planned cell's kept blocks, where an interrupted run left some, read by content and
+    refused in one line naming the file when they do not check."""
+    for cell in cells:
+        task = tasks.get(cell.id.task)
+        keep = partial_path(cell.path)
+        if task is None or task.until_decided is None or not (keep.exists() or keep.is_symlink()):
+            continue
+        pool = task.item_pool(tokenizer)
+        problem = partial_problem(keep, task, pool, block_size(task, pool))
+        if problem:
+            refuse_partial(keep, problem)
+
+
+def write_partial(path: Path, task: Task, records: list[dict]) -> None:
+    """The blocks scored so far, with what they are checked against when resumed."""
+    from core.io import atomic_write_text
+    from core.record import records_digest
+
+    atomic_write_text(path, json.dumps({"cell": path.name[:-len(".partial")], "task": task.name,
+                                        "digest": records_digest(records), "records": records}))
 
 
 def pool_keys(task: Task, items: list) -> list:
@@ -89,11 +156,11 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
     whole budget when `reference` is False (dense, or the reference itself) or None (the reference's cell is not
     stored, or scored other items). The result's details say how far it went and why it stopped. `keep`: a file
     the blocks scored so far are written to after each block, and resumed from (then removed at the end)."""
-    from core.io import atomic_write_text
+    from core.record import records_digest, until_decided_digest
 
     spec = task.until_decided
     pool = task.item_pool(tokenizer)
-    block = max(1, math.ceil(len(pool) / spec.looks))
+    block = block_size(task, pool)
     higher = task.higher_is_better.get(task.primary_metric)
     whole = reference is False
     ref = scores_of(reference) if reference else None
@@ -102,7 +169,7 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
         if len(records) < min(start + block, len(pool)):  # blocks an interrupted run scored are tested, not rescored
             records += task.score_items(model, tokenizer, pool[start:start + block], progress)
             if keep is not None:
-                atomic_write_text(keep, json.dumps({"records": records}))
+                write_partial(keep, task, records)
         if ref is None:
             continue
         mine = scores_of(records[:start + block])
@@ -116,9 +183,12 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
     if keep is not None:
         keep.unlink(missing_ok=True)
     result = task.result_of(records)
-    result.details["until_decided"] = {
-        **spec.as_dict(), "budget": len(pool), "block": block, "items": len(records),
-        "decision": decision, "interval": bounds,
-        "stopped": "decided" if decision else "budget" if ref is not None else
-        "whole budget (dense or the reference)" if whole else "budget (no stored reference on the same items)"}
+    ud = {**spec.as_dict(), "budget": len(pool), "block": block, "items": len(records),
+          "decision": decision, "interval": bounds,
+          "stopped": "decided" if decision else "budget" if ref is not None else
+          "whole budget (dense or the reference)" if whole else "budget (no stored reference on the same items)"}
+    if ref is not None:  # which reference records the decision was taken against: the leaderboard checks they stay
+        ud["reference_digest"] = records_digest(reference[:len(records)])
+    ud["digest"] = until_decided_digest(result.records, ud)
+    result.details["until_decided"] = ud
     return result
