@@ -532,6 +532,8 @@ OPTION_FLAGS = {
     "--analysis-option": ["rho.units=2"],
     "--mmlu-format": ["cloze"], "--lama-limit": ["2"], "--ppl-windows": ["1"], "--limit": ["3"],
     "--allocate": ["greedy", "uniform,greedy", "uniform"],
+    "--margin": ["lama=0.03", "ppl-token=0.02", "mmlu=0.05"], "--reference": ["pca", "fasc"],
+    "--until-decided": [None],
 }
 
 
@@ -554,10 +556,17 @@ def test_a_setting_for_what_the_run_does_not_include_is_refused(tmp_path, tiny, 
     low = [m for m in methods if registry.family_of(m) == registry.LOW_RANK_FAMILY]
     argv += (["--rank", "0.5"] if low else []) + (["--sparsity", "0.5"] if len(low) < len(methods) else [])
     for flag, value in pairs:
-        argv += [flag, value]
+        argv += [flag] if value is None else [flag, value]
     if assert_clean(argv) != 0:
         return
     run = resolve_run(run_config_from_argv(argv[1:]))
+    assert set(run.config.margin or {}) <= set(run.tasks)  # a margin for a task it scores
+    assert run.config.reference is None or run.config.until_decided  # --reference only with --until-decided
+    if run.config.until_decided:  # and --until-decided only where a task can stop early
+        assert any(t.until_decided is not None for t in run.tasks.values())
+    given = {}
+    for flag, value in pairs:  # a flag given twice, the same both times
+        assert given.setdefault(flag, value) == value
     bases = {registry.base_name(m) for m in run.methods}
     assert set(run.config.method_options) <= bases
     assert set(run.config.task_options) <= set(run.tasks) | {t for a in run.analyses.values() for t in a.uses_tasks}

@@ -26,6 +26,19 @@ def base(tiny, out, **replace):
     return flat + ["--no-report", "--quiet", "--no-latency"]
 
 
+def with_extra(tiny, out, extra: list[str]) -> list[str]:
+    """base's argv with `extra`'s flags in place of base's own (a flag is given once) and the others appended."""
+    flags: dict = {}
+    for item in extra:
+        if item.startswith("--"):
+            flags[item] = []
+        else:
+            flags[list(flags)[-1]].append(item)
+    replace = {f: v for f, v in flags.items() if f in base(tiny, out)}
+    rest = [x for f, v in flags.items() if f not in replace for x in (f, *v)]
+    return base(tiny, out, **{f: v if len(v) != 1 else v[0] for f, v in replace.items()}) + rest
+
+
 def expect_one_line(capsys, argv, needle):
     rc = main(argv)
     err = capsys.readouterr().err
@@ -122,7 +135,7 @@ def test_bad_config_files(tmp_path, tiny, capsys, content, needle):
 ])
 def test_bad_options(tmp_path, tiny, capsys, extra, needle):
     out = tmp_path / "out"
-    expect_one_line(capsys, base(tiny, out) + extra, needle)
+    expect_one_line(capsys, with_extra(tiny, out, extra), needle)
     assert no_cells(out)
 
 

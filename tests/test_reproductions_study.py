@@ -309,3 +309,22 @@ def test_calibration_page_gives_each_model_its_own_page(tmp_path):
     own = pages[tmp_path / "calibration-m.md"]
     assert "| params 0.8 | pca " in own and "](plots/calibration_m_low-rank.png)" in own
     assert "other" not in own and "## What each size costs" in pages[doc]
+
+
+def test_the_verdict_reads_the_holm_corrected_p_and_a_level_claim_the_90_interval():
+    """Hand-made differences that separate the swaps: a raw p of 0.03 whose Holm-corrected p is 0.2 is not detected
+    (reading the raw p would say 'reproduces'); a level claim whose 90 % interval lies inside the 0.02 margin while
+    its 95 % interval does not reproduces (two one-sided tests at 5 % each read the 90 % interval)."""
+    from studies.reproductions import CLAIMS, verdict
+
+    ordered = next(c for c in CLAIMS if not c.level and c.task == "ppl-token")
+    level = next(c for c in CLAIMS if c.level and c.task == "ppl-token")
+    a = _cell("m", "x", "ppl-token", "unstructured", 0.5, [3.0, 3.1])
+    # NLL differences (worse - better side's, as compare(worse, better) gives): negative means the better side won
+    d = {"diff": -0.05, "ci95": [-0.09, -0.01], "ci90": [-0.08, -0.02], "p": 0.03, "detectable": 0.06}
+    assert verdict(ordered, a, a, None, d, p_holm=0.2)["verdict"] == "not detected (could miss 0.060)"
+    assert verdict(ordered, a, a, None, d, p_holm=0.03)["verdict"] == "reproduces"
+    flat = {"diff": 0.001, "ci95": [-0.025, 0.023], "ci90": [-0.018, 0.017], "p": 0.9, "detectable": 0.03}
+    assert verdict(level, a, a, None, flat, p_holm=1.0)["verdict"] == "reproduces (level within 0.02)"
+    wide = {**flat, "ci90": [-0.021, 0.017]}  # the 90 % interval past the margin on one side: not level
+    assert verdict(level, a, a, None, wide, p_holm=1.0)["verdict"].startswith("not detected")

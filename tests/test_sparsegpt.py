@@ -96,3 +96,18 @@ def test_a_singular_hessian_raises_the_damping_and_records_it():
                                                               GroupStats(n_tokens=60, C=C), SparsitySpec.parse("2:4"))
     assert [f["fallback"] for f in res.fallbacks] == ["sparsegpt damping raised"]
     assert res.fallbacks[0]["damping"] > 1e-300 and res.summary()["fallbacks"] == res.fallbacks
+
+
+def test_the_per_block_budget_adds_up_where_the_pruned_count_does_not_divide():
+    """3 rows x 23 columns at density 0.3 keep 7 of 23 per row: 48 weights pruned over blocks of 8, 8 and 7 columns.
+    Their shares, rounded cumulatively by hand: round(48 * 8 / 23) = 17, round(48 * 16 / 23) - 17 = 33 - 17 = 16,
+    48 - 33 = 15. Rounding each block's share alone would prune 17 + 17 + 15 = 49, one more than the budget."""
+    W, C = _layer(rows=3, cols=23)
+    pattern = SparsitySpec.parse("0.3")
+    assert pattern.topk_args(23) == (7, 0)
+    res = methods.build("sparsegpt:block_size=8").compress(FakeGroup({"a": W.float()}), GroupStats(n_tokens=60, C=C),
+                                                            pattern)
+    pruned = ~res.masks["a"]
+    assert [int(pruned[:, a:b].sum()) for a, b in ((0, 8), (8, 16), (16, 23))] == [17, 16, 15]
+    want_W, want_mask = reference(W.numpy(), C.numpy(), 7, 0, 8, 0.01)
+    assert torch.equal(res.masks["a"], torch.from_numpy(want_mask))

@@ -136,3 +136,22 @@ def test_block_starts_are_kept_per_device():
     meta = _block_starts(8, 4, torch.device("meta"))
     assert cpu.device.type == "cpu" and meta.device.type == "meta" and meta.shape == (2, 1)
     assert cpu.reshape(-1).tolist() == [0, 4]
+
+
+@pytest.mark.parametrize("density", [0.2, 0.3, 0.7, 0.9])
+def test_teal_keeps_the_density_asked_not_its_complement(density):
+    """TEAL's threshold at densities other than 0.5 (where d and 1 - d coincide): on 20,000 calibration magnitudes
+    spread log-uniformly over four decades, the share of them above the threshold is the density asked, to within
+    the histogram's bin width, and a fresh draw of the same distribution keeps it at run time."""
+    import methods
+    from bench.testing import FakeGroup
+    from core.stats import GroupStats, SparsitySpec, magnitude_histogram
+
+    gen = torch.Generator().manual_seed(int(density * 100))
+    x = 10.0 ** (4 * torch.rand(20000, generator=gen, dtype=torch.float64) - 2)
+    stats = GroupStats(n_tokens=20000, abs_hist=magnitude_histogram(x))
+    res = methods.build("teal").compress(FakeGroup({"a": torch.ones(3, 8)}), stats, SparsitySpec.parse(str(density)))
+    above = float((x > res.threshold).double().mean())
+    assert above == pytest.approx(density, abs=0.002)
+    fresh = 10.0 ** (4 * torch.rand(20000, generator=gen, dtype=torch.float64) - 2)
+    assert float((fresh > res.threshold).double().mean()) == pytest.approx(density, abs=0.015)

@@ -242,7 +242,9 @@ def test_the_stored_done_when_run_reads_as_decided_in_the_report(tmp_path, capsy
 
 
 def _ppl_cell(root: Path, method: str) -> Path:
-    return next(p for p in root.rglob("ppl-token-*.json") if f"/{method}/" in str(p))
+    """The method's ppl-token cell evaluated until decided (the fixed-size one beside it is another cell)."""
+    return next(p for p in root.rglob("ppl-token-*.json") if f"/{method}/" in str(p)
+                and "until_decided" in json.loads(p.read_text()).get("details", {}))
 
 
 def test_an_edited_reference_or_decision_never_moves_a_verdict(decided, tmp_path):

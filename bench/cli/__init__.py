@@ -87,9 +87,10 @@ def cmd_ls(args) -> int:
 def cmd_report(args) -> int:
     from leaderboard.report import write_report
 
-    from bench.results.leaderboard_display import report_display
+    from bench.results.leaderboard_display import check_reference_name, report_display
 
-    out = write_report(split_list(args.results, str, "--results"), args.out, args.vs, report_display(args.margin))
+    out = write_report(split_list(args.results, str, "--results"), args.out, check_reference_name(args.vs, "--vs"),
+                       report_display(args.margin))
     print(f"leaderboard: {out}")
     return 0
 

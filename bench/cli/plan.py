@@ -21,9 +21,9 @@ def add_plan_parser(sub):
     p.add_argument("--detect", nargs="+", default=None, metavar="TASK=DIFF",
                    help="size the evaluation: per task, the items each comparison needs for 80 %% power to detect this "
                         "paired difference (e.g. lama=0.05 ppl-token=0.05), from the stored cells of the model")
-    p.add_argument("--results", nargs="+", default=["results"],
+    p.add_argument("--results", nargs="+", default=None,
                    help="with --detect: results folders whose stored cells give the paired spreads (default results/)")
-    p.add_argument("--vs", default="pca", help="with --detect: the reference method of the comparisons (default pca)")
+    p.add_argument("--vs", default=None, help="with --detect: the reference method of the comparisons (default pca)")
     p.set_defaults(**{dest: None for _, dest, _ in RUN_FLAGS if dest not in PLAN_FLAGS},
                    config=None, method_option=None, task_option=None, analysis_option=None, overwrite=None,
                    measure_latency=None, report=None, progress=None)
@@ -48,9 +48,16 @@ def cmd_plan(args) -> int:
     may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
     total."""
     from bench.runner.config import resolve_run
-    from bench.results.leaderboard_display import check_margins
+    from bench.results.leaderboard_display import check_margins, check_reference_name
+    from core.errors import UserError
 
     detect = check_margins(args.detect, "--detect", "difference") if args.detect is not None else None
+    given = [flag for flag, value in (("--results", args.results), ("--vs", args.vs)) if value is not None]
+    if given and not detect:  # they only size --detect's comparisons: alone they would change nothing
+        raise UserError(f"{' and '.join(given)} only size{'' if len(given) > 1 else 's'} the comparisons of --detect: add --detect TASK=DIFF (e.g. "
+                        f"--detect lama=0.05), or leave {' and '.join(given)} out")
+    args.results = args.results if args.results is not None else ["results"]
+    args.vs = check_reference_name(args.vs if args.vs is not None else "pca", "--vs")
     if detect:
         check_results_folders(args.results)
     runs = [resolve_run(c, writes=False) for c in plan_configs(args)]  # every model's settings before any costing

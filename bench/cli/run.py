@@ -3,6 +3,7 @@ and the command, which resolves the config into a Run at this boundary and hands
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from core.errors import UserError
@@ -127,6 +128,23 @@ RUN_FLAGS = [
 
 
 
+class GivenOnce(argparse._StoreAction):
+    """A flag given twice with different values is refused: argparse would keep the last one without a word
+    (`--calibration-mode sequential ... --calibration-mode one-pass`, `--margin lama=0.03 --margin ppl-token=0.02`).
+    The same value twice is one value."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault("_given_once", {})
+        if self.dest in seen and seen[self.dest] != values:
+            raise argparse.ArgumentError(self, f"given twice, as {seen[self.dest]!r} and {values!r}: give it once")
+        seen[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+# every flag is given once (or twice alike): a second --tasks or --margin would replace the first without a word
+RUN_FLAGS = [(flag, dest, kw if "action" in kw else {**kw, "action": GivenOnce}) for flag, dest, kw in RUN_FLAGS]
+
+
 # ---------------------------------------------------------------- task shortcuts (--lama-limit, --ppl-windows, ...)
 
 def _setting_type(task: str, setting: str):
@@ -142,7 +160,7 @@ def add_shortcuts(parser) -> None:
         task, sc = uses[0]
         targets = ", ".join(f"{t}.{s.setting}" for t, s in uses)
         kind = _setting_type(task, sc.setting)
-        parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None, type=kind,
+        parser.add_argument(flag, dest=f"shortcut:{shortcut_dest(flag)}", default=None, type=kind, action=GivenOnce,
                             metavar="N" if kind is int else "VALUE", help=f"{sc.help} [= --task-option {targets}]")
 
 

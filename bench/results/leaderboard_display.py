@@ -69,3 +69,22 @@ def check_margins(margins, where: str = "--margin", what: str = "margin") -> dic
             raise UserError(f"{where} gives {task} twice ({out[task]:g} and {m:g}): give it once")
         out[task] = m
     return out
+
+
+def check_reference_name(name, where: str) -> str:
+    """A reference of paired comparisons (--vs): dense, or a method name or variant as `bench run` takes it (with its
+    allocation after '+'); anything else is one line with the closest name, since a reference no cell can have
+    would leave every comparison empty without a word."""
+    import methods
+    from core.errors import UserError
+
+    if not isinstance(name, str) or not name.strip():
+        raise UserError(f"{where} {name!r} names no method: pass a method name (see `bench ls methods`) or dense")
+    if name == "dense":
+        return name
+    method = name.split("+", 1)[0]
+    try:
+        methods.build(method)
+    except (KeyError, ValueError, TypeError) as e:
+        raise UserError(f"{where} {name!r}: {e.args[0] if e.args else e}") from None
+    return name

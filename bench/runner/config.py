@@ -96,7 +96,7 @@ class RunConfig:
     # evaluate the tasks that can (lama, ppl-token) block by block until each comparison with `reference` is
     # decided by a confidence sequence, or its budget is spent (docs/decisions.md)
     until_decided: bool = False
-    reference: str = "pca"
+    reference: str | None = None  # None: DEFAULT_REFERENCE; set only with until_decided (alone it would do nothing)
     progress: bool = True
 
     @classmethod
@@ -518,9 +518,36 @@ def check_methods(config: RunConfig, names) -> None:
             raise UserError(f"method '{variant}': {e}") from None
 
 
+DEFAULT_REFERENCE = "pca"
+
+
+def reference_method(config: RunConfig) -> str:
+    """The method --until-decided tests every other against."""
+    return DEFAULT_REFERENCE if config.reference is None else config.reference
+
+
+def check_settings_used(config: RunConfig, model_tasks: dict, margins: dict) -> None:
+    """A setting that would change nothing in this run is refused in one line naming it (docs/cli.md): a margin for
+    a task the run does not score, --reference without --until-decided, --until-decided where no task can stop
+    early."""
+    unscored = sorted(set(margins) - set(model_tasks))
+    if unscored:
+        raise UserError(f"--margin sets {', '.join(unscored)}, which this run does not score "
+                        f"({', '.join(sorted(model_tasks)) or 'no task'}): add it to --tasks, or leave it out (`bench "
+                        "report --margin` sets the margins of stored cells)")
+    if config.reference is not None and not config.until_decided:
+        raise UserError(f"--reference {config.reference!r} only names the method --until-decided tests against, and "
+                        "this run evaluates every item: add --until-decided, or leave --reference out")
+    if config.until_decided and all(type(t).item_pool is Task.item_pool for t in model_tasks.values()):
+        raise UserError(f"--until-decided stops the tasks that score items in blocks (lama, mmlu, ppl-token), and this "
+                        f"run's tasks ({', '.join(sorted(model_tasks)) or 'analyses only'}) are evaluated whole: add one of them to "
+                        "--tasks, or leave --until-decided out")
+
+
 def check_until_decided_reference(config: RunConfig, names) -> None:
-    if not isinstance(config.reference, str) or config.reference not in names:
-        raise UserError(f"--until-decided tests every method against --reference {config.reference!r}, which this run "
+    reference = reference_method(config)
+    if not isinstance(reference, str) or reference not in names:
+        raise UserError(f"--until-decided tests every method against --reference {reference!r}, which this run "
                         f"does not compress: add it to --methods or name one of {', '.join(names) or 'them'}")
 
 
@@ -535,7 +562,7 @@ def until_decided_task(task: Task, config: RunConfig, margins: dict) -> Task:
     given = config.task_options.get(task.name) or {}
     whole = {f: None for f in UNTIL_DECIDED_BUDGETS.get(task.name, ()) if f not in given}
     out = type(task)(dataclasses.replace(task.settings, **whole)) if whole else task
-    out.until_decided = UntilDecided(config.reference, margin=margins.get(task.name, task.margin))
+    out.until_decided = UntilDecided(reference_method(config), margin=margins.get(task.name, task.margin))
     return out
 
 
@@ -707,6 +734,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     from bench.results.leaderboard_display import check_margins
 
     margins = check_margins(config.margin, "--margin")
+    check_settings_used(config, model_tasks, margins)
     if config.until_decided:
         check_until_decided_reference(config, names)
         model_tasks = {name: until_decided_task(task, config, margins) for name, task in model_tasks.items()}

@@ -33,7 +33,7 @@ from bench.runner.cells import Cell, ModelInfo, plan
 from bench.deploy.compression import Deployment, compressed, compression_summary, deploy, deploy_sequential
 from bench.calibration.memory import calibration_chunks
 from bench.measure.costs import model_positions
-from bench.runner.config import Run, solve_device_for
+from bench.runner.config import Run, reference_method, solve_device_for
 from bench.model.groups import find_input_groups, fused_experts_problem
 from bench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
                                   threshold_sparsifiers, weight_bytes, with_calibration_peak)
@@ -607,7 +607,7 @@ class Worker:
             if c.id.method != DENSE and not c.id.is_analysis:
                 by_variant.setdefault(c.variant, []).append(c)
         if self.run.config.until_decided:  # the reference first: every other variant stops against its records
-            by_variant = dict(sorted(by_variant.items(), key=lambda kv: kv[0][0] != self.run.config.reference))
+            by_variant = dict(sorted(by_variant.items(), key=lambda kv: kv[0][0] != reference_method(self.run.config)))
         written = 0
         try:
             written += self.dense(dense)
