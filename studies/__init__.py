@@ -58,6 +58,20 @@ def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
         ap.error(problem)
 
 
+def refuse_bad_models(ap, models) -> None:
+    """Every --models name checked from its name before any part is computed (a study computes model by model:
+    a bad second name must not wait for the first model's hour): else ap.error's one line naming it."""
+    from bench.model.sources import model_name_problem
+
+    if not models:
+        ap.error("--models is empty: name at least one model (an alias, a .gguf file or a checkpoint folder)")
+    if len(set(models)) != len(models):
+        ap.error("--models names a model twice: give each once")
+    problem = next((p for p in map(model_name_problem, models) if p), None)
+    if problem:
+        ap.error(f"--models: {problem}")
+
+
 def recorded_fallbacks(cell) -> list[dict]:
     """The fallbacks a cell's compression record lists (entries that are not records skipped)."""
     return [f for f in ((cell.compression or {}).get("fallbacks") or []) if isinstance(f, dict)]

@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     from core.io import atomic_write_text
     from leaderboard.load import read_result_set
 
-    from studies import refuse_unwritable
+    from studies import refuse_bad_models, refuse_unwritable
 
     ap = argparse.ArgumentParser(prog="python -m studies.baselines", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", default="docs/baselines.md")
     a = ap.parse_args(argv)
     refuse_unwritable(ap, a.doc, {"--root": a.root})
+    refuse_bad_models(ap, a.models)
     root = Path(a.root)
     cells = read_result_set(root).cells if root.is_dir() else []
     try:

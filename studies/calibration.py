@@ -399,9 +399,10 @@ def main(argv=None) -> int:
     bad = [t for t in a.tokens if t < SEQ_LEN or t % SEQ_LEN]
     if bad:
         ap.error(f"--tokens {bad[0]}: give a multiple of {SEQ_LEN} (whole windows of {SEQ_LEN} tokens)")
-    from studies import refuse_unwritable
+    from studies import refuse_bad_models, refuse_unwritable
 
     refuse_unwritable(ap, a.doc, {"--root": a.root})
+    refuse_bad_models(ap, a.models)
     root, doc = Path(a.root), Path(a.doc)
     if not a.report_only:
         try:

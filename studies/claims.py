@@ -382,10 +382,11 @@ def parse(argv=None) -> Settings:
     a = ap.parse_args(argv)
     if len(set(a.ranks)) != len(a.ranks):
         ap.error("--ranks names a rank twice: give each once")
-    from studies import refuse_unwritable
+    from studies import refuse_bad_models, refuse_unwritable
 
     # before the sweep: an hour's cells never end in "cannot write the page"
     refuse_unwritable(ap, a.doc, {"--doc's figure folder": Path(a.doc).parent / "plots", "--output": a.output})
+    refuse_bad_models(ap, a.models)
     return Settings(models=tuple(a.models), ranks=tuple(sorted(a.ranks, reverse=True)), mmlu_limit=a.mmlu_limit,
                     output=a.output, doc=a.doc)
 

@@ -148,9 +148,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.samples < 1 or a.seq_len < 2:
         ap.error("--samples must be at least 1 and --seq-len at least 2")
-    from studies import refuse_unwritable
+    from studies import refuse_bad_models, refuse_unwritable
 
     refuse_unwritable(ap, a.doc)
+    refuse_bad_models(ap, a.models)
     try:
         rows = [r for m in a.models for r in measure(m, a.samples, a.seq_len, progress=not a.quiet)]
     except UserError as e:

@@ -283,9 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true", help="write the page from the stored cells, compute nothing")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
-    from studies import refuse_unwritable
+    from studies import refuse_bad_models, refuse_unwritable
 
     refuse_unwritable(ap, a.doc, {"--root": a.root})
+    refuse_bad_models(ap, a.models)
     root = Path(a.root)
     if not a.report_only:
         try:

@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN_8B = ("bench plan --model tests/fixtures/configs/llama-3-8b --methods pca whitened-svd fasc-kfac fasc "
            "--rank 0.5 --stats-memory 16GB --dtype bfloat16")
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>.+?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+# the time estimate, free memory, and the long-solve warning (its minutes, and whether it shows, are the machine's)
 MACHINE_LINES = re.compile(r"^(estimated time|\| (stage|calibration|compress|total)|[-|]+$|measured on |memory "
-                           r"available on this machine now)", re.I)
+                           r"available on this machine now|warning: one \S+ solve of )", re.I)
 
 
 def bench_output(command: str) -> str:

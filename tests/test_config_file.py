@@ -44,6 +44,16 @@ def test_the_command_line_overrides_the_file_option_blocks_included(tmp_path):
         "setting: fasc.folds = 4 from --method-option overrides 3 from --config's method_options"]
 
 
+@pytest.mark.parametrize("block", ["[1, 2]", "5", "per_relation"])
+def test_a_file_task_option_of_the_wrong_type_is_named_when_the_command_line_sets_that_task(tmp_path, block):
+    """The file's lama block is not a mapping: --lama-limit on the command line sets lama too, and the bad block
+    is named, never replaced by the flag's value without a word."""
+    f = tmp_path / "run.yaml"
+    f.write_text(f"task_options:\n  lama: {block}\n")
+    with pytest.raises(UserError, match="task_options: 'lama' must map to a mapping"):
+        _config("--config", str(f), "--tasks", "lama", "--lama-limit", "3")
+
+
 def test_a_config_narrowed_on_the_command_line_leaves_its_other_settings_out_and_says_so(tmp_path):
     """The example's sizes for lama and rho do nothing when the command line runs ppl-token alone: they are left
     out, each in one line; the same settings given on the command line for a task not run are refused."""

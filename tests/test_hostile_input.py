@@ -381,8 +381,15 @@ def test_prepare_reports_a_bad_model_from_its_conversion_process(tmp_path, tiny,
     ({"--methods": "wanda", "--rank": None, "--sparsity": "2:4", "--rank-align": "8"},
      "--rank-align 8 sets how a rank budget is read, but no low-rank method is named (wanda)"),
     ({"--rank-align": "1000"}, "--rank-align 1000 rounds the k of group layers.0.attn_in up to its full width 64"),
-    ({"--ppl-seq-len": "100000"}, "--ppl-seq-len) 100000 is longer than the model's 512 positions"),
-    ({"--calib-seq-len": "100000"}, "--calib-seq-len 100000 is longer than the model's 512 positions"),
+    ({"--ppl-seq-len": "100000"},
+     "ppl-token's seq_len 100000 is longer than the model's 512 positions: pass --ppl-seq-len 512 or less"),
+    ({"--calib-seq-len": "100000"},
+     "--calib-seq-len 100000 is longer than the model's 512 positions: pass --calib-seq-len 512 or less"),
+    # the authors' windows are not a flag the user gave: the fix is --calibration as-given, never "pass at most"
+    ({"--methods": "sparsegpt", "--rank": None, "--sparsity": "0.5", "--calib-samples": None, "--calib-seq-len": None,
+      "--calibration": "authors"},
+     "sparsegpt's authors' calibration windows (2048 tokens) are longer than the model's 512 positions: run "
+     "sparsegpt with --calibration as-given"),
 ])
 def test_inputs_that_mean_nothing_are_refused(tmp_path, tiny, capsys, flags, needle):
     """Each of these was accepted and then ignored (the last setting won, the budget was printed but unused, two

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import methods
 from bench.cli import main
@@ -656,3 +657,40 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     est, needs = estimate_run_costs(run), run.compressor("wanda").required_stats()
     block = max(sum(sum(stat_bytes(g, needs, 0).values()) for g in est.groups if g.block == b) for b in range(2))
     assert costs["wanda"]["peak"] == est.weight_bytes + 262144 * est.config["hidden_size"] * 4 + block
+
+
+def _speed(eigh_s: float):
+    from bench.measure.costs import DeviceSpeed
+
+    return DeviceSpeed(device="cpu", matmul32=1e11, solve_matmul=5e10, eigh_n=1024, eigh_s=eigh_s, svd_shape=(1024, 512),
+                       svd_s=eigh_s, bandwidth=1e10)
+
+
+def test_a_solve_of_minutes_is_said_before_any_work():
+    """One 8,192-wide group (a tiny deepseek_v4's attention output) solves for minutes on two cores: the line names
+    the method, the group, its width, how long and the fixes; narrow groups are never measured, and a fast device
+    says nothing."""
+    from bench.measure.costs import LONG_SOLVE_S, long_solve_line
+    from bench.model.groups import InputGroup
+    from core.stats import RankSpec
+
+    wide = InputGroup("layers.0.attn_out", 0, "attn_out", ("o",), (torch.nn.Linear(8192, 64, bias=False),))
+    narrow = InputGroup("layers.0.attn_in", 0, "attn_in", ("q",), (torch.nn.Linear(2048, 64, bias=False),))
+    ranks = [RankSpec(0.5)]
+    # eigh of 1,024 in 0.08 s: 8,192 is 512x that, 41 s for pca's one eigh; at 0.2 s, 102 s
+    assert long_solve_line(["pca"], [wide, narrow], ranks, 512, "cpu", "float64", _speed(0.08)) is None
+    line = long_solve_line(["pca", "wanda"], [wide, narrow], ranks, 512, "cpu", "float64", _speed(0.2))
+    assert line.startswith("one pca solve of layers.0.attn_out (d_in 8,192) takes about 2 minutes on cpu (float64)")
+    assert "--groups (e.g. without attn_out)" in line and "--solve-device cuda" in line
+    assert 0.2 * 512 > LONG_SOLVE_S > 0.08 * 512
+    assert long_solve_line(["pca"], [narrow], ranks, 512, "cpu", "float64", speed=None) is None  # never measured
+
+
+def test_the_plan_warns_of_an_8b_solve_on_this_machine(capsys):
+    from bench.measure.costs import measure_speed
+
+    rc = main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "--rank", "0.5"])
+    out = capsys.readouterr().out
+    speed = measure_speed("cpu")
+    if speed.eigh_s * 14 ** 3 > 60:  # this machine: one 14,336-wide eigh past a minute
+        assert rc == 0 and "warning: one pca solve of layers.0.mlp_out (d_in 14,336) takes about" in out

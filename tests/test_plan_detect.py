@@ -68,3 +68,17 @@ def test_the_plan_sizes_each_task_from_stored_cells_or_says_it_assumes(tiny, tmp
     assert rc == 2 and "is a file, not a results folder" in err
     rc, _, err = _plan(["plan", "--model", str(tiny), "--methods", "pca", "--detect", "lama=2"])
     assert rc == 2 and "--detect lama='2'" in err
+
+
+def test_until_decided_comparisons_give_their_spread_and_skipped_ones_are_named():
+    """Cells evaluated until decided pair on the items both scored (a prefix of one seeded order), as the
+    leaderboard pairs them; a comparison left out is named with why, never dropped without a word."""
+    folder = Path(__file__).resolve().parents[1] / "studies" / "cells" / "until-decided"
+    skipped: list[str] = []
+    spreads = stored_spreads([folder], "smollm2-135m", "lama", "pca", skipped)
+    assert sorted((s.comparison.split(" vs ")[0], s.n) for s in spreads) == [("fasc-kfac", 272),
+                                                                           ("whitened-svd", 272)]
+    assert all(s.comparison.endswith("until decided") and 0 < s.value < 1 for s in spreads)
+    assert skipped == []
+    spreads = stored_spreads([folder], "smollm2-135m", "lama", "svd", skipped)
+    assert spreads == [] and len(skipped) == 3 and all("no svd cell at its budget" in line for line in skipped)

@@ -328,3 +328,23 @@ def test_the_verdict_reads_the_holm_corrected_p_and_a_level_claim_the_90_interva
     assert verdict(level, a, a, None, flat, p_holm=1.0)["verdict"] == "reproduces (level within 0.02)"
     wide = {**flat, "ci90": [-0.021, 0.017]}  # the 90 % interval past the margin on one side: not level
     assert verdict(level, a, a, None, wide, p_holm=1.0)["verdict"].startswith("not detected")
+
+
+@pytest.mark.parametrize("study", ["calibration", "reproductions", "objectives", "claims"])
+@pytest.mark.parametrize("models, says", [
+    (["smollm2-135m", ""], "names no model"), (["smollm2-135m", "/no/such/folder"], "does not exist"),
+    (["smollm2-135m", "smollm2-135m"], "names a model twice")])
+def test_a_bad_model_name_is_refused_before_any_part(monkeypatch, capsys, tmp_path, study, models, says):
+    """A study computes model by model: a bad second name is refused before the first model's part starts."""
+    import importlib
+
+    import bench.runner.execute
+
+    started = []
+    monkeypatch.setattr(bench.runner.execute, "sweep_runs", lambda runs: started.append(runs) or [])
+    module = importlib.import_module(f"studies.{study}")
+    argv = ["--models", *models, "--doc", str(tmp_path / "page.md")]
+    with pytest.raises(SystemExit) as e:
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err.strip().splitlines()[-1] and "error: --models" in err and not started

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.measure.costs import CostEstimate, estimate_run_costs
+from bench.measure.costs import CostEstimate, estimate_run_costs, long_solve_line
 from core.units import human
 
 
@@ -73,6 +73,10 @@ def cmd_plan(args) -> int:
         print(render_solve_memory(est, c.solve_dtype))
         times = plan_times(run, est)
         print(render_times(*times))
+        long = long_solve_line(est.method_names, est.groups, est.ranks, est.pair_tokens, times[1].device,
+                               c.solve_dtype, times[1])
+        if long:
+            print(f"warning: {long}")
         own = render_own_calibrations(run, est, times[2])
         if own:
             print(own)
@@ -132,9 +136,11 @@ def render_detection(model: str, detect: dict[str, float], folders, ref: str) ->
 
     name = display_name(model)
     tokenizer = open_model(model, progress=False).tokenizer if "ppl-token" in detect else None
-    rows, missing = [], []
+    rows, missing, skipped = [], [], []
     for task, delta in detect.items():
-        spreads = stored_spreads(folders, name, task, ref)
+        left: list[str] = []
+        spreads = stored_spreads(folders, name, task, ref, left)
+        skipped += [f"{task} {line}" for line in left]
         assumed = not spreads
         if assumed:
             missing.append(task)
@@ -145,6 +151,8 @@ def render_detection(model: str, detect: dict[str, float], folders, ref: str) ->
             f"of {name}'s stored cells under {', '.join(map(str, folders))}")
     note = (f"\nno stored comparison with {ref} for {', '.join(missing)}: spreads assumed (run a small pilot, e.g. "
             "`bench run --lama-limit 5`, and plan again from its cells)" if missing else "")
+    if skipped:  # a stored comparison left out is said, with why, never dropped without a word
+        note += "\nstored comparisons not used: " + "; ".join(skipped)
     return f"{head}{note}\n\n{render_detect(rows)}\n"
 
 
@@ -233,7 +241,8 @@ def render_own_calibrations(run, est: CostEstimate, model_speed) -> str:
 
 def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:
     """The largest group solve's memory, the estimate every solve is checked against before it starts
-    (bench.deploy.compression.check_solve_fits), beside what the machine has free now."""
+    (bench.deploy.compression.check_solve_fits), and each estimated peak (the solve's, calibration's, evaluation's)
+    judged against what the machine has free now: "it fits" is said only when every one of them does."""
     import methods
     from core.io import available_bytes
 
@@ -242,14 +251,25 @@ def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:
     comps = {m: methods.build(m) for m in plan.method_names}
     worst = max(((solve_bytes(comp, g, solve_dtype), m, g) for m, comp in comps.items() for g in plan.groups),
                 default=None, key=lambda t: t[0])
-    if worst is None:
-        return ""
-    need, method, group = worst
     free = available_bytes()
-    fits = "it fits" if need <= free else "it does NOT fit: that group would be refused before its solve"
-    return (f"estimated peak memory, the largest solve: {human(need)} ({method} on {group.name}, d_in {group.d_in}, "
-            f"{solve_dtype}; each group's solve is checked against the solve device's free memory before it starts)"
-            f"\nmemory available on this machine now: {human(free)}, so {fits}")
+    lines, over = [], []
+    if worst is not None:
+        need, method, group = worst
+        lines.append(f"estimated peak memory, the largest solve: {human(need)} ({method} on {group.name}, d_in "
+                     f"{group.d_in}, {solve_dtype}; each group's solve is checked against the solve device's free "
+                     "memory before it starts)")
+        if need > free:
+            over.append(f"the largest solve ({human(need)}; that group would be refused before its solve)")
+    if plan.calibration_peak > free:
+        over.append(f"calibration ({human(plan.calibration_peak)}: lower --stats-memory, --calib-samples or "
+                    "--pair-tokens)")
+    if plan.evaluation_peak > free:
+        over.append(f"evaluation ({human(plan.evaluation_peak)}: lower --batch-size, or the tasks' seq_len)")
+    if not lines and not plan.calibration_peak and not plan.evaluation_peak:
+        return ""
+    verdict = "every estimated peak fits" if not over else "it does NOT fit: " + "; ".join(over)
+    lines.append(f"memory available on this machine now: {human(free)}, so {verdict}")
+    return "\n".join(lines)
 
 
 def render(plan: CostEstimate) -> str:

@@ -326,6 +326,45 @@ def _declared_ops(comp, group, rank, pair_tokens):
     return comp.solve_ops(group.d_in, group.d_outs, comp.rank_for(group, rank), pair_tokens)
 
 
+LONG_SOLVE_S = 60.0  # one group's solve past this on the solve device is said before any work
+WIDE_GROUP = 4096  # below this input width no solve reaches LONG_SOLVE_S on a CPU core (eigh: n^3): not measured
+
+
+def largest_solve(method_names, groups, ranks, pair_tokens: int, speed: DeviceSpeed):
+    """(seconds, method, group) of the longest single group solve among the low-rank methods at `ranks`, from
+    their declared operations at the measured `speed`; None where no method declares one."""
+    worst = None
+    for name in method_names:
+        comp = methods.build(name)
+        if comp.family != methods.LOW_RANK_FAMILY:
+            continue
+        for rank in ranks:
+            for g in groups:
+                ops = _declared_ops(comp, g, rank, pair_tokens)
+                seconds = sum(op_seconds(op, speed) for op in ops or [])
+                if ops and (worst is None or seconds > worst[0]):
+                    worst = (seconds, name, g)
+    return worst
+
+
+def long_solve_line(method_names, groups, ranks, pair_tokens: int, device: str, solve_dtype: str,
+                    speed: DeviceSpeed | None = None) -> str | None:
+    """One warning line where a single group's solve takes longer than LONG_SOLVE_S on this machine's solve device
+    (a tiny model of a wide architecture, e.g. an 8,192-wide attention output, solves for minutes on two cores);
+    None otherwise. Nothing is measured unless some group is at least WIDE_GROUP wide."""
+    if not any(g.d_in >= WIDE_GROUP for g in groups):
+        return None
+    worst = largest_solve(method_names, groups, ranks, pair_tokens, speed or measure_speed(device,
+                                                                                          solve_dtype=solve_dtype))
+    if worst is None or worst[0] <= LONG_SOLVE_S:
+        return None
+    seconds, name, g = worst
+    n = sum(g2.d_in >= g.d_in for g2 in groups)
+    return (f"one {name} solve of {g.name} (d_in {g.d_in:,}) takes about {seconds / 60:.0f} minutes on {device} "
+            f"({solve_dtype}), and {n} group(s) are that wide: leave them out with --groups (e.g. without "
+            f"{g.kind}), solve on a GPU (--solve-device cuda), or use --solve-dtype float32")
+
+
 def memo_fits(est: CostEstimate, comps: dict, solve_dtype: str = "float64") -> bool:
     """Whether the statistics store can hold every group's statistics and the solves they memoise (two d x d
     matrices each: a basis and its inverse, a whitening factor and its inverse; fasc's N x d scores) within

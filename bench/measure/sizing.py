@@ -39,13 +39,17 @@ class Spread:
     seconds_per_item: float | None  # one variant's evaluation time per item, from the stored cell
 
 
-def stored_spreads(folders, model: str, task: str, ref: str) -> list[Spread]:
+def stored_spreads(folders, model: str, task: str, ref: str, skipped: list | None = None) -> list[Spread]:
     """Every stored (method, budget) cell of `model` on `task` paired with `ref`'s at the same budget, as the
-    leaderboard pairs them (same items in the same order)."""
-    from core.record import calibration_mode
+    leaderboard pairs them: the same items in the same order or, where either was evaluated until decided, the
+    items both scored (a prefix of one seeded order). `skipped`: a list each comparison left out is appended to,
+    with why (no reference at its budget, other items, fewer than two), for the plan to say."""
+    from core.record import DENSE, calibration_mode
+    from core.significance import until_decided
     from leaderboard.load import read_result_set
     from leaderboard.tables import row_name
 
+    skipped = [] if skipped is None else skipped
     cells = [c for c in read_result_set(*[f for f in folders if Path(f).is_dir()]).cells
              if c.cell.model == model and c.cell.task == task and not c.cell.is_analysis]
 
@@ -55,18 +59,29 @@ def stored_spreads(folders, model: str, task: str, ref: str) -> list[Spread]:
     refs = {where(c): c for c in cells if c.cell.method == ref}
     out = []
     for c in sorted(cells, key=lambda c: (c.cell.budget, -(c.cell.rank or 0), row_name(c))):
+        if c.cell.method in (ref, DENSE):  # dense is no comparison of a budget
+            continue
         r = refs.get(where(c))
-        if r is None or c.cell.method == ref:
+        label = f"{row_name(c)} ({c.cell.budget} {c.cell.rank:g})"
+        if r is None:
+            skipped.append(f"{label}: no {ref} cell at its budget and calibration mode")
             continue
         a, b = item_scores(r), item_scores(c)
-        if not a or not b or a[0] != b[0] or len(a[1]) < 2 or len(a[1]) != len(b[1]) or item_keys(r) != item_keys(c):
+        prefix = bool(until_decided(c) or until_decided(r))
+        n = min(len(a[1]), len(b[1])) if a and b and prefix else len(a[1]) if a else 0
+        if not a or not b or a[0] != b[0] or (not prefix and len(a[1]) != len(b[1])) or \
+                item_keys(r)[:n] != item_keys(c)[:n]:
+            skipped.append(f"{label}: it and {ref} scored other items")
             continue
-        d = np.asarray(b[1]) - np.asarray(a[1])
+        if n < 2:
+            skipped.append(f"{label}: fewer than 2 items paired with {ref}")
+            continue
+        d = np.asarray(b[1][:n]) - np.asarray(a[1][:n])
         value = float(np.mean(d != 0)) if a[0] == "accuracy" else float(d.std(ddof=1))
         evaluate = (c.timings or {}).get("evaluate_s")
-        per = float(evaluate) / len(d) if isinstance(evaluate, (int, float)) and evaluate > 0 else None
-        out.append(Spread(f"{row_name(c)} vs {row_name(r)} ({c.cell.budget} {c.cell.rank:g})", a[0], value, len(d),
-                          per))
+        per = float(evaluate) / len(b[1]) if isinstance(evaluate, (int, float)) and evaluate > 0 else None
+        out.append(Spread(f"{row_name(c)} vs {row_name(r)} ({c.cell.budget} {c.cell.rank:g})"
+                          + (" until decided" if prefix else ""), a[0], value, n, per))
     return out
 
 

@@ -166,6 +166,25 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
     return model, {"source": "hub", "id": model}
 
 
+def model_name_problem(model) -> str | None:
+    """Why `model` cannot name a model, from its name alone (no conversion, no hub, no weights read): empty, not
+    text, a .gguf that is not a file, a folder without config.json, a path that does not exist. None: it may load
+    (an alias, a checkpoint folder, a hub id; loading checks the rest)."""
+    if not isinstance(model, str) or not model.strip():
+        return f"{model!r} names no model: pass an alias ({', '.join(ALIASES)}), a .gguf file, a checkpoint folder or a hub id"
+    if model in ALIASES:
+        return None
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return None if path.is_file() else f"model file {path} does not exist: pass an existing .gguf"
+    if path.is_dir():
+        return None if (path / "config.json").exists() else \
+            f"model directory {path} has no config.json: pass a transformers checkpoint directory"
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        return f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, or an alias"
+    return None
+
+
 # sizes a model config must give as positive integers (those it has); a block count of at least one
 _CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings")

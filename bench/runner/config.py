@@ -804,8 +804,10 @@ def merge_option_blocks(*labelled, overridden: list | None = None) -> dict:
         if not isinstance(block, dict):
             return block
         for name, opts in block.items():
-            if not (isinstance(opts, dict) and isinstance(out.get(name, {}), dict)):
+            if not isinstance(opts, dict):  # of the wrong type: kept for check_option_blocks to name
                 out[name] = opts
+                continue
+            if not isinstance(out.get(name, {}), dict):  # an earlier block's wrong type is never replaced unsaid
                 continue
             mine = out.setdefault(name, {})
             for key, value in opts.items():

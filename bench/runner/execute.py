@@ -107,15 +107,22 @@ def check_lengths(run: Run, config) -> None:
     limit = model_positions(config)
     if limit is None:
         return
-    lengths = [("--calib-seq-len", run.calibration.seq_len)] if run.stats_needs() else []
-    lengths += [(f"{m}'s calibration windows (its authors')", spec.seq_len)
-                for m, spec in run.own_calibrations().items() if spec.seq_len != run.calibration.seq_len]
-    lengths += [(f"{name}'s seq_len (--ppl-seq-len)" if name == "ppl-token" else f"{name}'s seq_len",
-                 task.settings.seq_len) for name, task in run.tasks.items()
+    # (what is too long, its length, the fix): each names what the user can change, never a flag they did not give
+    lengths = [("--calib-seq-len", run.calibration.seq_len, f"pass --calib-seq-len {limit} or less")] \
+        if run.stats_needs() else []
+    lengths += [(f"{m}'s authors' calibration windows", spec.seq_len,
+                 f"run {m} with --calibration as-given (and --calib-seq-len {limit} or less), or on a model with "
+                 f"{spec.seq_len} positions") for m, spec in run.own_calibrations().items()
+                if spec.seq_len != run.calibration.seq_len]
+    lengths += [(f"{name}'s seq_len", task.settings.seq_len,
+                 f"pass --ppl-seq-len {limit} or less" if name == "ppl-token" else
+                 f"pass --task-option {name}.seq_len={limit} or less") for name, task in run.tasks.items()
                 if isinstance(getattr(task.settings, "seq_len", None), int)]
-    for what, n in lengths:
+    for what, n, fix in lengths:
         if n > limit:
-            raise UserError(f"{what} {n} is longer than the model's {limit} positions: pass at most {limit}")
+            raise UserError(f"{what} ({n} tokens) are longer than the model's {limit} positions: {fix}"
+                            if what.endswith("windows") else
+                            f"{what} {n} is longer than the model's {limit} positions: {fix}")
 
 
 def open_checked(run: Run, tokenize: bool = True) -> Prepared:
@@ -150,6 +157,13 @@ def open_checked(run: Run, tokenize: bool = True) -> Prepared:
     run = run.for_blocks(len({g.block for g in groups}), tuple(dict.fromkeys(g.kind for g in groups)))  # the selection, resolved once for the whole run
     selected = check_groups(run, groups)
     warn_short_calibrations(run, selected)
+    if run.ranks:  # a solve of minutes (a wide group on a CPU) is said before any weights load
+        from bench.measure.costs import long_solve_line
+
+        device = c.device if c.solve_device in (None, "auto") else c.solve_device
+        long = long_solve_line(run.methods, selected, run.ranks, c.pair_tokens, device, c.solve_dtype)
+        if long:
+            warn(long)
     if run.stats_needs() and run.stats_memory:  # a budget below one group's statistics, said before any weights load
         calibration_chunks(groups if run.analyses else selected, run.stats_needs(), run.config.pair_tokens,
                            run.stats_memory)

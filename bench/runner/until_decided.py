@@ -38,8 +38,9 @@ def reference_records(path: Path) -> list[dict] | None:
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: the reference's cell does not read ({type(e).__name__}): remove it to compute it "
                         "again") from None
-    if not isinstance(rec, dict) or not isinstance((rec.get("details") or {}).get("until_decided"), dict):
-        return None
+    details = rec.get("details") if isinstance(rec, dict) else None
+    if not isinstance(details, dict) or not isinstance(details.get("until_decided"), dict):
+        return None  # not a cell evaluated until decided (a cell of any other shape is the plan's to recompute)
     problem = cell_problem(rec)
     if problem:
         raise UserError(f"{path}: the reference's cell is not valid ({problem}): remove it to compute it again")
