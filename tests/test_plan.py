@@ -659,7 +659,7 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     assert costs["wanda"]["peak"] == est.weight_bytes + 262144 * est.config["hidden_size"] * 4 + block
 
 
-def _speed(eigh_s: float):
+def _device_speed(eigh_s: float):
     from bench.measure.costs import DeviceSpeed
 
     return DeviceSpeed(device="cpu", matmul32=1e11, solve_matmul=5e10, eigh_n=1024, eigh_s=eigh_s, svd_shape=(1024, 512),
@@ -678,8 +678,8 @@ def test_a_solve_of_minutes_is_said_before_any_work():
     narrow = InputGroup("layers.0.attn_in", 0, "attn_in", ("q",), (torch.nn.Linear(2048, 64, bias=False),))
     ranks = [RankSpec(0.5)]
     # eigh of 1,024 in 0.08 s: 8,192 is 512x that, 41 s for pca's one eigh; at 0.2 s, 102 s
-    assert long_solve_line(["pca"], [wide, narrow], ranks, 512, "cpu", "float64", _speed(0.08)) is None
-    line = long_solve_line(["pca", "wanda"], [wide, narrow], ranks, 512, "cpu", "float64", _speed(0.2))
+    assert long_solve_line(["pca"], [wide, narrow], ranks, 512, "cpu", "float64", _device_speed(0.08)) is None
+    line = long_solve_line(["pca", "wanda"], [wide, narrow], ranks, 512, "cpu", "float64", _device_speed(0.2))
     assert line.startswith("one pca solve of layers.0.attn_out (d_in 8,192) takes about 2 minutes on cpu (float64)")
     assert "--groups (e.g. without attn_out)" in line and "--solve-device cuda" in line
     assert 0.2 * 512 > LONG_SOLVE_S > 0.08 * 512
