@@ -188,3 +188,63 @@ def test_a_resumed_run_decides_each_look_on_that_looks_items_only(tmp_path):
     again = evaluate_until_decided(task, None, None, ref, progress=False, keep=keep)
     assert task.scored == [] and again.records == fresh.records
     assert again.details["until_decided"] == fresh.details["until_decided"]
+
+
+def test_each_way_an_until_decided_evaluation_ends_is_recorded_and_sealed():
+    """The details a cell stores, for each way the evaluation ends: decided (its records cut at the deciding look,
+    the reference records it was decided against sealed in), the budget spent against a reference, the whole budget
+    for dense and the reference, the budget where no stored reference scored the same items."""
+    from bench.runner.until_decided import evaluate_until_decided
+    from core.record import records_digest, until_decided_digest
+
+    def details(reference):
+        task = _Shifted()
+        result = evaluate_until_decided(task, None, None, reference, progress=False)
+        ud = result.details["until_decided"]
+        assert ud["digest"] == until_decided_digest(result.records, ud)
+        assert {k: ud[k] for k in ("reference", "looks", "margin", "budget", "block")} == \
+            {"reference": "pca", "looks": 2, "margin": None, "budget": 40, "block": 20}
+        assert ud["items"] == len(result.records) == len(task.scored)
+        return ud, result.records
+
+    ref = [{"window": i, "nll": 3.0} for i in range(40)]
+    ud, records = details(ref)
+    assert (ud["decision"], ud["stopped"], ud["items"]) == ("worse", "decided", 20) and len(ud["interval"]) == 2
+    assert ud["interval"][0] > 0 and ud["reference_digest"] == records_digest(ref[:20])
+    level = [{"window": i, "nll": 3.0 + (0.3 if i < 20 else -0.3) + 0.01 * (i % 3)} for i in range(40)]
+    ud, records = details(level)  # the same scores as the variant's: never decided, the budget spent
+    assert (ud["decision"], ud["stopped"], ud["items"]) == (None, "budget", 40)
+    assert ud["reference_digest"] == records_digest(level)
+    ud, _ = details(False)
+    assert (ud["decision"], ud["interval"], ud["stopped"]) == (None, None, "whole budget (dense or the reference)")
+    assert "reference_digest" not in ud
+    for missing in (None, [{"window": i + 1, "nll": 3.0} for i in range(40)], ref[:10]):
+        ud, _ = details(missing)
+        assert (ud["decision"], ud["stopped"], ud["items"]) == (None, "budget (no stored reference on the same items)",
+                                                              40)
+        assert "reference_digest" not in ud
+
+
+def test_the_nll_sequence_never_reads_a_spread_of_zero_and_refuses_what_it_cannot_read():
+    """Constant differences (two models that differ by the same amount on every window) have no spread: the bounds
+    stay infinite however many windows come, never a zero-width interval that would decide at once. An empty
+    sequence, a NaN, or a budget below one item are refused; a budget of one item is a budget."""
+    lo, hi = mean_cs(np.full(200, 0.05), 200)
+    assert np.all(np.isinf(lo)) and np.all(np.isinf(hi))
+    for bad, budget in (([], 10), ([0.1, math.nan], 10), ([0.1], 0)):
+        with pytest.raises(ValueError, match="mean_cs needs finite differences and an item budget of at least 1"):
+            mean_cs(bad, budget)
+    assert np.isinf(mean_cs([0.1], 1)[0][0])
+    with pytest.raises(ValueError, match=r"accuracy_cs needs paired differences in \{-1, 0, \+1\}"):
+        accuracy_cs([0.5])
+
+
+def test_paired_cs_takes_the_sequence_of_its_kind():
+    from core.confidence_sequences import paired_cs
+
+    d = np.array([1.0, 0.0, -1.0, 1.0] * 10)
+    assert [list(v) for v in paired_cs("accuracy", d, 40)] == [list(v) for v in accuracy_cs(d)]
+    assert [list(v) for v in paired_cs("nll", d, 40)] == [list(v) for v in mean_cs(d, 40)]
+    assert [list(v) for v in paired_cs("accuracy", d, 40, alpha=0.2)] == [list(v) for v in accuracy_cs(d, 0.2)]
+    assert [list(v) for v in paired_cs("nll", d, 40, alpha=0.2)] == [list(v) for v in mean_cs(d, 40, 0.2)]
+    assert not np.array_equal(paired_cs("nll", d, 40, alpha=0.2)[0], paired_cs("nll", d, 40)[0])

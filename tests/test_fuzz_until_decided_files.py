@@ -146,3 +146,102 @@ def test_a_reference_cell_is_read_only_as_written(tmp_path_factory, edit, whole)
         assert str(path) in str(e) and "\n" not in str(e)
         return
     assert got is None or got == REFERENCE  # only the records the run wrote are ever used
+
+
+# ---------------------------------------------------------------- the same files, by hand
+
+def test_the_reference_is_read_as_written_or_refused(tmp_path):
+    from bench.runner.until_decided import reference_records
+    from core.record import until_decided_digest
+
+    path, cell = _reference_cell(tmp_path)
+    assert reference_records(path.with_name("absent.json")) is None
+    path.write_text(json.dumps(cell))
+    assert reference_records(path) == REFERENCE
+    for details in ({}, {"until_decided": "x"}, "text", None):  # not evaluated until decided: nothing stops on it
+        path.write_text(json.dumps({**cell, "details": details}))
+        assert reference_records(path) is None
+    path.write_text("{broken")
+    try:
+        reference_records(path)
+        raise AssertionError("a file that does not read was taken")
+    except UserError as e:
+        assert str(e).startswith(f"{path}: the reference's cell does not read (JSONDecodeError): remove it")
+    edited = json.loads(json.dumps(cell))
+    edited["records"][3]["nll"] = 2.0
+    mean = sum(r["nll"] for r in edited["records"]) / 40
+    edited["metrics"] = {"nll": mean, "ppl": math.exp(mean)}  # consistent with its records, not with its digest
+    path.write_text(json.dumps(edited))
+    try:
+        reference_records(path)
+        raise AssertionError("an edited reference was taken")
+    except UserError as e:
+        assert str(e).startswith(f"{path}: the reference's cell is not valid (its records or its until-decided "
+                                 "decision do not match the digest")
+    edited["details"]["until_decided"]["digest"] = until_decided_digest(edited["records"],
+                                                                        edited["details"]["until_decided"])
+    path.write_text(json.dumps(edited))
+    assert reference_records(path) == edited["records"]  # re-sealed: read, and the leaderboard checks the pair
+
+
+def test_decide_scores_and_paths_by_hand():
+    import numpy as np
+
+    from bench.runner.until_decided import block_size, decide, partial_path, scores_of
+    from core.confidence_sequences import accuracy_cs
+
+    assert scores_of([{"id": 1, "correct": True}, {"id": 2, "correct": 0}]) == ("accuracy", [1.0, 0.0],
+                                                                                [("1",), ("2",)])
+    assert scores_of([{"window": 4, "nll": 2.5}]) == ("nll", [2.5], [("4",)])
+    assert scores_of([{"x": 1}]) is None and scores_of([]) is None
+    # the variant wrong on 30 items the reference got right: d = mine - ref = -1 each, on the variant's items only
+    ref, mine = [1.0] * 50, [0.0] * 30
+    decision, lo, hi = decide("accuracy", ref, mine, 50, 0.02, True)
+    want_lo, want_hi = accuracy_cs(-np.ones(30))
+    assert decision == "worse" and (lo, hi) == (float(want_lo[-1]), float(want_hi[-1])) and hi < 0
+    assert decide("accuracy", [0.0] * 50, [1.0] * 30, 50, 0.02, True)[0] == "better"
+    assert decide("accuracy", ref, mine, 50, 0.02, False)[0] == "better"  # the metric's direction says which
+    assert partial_path(Path("r/m/ppl-token-1.json")) == Path("r/m/ppl-token-1.json.partial")
+    task = _Windows()
+    assert block_size(task, list(range(40))) == 10 and block_size(task, list(range(41))) == 11
+    assert block_size(task, [1]) == 1 and block_size(task, []) == 1
+
+
+class _Cell:
+    def __init__(self, path: Path, task: str = "fake", analysis: bool = False):
+        from types import SimpleNamespace
+
+        self.path, self.id = path, SimpleNamespace(task=task, is_analysis=analysis)
+
+
+def test_a_kept_file_as_written_passes_the_planning_check_and_an_edit_does_not(tmp_path):
+    from bench.runner.until_decided import check_partials, partial_problem, write_partial
+    from core.record import records_digest
+
+    cell = tmp_path / "cell.json"
+    keep = cell.with_name("cell.json.partial")
+    task = _Windows()
+    write_partial(keep, task, VALID)
+    assert json.loads(keep.read_text()) == {"cell": "cell.json", "task": "fake", "digest": records_digest(VALID),
+                                            "records": VALID}
+    pool = task.item_pool(None)
+    assert partial_problem(keep, task, pool, 10) is None
+    check_partials([_Cell(cell)], {"fake": task}, None)  # as written: nothing said
+    other = tmp_path / "other.json"
+    check_partials([_Cell(other)], {"fake": task}, None)  # no file beside that cell: nothing to check
+    plain = _Windows()
+    plain.until_decided = None
+    keep.write_text("{broken")
+    check_partials([_Cell(cell)], {"fake": plain}, None)  # a task evaluated whole keeps no blocks: not read
+    check_partials([_Cell(cell, task="rho")], {"fake": task}, None)  # a task the run does not have: not read
+    try:
+        check_partials([_Cell(cell)], {"fake": task}, None)
+        raise AssertionError("a broken kept file passed the planning check")
+    except UserError as e:
+        assert str(e) == (f"{keep}: the blocks an interrupted until-decided run left does not read as JSON "
+                          "(JSONDecodeError): remove the file to evaluate this cell from its first block")
+    write_partial(keep, task, VALID[:10])
+    assert partial_problem(keep, task, pool, 10) is None  # one whole block
+    assert "not whole blocks" in partial_problem(keep, task, pool, 20)
+    write_partial(keep, task, VALID + VALID + VALID)
+    assert "not whole blocks" in partial_problem(keep, task, pool, 10)  # 60 records of a 40-item pool
