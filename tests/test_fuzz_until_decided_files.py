@@ -166,7 +166,7 @@ def test_the_reference_is_read_as_written_or_refused(tmp_path):
         reference_records(path)
         raise AssertionError("a file that does not read was taken")
     except UserError as e:
-        assert str(e).startswith(f"{path}: the reference's cell does not read (JSONDecodeError): remove it")
+        assert str(e) == f"{path}: the reference's cell does not read (JSONDecodeError): remove it to compute it again"
     edited = json.loads(json.dumps(cell))
     edited["records"][3]["nll"] = 2.0
     mean = sum(r["nll"] for r in edited["records"]) / 40
@@ -176,8 +176,9 @@ def test_the_reference_is_read_as_written_or_refused(tmp_path):
         reference_records(path)
         raise AssertionError("an edited reference was taken")
     except UserError as e:
-        assert str(e).startswith(f"{path}: the reference's cell is not valid (its records or its until-decided "
-                                 "decision do not match the digest")
+        assert str(e) == (f"{path}: the reference's cell is not valid (its records or its until-decided decision do "
+                          "not match the digest written with them (edited since the run): rerun it): remove it to "
+                          "compute it again")
     edited["details"]["until_decided"]["digest"] = until_decided_digest(edited["records"],
                                                                         edited["details"]["until_decided"])
     path.write_text(json.dumps(edited))
@@ -245,3 +246,170 @@ def test_a_kept_file_as_written_passes_the_planning_check_and_an_edit_does_not(t
     assert "not whole blocks" in partial_problem(keep, task, pool, 20)
     write_partial(keep, task, VALID + VALID + VALID)
     assert "not whole blocks" in partial_problem(keep, task, pool, 10)  # 60 records of a 40-item pool
+
+
+class _Scripted:
+    """A task whose items, scores and kind are given; it checks it is called with the run's model, tokenizer and
+    progress, and can stop (as Ctrl-C would) before a given call."""
+
+    name, primary_metric = "fake", "ppl"
+
+    def __init__(self, scores, kind="nll", margin=0.02, looks=4, stop_at=None):
+        from tasks.base import UntilDecided
+
+        self.until_decided = UntilDecided("pca", looks=looks, margin=margin)
+        self.scores, self.kind, self.stop_at, self.calls = scores, kind, stop_at, 0
+        self.higher_is_better = {"ppl": False} if kind == "nll" else {"ppl": True}
+
+    def item_pool(self, tokenizer):
+        assert tokenizer is TOKENIZER
+        return [(i, None) for i in range(len(self.scores))]
+
+    def score_items(self, model, tokenizer, items, progress=True):
+        assert model is MODEL and tokenizer is TOKENIZER and progress is PROGRESS
+        self.calls += 1
+        if self.stop_at == self.calls:
+            raise KeyboardInterrupt
+        if self.kind == "none":
+            return [{"window": i} for i, _ in items]
+        key = "nll" if self.kind == "nll" else "correct"
+        return [{"window": i, key: self.scores[i]} for i, _ in items]
+
+    def item_identity(self, item):
+        return {"window": item[0]}
+
+    def result_of(self, records):
+        from tasks.base import TaskResult
+
+        return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
+
+
+MODEL, TOKENIZER, PROGRESS = object(), object(), "shown"
+
+
+def _evaluate(task, reference, keep=None):
+    from bench.runner.until_decided import evaluate_until_decided
+
+    return evaluate_until_decided(task, MODEL, TOKENIZER, reference, progress=PROGRESS, keep=keep)
+
+
+def test_the_run_stops_where_its_sequence_decides_and_keeps_its_blocks(tmp_path):
+    from core.record import records_digest
+
+    wave = [0.005 * math.sin(i) for i in range(400)]  # within 0.02 nats of the reference: equivalent
+    ref = [{"window": i, "nll": 3.0} for i in range(400)]
+    result = _evaluate(_Scripted([3.0 + w for w in wave], looks=4), ref)
+    ud = result.details["until_decided"]
+    assert ud["decision"] == "equivalent" and ud["items"] == 100 and ud["stopped"] == "decided"
+    assert _evaluate(_Scripted([3.0 + w for w in wave], margin=None, looks=4), ref).details["until_decided"][
+        "decision"] is None  # without a margin nothing is equivalent
+    # accuracy: a variant right where the reference was wrong on every item decides 'better' on the bounded sequence
+    acc_ref = [{"window": i, "correct": 0} for i in range(200)]
+    acc = _evaluate(_Scripted([1] * 200, kind="accuracy", looks=4), acc_ref).details["until_decided"]
+    assert acc["decision"] == "better" and acc["items"] == 50
+    # a reference of another kind, or a variant whose records hold no score, cannot stop early
+    for task, reference in ((_Scripted([3.0] * 40), acc_ref[:40]), (_Scripted([3.0] * 40, kind="none"), ref[:40])):
+        ud = _evaluate(task, reference).details["until_decided"]
+        assert (ud["decision"], ud["items"], ud["stopped"]) == (None, 40, "budget (no stored reference on the same "
+                                                                          "items)")
+    # interrupted before its third block: the two blocks scored are kept as written, with their digest
+    keep = tmp_path / "cell.json.partial"
+    scores = [3.0 + 0.01 * (i % 7) for i in range(40)]
+    try:
+        _evaluate(_Scripted(scores, stop_at=3), False, keep)
+        raise AssertionError("the interruption was not raised")
+    except KeyboardInterrupt:
+        pass
+    first = [{"window": i, "nll": scores[i]} for i in range(20)]
+    assert json.loads(keep.read_text()) == {"cell": "cell.json", "task": "fake", "digest": records_digest(first),
+                                            "records": first}
+    again = _Scripted(scores)
+    whole = _evaluate(again, False, keep)
+    assert again.calls == 2 and not keep.exists() and len(whole.records) == 40
+    # an empty pool: nothing scored, nothing kept, nothing to remove
+    assert _evaluate(_Scripted([]), False, keep).details["until_decided"]["items"] == 0
+
+
+def test_every_refusal_of_a_kept_file_by_its_words(tmp_path):
+    """partial_problem's lines, each exactly, and resumed's refusal of a file whose records are not this pool's first
+    items (checked at resume even when no planning check ran)."""
+    from bench.runner.until_decided import partial_problem, resumed
+    from core.record import records_digest
+
+    keep = tmp_path / "cell.json.partial"
+    task = _Windows()
+    pool = task.item_pool(None)
+
+    def problem(body):
+        keep.write_text(json.dumps(body))
+        return partial_problem(keep, task, pool, 10)
+
+    keep.mkdir()
+    assert partial_problem(keep, task, pool, 10) == "not a file"
+    keep.rmdir()
+    assert problem([1]) == "holds no list of records"
+    assert problem({**_valid_body(), "cell": "x.json"}) == "was written for cell 'x.json', not cell.json"
+    assert problem({**_valid_body(), "digest": "0"}) == ("its records do not match the digest written with them "
+                                                          "(edited or damaged since)")
+    assert problem(_valid_body([1, 2])) == "records[0] is not a mapping"
+    assert problem(_valid_body([{"window": 0, "nll": -1.0}])) == "records[0] nll -1.0 is not a finite number >= 0"
+    chance = [{"id": 0, "correct": 1, "chance": 0.5}]  # MMLU's records guess among 4 unless they say otherwise
+    assert problem({**_valid_body(chance), "task": "mmlu"}) == ("records[0] chance 0.5 is not 1 / the 4 candidates "
+                                                                 "it was guessed among")
+    assert problem(_valid_body([{"window": 0}])) == "its records hold no score (correct or nll) in every record"
+    shifted = [dict(r, window=r["window"] + 1) for r in VALID]
+    assert problem(_valid_body(shifted)) == ("its records are not this evaluation's first items (another task "
+                                             "setting or item order)")
+    keep.write_text(json.dumps(_valid_body(shifted)))
+    try:
+        resumed(keep, task, pool, 10)
+        raise AssertionError("records of other windows were resumed")
+    except UserError as e:
+        assert str(e) == (f"{keep}: the blocks an interrupted until-decided run left its records are not this "
+                          "evaluation's first items (another task setting or item order): remove the file to "
+                          "evaluate this cell from its first block")
+    keep.write_text(json.dumps(_valid_body()))
+    assert resumed(keep, task, pool, 10) == VALID and resumed(None, task, pool, 10) == []
+    assert resumed(tmp_path / "absent.partial", task, pool, 10) == []
+
+
+def test_decide_on_real_valued_differences_reads_the_last_bounds():
+    """At the first count where the sequence decides, the look before it did not: the decision and the bounds are
+    the last item's (a decision read one item late, or bounds one item old, differ there)."""
+    import numpy as np
+
+    from bench.runner.until_decided import decide
+    from core.confidence_sequences import mean_cs
+
+    ref = [3.0] * 100
+    for shift, word in ((0.2, "worse"), (-0.2, "better")):
+        mine = [3.0 + shift + 0.05 * math.sin(i) for i in range(100)]
+        n = next(k for k in range(2, 101) if decide("nll", ref, mine[:k], 100, 0.02, False)[0])
+        decision, lo, hi = decide("nll", ref, mine[:n], 100, 0.02, False)
+        want_lo, want_hi = mean_cs(np.asarray(mine[:n]) - 3.0, 100)
+        assert decision == word and (lo, hi) == (float(want_lo[-1]), float(want_hi[-1]))
+        assert (want_lo[-2] <= 0 < want_lo[-1]) if word == "worse" else (want_hi[-2] >= 0 > want_hi[-1])
+        assert lo != want_lo[-2] or hi != want_hi[-2]
+
+
+def test_the_planning_check_reads_every_cells_file_with_the_pools_identities(tmp_path):
+    """check_partials goes on past a cell it skips, asks the task's pool with the run's tokenizer, and checks the
+    records against that pool; evaluate_until_decided checks them again at resume."""
+    from bench.runner.until_decided import check_partials, write_partial
+
+    task = _Scripted([3.0 + 0.01 * (i % 7) for i in range(40)])
+    shifted = [{"window": i + 1, "nll": 3.0} for i in range(10)]
+    bad = tmp_path / "bad.json"
+    write_partial(bad.with_name("bad.json.partial"), task, shifted)  # sealed as written, of other windows
+    skipped = tmp_path / "skipped.json"
+    try:
+        check_partials([_Cell(skipped), _Cell(bad)], {"fake": task}, TOKENIZER)
+        raise AssertionError("a kept file of other windows passed the planning check")
+    except UserError as e:
+        assert str(e).startswith(f"{bad}.partial: the blocks an interrupted until-decided run left its records are "
+                                 "not this evaluation's first items")
+    try:
+        _evaluate(task, False, bad.with_name("bad.json.partial"))
+        raise AssertionError("a kept file of other windows was resumed")
+    except UserError as e:
+        assert "not this evaluation's first items" in str(e) and task.calls == 0
