@@ -334,7 +334,6 @@ def test_every_refusal_of_a_kept_file_by_its_words(tmp_path):
     """partial_problem's lines, each exactly, and resumed's refusal of a file whose records are not this pool's first
     items (checked at resume even when no planning check ran)."""
     from bench.runner.until_decided import partial_problem, resumed
-    from core.record import records_digest
 
     keep = tmp_path / "cell.json.partial"
     task = _Windows()
