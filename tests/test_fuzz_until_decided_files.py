@@ -239,8 +239,8 @@ def test_a_kept_file_as_written_passes_the_planning_check_and_an_edit_does_not(t
         check_partials([_Cell(cell)], {"fake": task}, None)
         raise AssertionError("a broken kept file passed the planning check")
     except UserError as e:
-        assert str(e) == (f"{keep}: the blocks an interrupted until-decided run left does not read as JSON "
-                          "(JSONDecodeError): remove the file to evaluate this cell from its first block")
+        assert str(e) == (f"{keep} (the blocks an interrupted until-decided run kept): does not read as JSON "
+                          "(JSONDecodeError); remove the file to evaluate this cell from its first block")
     write_partial(keep, task, VALID[:10])
     assert partial_problem(keep, task, pool, 10) is None  # one whole block
     assert "not whole blocks" in partial_problem(keep, task, pool, 20)
@@ -364,8 +364,8 @@ def test_every_refusal_of_a_kept_file_by_its_words(tmp_path):
         resumed(keep, task, pool, 10)
         raise AssertionError("records of other windows were resumed")
     except UserError as e:
-        assert str(e) == (f"{keep}: the blocks an interrupted until-decided run left its records are not this "
-                          "evaluation's first items (another task setting or item order): remove the file to "
+        assert str(e) == (f"{keep} (the blocks an interrupted until-decided run kept): its records are not this "
+                          "evaluation's first items (another task setting or item order); remove the file to "
                           "evaluate this cell from its first block")
     keep.write_text(json.dumps(_valid_body()))
     assert resumed(keep, task, pool, 10) == VALID and resumed(None, task, pool, 10) == []
@@ -405,8 +405,8 @@ def test_the_planning_check_reads_every_cells_file_with_the_pools_identities(tmp
         check_partials([_Cell(skipped), _Cell(bad)], {"fake": task}, TOKENIZER)
         raise AssertionError("a kept file of other windows passed the planning check")
     except UserError as e:
-        assert str(e).startswith(f"{bad}.partial: the blocks an interrupted until-decided run left its records are "
-                                 "not this evaluation's first items")
+        assert str(e).startswith(f"{bad}.partial (the blocks an interrupted until-decided run kept): its records "
+                                 "are not this evaluation's first items")
     try:
         _evaluate(task, False, bad.with_name("bad.json.partial"))
         raise AssertionError("a kept file of other windows was resumed")

@@ -299,5 +299,5 @@ def test_a_tampered_kept_file_is_refused_before_any_work(tiny, decided, tmp_path
     kept[0] = dict(kept[0], nll=kept[0]["nll"] / 2)
     keep.write_text(json.dumps({"cell": svd_path.name, "task": "ppl-token", "digest": digest, "records": kept}))
     rc, text = _run(["run", "--model", str(tiny), *ARGS, "--until-decided", "--output", str(out), "--no-report"])
-    assert rc == 2 and f"{keep}: the blocks an interrupted until-decided run left" in text and "digest" in text
+    assert rc == 2 and f"{keep} (the blocks an interrupted until-decided run kept): " in text and "digest" in text
     assert "[svd" not in text and not svd_path.exists() and keep.exists()

@@ -100,7 +100,7 @@ def partial_problem(path: Path, task: Task | None = None, pool: list | None = No
 def refuse_partial(path: Path, problem: str):
     from core.errors import UserError
 
-    raise UserError(f"{path}: the blocks an interrupted until-decided run left {problem}: remove the file to "
+    raise UserError(f"{path} (the blocks an interrupted until-decided run kept): {problem}; remove the file to "
                     "evaluate this cell from its first block")
 
 
