@@ -22,3 +22,9 @@ class DataError(UserError):
     def __init__(self, path, row, problem: str):
         where = f"{path}" + (f", row {row}" if row is not None else "")
         super().__init__(f"malformed data in {where}: {problem}")
+
+
+def exception_line(e: BaseException) -> str:
+    """'Type: the first line of its message', for a line that names someone else's failure."""
+    text = str(e).splitlines()[0] if str(e) else "(no message)"
+    return f"{type(e).__name__}: {text}"

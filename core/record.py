@@ -378,14 +378,16 @@ SEALED_UNTIL_DECIDED = ("reference", "looks", "margin", "budget", "block", "item
                         "reference_digest")
 
 
-def _json_form(obj):
-    """obj as it reads back from a stored cell: NaN and infinity as null, tuples as lists (write_cell's form)."""
+def nulls_for_nonfinite(obj):
+    """NaN and infinity are not JSON: an undefined value (a standard error of one item, an overflowing
+    perplexity) is stored as null, which readers show as a blank; tuples become lists. The form a stored cell reads
+    back in."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {str(k): _json_form(v) for k, v in obj.items()}
+        return {k: nulls_for_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_form(v) for v in obj]
+        return [nulls_for_nonfinite(v) for v in obj]
     return obj
 
 
@@ -395,8 +397,8 @@ def records_digest(records, sealed: dict | None = None) -> str:
     import hashlib
     import json
 
-    text = json.dumps(_json_form({"records": records, **(sealed or {})}), sort_keys=True, separators=(",", ":"),
-                      default=str)
+    text = json.dumps(nulls_for_nonfinite({"records": records, **(sealed or {})}), sort_keys=True,
+                      separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

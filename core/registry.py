@@ -20,7 +20,7 @@ from importlib.metadata import entry_points, packages_distributions, version as 
 from pathlib import Path
 from typing import ClassVar
 
-from .errors import UserError, did_you_mean
+from .errors import UserError, did_you_mean, exception_line
 from .log import warn
 from .settings import check_settings
 
@@ -107,10 +107,14 @@ class UnknownName(UserError, KeyError):
         return self.args[0]
 
 
+def entry_point_distribution(ep) -> str | None:
+    """The name of the distribution that declares entry point `ep` (None where importlib does not say)."""
+    return getattr(getattr(ep, "dist", None), "name", None)
+
+
 def entry_point_origin(ep) -> str:
     """'entry point NAME = VALUE of distribution D': where a plugin comes from, for the line that names it."""
-    name = getattr(getattr(ep, "dist", None), "name", None)
-    return f"entry point {ep.name} = {ep.value} of distribution {name or '(unknown)'}"
+    return f"entry point {ep.name} = {ep.value} of distribution {entry_point_distribution(ep) or '(unknown)'}"
 
 
 def load_entry_point(ep, accepts, what: str) -> tuple[object | None, str | None]:
@@ -120,8 +124,7 @@ def load_entry_point(ep, accepts, what: str) -> tuple[object | None, str | None]
     try:
         obj = ep.load()
     except Exception as e:  # any import failure of someone else's code: ImportError, SyntaxError, a raise at import
-        problem = f"does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        return None, f"{entry_point_origin(ep)} {problem}: fix or uninstall that distribution"
+        return None, f"{entry_point_origin(ep)} does not import ({exception_line(e)}): fix or uninstall that distribution"
     if not accepts(obj):
         return None, f"{entry_point_origin(ep)} is not {what}: fix the plugin's packaging"
     return obj, None
@@ -150,11 +153,6 @@ class Registry:
     def reload(self) -> None:
         """Look for plugins again (a distribution installed since the first lookup)."""
         self._loaded = False
-
-    def broken(self) -> dict[str, str]:
-        """{entry-point name: why it is not usable} of the installed plugins that failed to load or were refused."""
-        self._load()
-        return dict(self._broken)
 
     def _is_plugin(self, obj) -> bool:
         return isinstance(obj, type) and issubclass(obj, self.base) and bool(getattr(obj, "name", ""))
@@ -186,7 +184,7 @@ class Registry:
                 warn(f"{self.kind} plugin skipped: {problem}")
                 continue
             self.register(cls)
-            dist = getattr(getattr(ep, "dist", None), "name", None)
+            dist = entry_point_distribution(ep)
             if dist:
                 self._distributions[cls.name] = dist
 

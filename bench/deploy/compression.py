@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from tqdm.auto import tqdm
 
 import methods
-from core.errors import UserError
+from core.errors import UserError, exception_line
 from core.interruptible import interruptible
 from core.linalg import NumericError
 from core.record import ALL_GROUPS, UNIFORM
@@ -187,9 +187,8 @@ def _deploy_group(model, comp, g, own: GroupStats | None, budget, k, extra_fallb
         if plugin is None or isinstance(e, UserError):  # acbench's own method: a bug, shown with its traceback
             raise
         # someone else's code: one line naming it and the group, the traceback kept for `raise ... from`
-        raise UserError(f"method {comp.name} ({plugin}) failed on group {g.name}: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else '(no message)'}; `bench check-method {comp.name}` "
-                        "runs it against the method contract") from e
+        raise UserError(f"method {comp.name} ({plugin}) failed on group {g.name}: {exception_line(e)}; `bench "
+                        f"check-method {comp.name}` runs it against the method contract") from e
     res.fallbacks = [*res.fallbacks, *extra_fallbacks, *unrouted]
     if merge and isinstance(res, GroupCompression):
         res.form = "merged"

@@ -113,8 +113,34 @@ def _dir_fingerprint(path: Path) -> dict:
     return {"source": "local", "sha256": h.hexdigest()}
 
 
+def model_name_problem(model) -> str | None:
+    """Why `model` cannot name a model, from its name alone (no conversion, no hub, no weights read): empty, not
+    text, a .gguf that is not a file, a folder without config.json, a path that does not exist. None: it may load
+    (an alias, a checkpoint folder, a hub id; loading checks the rest). `locate` starts with it; the studies ask it
+    of every --models name before their first part."""
+    aliases = ", ".join(ALIASES)
+    if not isinstance(model, str) or not model.strip():
+        return f"{model!r} names no model: pass an alias ({aliases}), a .gguf file, a checkpoint folder or a hub id"
+    if model in ALIASES:
+        return None
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return None if path.is_file() else (f"model file {path} does not exist: pass an existing .gguf, a checkpoint "
+                                             f"directory, or an alias ({aliases})")
+    if path.is_dir():
+        return None if (path / "config.json").exists() else \
+            f"model directory {path} has no config.json: pass a transformers checkpoint directory"
+    if model.startswith((".", "/", "~")) or (path.parent != Path(".") and model.count("/") != 1):
+        return (f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, or an alias "
+                f"({aliases})")
+    return None
+
+
 def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
     """Map a --model value to something from_pretrained accepts, plus its fingerprint (without the dtype)."""
+    problem = model_name_problem(model)
+    if problem:
+        raise UserError(problem)
     if model in ALIASES:
         out = cache_dir() / "models" / model
         if not (out / "acbench_source.json").exists():
@@ -122,9 +148,6 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         return out, {"alias": model, **_dir_fingerprint(out)}
     path = Path(model).expanduser()
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise UserError(f"model file {path} does not exist: pass an existing .gguf, a checkpoint directory, "
-                            f"or an alias ({', '.join(ALIASES)})")
         out = cache_dir() / "models" / f"gguf-{sha256_file(path)[:16]}"
         if not (out / "acbench_source.json").exists():
             try:
@@ -136,8 +159,6 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
                                 ".gguf file, a checkpoint directory, or an alias") from None
         return out, _dir_fingerprint(out)
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise UserError(f"model directory {path} has no config.json: pass a transformers checkpoint directory")
         try:
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except (ValueError, OSError) as e:
@@ -159,30 +180,7 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
 
         prov = read_provenance(path, check_weights=False)  # the digests are checked when the weights load
         return path, fp if prov is None else {**fp, "compressed": describe_provenance(prov)}
-    if model.startswith((".", "/", "~")) or path.parent != Path("."):
-        if model.count("/") != 1 or model.startswith((".", "/", "~")):
-            raise UserError(f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, "
-                            f"or an alias ({', '.join(ALIASES)})")
     return model, {"source": "hub", "id": model}
-
-
-def model_name_problem(model) -> str | None:
-    """Why `model` cannot name a model, from its name alone (no conversion, no hub, no weights read): empty, not
-    text, a .gguf that is not a file, a folder without config.json, a path that does not exist. None: it may load
-    (an alias, a checkpoint folder, a hub id; loading checks the rest)."""
-    if not isinstance(model, str) or not model.strip():
-        return f"{model!r} names no model: pass an alias ({', '.join(ALIASES)}), a .gguf file, a checkpoint folder or a hub id"
-    if model in ALIASES:
-        return None
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        return None if path.is_file() else f"model file {path} does not exist: pass an existing .gguf"
-    if path.is_dir():
-        return None if (path / "config.json").exists() else \
-            f"model directory {path} has no config.json: pass a transformers checkpoint directory"
-    if model.startswith((".", "/", "~")) or model.count("/") > 1:
-        return f"model path {model} does not exist: pass an existing checkpoint directory or .gguf file, or an alias"
-    return None
 
 
 # sizes a model config must give as positive integers (those it has); a block count of at least one

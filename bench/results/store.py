@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from core.io import atomic_write_json
-from core.record import ALL_GROUPS, UNIFORM, CellRecord, cell_problem, cell_relpath, place_problem
+from core.record import (ALL_GROUPS, UNIFORM, CellRecord, cell_problem, cell_relpath, nulls_for_nonfinite,
+                         place_problem)
 
 
 def settings_hash(*parts) -> str:
@@ -105,18 +106,6 @@ def write_cell(path: Path, cell: CellRecord) -> None:
     except OSError as e:
         raise UserError(f"cannot write result file {path} ({e.strerror or type(e).__name__}): make the results "
                         "directory writable or pass --output <writable dir>") from None
-
-
-def nulls_for_nonfinite(obj):
-    """NaN and infinity are not JSON: an undefined value (a standard error of one item, an overflowing
-    perplexity) is stored as null, which readers show as a blank."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: nulls_for_nonfinite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [nulls_for_nonfinite(v) for v in obj]
-    return obj
 
 
 def cell_status(path: Path) -> str | None:
