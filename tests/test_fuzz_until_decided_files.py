@@ -412,3 +412,30 @@ def test_the_planning_check_reads_every_cells_file_with_the_pools_identities(tmp
         raise AssertionError("a kept file of other windows was resumed")
     except UserError as e:
         assert "not this evaluation's first items" in str(e) and task.calls == 0
+
+
+def test_the_digests_are_of_the_canonical_text_written_here():
+    """records_digest: sha256 of the records (and what they decided) as compact JSON with sorted keys, NaN as null and
+    tuples as lists, its first 16 hex digits; until_decided_digest seals exactly SEALED_UNTIL_DECIDED's fields."""
+    import hashlib
+
+    from core.record import SEALED_UNTIL_DECIDED, records_digest, until_decided_digest, until_decided_problem
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    records = [{"window": 1, "nll": 2.5}, {"window": 2, "nll": float("nan")}]
+    assert records_digest(records) == sha('{"records":[{"nll":2.5,"window":1},{"nll":null,"window":2}]}') == \
+        "948877fc01cb4d4e"
+    assert records_digest([{"id": 3, "correct": True}], {"b": (1, 2), "a": None}) == \
+        sha('{"a":null,"b":[1,2],"records":[{"correct":true,"id":3}]}')
+    spec = {"reference": "pca", "looks": 20, "margin": 0.02, "budget": 40, "block": 2, "items": 1,
+            "decision": "worse", "stopped": "decided", "reference_digest": "ab", "interval": [0.1, 0.2]}
+    one = [{"window": 1, "nll": 2.5}]
+    assert until_decided_digest(one, spec) == records_digest(one, {k: spec[k] for k in SEALED_UNTIL_DECIDED})
+    assert until_decided_digest(one, spec) == until_decided_digest(one, {**spec, "interval": None})  # not sealed
+    assert until_decided_digest(one, spec) != until_decided_digest(one, {**spec, "decision": "better"})
+    assert until_decided_problem({"details": "x"}) is None and until_decided_problem({}) is None
+    assert until_decided_problem({"details": {"until_decided": 3}}) == "details.until_decided is not a mapping"
+    assert until_decided_problem({"details": {"until_decided": {}}, "records": []}) == (
+        "details.until_decided has no digest of its records (written before digests, or edited): rerun it")
