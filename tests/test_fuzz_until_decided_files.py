@@ -429,6 +429,7 @@ def test_the_digests_are_of_the_canonical_text_written_here():
         "948877fc01cb4d4e"
     assert records_digest([{"id": 3, "correct": True}], {"b": (1, 2), "a": None}) == \
         sha('{"a":null,"b":[1,2],"records":[{"correct":true,"id":3}]}')
+    assert records_digest([{"file": Path("a/b")}]) == sha('{"records":[{"file":"a/b"}]}')  # a value JSON lacks: text
     spec = {"reference": "pca", "looks": 20, "margin": 0.02, "budget": 40, "block": 2, "items": 1,
             "decision": "worse", "stopped": "decided", "reference_digest": "ab", "interval": [0.1, 0.2]}
     one = [{"window": 1, "nll": 2.5}]
