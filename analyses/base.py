@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from core.registry import Plugin
-from tasks.base import TaskResult
+from acbench.core.registry import Plugin
+from acbench.tasks.base import TaskResult
 
 
 class Analysis(Plugin):
     kind = "analysis"
-    needs: ClassVar[frozenset[str]] = frozenset()  # calibration statistics it reads (core.stats names)
+    needs: ClassVar[frozenset[str]] = frozenset()  # calibration statistics it reads (acbench.core.stats names)
     # run-sized tasks it evaluates through `ctx.task`: their settings enter the cell key
     uses_tasks: ClassVar[tuple[str, ...]] = ()
     primary_metric: ClassVar[str] = ""

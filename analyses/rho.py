@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from core.linalg import direction_scores, fisher_scores, pca_basis
-from core.stats import RankSpec
-from tasks.base import TaskResult
+from acbench.core.linalg import direction_scores, fisher_scores, pca_basis
+from acbench.core.stats import RankSpec
+from acbench.tasks.base import TaskResult
 
 from .base import Analysis
 from .dependence import correlations, cost_flops, rho_scores

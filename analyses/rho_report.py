@@ -42,7 +42,7 @@ def rho_section(cell) -> list[str]:
 
 def rho_by_block(per_group: list[dict], units: list[dict], title: str, path: Path) -> Path:
     """Left: rho per block for each group type; right: unit sensitivity (loss rise) under pca and fasc."""
-    from core.figures import pyplot, save_figure
+    from acbench.core.figures import pyplot, save_figure
 
     plt = pyplot()
 

@@ -1,14 +1,14 @@
 """acbench as a library: the calls the CLI is a layer over, for notebooks and scripts.
 
-    import bench
-    lm = bench.load_model("smollm2-135m")
-    with bench.compress(lm, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
-        scores = bench.evaluate(c, tasks=["lama", "ppl-token"])
+    import acbench
+    lm = acbench.load_model("smollm2-135m")
+    with acbench.compress(lm, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
+        scores = acbench.evaluate(c, tasks=["lama", "ppl-token"])
         c.save("smollm2-fasc-kfac-0.5")
-    cells = bench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5], output="results")
-    frame = bench.load_results("results")
+    cells = acbench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5], output="results")
+    frame = acbench.load_results("results")
 
-Each call checks what it is given as `bench run` does and raises `bench.UserError` with the same one line, in the
+Each call checks what it is given as `bench run` does and raises `acbench.UserError` with the same one line, in the
 call's keywords; each leaves the caller's process as it found it (kept_state).
 """
 
@@ -28,30 +28,30 @@ from pathlib import Path
 
 import torch
 
-from core.errors import UserError
-from core.log import say, shows_progress, status_lines
-from tasks.data.text_data import SHOWS_PARSE_BAR, WRITES_DATA_CACHE
+from acbench.core.errors import UserError
+from acbench.core.log import say, shows_progress, status_lines
+from acbench.tasks.data.text_data import SHOWS_PARSE_BAR, WRITES_DATA_CACHE
 
-from bench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
-from bench.calibration.engine import CalibSpec
-from bench.calibration.group_files import from_stored, to_stored
-from bench.calibration.memory import calibration_chunks
-from bench.model.checkpoint import runtime_forms
-from bench.model.groups import find_input_groups
-from bench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
-from bench.measure.latency import with_calibration_peak
-from bench.runner.cells import ModelInfo, plan
-from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
+from acbench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
+from acbench.calibration.engine import CalibSpec
+from acbench.calibration.group_files import from_stored, to_stored
+from acbench.calibration.memory import calibration_chunks
+from acbench.model.checkpoint import runtime_forms
+from acbench.model.groups import find_input_groups
+from acbench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
+from acbench.measure.latency import with_calibration_peak
+from acbench.runner.cells import ModelInfo, plan
+from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
                                  shortcut_options, task_shortcuts)
-from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
-from bench.runner.one_variant import Compressed, compress_variant
+from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
+from acbench.runner.one_variant import Compressed, compress_variant
 
-__all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "load_model", "load_results", "methods",
-           "statistics_cache", "sweep", "tasks", "to_frame"]
+__all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "list_methods", "list_tasks", "load_model",
+           "load_results", "statistics_cache", "sweep", "to_frame"]
 
 
 class _Scored:
-    """What core.significance reads of a result: its per-item records and details."""
+    """What acbench.core.significance reads of a result: its per-item records and details."""
 
     def __init__(self, records, details):
         self.records, self.details = records, details
@@ -60,8 +60,8 @@ class _Scored:
 def _scored(result, task: str | None, what: str) -> tuple[_Scored, str | None, str | None, dict]:
     """(records holder, task name, primary metric, higher_is_better) of an evaluate result, a stored cell (as sweep
     returns it, or a CellRecord), or evaluate's whole {task: result} with `task` naming one."""
-    from core.record import CellRecord
-    from tasks.base import TaskResult
+    from acbench.core.record import CellRecord
+    from acbench.tasks.base import TaskResult
 
     if isinstance(result, Mapping) and "cell" in result:
         result = CellRecord.from_json(dict(result))
@@ -85,9 +85,9 @@ def compare(reference, other, task: str | None = None, margin: float | None = No
     difference it had 80 % power to detect (`detectable`) and the `verdict` (better, worse, equivalent within
     `margin` (default: the task's own), undecided). `reference`, `other`: what evaluate returned (one task's
     result, or the whole dict with `task=`) or a cell sweep returned."""
-    import tasks as registry
+    from acbench import tasks as registry
 
-    from core.significance import compare as paired, record_scores, verdict
+    from acbench.core.significance import compare as paired, record_scores, verdict
 
     a, name, metric, higher = _scored(reference, task, "reference")
     b, other_name, other_metric, _ = _scored(other, task, "other")
@@ -130,8 +130,8 @@ DEFAULT_CACHE_LIMIT = "20GB"  # from Python, where $ACBENCH_STATS_CACHE_LIMIT is
 def cache_bound(cache, cache_limit) -> int | None:
     """The statistics cache's bound in bytes for a call with `cache` (checked: a bool) and `cache_limit` (a size,
     else $ACBENCH_STATS_CACHE_LIMIT's, else DEFAULT_CACHE_LIMIT)."""
-    from core.io import stats_cache_limit
-    from core.units import parse_bytes
+    from acbench.core.io import stats_cache_limit
+    from acbench.core.units import parse_bytes
 
     if not isinstance(cache, bool):
         raise UserError(f"cache={cache!r}: pass True (keep the statistics on disk) or False (the default)")
@@ -151,7 +151,7 @@ def statistics_cache(clear: bool = False) -> list[dict]:
     import json
     import shutil
 
-    from core.io import folder_bytes, stats_cache_dir
+    from acbench.core.io import folder_bytes, stats_cache_dir
 
     if not isinstance(clear, bool):  # 'no', 0.0 or a path would be truthy: nothing is removed on a value not True
         raise UserError(f"statistics_cache(clear={clear!r}): pass clear=True to remove the cache's folders, or "
@@ -177,12 +177,12 @@ def statistics_cache(clear: bool = False) -> list[dict]:
     return sorted(out, key=lambda e: -e["bytes"])
 
 
-def methods() -> list[dict]:
+def list_methods() -> list[dict]:
     """What `bench ls methods` lists: per registered method its name, family, version, what it needs (data-free,
     activations, gradients), description, settings with their defaults, and its authors' calibration."""
     import dataclasses
 
-    import methods as registry
+    from acbench import methods as registry
 
     out = []
     for name in registry.known_methods():
@@ -197,12 +197,12 @@ def methods() -> list[dict]:
     return out
 
 
-def tasks() -> list[dict]:
+def list_tasks() -> list[dict]:
     """What `bench ls tasks` lists: per registered task its name, version, description, primary metric and its
     direction, the margin it is called equivalent within, and its settings with their defaults."""
     import dataclasses
 
-    import tasks as registry
+    from acbench import tasks as registry
 
     out = []
     for name in registry.known_tasks():
@@ -336,7 +336,7 @@ def calibration_tokens(calibration, tokenizer, samples: int, seq_len: int, seed:
     `text_column`; joined by blank lines and cut into `samples` seeded windows of `seq_len` tokens, as for a
     file), or a 2-D integer tensor of token windows used as they are. A label that is not a name is the digest
     of the windows, so cached statistics are found by content."""
-    from tasks.data.text_data import sample_text_windows
+    from acbench.tasks.data.text_data import sample_text_windows
 
     if isinstance(calibration, str):
         return calibration, None
@@ -380,9 +380,9 @@ def _loaded(model, tokenizer) -> LoadedModel:
         return model if tokenizer is None else replace(model, tokenizer=tokenizer)
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise UserError(f"model of type {type(model).__name__}: pass a loaded transformers causal LM (or what "
-                        "bench.load_model returns)")
+                        "acbench.load_model returns)")
     if tokenizer is None:
-        raise UserError("no tokenizer: pass the model's tokenizer (or a model from bench.load_model, which has one)")
+        raise UserError("no tokenizer: pass the model's tokenizer (or a model from acbench.load_model, which has one)")
     name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     return LoadedModel(model, tokenizer, None, Path(name).name or name)
 
@@ -391,7 +391,7 @@ def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, win
                           progress) -> Calibration:
     """Statistics of a model without a fingerprint, held in memory: calibrated in as many passes as
     `stats_memory` asks and rounded as the cache stores them, so they equal what a cached run would read."""
-    from bench.calibration.group_files import default_stats_memory
+    from acbench.calibration.group_files import default_stats_memory
 
     t0 = time.perf_counter()
     chunks = calibration_chunks(groups, needed, cspec.pair_tokens, stats_memory or default_stats_memory())
@@ -426,7 +426,7 @@ def _method_setting_names(method) -> set[str]:
     """The setting names of `method` (a name or variant), or none where it is no method (refused later)."""
     import dataclasses
 
-    import methods
+    from acbench import methods
 
     try:
         return {f.name for f in dataclasses.fields(methods.get_method(methods.base_name(method)).Settings)}
@@ -457,7 +457,7 @@ def method_settings(method, settings: dict, method_options) -> dict:
     lists (and the keyword meant, where a CLI spelling was used)."""
     import dataclasses
 
-    import methods
+    from acbench import methods
 
     if method_options is not None and not isinstance(method_options, Mapping):
         raise UserError(f"method_options must be a mapping of the method's settings, not "
@@ -517,18 +517,18 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     `seed=` also seeds random's subspace, `allocate=False` is svd-llm-v2's). The rest are `bench compress`'s flags.
     Statistics are held in memory; `cache=True` keeps them on disk by content (a model from `load_model`, which has a
     fingerprint), saying their size before writing and refusing to take the cache past `cache_limit` (e.g. "50GB";
-    default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `bench.statistics_cache()` lists and clears it. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
+    default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `acbench.statistics_cache()` lists and clears it. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
     each on the compressed blocks' outputs (nothing cached: the statistics depend on the compression)."""
-    import methods
+    from acbench import methods
 
-    from tasks.data.text_data import resolve_bos
+    from acbench.tasks.data.text_data import resolve_bos
 
     if method is None and isinstance(tokenizer, str):  # compress(lm, "pca", ...): the tokenizer comes with lm
         method, tokenizer = tokenizer, None
     samples, seq_len, merged = (_renamed(*names) for names in (("samples", samples, "calib_samples", calib_samples, 12),
                                 ("seq_len", seq_len, "calib_seq_len", calib_seq_len, 256), ("merge", merge, "merged", merged, False)))
     if method is None:
-        raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see bench.methods())")
+        raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see acbench.list_methods())")
     lm = _loaded(model, tokenizer)
     limit = cache_bound(cache, cache_limit)
     ranks, patterns = _budget_lists(rank, sparsity)
@@ -564,7 +564,7 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     needed = run.stats_needs()
     sequential = run.calibrates_sequentially(method)
     if (needed or sequential) and windows is None:
-        from bench.calibration.cache import calibration_windows
+        from acbench.calibration.cache import calibration_windows
 
         windows = calibration_windows(lm.tokenizer, run.calibration)
     if needed:
@@ -612,7 +612,7 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
     {task: TaskResult} with `.metrics`, `.stderr`, `.records` (per item, for paired tests) and `.config`.
     `**settings`: the task shortcuts of `bench run` (`lama_limit=`, `ppl_windows=`, `mmlu_shots=`...);
     `task_options`: {task: {setting: value}} as `--task-option` gives them."""
-    from tasks.data.text_data import resolve_bos
+    from acbench.tasks.data.text_data import resolve_bos
 
     lm = _loaded(model, tokenizer)
     if isinstance(tasks, str):  # "lama" or "lama,ppl-token", as --tasks takes them
@@ -624,7 +624,7 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
     check_config_types(config)
     run = resolve_run(config, writes=False)
     if run.analyses:
-        raise UserError(f"{', '.join(run.analyses)} is an analysis of a sweep, not a task: run it with bench.sweep")
+        raise UserError(f"{', '.join(run.analyses)} is an analysis of a sweep, not a task: run it with acbench.sweep")
     run = run.with_bos(resolve_bos(lm.tokenizer, run.bos))
     check_lengths(run, lm.model.config)
     out = {}
@@ -643,7 +643,7 @@ _FLAG_NAMES = {"rank": "ranks", "method": "methods", "task": "tasks"}
 
 def check_sweep_tasks(config: RunConfig) -> None:
     """A sweep scores at least one task, and a study is named as its own command: `bench run` and `sweep` alike."""
-    from bench.results.plugged import plugged_commands
+    from acbench.results.plugged import plugged_commands
 
     if isinstance(config.tasks, (list, tuple)) and not config.tasks:
         raise UserError("--tasks is empty: pass task names (see `bench ls tasks`), e.g. --tasks lama ppl-token")
@@ -697,9 +697,9 @@ def _sweep_source(model):
     sweep opens it again, as bench run does), unless it is compressed now (its cells would not be its source's)."""
     if isinstance(model, Compressed):
         raise UserError("sweep(model=...) got a compressed model: sweep the model it came from (load_model's result, "
-                        "after .restore()), or save it (.save(folder)) and evaluate that with bench.evaluate")
+                        "after .restore()), or save it (.save(folder)) and evaluate that with acbench.evaluate")
     if isinstance(model, LoadedModel):
-        from bench.deploy.compression import is_deployed
+        from acbench.deploy.compression import is_deployed
 
         if is_deployed(model.model):
             raise UserError("sweep(model=...) got a model compressed in place: .restore() the handle compress "
@@ -760,7 +760,7 @@ def run_configs(configs: list[RunConfig]) -> list:
     """`bench run` on this machine for checked configs (one per model): every model's settings resolved before
     any model opens, the sweep computed, the leaderboard written unless report is off. Returns each model's
     Prepared (its plan and `outcome`)."""
-    from bench.runner.execute import STAGE_LOG, sweep_runs, third_party_kept, write_kept_lines
+    from acbench.runner.execute import STAGE_LOG, sweep_runs, third_party_kept, write_kept_lines
 
     runs = [resolve_run(c) for c in configs]
     with third_party_kept(not configs[0].progress) as said:  # --quiet: other libraries' lines kept, not shown
@@ -785,9 +785,9 @@ def stored_cells(prepared) -> list[dict]:
 def write_leaderboard(folder: str | Path, margins: dict | None = None) -> Path:
     """The markdown leaderboard of every cell under `folder` (as `bench report` writes it); `margins` ({task:
     margin}) override the tasks' default equivalence margins."""
-    from leaderboard.report import write_report
+    from acbench.leaderboard.report import write_report
 
-    from bench.results.leaderboard_display import report_display
+    from acbench.results.leaderboard_display import report_display
 
     return Path(write_report(str(folder), display=report_display(margins)))
 
@@ -798,9 +798,9 @@ def to_frame(results, model: str | None = None, method: str | None = None):
     metric, value, stderr, direction and item count, with `model` and `method` as given (the rest empty)."""
     import pandas as pd
 
-    from core.record import CellRecord
-    from leaderboard.frame import COLUMNS, results_frame
-    from tasks.base import TaskResult
+    from acbench.core.record import CellRecord
+    from acbench.leaderboard.frame import COLUMNS, results_frame
+    from acbench.tasks.base import TaskResult
 
     for what, value in (("model", model), ("method", method)):
         if value is not None and not (isinstance(value, str) and value.strip()):
@@ -827,7 +827,7 @@ def to_frame(results, model: str | None = None, method: str | None = None):
 
 
 def _task_class(name: str):
-    import tasks as registry
+    from acbench import tasks as registry
 
     return registry.get_task(name) if name in registry.known_tasks() else None
 
@@ -837,10 +837,10 @@ def load_results(*folders: str | Path):
     coordinates (model, method, budget, rank, allocation, scope, task), its settings key, the metric's value and
     stderr, the compression ratios and the cell's file. Cells the leaderboard would skip (unreadable, invalid,
     superseded) are left out the same way, and the DataFrame's `attrs["problems"]` names them."""
-    from leaderboard.frame import results_frame
-    from leaderboard.load import read_result_set as load_cells
+    from acbench.leaderboard.frame import results_frame
+    from acbench.leaderboard.load import read_result_set as load_cells
 
-    from leaderboard.load import results_folder_problem
+    from acbench.leaderboard.load import results_folder_problem
 
     if not folders:
         raise UserError("load_results() names no folder: pass the output folder of a run, e.g. "

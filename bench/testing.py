@@ -1,5 +1,5 @@
 """The contract every compression method meets, and the fixtures to test one, importable by a method author's own
-tests (`from bench.testing import check_method, random_stats`) and run by `bench check-method NAME`.
+tests (`from acbench.testing import check_method, random_stats`) and run by `bench check-method NAME`.
 
 `check_method(name)` runs each check on any registered method, built-in or plugin, and returns one `Check` per
 contract item (passed or not, with the reason); `assert_method_contract(name)` raises on the first failure with
@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import methods
-from bench.model.groups import InputGroup
-from core.errors import UserError
-from core.linalg import NumericError
-from core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, GroupStats, RankSpec, SparsitySpec,
+from acbench import methods
+from acbench.model.groups import InputGroup
+from acbench.core.errors import UserError
+from acbench.core.linalg import NumericError
+from acbench.core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMILY, GroupStats, RankSpec, SparsitySpec,
                         magnitude_histogram)
 
 EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can ask for
@@ -81,8 +81,8 @@ def tiny_llama(hidden: int = 32, inter: int = 48, layers: int = 2, vocab: int = 
 
 def calibrated_tiny_llama(needs=EVERY_STAT, windows: int = 4, seq_len: int = 24, pair_tokens: int = 64, **kw):
     """A tiny random Llama and the statistics `needs` names for every input group, from seeded random windows."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
 
     model = tiny_llama(**kw)
     ids = torch.randint(0, model.config.vocab_size, (windows, seq_len), generator=torch.Generator().manual_seed(0))
@@ -159,7 +159,7 @@ def check_non_finite_refused(name: str, d: int = 16) -> Check:
                 what = "a finite" if _finite_result(res) else "a non-finite"
                 return Check("non-finite statistics refused", False,
                              f"NaN in {field} gave {what} result instead of a refusal: call "
-                             f"core.linalg.check_finite('{name}', {field}=...) on what the solve reads")
+                             f"acbench.core.linalg.check_finite('{name}', {field}=...) on what the solve reads")
     if not needs:
         return Check("non-finite statistics refused", None, "data-free: reads no statistics")
     return Check("non-finite statistics refused", True, f"a NaN in each of {sorted(needs)}")
@@ -240,9 +240,9 @@ def check_patterns(name: str, d: int = 16) -> Check:
 
 def _round_trip(name: str, budget, d: int = 16) -> str | None:
     """Why the deployed form of one group's result differs from what it stands for, or None."""
-    from bench.deploy.apply import apply_compression, restore
-    from core.compressed_layers import InputSparsifier
-    from methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
+    from acbench.deploy.apply import apply_compression, restore
+    from acbench.core.compressed_layers import InputSparsifier
+    from acbench.methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
 
     weights = random_weights((7, 5), d, seed=3)
     group = FakeGroup(weights)
@@ -287,7 +287,7 @@ def _round_trip(name: str, budget, d: int = 16) -> str | None:
 
 def _threshold_round_trip(res, d: int) -> str | None:
     """Why the activation module a threshold result deploys differs from SiLU with |a| <= threshold zeroed."""
-    from core.compressed_layers import ThresholdedActivation
+    from acbench.core.compressed_layers import ThresholdedActivation
 
     if res.threshold is None:
         return None  # nothing deployed: the group's sites stay as they are
@@ -311,8 +311,8 @@ def check_deployment(name: str) -> Check:
 
 def check_checkpoint(name: str) -> Check:
     """Compressed in a tiny model, saved as `bench compress` saves it, reloaded by the loader: equal logits."""
-    from bench.model.checkpoint import load_checkpoint, write_checkpoint
-    from bench.deploy.compression import compressed
+    from acbench.model.checkpoint import load_checkpoint, write_checkpoint
+    from acbench.deploy.compression import compressed
 
     needs = methods.build(name).required_stats()
     model, stats = calibrated_tiny_llama(needs)
@@ -340,8 +340,8 @@ def check_reference(name: str, reference, d: int = 16) -> Check:
     """The method against the author's reference on random statistics. Low-rank: reference(weights, stats, k)
     returns {site: W_hat}, the matrix each site's factors stand for (k from rank 0.4 of the method's own rank
     rule). Sparsity: reference(x, stats, pattern) returns x as kept (zeros where dropped) for x (tokens x d)."""
-    from bench.deploy.apply import sparsifier_for
-    from methods.base import SparseActivation
+    from acbench.deploy.apply import sparsifier_for
+    from acbench.methods.base import SparseActivation
 
     weights, stats = random_weights((7, 5), d), random_stats(d, sites={"s0": 7, "s1": 5})
     comp = methods.build(name)
@@ -379,7 +379,7 @@ TITLES = {check_declarations: "declarations", check_non_finite_refused: "non-fin
 def check_method(name: str, reference=None) -> list[Check]:
     """Every contract check on method `name` (a registered name or variant), each reported, none stopping the
     others: a check that raises fails with the error's first line."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     try:
         methods.build(name)  # an unknown name is refused here, with the closest known one

@@ -87,6 +87,6 @@ def _efficiency(terminalreporter, session) -> None:
 
 @pytest.fixture(scope="session")
 def default_model():
-    from bench.model.sources import open_and_load_model
+    from acbench.model.sources import open_and_load_model
 
     return open_and_load_model("gemma-3-270m", progress=False)

@@ -33,12 +33,12 @@ step cuda-kernel-tests "${KTEST_S:-90}" $PY -m pytest tests/test_speed.py tests/
     -k "cuda or sparse_tensor_cores" -rs
 step cuda-kernel-bench "${KBENCH_S:-120}" $PY -m pytest benchmarks/test_cuda_kernels.py -q --benchmark-enable \
     --benchmark-only --benchmark-json "$OUT/cuda_kernels.json"
-TINY=$($PY -c 'from bench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())')
+TINY=$($PY -c 'from acbench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())')
 step smoke-cuda "${SMOKE_S:-90}" $BENCH run --model "$TINY" --methods all --rank 0.5 --sparsity 2:4 \
     --tasks ppl-token lama rho --lama-limit 1 --lama-candidates 8 --ppl-windows 2 --ppl-seq-len 64 \
     --calib-samples 4 --calib-seq-len 64 --device cuda --dtype bfloat16 --quiet --output "$OUT/smoke"
 # float64 and float32 solves of pca, fasc-kfac and whitened-svd on cuda; pca's also on the host (one eigh there)
-step group-8b "${GROUP_S:-150}" $PY -m studies.solve_8b_group --device cuda --out "$OUT/solve_8b_group.json"
+step group-8b "${GROUP_S:-150}" $PY -m acbench.studies.solve_8b_group --device cuda --out "$OUT/solve_8b_group.json"
 step default-cuda "${DEFAULT_S:-150}" $BENCH run --methods all --rank 0.5 --device cuda --output "$OUT/default" \
     --quiet
 [ -f "$OUT/default/LEADERBOARD.md" ] && cp "$OUT/default/LEADERBOARD.md" "$OUT/LEADERBOARD-cuda.md"

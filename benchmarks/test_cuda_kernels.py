@@ -6,7 +6,7 @@ against its dense-shaped form, at batch 1 and at a prefill's 512 tokens. bfloat1
 import pytest
 import torch
 
-from bench.measure.latency import ratio_interval
+from acbench.measure.latency import ratio_interval
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (640, 2048)]
 ROUNDS = 12
@@ -44,10 +44,10 @@ def _alternate(benchmark, ref, variant, what: str) -> None:
 @pytest.mark.parametrize("kernel", ["triton", "embedding_bag"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gathered_decode_on_cuda(benchmark, shape, kernel, monkeypatch):
-    import core.compressed_layers as layers
-    from bench.deploy.apply import sparsifier_for
-    from core.stats import SparsitySpec
-    from methods.base import SparseActivation
+    import acbench.core.compressed_layers as layers
+    from acbench.deploy.apply import sparsifier_for
+    from acbench.core.stats import SparsitySpec
+    from acbench.methods.base import SparseActivation
 
     if kernel == "triton":
         pytest.importorskip("triton")
@@ -63,8 +63,8 @@ def test_gathered_decode_on_cuda(benchmark, shape, kernel, monkeypatch):
 @pytest.mark.parametrize("tokens", [1, 512])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_semi_structured_2_4_on_cuda(benchmark, shape, tokens):
-    import bench.deploy.semi_structured as ss
-    from core.sparsity import topk_mask
+    import acbench.deploy.semi_structured as ss
+    from acbench.core.sparsity import topk_mask
 
     d_in, d_out = shape
     w = torch.randn(d_out, d_in, device="cuda", dtype=torch.bfloat16)

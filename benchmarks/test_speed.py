@@ -1,5 +1,5 @@
 """Decode speed at batch 1, as ratios measured in one run: each site form against the dense product of the same
-shape, and a whole decoder body against dense, alternating (bench.measure.latency's protocol). conftest.py prints the
+shape, and a whole decoder body against dense, alternating (acbench.measure.latency's protocol). conftest.py prints the
 speedups with their 95 % intervals at the end of `make bench`."""
 
 import statistics
@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-import methods
+from acbench import methods
 
-from bench.measure.latency import LatencySpec, compare_latency, ratio_interval
+from acbench.measure.latency import LatencySpec, compare_latency, ratio_interval
 
 # (d_in, d_out): Gemma-3-270m's MLP (640 -> 2048 -> 640) and an 8B's attention and MLP (4096, 14336)
 SHAPES = [(640, 2048), (2048, 640), (4096, 4096), (4096, 14336), (14336, 4096)]
@@ -22,10 +22,10 @@ ROUNDS = 12  # alternating dense / variant rounds per site
 
 def _site(d_in: int, d_out: int, form: str):
     """The deployed module for `form` at one site, and the dense nn.Linear it replaces (same weights)."""
-    from bench.deploy.apply import sparsifier_for
-    from core.compressed_layers import LowRankLinear, SparseInputLinear
-    from core.stats import SparsitySpec
-    from methods.base import SparseActivation
+    from acbench.deploy.apply import sparsifier_for
+    from acbench.core.compressed_layers import LowRankLinear, SparseInputLinear
+    from acbench.core.stats import SparsitySpec
+    from acbench.methods.base import SparseActivation
 
     torch.manual_seed(0)
     dense = torch.nn.Linear(d_in, d_out, bias=False)
@@ -86,12 +86,12 @@ def test_site_decode(benchmark, shape, form):
 def test_body_decode(benchmark, model, method, pattern):
     """A whole decoder body at batch 1 with the KV cache, decoding the calibration text: a sparsity method at
     density 0.5 against dense, alternating (as a run measures it, with a 30 s cap)."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.deploy.compression import deploy
-    from bench.model.groups import find_input_groups
-    from bench.model.sources import open_and_load_model
-    from bench.calibration.cache import calibration_windows
-    from core.stats import SparsitySpec
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.deploy.compression import deploy
+    from acbench.model.groups import find_input_groups
+    from acbench.model.sources import open_and_load_model
+    from acbench.calibration.cache import calibration_windows
+    from acbench.core.stats import SparsitySpec
 
     lm = open_and_load_model(model, progress=False)
     text = calibration_windows(lm.tokenizer, CalibSpec())
@@ -106,7 +106,7 @@ def test_body_decode(benchmark, model, method, pattern):
         benchmark.extra_info["speedup_end_to_end"] = got["speedup"]["decode"]
         benchmark.extra_info["what"] = f"{model} body decode, {method} {pattern}"
         # what bounds it (as a run's cell stores it): the overhead floor, the bytes bound and the ceiling
-        from leaderboard.tables import ceiling
+        from acbench.leaderboard.tables import ceiling
 
         over, bound = got["body_overhead"], 1 / SparsitySpec.parse(pattern).density
         benchmark.extra_info["bounds"] = {

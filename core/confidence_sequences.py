@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-ALPHA = 0.05  # core.significance's level (it imports this module, so the value is not imported from it)
+ALPHA = 0.05  # acbench.core.significance's level (it imports this module, so the value is not imported from it)
 
 TRUNCATION = 0.5  # the bets' cap c in Waudby-Smith and Ramdas (they suggest 1/2 or 3/4)
 MIN_ITEMS_NLL = 8  # the asymptotic sequence is not read before this many windows

@@ -12,7 +12,7 @@ from pathlib import Path
 def _usable_folder(root: Path, variable: str) -> Path:
     """`root`, made if missing; a path that is a file, or that cannot be made or written, is one line naming the
     variable that set it."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -46,7 +46,7 @@ STATS_CACHE_LIMIT = "ACBENCH_STATS_CACHE_LIMIT"
 def stats_cache_limit() -> int | None:
     """The bound on the statistics cache's size on disk ($ACBENCH_STATS_CACHE_LIMIT, e.g. 50GB), None where unset:
     a calibration that would take the cache past it is refused before it starts."""
-    from core.units import parse_bytes
+    from acbench.core.units import parse_bytes
 
     text = os.environ.get(STATS_CACHE_LIMIT, "").strip()
     return parse_bytes(text, STATS_CACHE_LIMIT) if text else None

@@ -1,4 +1,4 @@
-"""acbench's messages go through one `bench` logger: the status lines of a run (INFO) and its warnings (WARNING).
+"""acbench's messages go through one `acbench` logger: the status lines of a run (INFO) and its warnings (WARNING).
 By default they are written on stdout between tqdm's progress bars, as the CLI has always printed them; a caller
 who configures the logger (its level, its handlers) owns them, and an API call made with progress=False drops the
 status lines for its duration."""
@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-logger = logging.getLogger("bench")
+logger = logging.getLogger("acbench")
 
 
 class _AboveTheBars(logging.Handler):

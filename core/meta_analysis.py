@@ -25,7 +25,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from core.significance import ALPHA, mcnemar
+from acbench.core.significance import ALPHA, mcnemar
 
 Z95 = float(stats.norm.ppf(0.975))
 RANDOM_EFFECTS_MIN_K = 3  # fewer models give no estimate of the between-model variance worth reading

@@ -491,7 +491,7 @@ class CellId:
     task: str
     key: str = ""
     allocation: str = UNIFORM  # how k is split across groups: uniform (one ratio per group), fisher, variance
-    scope: str = ALL_GROUPS  # which input groups were compressed (see bench.runner.selection): "all" or "groups=...;blocks=..."
+    scope: str = ALL_GROUPS  # which input groups were compressed (see acbench.runner.selection): "all" or "groups=...;blocks=..."
     kind: str = TASK_CELL  # a task's cell or an analysis's (whose method is "<analysis>-analysis")
 
     @property

@@ -59,9 +59,9 @@ class Plugin:
         return dataclasses.asdict(self.settings)
 
 
-# packages whose modules each hold their own plugins: a plugin there is keyed by its own file; a plugin elsewhere
+# the package whose modules each hold their own plugins: a plugin there is keyed by its own file; a plugin elsewhere
 # (an installed distribution) by every Python file of its top-level package, since it may import its helpers
-PROJECT_PACKAGES = ("methods", "tasks", "analyses")
+PROJECT_PACKAGES = ("acbench",)
 
 
 def _digest(files: list[Path], root: Path) -> str:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from core.record import CellRecord, records_digest
+from acbench.core.record import CellRecord, records_digest
 
 ALPHA = 0.05
 
@@ -93,7 +93,7 @@ def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     difference, and the confidence sequence at that count in place of a fixed-n interval (they were read after every
     block, so only a sequence is valid); its decision at the last look, the items used, and the difference it could
     detect: a sequence detects one beyond its half-width plus z_b standard errors. None: not pairable."""
-    from core.confidence_sequences import paired_cs
+    from acbench.core.confidence_sequences import paired_cs
 
     spec = until_decided(cell) or until_decided(ref_cell)
     a, b = item_scores(ref_cell), item_scores(cell)
@@ -208,7 +208,7 @@ def verdict(d: dict, margin: float | None, higher: bool | None) -> str:
     direction reads 'higher' or 'lower'."""
     lo90, hi90 = d.get("ci90") or d["ci95"]
     if d.get("p") is None:  # a confidence sequence: decided by its bounds, as the run stopped it
-        from core.confidence_sequences import sequential_decision
+        from acbench.core.confidence_sequences import sequential_decision
 
         return sequential_decision(lo90, hi90, margin, higher) or "undecided"
     if margin is not None and margin > 0 and -margin < lo90 and hi90 < margin:

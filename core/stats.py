@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from core.record import CALIBRATION_MODES, ONE_PASS, SEQUENTIAL  # noqa: F401 (the calibration modes)
+from acbench.core.record import CALIBRATION_MODES, ONE_PASS, SEQUENTIAL  # noqa: F401 (the calibration modes)
 
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
 # act_hist: the |a| histogram of the activation function whose output the group reads (an MLP down projection's
@@ -121,7 +121,7 @@ class SparsitySpec:
         return self.budget if self.structured else f"{UNSTRUCTURED} {self.density:g}"
 
     def topk_args(self, d_in: int) -> tuple[int, int]:
-        """(n, m) for core.sparsity's top-k of a d_in-wide row: n of every m, or (kept, 0) over the whole row."""
+        """(n, m) for acbench.core.sparsity's top-k of a d_in-wide row: n of every m, or (kept, 0) over the whole row."""
         return (self.n, self.m) if self.structured else (self.keep(d_in), 0)
 
     def keep(self, d_in: int) -> int:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from core.meta_analysis import (RANDOM_EFFECTS_MIN_K, cliques, common_effect, dersimonian_laird, friedman, holm,
+from acbench.core.meta_analysis import (RANDOM_EFFECTS_MIN_K, cliques, common_effect, dersimonian_laird, friedman, holm,
                                 nemenyi_cd, paired_effect, scenario_ranks, stratified_mcnemar, win_rates)
-from core.record import ALL_GROUPS, CellRecord
-from core.significance import ALPHA, compare, item_keys, same_items, verdict
+from acbench.core.record import ALL_GROUPS, CellRecord
+from acbench.core.significance import ALPHA, compare, item_keys, same_items, verdict
 
 from . import plots
 from .tables import (Column, file_slug, budget_title, chance_table, fmt_decision, fmt_interval, is_number,

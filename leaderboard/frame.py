@@ -3,7 +3,7 @@ columns (what people reach for after a sweep, beside the markdown leaderboard)."
 
 from __future__ import annotations
 
-from core.record import CellRecord
+from acbench.core.record import CellRecord
 
 COLUMNS = ("model", "method", "budget", "rank", "allocation", "scope", "task", "kind", "metric", "value", "stderr",
            "primary", "higher_is_better", "n_items", "param_ratio", "compute_ratio", "activation_ratio",
@@ -31,7 +31,7 @@ def cell_rows(rec: CellRecord) -> list[dict]:
 
 
 def results_frame(cells: list[CellRecord]):
-    """The DataFrame of `cells` (leaderboard.load's validated records), with the columns of COLUMNS in order."""
+    """The DataFrame of `cells` (acbench.leaderboard.load's validated records), with the columns of COLUMNS in order."""
     import pandas as pd
 
     rows = [row for rec in cells for row in cell_rows(rec)]

@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # noqa: F401 (the result schema this reader reads)
-from core.record import ONE_PASS, CellRecord, calibration_mode, place_problem
+from acbench.core.record import SCHEMA_VERSION as SUPPORTED_SCHEMA  # noqa: F401 (the result schema this reader reads)
+from acbench.core.record import ONE_PASS, CellRecord, calibration_mode, place_problem
 
 DENSE = "dense"
 OWN_OUTPUTS = {"LEADERBOARD.json"}
@@ -41,7 +41,7 @@ def cell_date(rec: CellRecord) -> str:
 
 def results_folder_problem(root) -> str | None:
     """Why `root` cannot be read as a results folder, or None (missing, or a file named as a file)."""
-    from core.io import folder_problem as problem
+    from acbench.core.io import folder_problem as problem
 
     return problem(root, "results folder")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.figures import pyplot, save_figure as _save
+from acbench.core.figures import pyplot, save_figure as _save
 
 plt = pyplot()
 

@@ -11,15 +11,15 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from core.io import atomic_write_text
-from core.log import say
-from core.record import ALL_GROUPS, ONE_PASS, UNIFORM, CellRecord, calibration_label, calibration_mode, describe_scope
+from acbench.core.io import atomic_write_text
+from acbench.core.log import say
+from acbench.core.record import ALL_GROUPS, ONE_PASS, UNIFORM, CellRecord, calibration_label, calibration_mode, describe_scope
 
 from . import plots
 from .across_models import across_models_section
 from .load import cell_date, read_result_set
-from core.significance import ALPHA
-from core.stats import is_sparsity_budget
+from acbench.core.significance import ALPHA
+from acbench.core.stats import is_sparsity_budget
 
 from .tables import (REFERENCE, Column, Display, file_slug, allocation_k, budget_title, chance_table, compute_of, delta_key,
                      fmt_decision, fmt_interval, group_cells,
@@ -241,7 +241,7 @@ def param_ratio_warning(rows: list[dict], key: str = "param ratio") -> list[str]
 def item_set_warning(dense: list[CellRecord], by_row: dict) -> list[str]:
     """Rows of one table are set side by side only when each task scored the same items: a rerun at another
     --ppl-windows or --lama-limit leaves a pca of 3 windows beside a fasc-kfac of 4, and the table says so."""
-    from core.significance import item_keys, until_decided
+    from acbench.core.significance import item_keys, until_decided
 
     by_task: dict[str, dict[tuple, list[str]]] = {}
     for name, cells in [("dense", dense), *sorted(by_row.items())]:
@@ -606,7 +606,7 @@ DEFAULT_DISPLAY = Display()  # frozen: one instance serves every call
 
 def build_report(results_dirs, out_md: Path, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> dict:
     """Write the markdown, CSV, JSON and PNGs; return what was written and what was skipped."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     rs = read_result_set(*results_dirs)
     if not rs.cells:
@@ -700,7 +700,7 @@ def target_problem(out_md: Path, roots) -> str | None:
 
 def write_report(results, out: str | None = None, ref: str = REFERENCE, display: Display = DEFAULT_DISPLAY) -> Path:
     """Build the leaderboard from one results directory or several; return the markdown path."""
-    from core.errors import UserError  # only for the error type users see
+    from acbench.core.errors import UserError  # only for the error type users see
 
     roots = [Path(r) for r in ([results] if isinstance(results, (str, Path)) else results)]
     from .load import results_folder_problem

@@ -7,11 +7,11 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from core.record import (ALL_GROUPS, DENSE, ONE_PASS, CellRecord, calibration_label, calibration_mode, describe_scope,
+from acbench.core.record import (ALL_GROUPS, DENSE, ONE_PASS, CellRecord, calibration_label, calibration_mode, describe_scope,
                          variant_name)
-from core.stats import UNSTRUCTURED, is_sparsity_budget
+from acbench.core.stats import UNSTRUCTURED, is_sparsity_budget
 
-from core.significance import ALPHA, above_chance, compare, verdict
+from acbench.core.significance import ALPHA, above_chance, compare, verdict
 
 REFERENCE = "pca"  # paired differences are taken against this row (the variance baseline), `bench report --vs`
 

@@ -9,8 +9,8 @@ own (its settings are in its name), so one sweep compares several settings of on
 
 from __future__ import annotations
 
-from core.registry import Registry, UnknownName
-from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec
+from acbench.core.registry import Registry, UnknownName
+from acbench.core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec
 
 from .base import Compressor, GroupCompression, MaskedWeights, SparseActivation, SparsityMethod
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.sparsity import MITIGATIONS
+from acbench.core.sparsity import MITIGATIONS
 
 from .base import SparseActivation, SparsityMethod, stacked_column_norms
 

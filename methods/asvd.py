@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from core.linalg import check_finite
+from acbench.core.linalg import check_finite
 
 from .base import AuthorsCalibration, Compressor, ONE_PASS, site_svd_ops
 from .svd import scaled_truncated_factors

@@ -1,7 +1,7 @@
 """The Compressor interface: what a method needs, its settings, and its typed result per input group.
 
 A method returns one of three small results, each of which knows its parameter, compute and activation ratios
-(docs/design.md, sections 1 and 7) and is deployed by its own handler (bench.deploy.apply dispatches on the type):
+(docs/design.md, sections 1 and 7) and is deployed by its own handler (acbench.deploy.apply dispatches on the type):
 - `GroupCompression`: factors per site, W_i ~ A_i B_i (projections and factorisations; the low-rank family);
 - `SparseActivation`: a per-token mask rule on the group input, N:M or top-k (activation sparsity);
 - `MaskedWeights`: a 0/1 mask per site weight (weight sparsity, the control);
@@ -17,10 +17,10 @@ from typing import ClassVar
 
 import torch
 
-from core.errors import UserError
-from core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
-from core.sparsity import MITIGATIONS
-from core.stats import (ACTIVATION_STATS, CALIBRATION_MODES, GRADIENT_STATS, LOW_RANK_FAMILY,  # noqa: F401 (API)
+from acbench.core.errors import UserError
+from acbench.core.registry import NoSettings, Plugin  # noqa: F401 (the method API)
+from acbench.core.sparsity import MITIGATIONS
+from acbench.core.stats import (ACTIVATION_STATS, CALIBRATION_MODES, GRADIENT_STATS, LOW_RANK_FAMILY,  # noqa: F401 (API)
                         ONE_PASS, SEQUENTIAL, SPARSITY_FAMILY, GroupStats, RankSpec, SparsitySpec,
                         check_pattern_widths)
 
@@ -33,7 +33,7 @@ class AuthorsCalibration:
 
     samples: int
     seq_len: int
-    mode: str  # one-pass or sequential (core.stats.CALIBRATION_MODES)
+    mode: str  # one-pass or sequential (acbench.core.stats.CALIBRATION_MODES)
     data: str  # the authors' calibration set
     source: str  # where they state it
 
@@ -309,7 +309,7 @@ class Compressor(Plugin):
 
     kind = "method"
     family: ClassVar[str] = LOW_RANK_FAMILY  # low-rank (budget --rank) or sparsity (budget --sparsity)
-    needs: ClassVar[frozenset[str]] = frozenset()  # names of the statistics `solve` reads (see core.stats)
+    needs: ClassVar[frozenset[str]] = frozenset()  # names of the statistics `solve` reads (see acbench.core.stats)
     # Rank semantics of a per-site weight factorisation: k is computed for each site from its own shape and
     # `solve` receives {site: k_i} instead of one int.
     per_site: ClassVar[bool] = False
@@ -498,7 +498,7 @@ def site_svd_ops(d_in: int, d_outs: tuple[int, ...]) -> list[tuple]:
 
 
 def factor_svd_ops(m: int, d: int, keep: int) -> list[tuple]:
-    """What core.linalg.weighted_subspace runs on an m x d factor R of F keeping `keep` directions: R^T R's eigh
+    """What acbench.core.linalg.weighted_subspace runs on an m x d factor R of F keeping `keep` directions: R^T R's eigh
     (m >= d; the SVD in float32), the thin SVD (keep inside R's row space), or the thin SVD plus forming the
     square V from its reflectors (about 4 d^2 m; measured at 640 x 2048: thin 0.21 s, full 0.33 s)."""
     if m >= d:
@@ -507,7 +507,7 @@ def factor_svd_ops(m: int, d: int, keep: int) -> list[tuple]:
 
 
 def basis_ops(d: int) -> dict[str, tuple]:
-    """The memoised per-group solves of core.linalg: C's eigenvectors, the whitening factor (Cholesky and its
+    """The memoised per-group solves of acbench.core.linalg: C's eigenvectors, the whitening factor (Cholesky and its
     triangular inverse), and the K-FAC basis (S^T F S, its eigenvectors, U = S V and W^T = V^T S^-1)."""
     ops = [("pca_basis", "eigh", d), ("whitening", "flops", 2 * d ** 3 // 3),
            ("fisher_basis products", "flops", 8 * d ** 3), ("fisher_basis eigh", "eigh", d)]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from core.errors import UserError
-from core.linalg import check_finite
-from core.stats import magnitude_threshold
+from acbench.core.errors import UserError
+from acbench.core.linalg import check_finite
+from acbench.core.stats import magnitude_threshold
 
 from .base import ActivationThreshold, AuthorsCalibration, ONE_PASS, SparsityMethod
 

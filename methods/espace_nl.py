@@ -1,6 +1,6 @@
 """ESPACE NL-MSE: orthogonal projection on the top eigenvectors of C F + F C (a bound on the loss error)."""
 
-from core.linalg import check_finite, sorted_eigh, tiny
+from acbench.core.linalg import check_finite, sorted_eigh, tiny
 
 from .base import Compressor, projection_factors, projection_ops
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite, fisher_basis, fisher_scores, tiny
+from acbench.core.linalg import check_finite, fisher_basis, fisher_scores, tiny
 
 from .base import Compressor, basis_ops, projection_factors, projection_ops
 

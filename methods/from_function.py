@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from core.linalg import check_finite
-from core.registry import NoSettings
+from acbench.core.linalg import check_finite
+from acbench.core.registry import NoSettings
 
 from .base import Compressor, SparseActivation, SparsityMethod, projection_factors, projection_ops
 

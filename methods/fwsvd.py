@@ -1,7 +1,7 @@
 """FWSVD: per site, SVD of diag(r) W with r_i = sqrt(sum_j I_ij), I the diagonal weight Fisher."""
 
 
-from core.linalg import check_finite
+from acbench.core.linalg import check_finite
 
 from .base import Compressor, site_svd_ops
 from .svd import floored, scaled_truncated_factors

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import check_finite, pca_basis
+from acbench.core.linalg import check_finite, pca_basis
 
 from .base import AuthorsCalibration, ONE_PASS, SparseActivation, SparsityMethod
 
@@ -71,7 +71,7 @@ class LaRoSa(SparsityMethod):
 
     def group_pattern(self, kind: str, pattern):
         """The density a group of `kind` keeps under the run's density, and whether its input is rotated."""
-        from core.stats import SparsitySpec
+        from acbench.core.stats import SparsitySpec
 
         s = 1.0 - pattern.density
         rotate = kind in ROTATED_KINDS

@@ -1,7 +1,7 @@
 """Activation PCA (ESPACE-MSE): keep the top-variance directions of the group input; F_w = I. Written as one
 decorated function (methods/from_function.py), the short form a new method can start from."""
 
-from core.linalg import pca_basis
+from acbench.core.linalg import pca_basis
 
 from .base import basis_ops
 from .from_function import Basis, low_rank_method

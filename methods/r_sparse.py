@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.stats import SparsitySpec
+from acbench.core.stats import SparsitySpec
 
 from .base import SparseActivation, SparsityMethod
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import NumericError, check_finite
+from acbench.core.linalg import NumericError, check_finite
 
 from .base import AuthorsCalibration, MaskedWeights, SEQUENTIAL, SparsityMethod
 

@@ -2,14 +2,14 @@
 
 import torch
 
-from core.linalg import gram_eigh, tiny
+from acbench.core.linalg import gram_eigh, tiny
 
 from .base import Compressor, site_svd_ops
 
 
 def truncated_factors(M: torch.Tensor, k: int):
     """M ~= (U_k S^1/2)(S^1/2 V_k^T), the rank-k truncated SVD: in float64 from the smaller Gram's eigenvectors
-    (core.linalg.gram_eigh; the 126 site weights of Gemma-3-270m took 23 s by SVD), in float32 by the SVD."""
+    (acbench.core.linalg.gram_eigh; the 126 site weights of Gemma-3-270m took 23 s by SVD), in float32 by the SVD."""
     if M.dtype != torch.float64:
         U, sig, Vh = torch.linalg.svd(M, full_matrices=False)
         r = sig[:k].sqrt()

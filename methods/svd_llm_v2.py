@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import NumericError, check_finite, pca_basis, rank_tolerance
+from acbench.core.linalg import NumericError, check_finite, pca_basis, rank_tolerance
 
 from .base import AuthorsCalibration, Compressor, ONE_PASS, basis_ops, site_svd_ops
 

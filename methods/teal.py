@@ -3,14 +3,14 @@ exceeds a static threshold, calibrated per input group so that the calibration t
 and compare |x| with it at run time (no top-k). The density a token keeps varies; the calibrated one is the
 budget's, and a run records the density measured on each task's tokens (`measured_density` in its cells).
 
-The threshold is read off the group's |x| histogram (core.stats.magnitude_threshold): the magnitude above which
+The threshold is read off the group's |x| histogram (acbench.core.stats.magnitude_threshold): the magnitude above which
 the target fraction of the calibration values lies.
 """
 
 from __future__ import annotations
 
-from core.linalg import check_finite
-from core.stats import magnitude_threshold
+from acbench.core.linalg import check_finite
+from acbench.core.stats import magnitude_threshold
 
 from .base import SparseActivation, SparsityMethod
 

@@ -3,8 +3,8 @@ the top fraction of the row) by |W_ij| * ||X_j||, with ||X_j|| = sqrt(E[x_j^2]) 
 
 import torch
 
-from core.linalg import check_finite
-from core.sparsity import topk_mask
+from acbench.core.linalg import check_finite
+from acbench.core.sparsity import topk_mask
 
 from .base import AuthorsCalibration, MaskedWeights, SEQUENTIAL, SparsityMethod
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.linalg import group_whitening, weighted_subspace
+from acbench.core.linalg import group_whitening, weighted_subspace
 
 from .base import AuthorsCalibration, Compressor, ONE_PASS, basis_ops, factor_svd_ops, projection_factors, projection_ops
 

@@ -16,7 +16,7 @@ stored; nothing in core, methods, tasks, leaderboard, analyses or bench imports 
 - `calibration.py`, `reproductions.py`, `objectives.py`: how much calibration each method needs, every published
   ordering in its authors' conditions, and each method against its own objective on held-out tokens.
 
-Each script runs as `python -m studies.<name>`; figures the README shows are in `studies/figures/`.
+Each script runs as `python -m acbench.studies.<name>`; figures the README shows are in `studies/figures/`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 def output_problem(path, what: str, folder: bool = False) -> str | None:
     """Why a study could not write `path` (a page or file it writes, or with `folder` a folder it fills), or None:
     checked before any compute, so that an hour's sweep never ends in "cannot write"."""
-    from core.io import unwritable
+    from acbench.core.io import unwritable
 
     p = Path(path).expanduser()
     if not folder and p.is_dir():
@@ -61,7 +61,7 @@ def refuse_unwritable(ap, doc, folders: dict | None = None) -> None:
 def refuse_bad_models(ap, models) -> None:
     """Every --models name checked from its name before any part is computed (a study computes model by model:
     a bad second name must not wait for the first model's hour): else ap.error's one line naming it."""
-    from bench.model.sources import model_name_problem
+    from acbench.model.sources import model_name_problem
 
     if not models:
         ap.error("--models is empty: name at least one model (an alias, a .gguf file or a checkpoint folder)")

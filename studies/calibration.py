@@ -4,7 +4,7 @@ and Wanda at 2:4 too) and, for low-rank, at rank ratio 0.9, where these small mo
 of 0.9 keeps about half of each group's rank here), at calibration sizes from 4,096 to 262,144 tokens (windows of 2,048), one-pass and (where a method can
 be) sequential. Quality is the token perplexity of the default run's evaluation windows, paired across sizes.
 
-`python -m studies.calibration` computes what is missing, one part at a time, and writes docs/calibration.md and
+`python -m acbench.studies.calibration` computes what is missing, one part at a time, and writes docs/calibration.md and
 its plots from every stored cell. A part is one model at one size in one mode (`--models`, `--tokens`, `--modes`
 choose which); its cells go to `studies/cells/calibration/<mode>-<windows>x<length>/<model>/`, which is committed
 with them, so the study runs over several sittings and the page always shows what has been measured so far."""
@@ -17,9 +17,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
+from acbench.core.record import DENSE, SEQUENTIAL, CellRecord, ONE_PASS
 
-from studies import budget_label, ranks_clipped_to_one, recorded_fallbacks, thread_counts
+from acbench.studies import budget_label, ranks_clipped_to_one, recorded_fallbacks, thread_counts
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 SEQ_LEN = 2048
@@ -48,9 +48,9 @@ def part_folder(root: Path, mode: str, tokens: int) -> Path:
 def sequential_methods(names) -> list[str]:
     """Those of `names` that sequential calibration can serve (activation statistics, no allocation across
     groups), and read statistics at all."""
-    import methods
+    from acbench import methods
 
-    from bench.deploy.compression import sequential_problem
+    from acbench.deploy.compression import sequential_problem
 
     out = []
     for n in names:
@@ -61,14 +61,14 @@ def sequential_methods(names) -> list[str]:
 
 
 def calibrated(names) -> list[str]:
-    import methods
+    from acbench import methods
 
     return [n for n in names if methods.build(n).required_stats()]
 
 
 def authors_sequential(names) -> list[str]:
     """Those of `names` whose authors' declared calibration is sequential."""
-    import methods
+    from acbench import methods
 
     return [n for n in names if getattr(type(methods.build(n)).authors_calibration, "mode", None) == SEQUENTIAL]
 
@@ -104,7 +104,7 @@ def run_part(model: str, tokens: int, mode: str, root: Path, progress: bool = Tr
     temporary statistics made each calibrate again: at 262,144 tokens, 1.5 h of one core on SmolLM2), and a part
     stopped after its calibration resumes from them. The sparsity sweeps, whose calibration reads no gradient,
     come first."""
-    import bench
+    import acbench
 
     low, sparse, n_m = part_methods(mode, tokens)
     common = {"model": model, "tasks": list(TASKS), "measure_latency": False, "report": False,
@@ -112,18 +112,18 @@ def run_part(model: str, tokens: int, mode: str, root: Path, progress: bool = Tr
               "calib_seq_len": SEQ_LEN, "calibration_mode": mode, "progress": progress, "cache": True}
     cells = []
     if sparse:
-        cells += bench.sweep(methods=sparse, sparsity=[DENSITY], **common)
+        cells += acbench.sweep(methods=sparse, sparsity=[DENSITY], **common)
     if n_m:
-        cells += bench.sweep(methods=n_m, sparsity=[PATTERN], **common)
+        cells += acbench.sweep(methods=n_m, sparsity=[PATTERN], **common)
     if low:
-        cells += bench.sweep(methods=low, rank=list(RANKS), budget="params", **common)
-        cells += bench.sweep(methods=low, rank=[RANK_RATIO], budget="rank", **common)
+        cells += acbench.sweep(methods=low, rank=list(RANKS), budget="params", **common)
+        cells += acbench.sweep(methods=low, rank=[RANK_RATIO], budget="rank", **common)
     return cells
 
 
 def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
     """(mode, tokens, cell) of every cell stored under the study's folders, read as the leaderboard reads them."""
-    from leaderboard.load import read_result_set
+    from acbench.leaderboard.load import read_result_set
 
     out = []
     for folder in sorted(root.glob("*-*x*")):
@@ -138,7 +138,7 @@ def stored(root: Path) -> list[tuple[str, int, CellRecord]]:
 
 def series(cells) -> dict:
     """{(model, family, budget): {(method, mode): {tokens: cell}}}; dense under each model."""
-    import methods
+    from acbench import methods
 
     out: dict = {}
     for mode, tokens, c in cells:
@@ -208,7 +208,7 @@ def table(rows_of: dict, model: str, family: str) -> list[str]:
 
 def plot(rows_of: dict, model: str, family: str, path: Path) -> Path | None:
     """Perplexity against calibration tokens, one line per method and mode (data-free methods flat, dashed)."""
-    from core.figures import pyplot, save_figure
+    from acbench.core.figures import pyplot, save_figure
 
     plt = pyplot()
     budgets = sorted({b for (m, f, b) in rows_of if m == model and f == family})
@@ -238,7 +238,7 @@ def cost_lines(cells) -> list[str]:
     sequential: per variant, its solves excluded) and, for sequential, the hidden states it held."""
     from tabulate import tabulate
 
-    from core.units import human
+    from acbench.core.units import human
 
     one, seq, ran, peaks, with_logits = {}, {}, {}, {}, False
     for mode, tokens, c in cells:
@@ -334,7 +334,7 @@ def render(cells, doc: Path, plots: Path, asked: dict) -> dict[Path, str]:
     commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
     measured = sorted({(c.cell.model, mode, tokens) for mode, tokens, c in cells})
     held = Counter((c.cell.model, mode, tokens) for mode, tokens, c in cells)
-    generated = (f"Generated by `python -m studies.calibration` from the cells under `{ROOT}/` (acbench commit(s) "
+    generated = (f"Generated by `python -m acbench.studies.calibration` from the cells under `{ROOT}/` (acbench commit(s) "
                  f"{commits}); do not edit by hand. Protocols and sizes: docs/calibration-protocols.md.")
     lines = ["# How much calibration each method needs", "", generated, "",
              __doc__.split("\n\n")[0].replace("\n", " "), "",
@@ -383,10 +383,10 @@ def model_lines(rows_of: dict, model: str, page: Path, plots: Path, generated: s
 
 
 def main(argv=None) -> int:
-    from core.errors import UserError
-    from core.io import atomic_write_text
+    from acbench.core.errors import UserError
+    from acbench.core.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m studies.calibration", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m acbench.studies.calibration", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS),
                     help=f"calibration sizes, multiples of {SEQ_LEN} (default {' '.join(map(str, TOKENS))})")
@@ -399,7 +399,7 @@ def main(argv=None) -> int:
     bad = [t for t in a.tokens if t < SEQ_LEN or t % SEQ_LEN]
     if bad:
         ap.error(f"--tokens {bad[0]}: give a multiple of {SEQ_LEN} (whole windows of {SEQ_LEN} tokens)")
-    from studies import refuse_bad_models, refuse_unwritable
+    from acbench.studies import refuse_bad_models, refuse_unwritable
 
     refuse_unwritable(ap, a.doc, {"--root": a.root})
     refuse_bad_models(ap, a.models)

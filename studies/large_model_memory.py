@@ -5,8 +5,8 @@ parameters, no download), calibrates the statistics fasc-kfac needs (C and F, 4.
 or without --stats-memory, then reads every group back through the StatsStore as compression does. Run it under
 /usr/bin/time -v, once per budget, on a quiet machine:
 
-    /usr/bin/time -v .venv/bin/python -m studies.large_model_memory --stats-memory 4GB
-    /usr/bin/time -v .venv/bin/python -m studies.large_model_memory
+    /usr/bin/time -v .venv/bin/python -m acbench.studies.large_model_memory --stats-memory 4GB
+    /usr/bin/time -v .venv/bin/python -m acbench.studies.large_model_memory
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ def main() -> None:
     os.environ.setdefault("ACBENCH_CACHE", tempfile.mkdtemp(prefix="acbench-large-"))
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from bench.model.groups import find_input_groups
-    from bench.model.sources import LoadedModel
-    from bench.calibration.engine import CalibSpec
-    from bench.calibration.cache import load_or_calibrate
-    from core.units import parse_bytes
-    from bench.calibration.group_files import nbytes
+    from acbench.model.groups import find_input_groups
+    from acbench.model.sources import LoadedModel
+    from acbench.calibration.engine import CalibSpec
+    from acbench.calibration.cache import load_or_calibrate
+    from acbench.core.units import parse_bytes
+    from acbench.calibration.group_files import nbytes
 
     cfg = LlamaConfig(**{**json.loads(CONFIG.read_text()), "num_hidden_layers": 2, "vocab_size": 32000})
     torch.manual_seed(0)

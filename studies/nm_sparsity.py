@@ -1,5 +1,5 @@
 """The N:M activation-sparsity study (arXiv 2509.22166) on our models, from stored cells:
-`python -m studies.nm_sparsity RESULTS_DIR` prints the README's tables and the three claims with paired intervals.
+`python -m acbench.studies.nm_sparsity RESULTS_DIR` prints the README's tables and the three claims with paired intervals.
 
 Produce the cells with (per model):
   bench run --model M --tasks ppl-token lama --methods act-sparse --sparsity 2:4 4:8 8:16 16:32 0.5
@@ -15,8 +15,8 @@ import sys
 
 from tabulate import tabulate
 
-from leaderboard.load import read_result_set
-from core.significance import compare
+from acbench.leaderboard.load import read_result_set
+from acbench.core.significance import compare
 
 
 def cells_by_row(root):

@@ -8,7 +8,7 @@ the weight error ||W - A B|| / ||W|| in each precision. The methods in --host ar
 and compared with the device's float64 solve (pca by default: one eigh at d = 14,336, a minute or two on 16
 cores). Prints one JSON line per result; --out writes them all.
 
-    .venv/bin/python -m studies.solve_8b_group --device cuda --out solve_8b_group.json
+    .venv/bin/python -m acbench.studies.solve_8b_group --device cuda --out solve_8b_group.json
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def principal_angles(B1: torch.Tensor, B2: torch.Tensor) -> torch.Tensor:
 
 
 def random_group(d: int, d_out: int, n_pairs: int, seed: int, device: str = "cpu"):
-    from bench.model.groups import InputGroup
-    from core.stats import GroupStats
+    from acbench.model.groups import InputGroup
+    from acbench.core.stats import GroupStats
 
     gen = torch.Generator().manual_seed(seed)
     scales = (1 + torch.arange(d, dtype=torch.float64) / 64).rsqrt()
@@ -53,8 +53,8 @@ def random_group(d: int, d_out: int, n_pairs: int, seed: int, device: str = "cpu
 
 
 def solve(method: str, group, stats, device: str, dtype: torch.dtype, rank: float):
-    import methods
-    from core.stats import RankSpec
+    from acbench import methods
+    from acbench.core.stats import RankSpec
 
     stats.memo.clear()  # each timing solves from scratch, bases included
     if device.startswith("cuda"):
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from studies import output_problem
+    from acbench.studies import output_problem
 
     problem = output_problem(args.out, "--out") if args.out else None
     if problem:

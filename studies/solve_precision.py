@@ -7,7 +7,7 @@ the row space of B, where a site computes A B x) and by what the angles cost: ea
 angles and the same error). The model compressed both ways is evaluated on ppl-token as the default run sizes it.
 Also the fallbacks each precision recorded and the solve seconds. Run it on a quiet machine:
 
-    .venv/bin/python -m studies.solve_precision --out solve_precision.json
+    .venv/bin/python -m acbench.studies.solve_precision --out solve_precision.json
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ def main() -> None:
     ap.add_argument("--methods", nargs="*", default=None, help="default: every low-rank method")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from studies import output_problem
+    from acbench.studies import output_problem
 
     problem = output_problem(args.out, "--out") if args.out else None
     if problem:
         ap.error(problem)
 
-    import methods
-    from bench.deploy.apply import apply_compression, restore
-    from bench.runner.config import RunConfig, resolve_run
-    from bench.runner.execute import Worker, prepare
+    from acbench import methods
+    from acbench.deploy.apply import apply_compression, restore
+    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.execute import Worker, prepare
 
     config = RunConfig(methods=["all"], ranks=[args.rank], tasks=["ppl-token"], progress=False,
                        output="/tmp/acbench-solve-precision")

@@ -4,7 +4,7 @@
 4.4 GB in float32; no download). The tokenizer is a byte-level BPE of exactly that size trained on the embedded wiki
 text's calibration articles (a few seconds), so the token ids fit the embedding. Then, on a quiet machine:
 
-    .venv/bin/python -m studies.tinyllama_shaped --out /tmp/tinyllama-shaped
+    .venv/bin/python -m acbench.studies.tinyllama_shaped --out /tmp/tinyllama-shaped
     .venv/bin/bench plan --model /tmp/tinyllama-shaped --methods pca whitened-svd fasc-kfac fasc --rank 0.5 \\
         --stats-memory 6GB
     /usr/bin/time -v .venv/bin/bench run --model /tmp/tinyllama-shaped --methods pca whitened-svd fasc-kfac fasc \\
@@ -31,7 +31,7 @@ def train_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from tasks.data.text_data import wiki_split
+    from acbench.tasks.data.text_data import wiki_split
 
     text = wiki_split("calib")
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -56,7 +56,7 @@ def main() -> None:
     out = Path(args.out)
     if out.exists():
         sys.exit(f"{out} exists: pass a new folder to --out")
-    from studies import output_problem
+    from acbench.studies import output_problem
 
     problem = output_problem(out, "--out", folder=True)
     if problem:

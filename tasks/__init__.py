@@ -6,7 +6,7 @@ A new module here is registered by being here; a task in another distribution re
 
 from __future__ import annotations
 
-from core.registry import Registry, UnknownName
+from acbench.core.registry import Registry, UnknownName
 
 from .base import Task, TaskResult
 

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from core.errors import UserError
-from core.registry import Plugin
+from acbench.core.errors import UserError
+from acbench.core.registry import Plugin
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Task(Plugin):
         raise NotImplementedError
 
     def item_identity(self, item) -> dict:
-        """The fields that identify `item` in its record (what core.significance.record_keys reads), known before
+        """The fields that identify `item` in its record (what acbench.core.significance.record_keys reads), known before
         it is scored: how a resumed evaluation checks that the records it finds are this pool's."""
         raise NotImplementedError
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 from tqdm.auto import tqdm
 
 from .base import (RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr,
@@ -163,7 +163,7 @@ class LAMA(Task):
     higher_is_better = {"p@1": True, "p@10": True, "mrr": True, "p@1_micro": True}
     primary_metric = "p@1"
     Settings = LamaSettings
-    # 2: candidates scored from a running log-sum-exp over vocabulary slices in float64 (tasks.base.target_logprobs),
+    # 2: candidates scored from a running log-sum-exp over vocabulary slices in float64 (acbench.tasks.base.target_logprobs),
     # as ppl-token since its version 2; version 1's float32 log-softmax over 262k words was 2e-4 nats per token low
     version = 2
     label, order = "LAMA P@1", 1

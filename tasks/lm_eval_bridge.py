@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
 from .base import Task, TaskResult
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
 from .base import RunShared, Shortcut, Task, TaskResult, check_limit, mean_stderr, model_device, stratified_order
 from .data.mmlu_data import LETTERS, MMLUQuestion, load_mmlu

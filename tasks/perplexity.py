@@ -43,7 +43,7 @@ class PPLTokenSettings:
 
 class PPLToken(Task):
     name = "ppl-token"
-    # 2: the NLL from a running log-sum-exp over vocabulary slices (tasks.base.next_token_nll); version 1's float32
+    # 2: the NLL from a running log-sum-exp over vocabulary slices (acbench.tasks.base.next_token_nll); version 1's float32
     # log-softmax came out 2e-4 nats per token below a float64 reference on Gemma's 262k words (ppl 0.02 % low)
     version = 2
     description = "token perplexity: exp(mean NLL) over non-overlapping seq_len windows (SVD-LLM/GPTQ protocol)"

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
-from core.stats import ACTIVATION_STATS, GRADIENT_STATS
+from acbench.core.stats import ACTIVATION_STATS, GRADIENT_STATS
 
 # A parallel worker (pytest-xdist) runs on one CPU of its own with one thread: two workers each running torch on
 # both cores slow each other's linear algebra tenfold. The affinity is what the harness reads as the CPUs it may use
-# (bench.results.store.available_cpus), and the processes a test starts inherit it.
+# (acbench.results.store.available_cpus), and the processes a test starts inherit it.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if _WORKER and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))
@@ -95,8 +95,8 @@ EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can a
 
 def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 48, inter: int = 64):
     """A tiny random Llama and every statistic of every group, from `windows` random token windows (seed 0)."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
 
     model = tiny_model("llama", hidden=hidden, inter=inter)
     ids = torch.randint(0, 101, (windows, seq_len), generator=torch.Generator().manual_seed(0))
@@ -108,8 +108,8 @@ def calibrated_tiny(windows: int, seq_len: int, pair_tokens: int, hidden: int = 
 def one_block_with_c():
     """(model, groups, stats): a one-block tiny Llama (hidden 32, MLP 48) and its groups' C from 4 random windows of
     16 tokens (seed 1), for the sparsity methods' deployed-form tests."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
 
     model = tiny_model("llama", hidden=32, inter=48, layers=1)
     windows = torch.randint(0, 101, (4, 16), generator=torch.Generator().manual_seed(1))
@@ -122,7 +122,7 @@ def hand_cell(model, method, task, rank, values, budget="rank", compute=0.5, cal
     stores them, for the tests of what is built from cells (studies' tables and verdicts)."""
     import math
 
-    from core.record import CellRecord
+    from acbench.core.record import CellRecord
 
     if task == "ppl-token":
         records = [{"window": i, "nll": float(v)} for i, v in enumerate(values)]
@@ -179,7 +179,7 @@ def readme_example(first_line: str) -> dict:
 @pytest.fixture(scope="module")
 def tiny():
     """The smoke check's tiny random Llama with SmolLM2's tokenizer, saved once in the cache."""
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     return tiny_checkpoint()
 
@@ -188,20 +188,20 @@ def tiny():
 def checked_only(monkeypatch):
     """bench run / compress stop once everything is validated and planned (no weights, no cells): the fuzz targets
     explore the checks, not the compute."""
-    import bench.runner.execute
-    import bench.runner.one_variant
-    from bench.runner import ray_executor
+    import acbench.runner.execute
+    import acbench.runner.one_variant
+    from acbench.runner import ray_executor
 
-    monkeypatch.setattr(bench.runner.execute, "sweep_runs", lambda runs: bench.runner.execute.prepare_models(runs)
-                        if len(runs) > 1 else [bench.runner.execute.prepare(runs[0])])
-    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (bench.runner.execute.prepare(run), {"failed": []})[1])
+    monkeypatch.setattr(acbench.runner.execute, "sweep_runs", lambda runs: acbench.runner.execute.prepare_models(runs)
+                        if len(runs) > 1 else [acbench.runner.execute.prepare(runs[0])])
+    monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (acbench.runner.execute.prepare(run), {"failed": []})[1])
 
     def checked_save(run, out, merge=False, overwrite=False):
-        bench.runner.execute.open_checked(run)
+        acbench.runner.execute.open_checked(run)
         return {"weight_bytes": 1, "dense_bytes": 1, "seconds": 0.0, "custom_code": False,
                 "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
 
-    monkeypatch.setattr(bench.runner.one_variant, "save_compressed", checked_save)
+    monkeypatch.setattr(acbench.runner.one_variant, "save_compressed", checked_save)
 
 
 # measured with --durations on a 2-core machine (2026-12-04): the slow tests over 40 s

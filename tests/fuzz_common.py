@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from bench.cli import main
+from acbench.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -1,10 +1,10 @@
-"""The brute-force reference of LAMA's candidate scorer (tasks.lama.score_probes), for the tests and benchmarks."""
+"""The brute-force reference of LAMA's candidate scorer (acbench.tasks.lama.score_probes), for the tests and benchmarks."""
 
 from __future__ import annotations
 
 import torch
 
-from tasks.base import model_device
+from acbench.tasks.base import model_device
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The mutation score per module from mutmut's records (mutants/**/*.meta), after `make mutate`.
+"""The mutation score per module from mutmut's records (.mutation/mutants/**/*.meta), after `make mutate`.
 
 Killed: a test failed (or the mutant timed out: it ran away). Survived: every test that exercises the function
 passed. A survivor listed in tests/mutation_equivalent.txt (mutant name, then why it cannot change a result) is
@@ -22,6 +22,9 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_stage import STAGE, import_name, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = ROOT / "tests" / "mutation_record.json"
@@ -50,18 +53,19 @@ def equivalents(path: Path = ROOT / "tests" / "mutation_equivalent.txt") -> dict
 
 
 def function_of(module: str, name: str) -> tuple[str, int]:
-    """('methods/pca.py', 'methods.pca.xǁPCAǁsolve__mutmut_3') -> ('xǁPCAǁsolve', 3)."""
-    dotted = module[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+    """('methods/pca.py', 'acbench.methods.pca.xǁPCAǁsolve__mutmut_3') -> ('xǁPCAǁsolve', 3)."""
+    dotted = import_name(module)
     head, _, number = name.rpartition("__mutmut_")
     return head[len(dotted) + 1:], int(number)
 
 
-def collect_runs(mutants: Path = ROOT / "mutants") -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """({module path: {mutant name: status}}, {mutant name: hash of its function}) from mutmut's records."""
+def collect_runs(mutants: Path = STAGE / "mutants") -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """({module's path in the repository: {mutant name: status}}, {mutant name: hash of its function}) from mutmut's
+    records in the staged package (tests/mutation_stage.py)."""
     out, hashes = {}, {}
     for meta in sorted(mutants.rglob("*.py.meta")):
         data = json.loads(meta.read_text())
-        module = str(meta.relative_to(mutants))[: -len(".meta")]
+        module = repo_path(meta.relative_to(mutants).as_posix()[: -len(".meta")])
         out[module] = {name: status(code) for name, code in data.get("exit_code_by_key", {}).items()}
         fn_hash = data.get("hash_by_function_name", {})
         hashes.update({name: fn_hash.get(function_of(module, name)[0], "") for name in out[module]})
@@ -139,7 +143,7 @@ def listed(by_module: dict, what: str, prefixes: list[str], equiv: dict) -> list
 def main(argv: list[str]) -> int:
     runs, hashes = collect_runs()
     if not runs:
-        print("no mutation results under mutants/: run `make mutate` first")
+        print("no mutation results under .mutation/mutants/: run `make mutate` first")
         return 1
     record = load_record()
     if "--record" in argv:

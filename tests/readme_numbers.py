@@ -46,7 +46,7 @@ def bench_output(command: str) -> str:
     """What `bench ...` prints, run in this process from the repository root."""
     import os
 
-    from bench.cli import main
+    from acbench.cli import main
 
     out, cwd = io.StringIO(), os.getcwd()
     os.chdir(ROOT)
@@ -61,7 +61,7 @@ def bench_output(command: str) -> str:
 
 
 def synopsis_block() -> str:
-    from bench.cli.synopsis import synopsis
+    from acbench.cli.synopsis import synopsis
 
     return f"```text\n{synopsis()}\n```\n"
 
@@ -74,7 +74,7 @@ def plan_block() -> str:
 
 def authors_block() -> str:
     """The methods' declared authors' calibrations (what `--calibration authors` gives each), as a table."""
-    import methods
+    from acbench import methods
 
     rows, none = [], []
     for name in methods.known_methods():
@@ -108,8 +108,8 @@ def first_table(markdown: str, heading: str) -> str:
 
 
 def leaderboard(results: Path) -> str:
-    from bench.results.leaderboard_display import report_display
-    from leaderboard.report import write_report
+    from acbench.results.leaderboard_display import report_display
+    from acbench.leaderboard.report import write_report
 
     out = results / "LEADERBOARD.readme.md"
     write_report(str(results), out=str(out), display=report_display())
@@ -123,16 +123,16 @@ def stage_logs(results: Path) -> list[dict]:
     """The stage logs the runs into `results` stored (bench/runner/execute.py: write_stage_log), oldest first."""
     import json
 
-    from bench.runner.execute import STAGE_LOG
+    from acbench.runner.execute import STAGE_LOG
 
     logs = [json.loads(p.read_text(encoding="utf-8")) for p in (results / STAGE_LOG).glob("*.stages")]
     return sorted(logs, key=lambda log: log["date"])
 
 
 def stage_block(log: dict) -> str:
-    """A run's stage table as the run printed it (bench.runner.execute.stage_table), the per-method compress stages summed
+    """A run's stage table as the run printed it (acbench.runner.execute.stage_table), the per-method compress stages summed
     into one row that names the largest."""
-    from bench.runner.execute import stage_table
+    from acbench.runner.execute import stage_table
 
     stages = dict(log["stages"])
     compress = {k.removeprefix("compress "): v for k, v in stages.items() if k.startswith("compress ")}

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from core.meta_analysis import (cliques, common_effect, dersimonian_laird, holm, friedman, nemenyi_cd, paired_effect, scenario_ranks,
+from acbench.core.meta_analysis import (cliques, common_effect, dersimonian_laird, holm, friedman, nemenyi_cd, paired_effect, scenario_ranks,
                                 stratified_mcnemar, win_rates)
-from core.record import cell_relpath
-from leaderboard.report import build_report
+from acbench.core.record import cell_relpath
+from acbench.leaderboard.report import build_report
 
 
 # ---------------------------------------------------------------- the statistics, by hand
@@ -312,7 +312,7 @@ def two_models(tmp_path) -> list[str]:
 
     from safetensors.torch import load_file, save_file
 
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     first = Path(tiny_checkpoint())
     second = tmp_path / "tiny-copy"
@@ -332,7 +332,7 @@ def sweep_args(models: list[str], out: Path) -> list[str]:
 
 
 def test_a_model_that_cannot_load_stops_the_sweep_before_any_cell(tmp_path, capsys):
-    from bench.cli import main
+    from acbench.cli import main
 
     models = two_models(tmp_path)[:1] + [str(tmp_path / "no-such-model")]
     rc = main(sweep_args(models, tmp_path / "out"))
@@ -342,7 +342,7 @@ def test_a_model_that_cannot_load_stops_the_sweep_before_any_cell(tmp_path, caps
 
 
 def test_compress_takes_one_model(tmp_path, capsys):
-    from bench.cli import main
+    from acbench.cli import main
 
     rc = main(["compress", "--model", "a", "b", "--method", "pca", "--save", str(tmp_path / "x")])
     err = capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_compress_takes_one_model(tmp_path, capsys):
 
 
 def test_a_sweep_over_two_models_writes_both_and_pools_them(tmp_path):
-    from bench.cli import main
+    from acbench.cli import main
 
     models = two_models(tmp_path)
     out = tmp_path / "out"
@@ -368,8 +368,8 @@ def test_a_sweep_over_two_models_writes_both_and_pools_them(tmp_path):
 
 def test_a_config_file_names_several_models(tmp_path):
     """`model:` as a YAML list or a comma list gives one config per model; the command line's --model wins."""
-    from bench.cli import _parser
-    from bench.cli.run import configs_from_args
+    from acbench.cli import _parser
+    from acbench.cli.run import configs_from_args
 
     cfg = tmp_path / "sweep.yaml"
     cfg.write_text("model: [gemma-3-270m, smollm2-135m]\nmethods: pca\n")
@@ -386,7 +386,7 @@ def test_a_config_file_names_several_models(tmp_path):
 def test_plan_prices_each_model_and_the_sweep(capsys):
     """`bench plan --model A B`: each model's plan under its name, then the sweep's seconds (their sum) and peak
     memory (their maximum: the models run one after another)."""
-    from bench.cli import main
+    from acbench.cli import main
 
     configs = Path(__file__).parent / "fixtures" / "configs"
     a, b = str(configs / "llama-3-8b"), str(configs / "mistral-7b")
@@ -429,7 +429,7 @@ def test_a_scenario_whose_methods_scored_different_items_is_left_out_of_the_rank
 # ---------------------------------------------------------------- reference edges of the verdicts (mutation score)
 
 def test_the_verdicts_refuse_what_they_cannot_compute_in_their_own_words():
-    from core.meta_analysis import stratified_mcnemar
+    from acbench.core.meta_analysis import stratified_mcnemar
 
     for bad in ([], [([1.0, 0.0], [1.0])]):
         with pytest.raises(ValueError, match="^stratified_mcnemar needs equal-length, non-empty item lists per "
@@ -448,7 +448,7 @@ def test_the_verdicts_refuse_what_they_cannot_compute_in_their_own_words():
 
 
 def test_the_stratified_test_names_itself_and_its_strata():
-    from core.meta_analysis import stratified_mcnemar
+    from acbench.core.meta_analysis import stratified_mcnemar
 
     out = stratified_mcnemar([([1.0, 0.0, 0.0], [1.0, 1.0, 1.0]), ([0.0, 1.0], [1.0, 1.0])])
     assert out["strata"] == 2 and out["test"] == "McNemar exact, stratified by model"
@@ -503,7 +503,7 @@ def test_win_rates_skip_a_lone_method_and_split_a_tie_whichever_direction_is_bet
 
 def _cell(model: str, method: str, task: str, records: list):
     """A stored cell of `task` (lama: accuracy records; ppl-token: per-window NLL records) for the pieces below."""
-    from core.record import CellRecord
+    from acbench.core.record import CellRecord
 
     if all("correct" in r for r in records):
         metrics, higher = {"p@1": sum(bool(r["correct"]) for r in records) / len(records)}, {"p@1": True}
@@ -528,7 +528,7 @@ def _nll(values: list) -> list:
 
 
 def test_paired_takes_two_or_more_items_of_one_kind_on_the_same_keys():
-    from leaderboard.across_models import _paired
+    from acbench.leaderboard.across_models import _paired
 
     a = _cell("m", "pca", "lama", _acc([1, 0, 1]))
     b = _cell("m", "svd", "lama", _acc([1, 1, 0]))
@@ -543,7 +543,7 @@ def test_paired_takes_two_or_more_items_of_one_kind_on_the_same_keys():
 
 
 def test_better_is_strict_in_both_directions():
-    from leaderboard.across_models import _better
+    from acbench.leaderboard.across_models import _better
 
     assert _better(0.1, True) and _better(-0.1, False)
     assert not _better(-0.1, True) and not _better(0.1, False)
@@ -553,7 +553,7 @@ def test_better_is_strict_in_both_directions():
 def _hand_grouped():
     """Four models: pca (the reference) and svd everywhere but mw (no pca); aaa on mx alone; bbb on mx and my; ccc
     on every model, but on mz only for ppl-token; svd equals pca on my's lama items (a difference of exactly 0)."""
-    from leaderboard.tables import group_cells
+    from acbench.leaderboard.tables import group_cells
 
     return group_cells(_hand_cells())
 
@@ -575,8 +575,8 @@ def _hand_cells() -> list:
 
 
 def test_pooled_rows_take_each_model_that_can_be_paired_and_skip_the_rest():
-    from leaderboard.across_models import pooled_rows
-    from leaderboard.tables import Column
+    from acbench.leaderboard.across_models import pooled_rows
+    from acbench.leaderboard.tables import Column
 
     grouped = _hand_grouped()
     models = ["mw", "mx", "my", "mz"]
@@ -596,8 +596,8 @@ def test_pooled_rows_take_each_model_that_can_be_paired_and_skip_the_rest():
 
 
 def test_pooled_table_marks_a_difference_of_exactly_zero():
-    from leaderboard.across_models import pooled_rows, pooled_table
-    from leaderboard.tables import Column
+    from acbench.leaderboard.across_models import pooled_rows, pooled_table
+    from acbench.leaderboard.tables import Column
 
     models = ["mx", "my", "mz"]
     rows = pooled_rows(_hand_grouped(), ("rank", 0.5), models, [Column("lama p@1", "lama", "p@1", True)], "pca", set())
@@ -614,8 +614,8 @@ def test_pooled_table_marks_a_difference_of_exactly_zero():
 
 
 def test_scenarios_name_the_methods_left_out_for_lacking_one():
-    from leaderboard.across_models import scenarios
-    from leaderboard.tables import Column
+    from acbench.leaderboard.across_models import scenarios
+    from acbench.leaderboard.tables import Column
 
     cols = [Column("lama p@1", "lama", "p@1", True)]
     scen, left, mixed = scenarios(_hand_grouped(), ("rank", 0.5), ["mx", "my"], cols, set())
@@ -628,7 +628,7 @@ def _scen(values: list[dict]) -> list:
 
 
 def test_ranking_lines_order_by_win_rate_and_say_the_verdict(monkeypatch, tmp_path):
-    from leaderboard import across_models
+    from acbench.leaderboard import across_models
 
     assert across_models.ranking_lines(("rank", 0.5), [], [], "t", tmp_path, []) == []
     one = across_models.ranking_lines(("rank", 0.5), _scen([{"zz": 0.9, "aa": 0.1}]), ["mm"], "t", tmp_path, [])
@@ -661,8 +661,8 @@ def test_ranking_lines_order_by_win_rate_and_say_the_verdict(monkeypatch, tmp_pa
 def test_the_section_names_models_at_chance_and_flat_rows_per_pooled_verdict(tmp_path):
     """The section itself on hand-built cells: the models at chance in one line, a budget where nothing pairs with the
     reference said so, and one flat row per pooled verdict with its keys (what LEADERBOARD.json and .csv hold)."""
-    from leaderboard.across_models import across_models_section
-    from leaderboard.tables import Display, group_cells
+    from acbench.leaderboard.across_models import across_models_section
+    from acbench.leaderboard.tables import Display, group_cells
 
     cells = []
     for model, dense in (("ma", [1] + [0] * 9), ("mb", [0] * 9 + [1]), ("mc", [1] * 9 + [0])):
@@ -697,8 +697,8 @@ def test_the_section_keeps_every_line_and_every_row_and_column_when_methods_left
     """On the hand-built four models: a body row has exactly the header's columns (with four models, no
     Hartung-Knapp cell either), a method lacking a scenario is named in the section, and the figure is titled by
     the budget."""
-    from leaderboard import across_models
-    from leaderboard.tables import Display, group_cells
+    from acbench.leaderboard import across_models
+    from acbench.leaderboard.tables import Display, group_cells
 
     titles = []
     monkeypatch.setattr(across_models.plots, "critical_difference",
@@ -717,7 +717,7 @@ def test_the_section_keeps_every_line_and_every_row_and_column_when_methods_left
 
 
 def test_ranking_lines_name_every_method_left_out():
-    from leaderboard import across_models
+    from acbench.leaderboard import across_models
 
     lines = across_models.ranking_lines(("rank", 0.5), _scen([{"zz": 0.9, "aa": 0.1}]), ["mm", "nn"], "t",
                                         Path("."), [])
@@ -728,8 +728,8 @@ def test_the_flat_rows_carry_the_stratified_test_and_the_common_effect(tmp_path)
     """Two models (ma: svd right on 2 items pca misses; mc: pca right on 2 items svd misses): over the 20 items
     the stratified difference is 9/20 - 9/20 = 0 with 2 discordant pairs each way (p = 1), the common effect sits
     between the two models' own, and with two models there is no random-effects estimate."""
-    from leaderboard.across_models import across_models_section
-    from leaderboard.tables import Display, group_cells
+    from acbench.leaderboard.across_models import across_models_section
+    from acbench.leaderboard.tables import Display, group_cells
 
     cells = []
     for model, pca, svd in (("ma", [1] * 4 + [0] * 6, [1] * 6 + [0] * 4), ("mc", [1] * 5 + [0] * 5, [1] * 3 + [0] * 7)):

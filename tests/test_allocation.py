@@ -1,4 +1,4 @@
-"""Rank allocation across groups (bench.deploy.allocation) and group/block selection (bench.runner.selection)."""
+"""Rank allocation across groups (acbench.deploy.allocation) and group/block selection (acbench.runner.selection)."""
 
 import json
 from dataclasses import dataclass
@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.deploy.allocation import allocate
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
-from bench.runner.selection import Selection, format_blocks, parse_blocks
-from core.errors import UserError
-from core.stats import GroupStats, RankSpec
+from acbench.deploy.allocation import allocate
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed
+from acbench.model.groups import find_input_groups
+from acbench.runner.selection import Selection, format_blocks, parse_blocks
+from acbench.core.errors import UserError
+from acbench.core.stats import GroupStats, RankSpec
 
 from conftest import tiny_model
 
@@ -113,8 +113,8 @@ def test_selection_parsing_and_scope():
 
 
 def _run(tmp, out, *extra):
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     argv = ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.6",
             "--budget", "params", "--tasks", "ppl-token", "--calib-samples", "4", "--calib-seq-len", "64",
@@ -172,7 +172,7 @@ def test_flags_end_to_end(tmp_path, capsys):
 # ---------------------------------------------------------------- density allocation (activation sparsity)
 
 def _hist(values):
-    from core.stats import magnitude_histogram
+    from acbench.core.stats import magnitude_histogram
 
     return magnitude_histogram(torch.as_tensor(values, dtype=torch.float32))
 
@@ -182,7 +182,7 @@ def test_lost_energy_is_the_smallest_values_share_of_the_energy(density):
     """Against the sorted values themselves: the (1 - density) smallest |x| carry this fraction of sum x^2."""
     import numpy as np
 
-    from bench.deploy.allocation import lost_energy
+    from acbench.deploy.allocation import lost_energy
 
     x = np.random.default_rng(3).standard_t(3, size=200_000)
     a = np.sort(np.abs(x))
@@ -211,9 +211,9 @@ def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, ta
     step of the largest group."""
     import itertools
 
-    import bench.deploy.allocation as alloc_mod
-    from bench.deploy.allocation import allocate_density, lost_energy
-    from core.stats import SparsitySpec
+    import acbench.deploy.allocation as alloc_mod
+    from acbench.deploy.allocation import allocate_density, lost_energy
+    from acbench.core.stats import SparsitySpec
 
     monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 8)
     groups, stats = _density_case()
@@ -246,8 +246,8 @@ def test_greedy_density_meets_the_target_and_matches_brute_force(monkeypatch, ta
 
 
 def test_greedy_density_refuses_patterns_and_missing_histograms():
-    from bench.deploy.allocation import allocate_density
-    from core.stats import SparsitySpec
+    from acbench.deploy.allocation import allocate_density
+    from acbench.core.stats import SparsitySpec
 
     groups, stats = _density_case()
     with pytest.raises(UserError, match="2:4 keeps one N:M pattern"):
@@ -260,8 +260,8 @@ def test_greedy_density_refuses_patterns_and_missing_histograms():
 def test_allocated_densities_deploy_per_group(windows):
     """teal and act-sparse under a greedy allocation: each group's summary carries its allocated density, and
     the parameter-weighted compute ratio is the allocation's density."""
-    from bench.deploy.allocation import allocate_density
-    from core.stats import SparsitySpec
+    from acbench.deploy.allocation import allocate_density
+    from acbench.core.stats import SparsitySpec
 
     model = tiny_model("llama", hidden=32, inter=96, layers=2)
     groups = find_input_groups(model)
@@ -275,8 +275,8 @@ def test_allocated_densities_deploy_per_group(windows):
 
 
 def test_greedy_rule_is_checked_against_the_run(tmp_path):
-    from bench.runner.cells import variants
-    from bench.runner.config import RunConfig, resolve_run
+    from acbench.runner.cells import variants
+    from acbench.runner.config import RunConfig, resolve_run
 
     def run(**kw):
         return resolve_run(RunConfig(model="m", tasks=["ppl-token"], output=str(tmp_path), **kw), writes=False)
@@ -299,8 +299,8 @@ def test_greedy_rule_is_checked_against_the_run(tmp_path):
 def test_greedy_density_stops_at_a_reachable_target_despite_float_drift(monkeypatch):
     """Steps of a tenth: 0.6 of these groups' weights is reachable exactly, and the running sum of reads lands a
     rounding error above it; the greedy stops there instead of taking one more step."""
-    import bench.deploy.allocation as alloc_mod
-    from core.stats import SparsitySpec
+    import acbench.deploy.allocation as alloc_mod
+    from acbench.core.stats import SparsitySpec
 
     monkeypatch.setattr(alloc_mod, "DENSITY_STEP", 1 / 10)
     groups, stats = _density_case(0)
@@ -309,7 +309,7 @@ def test_greedy_density_stops_at_a_reachable_target_despite_float_drift(monkeypa
 
 
 def test_allocation_rules_are_refused_in_one_line_each():
-    from bench.deploy.allocation import check_rules
+    from acbench.deploy.allocation import check_rules
 
     with pytest.raises(UserError, match=r"^--allocate fishr is unknown\. Did you mean 'fisher'\? Known: fisher, "
                                         r"greedy, uniform, variance\.$"):
@@ -336,7 +336,7 @@ def test_an_allocation_times_its_two_stages():
 
 
 def test_no_energy_is_lost_at_full_density():
-    from bench.deploy.allocation import lost_energy
+    from acbench.deploy.allocation import lost_energy
 
     assert lost_energy(_hist([0.1, -2.0, 30.0]), 1.0) == 0.0 and lost_energy(_hist([0.1, -2.0, 30.0]), 0.0) == 1.0
 

@@ -24,12 +24,12 @@ def state():
 torch.set_num_threads(1); torch.manual_seed(123); np.random.seed(7); random.seed(9)
 hf_logging.disable_default_handler()  # a caller's own logging choice
 before = state()
-import bench
-lm = bench.load_model(sys.argv[1], progress=False)
-c = bench.compress(lm, "pca", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32, progress=False)
-bench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16, progress=False)
+import acbench
+lm = acbench.load_model(sys.argv[1], progress=False)
+c = acbench.compress(lm, "pca", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32, progress=False)
+acbench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16, progress=False)
 c.restore()
-bench.sweep(model=sys.argv[1], methods=["pca"], rank=[0.5], tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
+acbench.sweep(model=sys.argv[1], methods=["pca"], rank=[0.5], tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
             calib_samples=2, calib_seq_len=32, measure_latency=False, output=sys.argv[2], progress=False,
             report=False)
 after = state()

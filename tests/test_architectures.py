@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
 # The table acbench kept by hand until input groups were discovered (bench/model/groups.py, before issue 63): the
 # default run's numbers depend on discovery finding exactly these names, sites and order.
@@ -36,8 +36,8 @@ PARALLEL = {"phi", "gptj", "falcon"}  # attention and MLP read one normed input:
 
 @pytest.mark.parametrize("model_type", sorted(HAND_WRITTEN))
 def test_discovery_reproduces_the_hand_written_groups(model_type):
-    from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups
+    from acbench.studies.architectures import tiny_model
 
     blocks, table = HAND_WRITTEN[model_type]
     groups = find_input_groups(tiny_model(model_type))
@@ -49,7 +49,7 @@ def test_discovery_reproduces_the_hand_written_groups(model_type):
 
 @pytest.mark.parametrize("model_type", ISSUE_63)
 def test_every_method_on_the_architecture(model_type, tmp_path):
-    from studies.architectures import check_architecture
+    from acbench.studies.architectures import check_architecture
 
     cov = check_architecture(model_type, save_to=tmp_path / "checkpoint")
     assert cov.refused is None, cov.refused
@@ -63,7 +63,7 @@ def test_every_method_on_the_architecture(model_type, tmp_path):
 
 @pytest.mark.parametrize("model_type", REACHED)
 def test_every_check_passes_on_the_shapes_reached_later(model_type, tmp_path):
-    from studies.architectures import check_architecture
+    from acbench.studies.architectures import check_architecture
 
     cov = check_architecture(model_type, save_to=tmp_path / "checkpoint")
     assert cov.refused is None, cov.refused
@@ -73,8 +73,8 @@ def test_every_check_passes_on_the_shapes_reached_later(model_type, tmp_path):
 
 
 def test_fused_experts_are_split_and_grouped_per_expert():
-    from bench.model.groups import find_input_groups, fused_experts_problem
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups, fused_experts_problem
+    from acbench.studies.architectures import tiny_model
 
     for model_type in sorted(MIXTURE_OF_EXPERTS):
         groups = find_input_groups(tiny_model(model_type))
@@ -88,7 +88,7 @@ def test_an_architecture_without_linear_blocks_is_refused_in_one_line():
     import torch
     from torch import nn
 
-    from bench.model.groups import find_input_groups
+    from acbench.model.groups import find_input_groups
 
     class ConvOnly(nn.Module):
         def __init__(self):
@@ -116,8 +116,8 @@ def test_conv1d_sites_are_linear_views_of_the_same_storage(tmp_path):
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
 
-    from bench.model.conv1d import Conv1DLinear, linearize_conv1d
-    from studies.architectures import tiny_model
+    from acbench.model.conv1d import Conv1DLinear, linearize_conv1d
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("gpt2")
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -151,7 +151,7 @@ def test_conv1d_sites_are_linear_views_of_the_same_storage(tmp_path):
 
 
 def test_kinds_follow_the_forward_order():
-    from bench.model.groups import _kinds
+    from acbench.model.groups import _kinds
 
     assert _kinds([["attn.q"], ["attn.o"], ["mlp.up"], ["mlp.down"]]) == ["attn_in", "attn_out", "mlp_in", "mlp_out"]
     assert _kinds([["attn.qkv", "mlp.fc1"], ["attn.dense"], ["mlp.fc2"]]) == ["attn_mlp_in", "attn_out", "mlp_out"]
@@ -168,7 +168,7 @@ def test_bench_plan_of_a_mixture_of_experts_config(tmp_path, capsys):
 
     from transformers import Llama4TextConfig, MixtralConfig
 
-    from bench.cli import main
+    from acbench.cli import main
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -194,10 +194,10 @@ def test_routing_sites_stay_dense_and_a_site_without_gradient_is_one_line():
     leaves routers out), and a group made of one anyway gets one line from gradient calibration, not a crash."""
     import torch
 
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import InputGroup, find_input_groups
-    from core.stats import ACTIVATION_STATS, GRADIENT_STATS
-    from studies.architectures import tiny_model
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import InputGroup, find_input_groups
+    from acbench.core.stats import ACTIVATION_STATS, GRADIENT_STATS
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("deepseek_v32")
     groups = find_input_groups(model)
@@ -214,9 +214,9 @@ def test_routing_sites_stay_dense_and_a_site_without_gradient_is_one_line():
 def test_only_an_experts_module_counts_as_fused_experts():
     """A 3-D weight outside an experts module (RecurrentGemma's per-head recurrent gates, a convolution's kernel)
     stays dense like a norm and does not shut the MLP out; Nemotron-H's stacked experts (ungated) are split."""
-    from bench.model.groups import find_input_groups, fused_experts_problem
-    from core.experts import SplitExperts
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups, fused_experts_problem
+    from acbench.core.experts import SplitExperts
+    from acbench.studies.architectures import tiny_model
 
     gemma = find_input_groups(tiny_model("recurrent_gemma"))
     assert gemma.fused_experts == () and fused_experts_problem(gemma, None) is None
@@ -229,7 +229,7 @@ def test_only_an_experts_module_counts_as_fused_experts():
 def test_a_method_refusing_in_one_line_is_an_answer_a_crash_is_not(tmp_path):
     """The table counts a type as passing when a method refuses there in one line (CATS without an activation
     module) and lists the refusal; a method that crashes fails the type."""
-    from studies.architectures import REFUSED, Coverage, write_table
+    from acbench.studies.architectures import REFUSED, Coverage, write_table
 
     ok = Coverage("alpha", kinds=["mlp_in"], checks={"svd": "ok", "cats": REFUSED + "no activation module"})
     crash = Coverage("beta", kinds=["mlp_in"], checks={"svd": "ok", "cats": "AttributeError: weight"})
@@ -244,8 +244,8 @@ def test_a_method_refusing_in_one_line_is_an_answer_a_crash_is_not(tmp_path):
 def test_sites_the_forward_never_calls_stay_dense_and_are_named():
     """Mamba's scan reads dt_proj's weight directly: the site is never called, so it is named idle and left out
     of every group (it stays dense), and the rest of the block is grouped as usual."""
-    from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups
+    from acbench.studies.architectures import tiny_model
 
     groups = find_input_groups(tiny_model("mamba"))
     assert groups.idle_sites == ("backbone.layers.0.mixer.dt_proj", "backbone.layers.1.mixer.dt_proj")
@@ -259,9 +259,9 @@ def test_recurrent_cycles_without_gradients_give_pairs_and_fisher_from_the_cycle
     (as many x as g), and F averages over the tokens a gradient reached, not over every call."""
     import torch
 
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("hrm_text")
     groups = find_input_groups(model)
@@ -289,7 +289,7 @@ def test_an_expert_of_a_module_list_the_trace_never_routes_to_is_one_line():
     import torch
     from torch import nn
 
-    from bench.model.groups import find_input_groups
+    from acbench.model.groups import find_input_groups
 
     class Block(nn.Module):
         def __init__(self):
@@ -324,7 +324,7 @@ def test_a_type_gets_its_seconds_on_the_clock_once_its_worker_started():
     import queue
     import time
 
-    from studies.architectures import _next_message
+    from acbench.studies.architectures import _next_message
 
     class Alive:
         def is_alive(self):

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-import methods
-from bench.testing import FakeGroup, random_stats, random_weights
-from core.linalg import NumericError
-from core.stats import SparsitySpec
-from methods.larosa import LaRoSaSettings
-from methods.r_sparse import RSparse, RSparseSettings, budget
-from methods.sparsegpt import SparseGPTSettings, inverse_hessian_factor
-from methods.wina import Wina, WinaSettings
+from acbench import methods
+from acbench.testing import FakeGroup, random_stats, random_weights
+from acbench.core.linalg import NumericError
+from acbench.core.stats import SparsitySpec
+from acbench.methods.larosa import LaRoSaSettings
+from acbench.methods.r_sparse import RSparse, RSparseSettings, budget
+from acbench.methods.sparsegpt import SparseGPTSettings, inverse_hessian_factor
+from acbench.methods.wina import Wina, WinaSettings
 
 
 @pytest.mark.parametrize("make,bad,says", [
@@ -100,13 +100,13 @@ def test_cats_settings_free_and_its_threshold_is_recorded():
 
 
 def test_svd_llm_v2_types_take_out_the_block_index_only():
-    from methods.svd_llm_v2 import matrix_type
+    from acbench.methods.svd_llm_v2 import matrix_type
 
     assert matrix_type("model.layers.3.mlp.experts.7.down_proj") == "model.layers.#.mlp.experts.7.down_proj"
 
 
 def test_svd_llm_v2_loss_is_the_norm_of_the_dropped_singular_values():
-    from methods.svd_llm_v2 import truncation_loss
+    from acbench.methods.svd_llm_v2 import truncation_loss
 
     W = torch.diag(torch.tensor([5.0, 3.0, 2.0], dtype=torch.float64))
     eye, ones = torch.eye(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
@@ -118,7 +118,7 @@ def _site(kind, loss, k=4, m=16, n=16):
 
 
 def test_svd_llm_v2_allocation_by_hand():
-    from methods.svd_llm_v2 import allocate_ranks
+    from acbench.methods.svd_llm_v2 import allocate_ranks
 
     # two weights at ratio 0.5 each (k = 4 of 16 x 16); 1 / log L = 1 and 1/2: R_i = 2/3 and 1/3 of the doubled mean
     ks, fb = allocate_ranks({"b.0.q": _site("b.#.q", math.e), "b.1.q": _site("b.#.q", math.e ** 2)})
@@ -128,7 +128,7 @@ def test_svd_llm_v2_allocation_by_hand():
 
 
 def test_svd_llm_v2_fallbacks_are_recorded_as_they_happen():
-    from methods.svd_llm_v2 import allocate_ranks
+    from acbench.methods.svd_llm_v2 import allocate_ranks
 
     ks, fb = allocate_ranks({"a.0.q": _site("a.#.q", 1.0), "a.1.q": _site("a.#.q", 5.0)})
     assert ks == {"a.0.q": 4, "a.1.q": 4}
@@ -153,7 +153,7 @@ def test_svd_llm_v2_truncation_does_not_depend_on_the_scale_of_c():
 
 
 def test_svd_llm_v2_refuses_non_finite_statistics_before_allocating():
-    from bench.testing import poisoned
+    from acbench.testing import poisoned
 
     group = FakeGroup(random_weights((7,), 16))
     with pytest.raises(NumericError, match="^non-finite C statistics in svd-llm-v2: "):
@@ -180,7 +180,7 @@ def test_sparsegpt_and_svd_llm_v2_refuse_statistics_they_cannot_solve_from_in_th
 
 def test_svd_llm_v2_leaves_a_type_at_full_rank_as_it_is():
     """Every weight of a type already at full rank: nothing to move, and nothing recorded."""
-    from methods.svd_llm_v2 import allocate_ranks
+    from acbench.methods.svd_llm_v2 import allocate_ranks
 
     ks, fallbacks = allocate_ranks({"b.0.q": _site("b.#.q", math.e, k=16), "b.1.q": _site("b.#.q", math.e ** 2, k=16)})
     assert ks == {"b.0.q": 16, "b.1.q": 16} and fallbacks == []

@@ -14,9 +14,9 @@ def _cell(method, budget, rank, shift, model="m", calibration=None, compute=0.5)
 
 
 def test_each_section_pairs_its_new_methods_with_the_older_ones_and_holm_reads_the_verdicts():
-    from core.meta_analysis import holm
-    from core.significance import compare
-    from studies.baselines import comparisons, render
+    from acbench.core.meta_analysis import holm
+    from acbench.core.significance import compare
+    from acbench.studies.baselines import comparisons, render
 
     cells = [hand_cell("m", "dense", "ppl-token", None, BASE),
              _cell("sparsegpt", "unstructured", 0.5, 0.10), _cell("wanda", "unstructured", 0.5, 0.30),
@@ -41,7 +41,7 @@ def test_each_section_pairs_its_new_methods_with_the_older_ones_and_holm_reads_t
 
 
 def test_the_page_is_written_from_the_stored_cells(tmp_path):
-    from studies.baselines import main
+    from acbench.studies.baselines import main
 
     doc = tmp_path / "b.md"
     assert main(["--root", str(tmp_path / "none"), "--doc", str(doc), "--models", "m"]) == 0

@@ -8,10 +8,10 @@ import functools
 import pytest
 import torch
 
-from bench.calibration import engine
-from bench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
-from bench.model.groups import find_input_groups
-from core.stats import ACTIVATION_STATS
+from acbench.calibration import engine
+from acbench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
+from acbench.model.groups import find_input_groups
+from acbench.core.stats import ACTIVATION_STATS
 
 from conftest import tiny_model
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed
-from bench.model.groups import activation_module, find_input_groups
-from core.errors import UserError
-from core.stats import HIST_BINS, SparsitySpec, magnitude_histogram
+from acbench import methods
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed
+from acbench.model.groups import activation_module, find_input_groups
+from acbench.core.errors import UserError
+from acbench.core.stats import HIST_BINS, SparsitySpec, magnitude_histogram
 
 from conftest import tiny_model
 
@@ -126,8 +126,8 @@ def test_structured_patterns_are_refused_in_one_line():
 
 
 def test_only_the_up_projection_of_an_mlp_input_follows_the_mask(calibrated):
-    from bench.model.groups import InputGroup
-    from methods.cats import follows
+    from acbench.model.groups import InputGroup
+    from acbench.methods.cats import follows
 
     model, groups, stats = calibrated
     (mlp_in,) = [g for g in groups if g.kind == "mlp_in"]
@@ -143,8 +143,8 @@ def test_only_the_up_projection_of_an_mlp_input_follows_the_mask(calibrated):
 
 
 def test_non_finite_histograms_and_n_m_patterns_are_refused_by_compress(calibrated):
-    from bench.testing import poisoned
-    from core.linalg import NumericError
+    from acbench.testing import poisoned
+    from acbench.core.linalg import NumericError
 
     model, groups, stats = calibrated
     (down,) = [g for g in groups if g.kind == "mlp_out"]

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
-from bench.runner.cells import ModelInfo, plan
-from bench.runner.config import RunConfig, resolve_run
-from bench.results.store import write_cell
-from core.record import DENSE, CellRecord
+from acbench.runner.cells import ModelInfo, plan
+from acbench.runner.config import RunConfig, resolve_run
+from acbench.results.store import write_cell
+from acbench.core.record import DENSE, CellRecord
 
 MODEL = ModelInfo("tiny", {"sha256": "abc", "dtype": "float32"}, n_blocks=2)
 
@@ -68,7 +68,7 @@ def test_the_run_is_frozen_and_bos_settles_into_a_new_run(tmp_path):
 
 
 def test_task_sizes_are_task_options_and_shortcuts_map_onto_them(tmp_path):
-    from bench.cli import run_config_from_argv
+    from acbench.cli import run_config_from_argv
 
     a = run_config_from_argv(["--lama-limit", "5", "--ppl-windows", "3", "--limit", "2"])
     # a flag several tasks share sets only the tasks the run reads (the default: lama, ppl-token and rho, whose
@@ -112,8 +112,8 @@ GOLDEN_KEYS = {
 @pytest.mark.parametrize("change", ["method settings", "method version", "task settings", "task version",
                                     "calibration", "fingerprint", "budget", "solve precision"])
 def test_every_ingredient_changes_the_key(tmp_path, monkeypatch, change):
-    import methods
-    import tasks
+    from acbench import methods
+    from acbench import tasks
 
     base = _keys(make_run(tmp_path))
     model = MODEL
@@ -234,14 +234,14 @@ def _with(edit):
     (lambda r: r.update(primary_metric="ppl"), "primary metric 'ppl' is not among its metrics"),
 ])
 def test_each_invalid_cell_is_named_in_a_few_words(edit, problem):
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     assert cell_problem(_valid()) is None
     assert cell_problem(_with(edit)) == problem
 
 
 def test_cells_the_schema_accepts():
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     assert cell_problem("[]") == "not a JSON object"
     ok = [
@@ -260,7 +260,7 @@ def test_cells_the_schema_accepts():
 
 
 def test_metric_domains_and_places():
-    from core.record import ALL_GROUPS, cell_relpath, metric_domain, place_problem, rank_label
+    from acbench.core.record import ALL_GROUPS, cell_relpath, metric_domain, place_problem, rank_label
     from pathlib import Path
 
     inf = float("inf")
@@ -287,7 +287,7 @@ def test_metric_domains_and_places():
 
 
 def test_older_cells_upgrade_to_todays_form():
-    from core.record import CellRecord, cell_kind, upgrade
+    from acbench.core.record import CellRecord, cell_kind, upgrade
 
     assert cell_kind({"method": "rho-analysis"}) == "analysis" and cell_kind({"method": "pca"}) == "task"
     assert cell_kind({"method": "rho-analysis", "kind": "task"}) == "task"
@@ -323,7 +323,7 @@ def test_older_cells_upgrade_to_todays_form():
 
 
 def test_a_cell_round_trips_through_its_json():
-    from core.record import SCHEMA_VERSION, CellRecord
+    from acbench.core.record import SCHEMA_VERSION, CellRecord
 
     rec = CellRecord.from_json(_valid())
     out = rec.to_json()

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import methods
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.model.checkpoint import MODELING_FILE, PROVENANCE_FILE, RECORD_KEY, load_checkpoint, record_digest, write_checkpoint
-from bench.cli import main
-from bench.cli.smoke import tiny_checkpoint
-from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
+from acbench import methods
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.model.checkpoint import MODELING_FILE, PROVENANCE_FILE, RECORD_KEY, load_checkpoint, record_digest, write_checkpoint
+from acbench.cli import main
+from acbench.cli.smoke import tiny_checkpoint
+from acbench.deploy.compression import compressed
+from acbench.model.groups import find_input_groups
 from conftest import tiny_model
-from core.stats import ACTIVATION_STATS, GRADIENT_STATS, SPARSITY_FAMILY, RankSpec, SparsitySpec
+from acbench.core.stats import ACTIVATION_STATS, GRADIENT_STATS, SPARSITY_FAMILY, RankSpec, SparsitySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 # every built-in method; the low-rank ones in both forms, act-sparse with each mitigation that adds a buffer
@@ -80,8 +80,7 @@ def test_transformers_alone_loads_every_checkpoint_through_auto_map_and_only_so(
     code = f"""
 import os, sys
 sys.path = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != {str(ROOT)!r}]
-for name in ("bench", "core", "methods", "tasks", "analyses", "leaderboard"):
-    sys.modules[name] = None  # an import of acbench fails
+sys.modules["acbench"] = None  # an import of acbench fails
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 x = torch.load({str(tmp_path / 'x.pt')!r})
@@ -316,7 +315,7 @@ def test_written_files_follow_the_umask(saved_cli, tmp_path):
     want = 0o666 & ~mask
     for name in (PROVENANCE_FILE, "config.json", "model.safetensors"):
         assert (saved_cli / name).stat().st_mode & 0o777 == want, name
-    from core.io import atomic_write_json
+    from acbench.core.io import atomic_write_json
 
     atomic_write_json(tmp_path / "cell.json", {})
     assert (tmp_path / "cell.json").stat().st_mode & 0o777 == want

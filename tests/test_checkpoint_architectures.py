@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from acbench.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # the shapes a checkpoint had to learn, run in the fast suite: sizes spelled n_embd / d_model (GPT-2, GPT-J, MPT), a
@@ -25,20 +25,20 @@ FAST = ("gpt2", "gptj", "mpt", "emu3", "mllama", "mixtral", "bailing_hybrid", "m
 
 @functools.lru_cache(maxsize=1)
 def _passing() -> dict[str, bool]:
-    from studies.architectures import passing_types
+    from acbench.studies.architectures import passing_types
 
     return passing_types((ROOT / "docs" / "architectures.md").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from studies.architectures import tiny_tokenizer
+    from acbench.studies.architectures import tiny_tokenizer
 
     return tiny_tokenizer()
 
 
 def compress_save_and_run(model_type: str, tmp: Path, tokenizer) -> None:
-    from studies.architectures import save_tiny
+    from acbench.studies.architectures import save_tiny
 
     source = save_tiny(model_type, tmp / model_type, tokenizer)
     saved = tmp / f"{model_type}-pca"
@@ -102,7 +102,7 @@ def test_a_save_that_reloads_to_another_model_is_refused_and_leaves_nothing(tmp_
     """Falcon-H1's compressed checkpoint reloads with other logits (its save and load disagree): the save is refused
     in one line saying so, and no folder is left at --save (it used to save with exit 0, and bench run then gave
     NaN losses blamed on the run's sizes)."""
-    from studies.architectures import save_tiny
+    from acbench.studies.architectures import save_tiny
 
     source = save_tiny("falcon_h1", tmp_path / "falcon_h1", tokenizer)
     line = _one_line(["compress", "--model", str(source), "--method", "pca", "--rank", "0.5", "--save",
@@ -114,8 +114,8 @@ def test_a_save_that_reloads_to_another_model_is_refused_and_leaves_nothing(tmp_
 def test_a_compressed_model_with_non_finite_logits_is_not_saved(tmp_path):
     import torch
 
-    from bench.model.checkpoint import verify_reload
-    from core.errors import UserError
+    from acbench.model.checkpoint import verify_reload
+    from acbench.core.errors import UserError
     from conftest import tiny_model
 
     model = tiny_model("llama")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from core.record import CellRecord
+from acbench.core.record import CellRecord
 
 TASK_METRIC = {"mmlu": "acc_norm", "lama": "p@1", "ppl-token": "ppl"}
 
@@ -34,7 +34,7 @@ def _cell(model: str, method: str, task: str, rank, values: list) -> CellRecord:
 
 
 def _set(spec: dict) -> dict:
-    from studies.claims import index
+    from acbench.studies.claims import index
 
     return index([_cell(m, meth, t, r, v) for (m, meth, t, r), v in spec.items()])
 
@@ -45,8 +45,8 @@ DENSE_AT_CHANCE = [1] * 10 + [0] * 30  # 25 %
 
 
 def test_one_model_above_chance_reads_its_own_exact_interval():
-    from core.significance import detectable_accuracy, mcnemar
-    from studies.claims import comparison
+    from acbench.core.significance import detectable_accuracy, mcnemar
+    from acbench.studies.claims import comparison
 
     base = [1] * 10 + [0] * 30
     claim = [1] * 25 + [0] * 15  # 15 discordant pairs, all for the claimant
@@ -63,8 +63,8 @@ def test_one_model_above_chance_reads_its_own_exact_interval():
 
 
 def test_two_models_count_each_models_verdict_and_pool_a_common_effect():
-    from core.meta_analysis import common_effect, paired_effect
-    from studies.claims import comparison
+    from acbench.core.meta_analysis import common_effect, paired_effect
+    from acbench.studies.claims import comparison
 
     base = [1] * 20 + [0] * 20
     worse = [1] * 12 + [0] * 28  # the claimant loses 8 items on each model
@@ -83,7 +83,7 @@ def test_two_models_count_each_models_verdict_and_pool_a_common_effect():
 
 
 def test_perplexity_counts_a_lower_nll_for_the_claim_and_a_tie_as_not_detected():
-    from studies.claims import comparison
+    from acbench.studies.claims import comparison
 
     base = [3.0, 3.2, 2.9, 3.1, 3.05, 2.95]
     lower = [x - 0.1 for x in base]
@@ -97,7 +97,7 @@ def test_perplexity_counts_a_lower_nll_for_the_claim_and_a_tie_as_not_detected()
 
 
 def test_every_model_at_chance_says_so_and_missing_cells_are_not_compared():
-    from studies.claims import comparison
+    from acbench.studies.claims import comparison
 
     spec = {("a", "dense", "mmlu", None): DENSE_AT_CHANCE, ("a", "pca", "mmlu", 0.5): DENSE_ABOVE,
             ("a", "fasc", "mmlu", 0.5): DENSE_AT_CHANCE, ("b", "dense", "mmlu", None): DENSE_ABOVE,
@@ -107,7 +107,7 @@ def test_every_model_at_chance_says_so_and_missing_cells_are_not_compared():
 
 
 def test_verdict_counts_the_models_by_direction_after_holm():
-    from studies.claims import correct_across_study, verdict
+    from acbench.studies.claims import correct_across_study, verdict
 
     def row(*per, task="lama"):
         return {"task": task, "detectable": 0.05, "per_model": {
@@ -129,7 +129,7 @@ def test_verdict_counts_the_models_by_direction_after_holm():
 
 
 def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
-    from studies.claims import BASELINES, CLAIMANTS, TASKS, Settings, write_doc
+    from acbench.studies.claims import BASELINES, CLAIMANTS, TASKS, Settings, write_doc
 
     ranks = (0.9, 0.5)
     values = {"mmlu": (DENSE_ABOVE, [1] * 20 + [0] * 20), "lama": (DENSE_ABOVE, [1] * 18 + [0] * 22),
@@ -164,7 +164,7 @@ def test_the_page_carries_every_comparison_its_scores_and_its_figure(tmp_path):
 
 
 def test_a_score_at_chance_is_marked_so():
-    from studies.claims import AT_CHANCE, score_table
+    from acbench.studies.claims import AT_CHANCE, score_table
 
     cells = _set({("a", "dense", "lama", None): DENSE_ABOVE, ("a", "pca", "lama", 0.5): DENSE_AT_CHANCE})
     rows = {row[1]: row for row in score_table(cells, ["a"], [0.5])}
@@ -175,7 +175,7 @@ def test_a_score_at_chance_is_marked_so():
 def test_the_compute_line_names_every_thread_count_its_cells_ran_on():
     """Parts run side by side, each pinned to a core, store cells of 1 thread beside cells of 2: the page says both
     (it once named the first cell's alone)."""
-    from studies.claims import compute_time
+    from acbench.studies.claims import compute_time
 
     one, two = _cell("a", "dense", "lama", None, [1, 0]), _cell("a", "pca", "lama", 0.5, [1, 0])
     two.env["cpu_threads"] = 1
@@ -184,8 +184,8 @@ def test_the_compute_line_names_every_thread_count_its_cells_ran_on():
 
 
 def test_the_sweep_asks_for_cloze_mmlu_every_pair_and_rank_without_latency():
-    from bench.api import sweep_configs
-    from studies.claims import Settings, sweep_keywords
+    from acbench.api import sweep_configs
+    from acbench.studies.claims import Settings, sweep_keywords
 
     kw = sweep_keywords(Settings(mmlu_limit=7, output="x"))
     models = kw.pop("model")

@@ -11,7 +11,7 @@ import pytest
 
 from scipy import stats
 
-from core.confidence_sequences import COCHRAN, MIN_ITEMS_NLL, accuracy_cs, mean_cs, sequential_decision
+from acbench.core.confidence_sequences import COCHRAN, MIN_ITEMS_NLL, accuracy_cs, mean_cs, sequential_decision
 
 RUNS, LOOKS = 2000, 20
 MC = 2 * math.sqrt(0.05 * 0.95 / RUNS)  # two Monte-Carlo standard errors at a 5 % rate: 0.0097
@@ -93,7 +93,7 @@ def test_the_sequences_on_one_run():
 
 
 def test_the_level_is_the_projects():
-    from core import confidence_sequences, significance
+    from acbench.core import confidence_sequences, significance
 
     assert confidence_sequences.ALPHA == significance.ALPHA
 
@@ -136,7 +136,7 @@ def test_the_nll_sequence_keeps_five_percent_for_skewed_differences(skew):
 
 def test_the_cochran_wait_is_what_keeps_the_level_at_skew_two():
     """The same harness without the wait (COCHRAN = 0) fails the bound at skewness 2: the test can fail."""
-    import core.confidence_sequences as cs
+    import acbench.core.confidence_sequences as cs
 
     d = skewed_differences(2, SKEW_RUNS, 40, seed=7)
     saved = cs.COCHRAN

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import _parser, main
-from bench.cli.run import config_from_args
-from bench.cli.smoke import tiny_checkpoint
-from core.errors import UserError
+from acbench.cli import _parser, main
+from acbench.cli.run import config_from_args
+from acbench.cli.smoke import tiny_checkpoint
+from acbench.core.errors import UserError
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "run.yaml"
 
@@ -113,9 +113,9 @@ def test_every_flag_of_every_subcommand_is_in_the_docs():
 def test_bench_ls_lists_every_setting_each_plugin_declares(capsys, what):
     import dataclasses
 
-    import analyses
-    import methods
-    import tasks
+    from acbench import analyses
+    from acbench import methods
+    from acbench import tasks
 
     assert main(["ls", what]) == 0
     out = capsys.readouterr().out
@@ -168,16 +168,16 @@ def test_the_layout_table_states_the_layering_test_order():
     assert said.pop("bench/cli") == said["bench"]  # the CLI is part of the harness's layer, below the studies
     rooms = [f for f in said if f.startswith("bench/")]
     # bench's rooms, in the order tests/test_layers.py lets them import each other (each the rows above it)
-    assert ["bench." + f.split("/")[1] for f in rooms] == [r for r in ROOMS if r.count(".") == 1
-                                                          and r not in ("bench.testing", "bench.api", "bench.cli")]
+    assert ["acbench." + f.split("/")[1] for f in rooms] == [r for r in ROOMS if r.count(".") == 1
+                                                          and r not in ("acbench.testing", "acbench.api", "acbench.cli")]
     assert all(said.pop(f) == {"as `bench/`", "and the rooms in the rows above this one"} for f in rooms)
     assert said == ALLOWED
 
 
 def test_display_says_only_what_the_run_did():
     """No speed note where nothing was timed (--no-latency), no calibration size where nothing is calibrated."""
-    from bench.runner.config import resolve_run
-    from leaderboard.report import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
+    from acbench.runner.config import resolve_run
+    from acbench.leaderboard.report import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
 
     untimed = [{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}]
     assert not measured_speed(untimed) and speed_notes(untimed, sparse=True) == [COMPUTE_NOTE]

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from core.confidence_sequences import accuracy_cs, mean_cs, sequential_decision
+from acbench.core.confidence_sequences import accuracy_cs, mean_cs, sequential_decision
 
 
 def eb_lower_reference(x: list[float], alpha: float, cap: float = 0.5) -> list[float]:
@@ -103,8 +103,8 @@ def test_the_detectable_difference_of_a_sequential_comparison_is_pinned():
     """sequential_compare's detectable difference: the sequence's half-width at n (its intersected bounds) plus
     z_0.8 sd / sqrt(n). For 40 windows whose differences alternate +0.05, -0.03 (mean 0.01): from the reference
     implementation, and the total pinned as a number."""
-    from core.record import CellRecord, until_decided_digest
-    from core.significance import compare
+    from acbench.core.record import CellRecord, until_decided_digest
+    from acbench.core.significance import compare
 
     diffs = [0.05 if i % 2 == 0 else -0.03 for i in range(40)]
 
@@ -152,7 +152,7 @@ class _Shifted:
     name, primary_metric, higher_is_better = "fake", "ppl", {"ppl": False}
 
     def __init__(self):
-        from tasks.base import UntilDecided
+        from acbench.tasks.base import UntilDecided
 
         self.until_decided = UntilDecided("pca", looks=2, margin=None)
         self.scored = []
@@ -168,7 +168,7 @@ class _Shifted:
         return {"window": item[0]}
 
     def result_of(self, records):
-        from tasks.base import TaskResult
+        from acbench.tasks.base import TaskResult
 
         return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
 
@@ -178,8 +178,8 @@ def test_a_resumed_run_decides_each_look_on_that_looks_items_only(tmp_path):
     as a fresh run does; a look that read the kept items past it would see a mean near 0 and decide nothing."""
     import json
 
-    from bench.runner.until_decided import evaluate_until_decided
-    from core.record import records_digest
+    from acbench.runner.until_decided import evaluate_until_decided
+    from acbench.core.record import records_digest
 
     ref = [{"window": i, "nll": 3.0} for i in range(40)]
     fresh = evaluate_until_decided(_Shifted(), None, None, ref, progress=False)
@@ -198,8 +198,8 @@ def test_each_way_an_until_decided_evaluation_ends_is_recorded_and_sealed():
     """The details a cell stores, for each way the evaluation ends: decided (its records cut at the deciding look,
     the reference records it was decided against sealed in), the budget spent against a reference, the whole budget
     for dense and the reference, the budget where no stored reference scored the same items."""
-    from bench.runner.until_decided import evaluate_until_decided
-    from core.record import records_digest, until_decided_digest
+    from acbench.runner.until_decided import evaluate_until_decided
+    from acbench.core.record import records_digest, until_decided_digest
 
     def details(reference):
         task = _Shifted()
@@ -246,7 +246,7 @@ def test_the_nll_sequence_never_reads_a_spread_of_zero_and_refuses_what_it_canno
 
 
 def test_paired_cs_takes_the_sequence_of_its_kind():
-    from core.confidence_sequences import paired_cs
+    from acbench.core.confidence_sequences import paired_cs
 
     d = np.array([1.0, 0.0, -1.0, 1.0] * 10)
     assert [list(v) for v in paired_cs("accuracy", d, 40)] == [list(v) for v in accuracy_cs(d)]

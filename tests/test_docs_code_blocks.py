@@ -68,7 +68,7 @@ def test_the_checker_reads_a_page_it_is_given(tmp_path):
 
 
 def test_the_method_page_runs_and_its_methods_meet_the_contract(monkeypatch):
-    from bench.testing import check_method
+    from acbench.testing import check_method
     from tests.test_method_authors import Registered
 
     (code,) = page_blocks("adding-a-method.md", "python")
@@ -86,7 +86,7 @@ def test_the_method_page_runs_and_its_methods_meet_the_contract(monkeypatch):
 
 
 def test_the_task_page_runs_and_its_task_scores_the_tiny_model(monkeypatch, tiny):
-    import bench
+    import acbench
 
     (code,) = page_blocks("adding-a-task.md", "python")
     monkeypatch.setitem(sys.modules, "doc_tasks", None)
@@ -94,7 +94,7 @@ def test_the_task_page_runs_and_its_task_scores_the_tiny_model(monkeypatch, tiny
     (toml_code,) = page_blocks("adding-a-task.md", "toml")
     (target,) = entry_points(toml_code, "acbench.tasks").values()
     task = getattr(module, target.partition(":")[2])()
-    lm = bench.load_model(str(tiny), progress=False)
+    lm = acbench.load_model(str(tiny), progress=False)
     result = task.evaluate(lm.model, lm.tokenizer, progress=False)
     assert 0 <= result.metrics["acc"] <= 1 and len(result.records) == 2 * 63
     (yaml_code,) = page_blocks("adding-a-task.md", "yaml")
@@ -186,13 +186,13 @@ def api_keywords() -> set[str]:
     import dataclasses
     import inspect
 
-    import bench
-    import methods
-    from bench.runner.config import RunConfig, task_shortcuts
+    import acbench
+    from acbench import methods
+    from acbench.runner.config import RunConfig, task_shortcuts
 
     names = set(RunConfig.field_names()) | {f.lstrip("-").replace("-", "_") for f in task_shortcuts()}
-    for call in (bench.load_model, bench.compress, bench.evaluate, bench.sweep, bench.load_results, bench.compare,
-                 bench.to_frame, bench.statistics_cache):
+    for call in (acbench.load_model, acbench.compress, acbench.evaluate, acbench.sweep, acbench.load_results, acbench.compare,
+                 acbench.to_frame, acbench.statistics_cache):
         names |= set(inspect.signature(call).parameters)
     for name in methods.known_methods():
         names |= {f.name for f in dataclasses.fields(methods.get_method(name).Settings)}

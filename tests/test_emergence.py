@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from studies.emergence import bootstrap_mean, recall_onset, rise_onset, summarize
-from studies.emergence.train import TrainConfig, batch_at, checkpoint_steps, train, word_tokenizer
-from tasks.data.facts import RELATIONS, build_corpus
+from acbench.studies.emergence import bootstrap_mean, recall_onset, rise_onset, summarize
+from acbench.studies.emergence.train import TrainConfig, batch_at, checkpoint_steps, train, word_tokenizer
+from acbench.tasks.data.facts import RELATIONS, build_corpus
 
 
 def test_corpus_is_deterministic_and_probe_sentences_never_occur_in_training():
@@ -72,7 +72,7 @@ def test_a_killed_training_resumes_to_the_same_weights(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     corpus = build_corpus(entities=12, seed=0)
     tok = word_tokenizer(corpus.words)
@@ -108,7 +108,7 @@ def _tiny_series(tmp_path):
 
 
 def test_checkpoints_load_through_bench_run(tmp_path):
-    from bench.cli import main
+    from acbench.cli import main
 
     corpus, paths, lama = _tiny_series(tmp_path)
     _, heldout = corpus.write_text(tmp_path / "data")
@@ -152,9 +152,9 @@ def test_bootstrap_over_seeds():
 
 
 def test_the_emerge_cell_round_trips_and_renders(tmp_path):
-    from studies.emergence import EmergeConfig, report_section, summary_cell
-    from bench.results.store import write_cell
-    from core.record import CellRecord
+    from acbench.studies.emergence import EmergeConfig, report_section, summary_cell
+    from acbench.results.store import write_cell
+    from acbench.core.record import CellRecord
 
     series = [_point(0, 0.05, False, {0: 0.10}), _point(16, 0.06, False, {0: 0.12}),
               _point(64, 0.30, True, {0: 0.40}, gap=0.02), _point(256, 0.60, True, {0: 0.70}, 0.05)]
@@ -184,7 +184,7 @@ def test_the_control_corpus_holds_no_association():
 
 def test_a_users_checkpoint_series(tmp_path):
     """`bench emerge --checkpoints-from`: the same sweep and summary over checkpoints made elsewhere."""
-    from bench.cli import main
+    from acbench.cli import main
 
     corpus, paths, lama = _tiny_series(tmp_path)
     out = tmp_path / "results"
@@ -200,7 +200,7 @@ def test_a_users_checkpoint_series(tmp_path):
     (["--d-model", "3"], "width 3"), (["--d-model", "17"], "width 17"), (["--d-model", "130"], "width 65"),
     (["--work", "/proc/x"], "--work /proc/x is not writable")])
 def test_emerge_sizes_and_folders_it_cannot_use_are_one_line(tmp_path, capsys, args, needle):
-    from bench.cli import main
+    from acbench.cli import main
 
     assert main(["emerge", *args, "--steps", "2", "--output", str(tmp_path / "out"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -209,8 +209,8 @@ def test_emerge_sizes_and_folders_it_cannot_use_are_one_line(tmp_path, capsys, a
 
 
 def test_checkpoint_series_are_ordered_by_step_and_never_repeat_one(tmp_path):
-    from studies.emergence.command import _steps_of
-    from core.errors import UserError
+    from acbench.studies.emergence.command import _steps_of
+    from acbench.core.errors import UserError
 
     names = [str(tmp_path / n) for n in ("step64", "step0", "checkpoint-16")]
     folders, steps = _steps_of(names)
@@ -228,8 +228,8 @@ def test_a_checkpoint_series_of_two_models_is_refused_in_one_line(tmp_path, caps
     import json
     import shutil
 
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     a, b = tmp_path / "run-a" / "step0", tmp_path / "run-b" / "step16"
     shutil.copytree(tiny_checkpoint(), a)

@@ -19,9 +19,9 @@ def _ids(vocab: int = 64, n: int = 2, t: int = 16, seed: int = 0) -> torch.Tenso
 
 @pytest.mark.parametrize("model_type", LAYOUTS)
 def test_split_experts_keep_the_logits_the_storage_and_the_state_dict(model_type):
-    from bench.model.groups import find_input_groups
-    from core.experts import ExpertSite, SplitExperts, is_fused_experts
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups
+    from acbench.core.experts import ExpertSite, SplitExperts, is_fused_experts
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model(model_type)
     ids = _ids()
@@ -50,10 +50,10 @@ def test_split_experts_keep_the_logits_the_storage_and_the_state_dict(model_type
 
 def test_expert_statistics_come_from_the_tokens_routed_to_it():
     """C of expert e's input group is X_e^T X_e / n_e over exactly the tokens its router chose, summed by hand."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
-    from core.experts import SplitExperts
-    from studies.architectures import tiny_model
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+    from acbench.core.experts import SplitExperts
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("mixtral")
     groups = find_input_groups(model)
@@ -84,12 +84,12 @@ def _never_route_to(model, expert: int):
 @pytest.mark.parametrize("method, twin", [("pca", "svd"), ("fwsvd", "svd"), ("fasc-kfac", "svd"),
                                           ("teal", "act-sparse"), ("wanda", "magnitude-prune")])
 def test_an_expert_calibration_never_reached_gets_the_recorded_data_free_twin(method, twin):
-    import methods
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.deploy.compression import deploy
-    from bench.model.groups import find_input_groups
-    from core.stats import RankSpec, SparsitySpec
-    from studies.architectures import tiny_model
+    from acbench import methods
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.deploy.compression import deploy
+    from acbench.model.groups import find_input_groups
+    from acbench.core.stats import RankSpec, SparsitySpec
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("mixtral")
     groups = find_input_groups(model)
@@ -115,8 +115,8 @@ def test_an_expert_calibration_never_reached_gets_the_recorded_data_free_twin(me
 def test_a_fused_layout_the_decorator_does_not_describe_is_refused_in_one_line():
     """Llama 4 keeps its experts as 3-D parameters outside transformers' experts decorator: its MLP is refused in
     one line, attention alone is compressed."""
-    from bench.model.groups import find_input_groups, fused_experts_problem
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups, fused_experts_problem
+    from acbench.studies.architectures import tiny_model
 
     groups = find_input_groups(tiny_model("llama4_text"))
     line = fused_experts_problem(groups, None)
@@ -128,8 +128,8 @@ def test_a_saved_dense_split_model_loads_in_plain_transformers(tmp_path):
     """Every site dense: the state dict is the fused one, so the base architecture loads it with equal logits."""
     from transformers import AutoModelForCausalLM
 
-    from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+    from acbench.model.groups import find_input_groups
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("gpt_oss")
     find_input_groups(model)
@@ -143,9 +143,9 @@ def test_a_saved_dense_split_model_loads_in_plain_transformers(tmp_path):
 
 
 def _calibrated_mixtral():
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
-    from studies.architectures import tiny_model
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+    from acbench.studies.architectures import tiny_model
 
     model = tiny_model("mixtral")
     groups = find_input_groups(model)
@@ -160,10 +160,10 @@ def test_compressed_experts_save_and_reload_in_acbench_and_plain_transformers(me
     compressed, the other block's experts stay fused on disk."""
     from transformers import AutoModelForCausalLM
 
-    import methods
-    from bench.deploy.compression import deploy
-    from bench.model.checkpoint import load_checkpoint, write_checkpoint
-    from core.stats import RankSpec, SparsitySpec
+    from acbench import methods
+    from acbench.deploy.compression import deploy
+    from acbench.model.checkpoint import load_checkpoint, write_checkpoint
+    from acbench.core.stats import RankSpec, SparsitySpec
 
     model, stats = _calibrated_mixtral()
     spec = RankSpec(budget) if methods.family_of(method) == methods.LOW_RANK_FAMILY else SparsitySpec(density=budget)

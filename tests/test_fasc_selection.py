@@ -5,8 +5,8 @@ import functools
 import pytest
 import torch
 
-from core.linalg import direction_scores, weighted_subspace
-from methods.fasc import _apply, select_discard, swap_path
+from acbench.core.linalg import direction_scores, weighted_subspace
+from acbench.methods.fasc import _apply, select_discard, swap_path
 
 from coupling_synthetic import Distribution
 
@@ -68,7 +68,7 @@ def test_keeps_half_the_oracle_gain_where_kfac_misranks(N):
 
 
 def test_fasc_settings_are_validated():
-    from methods.fasc import FASC
+    from acbench.methods.fasc import FASC
 
     with pytest.raises(ValueError, match="max_swaps must be >= 0"):
         FASC.from_options({"max_swaps": -5})
@@ -124,8 +124,8 @@ def test_swap_path_breaks_ties_as_the_plain_search():
 
 
 def test_fasc_selection_is_memoised_per_group_and_rank():
-    from core.stats import GroupStats
-    from methods.fasc import FASC
+    from acbench.core.stats import GroupStats
+    from acbench.methods.fasc import FASC
 
     d, n = 48, 256
     dist = Distribution("B", d, 0)
@@ -147,9 +147,9 @@ def test_fasc_selection_is_memoised_per_group_and_rank():
 def test_rho_reads_the_scores_fasc_memoised_with_the_same_numbers():
     from types import SimpleNamespace
 
-    from analyses.rho import group_rho
-    from core.stats import GroupStats, RankSpec
-    from methods.fasc import FASC
+    from acbench.analyses.rho import group_rho
+    from acbench.core.stats import GroupStats, RankSpec
+    from acbench.methods.fasc import FASC
 
     d, n = 48, 256
     x, g = Distribution("B", d, 1).sample(n)
@@ -171,8 +171,8 @@ def test_fasc_method_swaps_and_beats_fasc_kfac_held_out_where_kfac_misranks(seed
     """The `fasc` method end to end on distribution B (where the coupling makes K-FAC misrank directions): it
     swaps, and its projection has a lower token surrogate than fasc-kfac's on fresh tokens, so the two methods
     are told apart (on random_stats' Gaussian-like tokens fasc makes no swap and equals fasc-kfac)."""
-    import methods
-    from core.stats import GroupStats, RankSpec
+    from acbench import methods
+    from acbench.core.stats import GroupStats, RankSpec
     from test_methods import FakeGroup, projection_of
 
     d = 32
@@ -209,7 +209,7 @@ def _scores(seed: int, n: int = 240, d: int = 24, coupling: float = 0.8, spread:
 
 
 def test_path_values_are_the_surrogate_after_each_swap_on_another_sample():
-    from methods.fasc import path_values
+    from acbench.methods.fasc import path_values
 
     z, other = _scores(0), _scores(1)
     d, discard = z.shape[1], torch.arange(12, 24)
@@ -256,7 +256,7 @@ CASES = [(0, 240, 0.8, 1.0), (3, 240, 0.0, 1.0), (0, 60, 0.0, 0.0), (7, 240, 0.0
 
 @pytest.mark.parametrize("seed, n, coupling, spread", CASES)
 def test_cross_validated_swaps_equal_the_written_out_validation(seed, n, coupling, spread):
-    from methods.fasc import cross_validated_swaps
+    from acbench.methods.fasc import cross_validated_swaps
 
     z = _scores(seed, n=n, coupling=coupling, spread=spread)
     discard = torch.arange(12, 24)
@@ -305,9 +305,9 @@ def test_select_discard_without_a_swap_keeps_kfac_and_skips_the_validation():
 def test_fasc_solve_reports_the_kfac_surrogate_of_its_own_discard_set():
     """fasc-kfac records tr of the discarded eigenvalues, sum lam[k:]; fasc the same sum over the set it discards
     after its swaps; the projection keeps the complementary directions of the K-FAC basis."""
-    from core.linalg import fisher_basis, fisher_scores
-    from core.stats import GroupStats
-    from methods.fasc import FASC, FASCKFAC
+    from acbench.core.linalg import fisher_basis, fisher_scores
+    from acbench.core.stats import GroupStats
+    from acbench.methods.fasc import FASC, FASCKFAC
 
     d, n = 32, 2048
     x, g = Distribution("B", d, 0).sample(n)
@@ -330,8 +330,8 @@ def test_fasc_solve_reports_the_kfac_surrogate_of_its_own_discard_set():
 
 
 def test_fasc_settings_floor_and_cost_declaration():
-    from methods.fasc import FASC, FASCKFAC, FASCSettings
-    from methods.base import basis_ops, projection_ops
+    from acbench.methods.fasc import FASC, FASCKFAC, FASCSettings
+    from acbench.methods.base import basis_ops, projection_ops
 
     assert FASCSettings(folds=3).minimums() == {"folds": (3, 1)}
     kfac = FASCKFAC().solve_ops(64, (32, 96), 16, 500)
@@ -345,7 +345,7 @@ def test_a_fold_whose_held_out_surrogate_stays_put_vetoes_every_swap():
     """Nine sparse tokens in three folds: one fold's curve stays exactly at its K-FAC value (1.0: no swap changes its
     held-out surrogate) while the other two fall. A length qualifies only where every fold is strictly below K-FAC,
     so no swap is kept, although the mean curve falls."""
-    from methods.fasc import cross_validated_swaps
+    from acbench.methods.fasc import cross_validated_swaps
 
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(9, 4, generator=gen, dtype=torch.float64)
@@ -358,7 +358,7 @@ def test_a_fold_whose_held_out_surrogate_stays_put_vetoes_every_swap():
 
 def test_least_swap_gain_per_precision():
     """1e-12 of tr Q in float64; in float32, 64 times its machine epsilon (7.6e-6), above its round-off."""
-    from methods.fasc import _improvement
+    from acbench.methods.fasc import _improvement
 
     assert _improvement(torch.float64) == 1e-12
     assert _improvement(torch.float32) == 64 * 2.0 ** -23
@@ -376,7 +376,7 @@ def test_a_gain_at_the_least_swap_gain_is_not_taken():
 def test_first_minimum_takes_the_smallest_index_pair_not_the_first_slot():
     """After swaps the slots of D and K no longer hold their indices in order: slot 0 of D holds direction 5 and
     slot 1 direction 2. Of the tied minima (5, 7), (2, 7) and (2, 3), the pair first in index order is (2, 3)."""
-    from methods.fasc import _first_minimum
+    from acbench.methods.fasc import _first_minimum
 
     D, K = torch.tensor([5, 2]), torch.tensor([7, 3])
     delta = torch.tensor([[-1.0, 0.0], [-1.0, -1.0]])

@@ -2,6 +2,7 @@
 family; each ends in exit 0 or one line with exit 2 (tests/fuzz_common.py)."""
 
 
+import importlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,7 +95,7 @@ def test_generated_plan_and_compress_arguments(tmp_path, tiny, checked_only, pai
 
 # ---------------------------------------------------------------- allocation rules with every method family
 
-@given(method=st.sampled_from(__import__("methods").known_methods()),
+@given(method=st.sampled_from(importlib.import_module("acbench.methods").known_methods()),
        rules=st.lists(st.sampled_from(["uniform", "fisher", "variance", "greedy"]), min_size=1, max_size=3,
                       unique=True),
        budget=st.sampled_from(["rank", "params"]), sparsity=st.sampled_from([None, "0.5", "2:4", "0.25,2:4"]),
@@ -119,7 +120,7 @@ def test_every_allocation_rule_with_every_method_family(tmp_path, tiny, checked_
 # ---------------------------------------------------------------- calibration modes with every method
 
 @settings(max_examples=60, deadline=None)  # 0.1 s each: the CI profile's 150 cost 16 s
-@given(method=st.sampled_from(__import__("methods").known_methods()),
+@given(method=st.sampled_from(importlib.import_module("acbench.methods").known_methods()),
        mode=st.sampled_from(["one-pass", "sequential", "", "SEQUENTIAL"]),
        calibration=st.sampled_from(["as-given", "authors", "x"]),
        extra=st.sampled_from([[], ["--calib-samples", "3"], ["--allocate", "fisher", "--budget", "params"],
@@ -129,7 +130,7 @@ def test_every_calibration_mode_with_every_method(tmp_path, tiny, checked_only, 
                                                  command):
     """--calibration-mode and --calibration with any method, budget and command: it runs or is one line (a method
     that reads gradients or allocates across groups cannot be sequential; authors' sizes exclude the size flags)."""
-    family = __import__("methods").family_of(method)
+    family = importlib.import_module("acbench.methods").family_of(method)
     argv = [command, "--model", str(tiny), "--calibration-mode", mode, "--calibration", calibration,
             "--rank" if family == "low-rank" else "--sparsity", "0.5"]
     argv += ["--method" if command == "compress" else "--methods", method]
@@ -174,15 +175,15 @@ def test_new_method_names_and_outputs_end_in_one_line_or_a_whole_package(tmp_pat
 def test_check_method_and_smoke_names_end_in_one_line_or_reach_the_work(tmp_path, monkeypatch, name):
     """`bench check-method NAME` and `bench smoke --methods NAME`: a name that is not a method or a valid variant is
     one line, before the smoke model is trained; a valid one reaches the work (stubbed here)."""
-    import bench.cli.author
-    import bench.cli.smoke
+    import acbench.cli.author
+    import acbench.cli.smoke
 
     if name.startswith("-"):
         return
     reached = []
-    monkeypatch.setattr(bench.cli.smoke, "trained_tiny_checkpoint", lambda *a, **k: reached.append(1) or
+    monkeypatch.setattr(acbench.cli.smoke, "trained_tiny_checkpoint", lambda *a, **k: reached.append(1) or
                         (_ for _ in ()).throw(SystemExit(0)))
-    monkeypatch.setattr("bench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
+    monkeypatch.setattr("acbench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
     assert_clean(["check-method", name])
     assert_clean(["smoke", "--methods", name, "--no-latency", "--output", str(tmp_path / "smoke")])
 
@@ -209,18 +210,18 @@ def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, m
                                                              monkeypatch, picks, in_file):
     """Any list of models, on the command line or as a config file's `model:`: one line naming the problem (a
     model named twice, one that does not exist), or every model planned under a results folder of its own."""
-    import bench.runner.execute
+    import acbench.runner.execute
     import yaml
 
     models = [model_folders[p] for p in picks]
     planned = []
 
     def plan_only(runs):
-        prepared = bench.runner.execute.prepare_models(runs)
+        prepared = acbench.runner.execute.prepare_models(runs)
         planned.extend(p.source.name for p in prepared)
         return prepared
 
-    monkeypatch.setattr(bench.runner.execute, "sweep_runs", plan_only)
+    monkeypatch.setattr(acbench.runner.execute, "sweep_runs", plan_only)
     root = tmp_path_factory.mktemp("sweep")
     if in_file:
         cfg = root / "run.yaml"
@@ -243,9 +244,9 @@ def test_model_lists_end_in_one_line_or_one_folder_per_model(tmp_path_factory, m
        models=st.sampled_from(["none", "new", "file", "full", "empty"]), bench_run=st.booleans())
 def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_factory, monkeypatch, capsys, seconds,
                                                                      only, models, bench_run):
-    """`python -m studies.architectures`: --seconds, --only, --models and --bench-run as a user might type them;
+    """`python -m acbench.studies.architectures`: --seconds, --only, --models and --bench-run as a user might type them;
     each ends in exit 2 with one line, or reaches the checks (stood in for: the real ones are test_architectures')."""
-    import studies.architectures as arch
+    import acbench.studies.architectures as arch
 
     root = tmp_path_factory.mktemp("arch")
     where = {"none": None, "new": root / "new", "file": root / "a-file", "full": root / "full", "empty": root / "empty"}
@@ -285,10 +286,10 @@ def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_fa
        doc=st.sampled_from(["docs/claims.md", "x.txt", "", "a/", "/dev/null/claims.md", "docs"]),
        models=st.lists(st.sampled_from(["smollm2-135m", "gemma-3-270m", "nope"]), min_size=1, max_size=2))
 def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, ranks, limit, doc, models):
-    """`python -m studies.claims`: --ranks, --mmlu-limit, --doc and --models as typed; each ends in exit 2 with one
+    """`python -m acbench.studies.claims`: --ranks, --mmlu-limit, --doc and --models as typed; each ends in exit 2 with one
     line (argparse's, or bench's UserError for a model bench refuses), or reaches the sweep with checked values."""
-    import studies.claims as claims
-    from core.errors import UserError
+    import acbench.studies.claims as claims
+    from acbench.core.errors import UserError
 
     reached = []
 
@@ -331,9 +332,9 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
 def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, variant, value):
     """sparsegpt's damping and block_size, svd-llm-v2's allocate, larosa's factors, as a user may write them: one line
     naming the setting (bench check-method: exit 2), or a method whose settings are in range."""
-    import methods
+    from acbench import methods
 
-    monkeypatch.setattr("bench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
+    monkeypatch.setattr("acbench.testing.CHECKS", ())  # the contract's checks themselves are tested elsewhere
     name = variant + value
     rc = assert_clean(["check-method", name])
     try:
@@ -360,9 +361,9 @@ def test_new_method_settings_end_in_one_line_or_a_checked_method(monkeypatch, va
        root=st.sampled_from(["cells", "missing", "/dev/null/x", "a-file"]),
        extra=st.sampled_from([[], ["--bogus"], ["--models"]]))
 def test_baselines_study_flags_end_in_one_line_or_write_the_page(capsys, tmp_path, models, doc, root, extra):
-    """`python -m studies.baselines`: --models, --root, --doc as typed; exit 2 with one line (argparse's), or the
+    """`python -m acbench.studies.baselines`: --models, --root, --doc as typed; exit 2 with one line (argparse's), or the
     page written from whatever the root holds (nothing: every model "not yet measured")."""
-    import studies.baselines as baselines
+    import acbench.studies.baselines as baselines
 
     (tmp_path / "cells").mkdir(exist_ok=True)
     (tmp_path / "a-file").write_text("x")
@@ -388,7 +389,7 @@ def test_calibration_and_reproduction_study_flags_end_in_one_line_or_reach_the_p
     parts reached (faked here) and the page written."""
     import importlib
 
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     mod = importlib.import_module(f"studies.{study}")
     if study == "reproductions" and any(x in extra for x in ("--tokens", "--modes")):
@@ -416,8 +417,8 @@ def test_calibration_and_reproduction_study_flags_end_in_one_line_or_reach_the_p
                       max_size=4))
 def test_objectives_study_flags_end_in_one_line_or_reach_the_measurement(monkeypatch, capsys, tmp_path, models, doc,
                                                                          extra):
-    import studies.objectives as mod
-    from core.errors import UserError
+    import acbench.studies.objectives as mod
+    from acbench.core.errors import UserError
 
     def fake_measure(model, samples, seq_len, progress=True):
         if model in ("nope", ""):
@@ -503,8 +504,8 @@ def test_report_margins_end_in_one_line_or_a_report_with_them(tmp_path_factory, 
     leaderboard."""
     import shutil
 
-    from bench.results.leaderboard_display import check_margins
-    from core.errors import UserError
+    from acbench.results.leaderboard_display import check_margins
+    from acbench.core.errors import UserError
     from fuzz_common import FIXTURES
 
     tmp = tmp_path_factory.mktemp("margin")
@@ -547,9 +548,9 @@ def test_a_setting_for_what_the_run_does_not_include_is_refused(tmp_path, tiny, 
     """Method, task and analysis options, task shortcuts and --allocate greedy, each for a method, task or analysis
     the run may or may not include: the run starts only if every one of them applies to something it computes
     (checked on the resolved configuration), else one line naming the setting."""
-    from bench.cli import run_config_from_argv
-    from bench.runner.config import resolve_run
-    import methods as registry
+    from acbench.cli import run_config_from_argv
+    from acbench.runner.config import resolve_run
+    from acbench import methods as registry
 
     argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet", "--no-latency",
             "--calib-samples", "2", "--calib-seq-len", "32", "--methods", ",".join(methods), "--tasks", ",".join(tasks)]

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.cli import main
-from bench.cli.smoke import tiny_checkpoint
+from acbench.cli import main
+from acbench.cli.smoke import tiny_checkpoint
 from fuzz_common import _paths, assert_clean, json_value
 
 
@@ -21,7 +21,7 @@ from fuzz_common import _paths, assert_clean, json_value
 def _saved(folder, method: str, budget: list[str]):
     """(folder, x, logits): the tiny model compressed by `bench compress --save folder`, and what acbench's load of
     it gives for a fixed x."""
-    from bench.model.sources import open_and_load_model
+    from acbench.model.sources import open_and_load_model
 
     args = ["compress", "--model", str(tiny_checkpoint()), "--method", method, *budget, "--save", str(folder),
             "--calib-samples", "2", "--calib-seq-len", "32", "--pair-tokens", "32", "--quiet"]
@@ -34,8 +34,8 @@ def _saved(folder, method: str, budget: list[str]):
 
 def _refused_or_as_saved(folder, x, reference, why=()) -> None:
     """Loading `folder` is one UserError line, or a model whose logits are `reference`'s, bit for bit."""
-    from bench.model.sources import open_and_load_model
-    from core.errors import UserError
+    from acbench.model.sources import open_and_load_model
+    from acbench.core.errors import UserError
 
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -114,7 +114,7 @@ def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_pa
     """The `rotation` field of a rotated site's layout spec, the `rank` of a site's low-rank branch, or the `form` or
     `d_in` of a thresholded activation, set to any JSON value or dropped: one UserError on load, or the model it
     loads is the one saved."""
-    from core.compressed_layers import LAYOUT_KEY
+    from acbench.core.compressed_layers import LAYOUT_KEY
 
     method, key = field
     folder, x, reference = newer_checkpoints[method]
@@ -137,8 +137,8 @@ def test_a_tampered_rotation_or_rank_field_is_refused_or_loads_as_written(tmp_pa
 def _saved_cases():
     """Every built-in method at a budget it takes (2:4, or a density for a method that keeps thresholds), the
     threshold method under its per-group allocation, and one merged low-rank form."""
-    import methods
-    from core.stats import SPARSITY_FAMILY, SparsitySpec
+    from acbench import methods
+    from acbench.core.stats import SPARSITY_FAMILY, SparsitySpec
 
     cases = []
     for m in methods.known_methods():

@@ -101,9 +101,9 @@ def test_generated_model_configs(tmp_path, tiny, checked_only, changes, drop, ru
 # ---------------------------------------------------------------- config keys: values of every YAML type
 
 def _config_keys() -> list[str]:
-    from bench.cli.run import _NEGATED
-    from bench.runner.config import shortcut_dest, task_shortcuts
-    from bench.runner.config import RunConfig
+    from acbench.cli.run import _NEGATED
+    from acbench.runner.config import shortcut_dest, task_shortcuts
+    from acbench.runner.config import RunConfig
 
     return sorted(RunConfig.field_names() - set(_NEGATED.values()) - {"model", "output", "executor"}
                   | set(_NEGATED) | {shortcut_dest(f) for f in task_shortcuts()} | {"rank", "method_option"})

@@ -54,7 +54,7 @@ def test_a_bandwidth_probe_size_that_cannot_run_is_refused_before_the_run(tmp_pa
     ("ACBENCH_CACHE", "FILE", "ACBENCH_CACHE"), ("ACBENCH_STATS_CACHE", "FILE", "it is a file"),
 ])
 def test_a_lock_ttl_or_cache_folder_that_cannot_serve_is_one_line(tmp_path, monkeypatch, capsys, name, value, needle):
-    from bench.cli import main
+    from acbench.cli import main
 
     if value == "FILE":
         (tmp_path / "afile").write_text("x")

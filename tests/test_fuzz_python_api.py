@@ -1,4 +1,4 @@
-"""Fuzz target of the Python calls' keywords (bench.compress, bench.evaluate, bench.sweep): any keyword with any
+"""Fuzz target of the Python calls' keywords (acbench.compress, acbench.evaluate, acbench.sweep): any keyword with any
 value ends in a result or in one UserError line, never in another exception, as the CLI's flags do."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bench
-from core.errors import UserError
+import acbench
+from acbench.core.errors import UserError
 from fuzz_common import json_leaf, json_value
 
 SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
@@ -38,17 +38,17 @@ def one_line_or_result(call):
 @SLOW
 @given(keywords=st.dictionaries(st.sampled_from(SWEEP_KEYS), value, max_size=4))
 def test_sweep_keywords_end_in_one_line_or_a_checked_sweep(keywords, tmp_path_factory, monkeypatch):
-    import bench.runner.execute
+    import acbench.runner.execute
 
     ran = []
-    monkeypatch.setattr(bench.runner.execute, "sweep_runs", lambda runs: ran.extend(runs) or [])
+    monkeypatch.setattr(acbench.runner.execute, "sweep_runs", lambda runs: ran.extend(runs) or [])
     out = tmp_path_factory.mktemp("fuzz-sweep")
-    one_line_or_result(lambda: bench.sweep("smollm2-135m", **{"output": str(out), "report": False, **keywords}))
+    one_line_or_result(lambda: acbench.sweep("smollm2-135m", **{"output": str(out), "report": False, **keywords}))
 
 
 @pytest.fixture(scope="module")
 def lm(tiny):
-    return bench.load_model(str(tiny), progress=False)
+    return acbench.load_model(str(tiny), progress=False)
 
 
 @SLOW
@@ -62,7 +62,7 @@ def test_compress_keywords_end_in_one_line_or_a_restorable_model(lm, method, bud
     ids = torch.arange(3, 19).unsqueeze(0)
     with torch.no_grad():
         dense = lm.model(input_ids=ids).logits
-    done = one_line_or_result(lambda: bench.compress(lm, None, method, calibration=calibration, progress=False,
+    done = one_line_or_result(lambda: acbench.compress(lm, None, method, calibration=calibration, progress=False,
                                                      **{"samples": 2, "seq_len": 32, "pair_tokens": 32, **budget,
                                                         **keywords}))
     if done is not None:
@@ -77,12 +77,12 @@ def test_compress_keywords_end_in_one_line_or_a_restorable_model(lm, method, bud
                                                  "task_options", "bos", "seed", "batch_size", "bogus"]), value,
                                 max_size=3))
 def test_evaluate_keywords_end_in_one_line_or_scores(lm, tasks, keywords, monkeypatch):
-    import tasks as task_registry
+    from acbench import tasks as task_registry
 
     calls = []
     for name in ("lama", "ppl-token", "mmlu"):  # the checks run; the scoring is stubbed (the property is the checks')
         monkeypatch.setattr(task_registry.get_task(name), "evaluate", lambda self, *a, **k: calls.append(1) or {})
-    got = one_line_or_result(lambda: bench.evaluate(lm, None, tasks, progress=False, **keywords))
+    got = one_line_or_result(lambda: acbench.evaluate(lm, None, tasks, progress=False, **keywords))
     if not tasks:
         assert got is None  # no task is refused, as the CLI refuses an empty --tasks, never an empty result
 
@@ -94,13 +94,13 @@ def test_evaluate_keywords_end_in_one_line_or_scores(lm, tasks, keywords, monkey
        device=st.sampled_from(["cpu", "cuda", "cuda:1", "mps", "tpu", 0, None]),
        device_map=st.sampled_from([None, "auto", "balanced", 1]), progress=st.sampled_from([False, True, "no", 0]))
 def test_load_model_arguments_end_in_one_line_or_a_model(tiny, model, dtype, device, device_map, progress):
-    """bench.load_model with any argument of any type (the probe's load_model(5) and device="cuda" on a CPU-only
+    """acbench.load_model with any argument of any type (the probe's load_model(5) and device="cuda" on a CPU-only
     torch were 28- and 33-line tracebacks): a loaded model, or one UserError line."""
     if isinstance(model, str):
         model = model.replace("TINY", str(tiny))
     elif isinstance(model, list):
         model = [str(tiny) for _ in model]
-    got = one_line_or_result(lambda: bench.load_model(model, dtype=dtype, device=device, device_map=device_map,
+    got = one_line_or_result(lambda: acbench.load_model(model, dtype=dtype, device=device, device_map=device_map,
                                                       progress=progress))
     if device in ("cuda", "cuda:1", "mps") and not torch.cuda.is_available():
         assert got is None or device_map == "auto"
@@ -115,7 +115,7 @@ def test_calibration_token_ids_outside_the_vocabulary_are_one_line(lm, ids):
     windows = torch.tensor([row[:width] for row in ids])
     vocab = lm.model.get_input_embeddings().num_embeddings
     try:
-        done = bench.compress(lm, None, "pca", rank=0.5, calibration=windows, progress=False, cache=False)
+        done = acbench.compress(lm, None, "pca", rank=0.5, calibration=windows, progress=False, cache=False)
         done.restore()
         assert int(windows.min()) >= 0 and int(windows.max()) < vocab
     except UserError as e:
@@ -137,7 +137,7 @@ def test_load_results_folders_end_in_one_line_or_a_frame(tmp_path_factory, folde
     (tmp / "a-file").write_text("x")
     (tmp / "results" / "LEADERBOARD.md").write_text("# acbench leaderboard\n")
     try:
-        frame = bench.load_results(*[tmp / f for f in folders])
+        frame = acbench.load_results(*[tmp / f for f in folders])
         assert folders and all(f == "results" for f in folders) and len(frame)
     except UserError as e:
         bad = next(f for f in folders if f != "results") if folders else None
@@ -147,7 +147,7 @@ def test_load_results_folders_end_in_one_line_or_a_frame(tmp_path_factory, folde
 
 
 def _result(records):
-    from tasks.base import TaskResult
+    from acbench.tasks.base import TaskResult
 
     return TaskResult(metrics={"x": 0.0}, records=records)
 
@@ -163,14 +163,14 @@ RECORDS = st.one_of(
 @given(a=RECORDS, b=RECORDS, task=st.sampled_from([None, "lama", "ppl-token", "nope"]),
        margin=st.one_of(st.none(), st.floats(allow_nan=True)), wrap=st.sampled_from(["result", "dict", "other"]))
 def test_compare_of_any_results_ends_in_one_line_or_a_comparison(a, b, task, margin, wrap):
-    """bench.compare of results holding any records (mismatched, empty, of other kinds), any task and margin: one
+    """acbench.compare of results holding any records (mismatched, empty, of other kinds), any task and margin: one
     UserError line or a comparison with its verdict."""
     ra, rb = _result(a), _result(b)
     if wrap == "dict":
         ra, rb = {"lama": ra}, {"lama": rb}
     elif wrap == "other":
         ra = a
-    out = one_line_or_result(lambda: bench.compare(ra, rb, task=task, margin=margin))
+    out = one_line_or_result(lambda: acbench.compare(ra, rb, task=task, margin=margin))
     if out is not None:
         assert out["verdict"] in ("better", "worse", "equivalent", "undecided", "higher", "lower")
         nan = any(isinstance(r, dict) and isinstance(r.get("nll"), float) and r["nll"] != r["nll"] for r in a + b)
@@ -182,7 +182,7 @@ def test_compare_of_any_results_ends_in_one_line_or_a_comparison(a, b, task, mar
                          st.dictionaries(st.sampled_from(["lama", "ppl-token", "nope"]), st.just(_result([])),
                                          max_size=2)))
 def test_to_frame_of_anything_ends_in_one_line_or_a_frame(results):
-    frame = one_line_or_result(lambda: bench.to_frame(results))
+    frame = one_line_or_result(lambda: acbench.to_frame(results))
     if frame is not None:
         assert "metric" in frame.columns
 
@@ -197,7 +197,7 @@ def test_compare_takes_only_a_margin_in_zero_one(margin, task):
     other = [{"window": i, "nll": 3.0 + 0.011 * i} for i in range(8)]
     ok = isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 < margin <= 1
     try:
-        out = bench.compare(_result(recs), _result(other), task=task, margin=margin)
+        out = acbench.compare(_result(recs), _result(other), task=task, margin=margin)
     except UserError as e:
         assert margin is not None and not ok and "margin=" in str(e) and "(0, 1]" in str(e) and "\n" not in str(e)
         return
@@ -213,7 +213,7 @@ def test_to_frame_takes_names_as_strings(model, method):
     results = {"lama": _result([{"id": 0, "correct": 1}])}
     named = all(v is None or (isinstance(v, str) and v.strip()) for v in (model, method))
     try:
-        frame = bench.to_frame(results, model=model, method=method)
+        frame = acbench.to_frame(results, model=model, method=method)
     except UserError as e:
         assert not named and "to_frame:" in str(e) and "\n" not in str(e)
         return
@@ -229,7 +229,7 @@ def test_the_statistics_cache_is_cleared_only_on_true(clear, tmp_path_factory, m
     (root / "a-calibration" / "C.safetensors").write_bytes(b"x" * 10)
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(root))
     try:
-        listed = bench.statistics_cache(clear=clear)
+        listed = acbench.statistics_cache(clear=clear)
     except UserError as e:
         assert not isinstance(clear, bool) and "clear=" in str(e) and "\n" not in str(e)
         assert (root / "a-calibration" / "C.safetensors").exists()

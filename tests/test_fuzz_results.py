@@ -42,7 +42,7 @@ def edit_fields(data, cell: dict, paths: list, values) -> None:
 
 @given(data=st.data())
 def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
-    from leaderboard.report import write_report
+    from acbench.leaderboard.report import write_report
 
     cell = copy.deepcopy(valid_cell)
     edit_fields(data, cell, [p for p in _paths(valid_cell) if p], json_value)
@@ -51,7 +51,7 @@ def test_generated_cells_never_crash_the_report(tmp_path, valid_cell, data):
     shutil.copytree(FIXTURES / "results" / "model-b" / "dense", root / "model-b" / "dense")
     # at the place its (changed) identity names, so that the report reads it; where the identity names no place,
     # at the original one (the reader skips it, saying why)
-    from core.record import cell_relpath
+    from acbench.core.record import cell_relpath
 
     try:
         c = cell["cell"]
@@ -92,8 +92,8 @@ def test_a_cell_that_is_not_what_its_place_says_is_never_taken_as_done(tmp_path,
     """Edited in its place, a cell is done only if it still means what its place says: an identity field changed
     (a pca cell relabelled fasc), a metric outside its domain (a ppl of -1), a provenance field dropped: each is
     a reason to recompute it (bench run) and to name it (bench report)."""
-    from bench.results.store import cell_status
-    from core.record import metric_domain
+    from acbench.results.store import cell_status
+    from acbench.core.record import metric_domain
 
     cell = copy.deepcopy(valid_cell)
     target = tmp_path / VALID_PLACE
@@ -127,8 +127,8 @@ json_any = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) |
 
 
 def _refused_in_one_line_or_loaded(source: str) -> None:
-    from core.errors import UserError
-    from tasks.data.lama_data import load_lama
+    from acbench.core.errors import UserError
+    from acbench.tasks.data.lama_data import load_lama
 
     try:
         ls = load_lama(source)
@@ -188,9 +188,9 @@ def test_a_timed_cell_with_any_field_of_any_type_is_shown_valid_or_named(tmp_pat
     timed ppl-token cell replaced by any value. The report never dies, and the cell is either valid by every check
     (and then shown) or skipped with one line naming its file: never a NaN verdict, a negative bandwidth, a text
     overhead or a perplexity its records contradict in the leaderboard."""
-    from core.record import cell_problem
-    from leaderboard.load import read_result_set
-    from leaderboard.report import write_report
+    from acbench.core.record import cell_problem
+    from acbench.leaderboard.load import read_result_set
+    from acbench.leaderboard.report import write_report
 
     root = tmp_path_factory.mktemp("timed") / "results"
     shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
@@ -233,9 +233,9 @@ def test_a_cell_with_any_calibration_mode_authors_or_shortfall_is_shown_valid_or
     """The calibration block's mode (spec and authors'), its authors' sizes and its shortfall record, of any type:
     the cell is shown (under its mode's row name, with its calibration column) exactly when every value is valid,
     else skipped in one line naming it."""
-    from core.record import cell_problem
-    from leaderboard.load import read_result_set
-    from leaderboard.report import write_report
+    from acbench.core.record import cell_problem
+    from acbench.leaderboard.load import read_result_set
+    from acbench.leaderboard.report import write_report
 
     root = tmp_path_factory.mktemp("calibrated") / "results"
     shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
@@ -271,8 +271,8 @@ HAND_EDITS = [  # (a path into the timed cell, a value): each what the issue fou
 
 @pytest.mark.parametrize("path,value", HAND_EDITS, ids=[f"{'.'.join(map(str, p))}={v!r}" for p, v in HAND_EDITS])
 def test_each_hand_edit_the_probe_found_skips_the_cell_with_one_line(tmp_path, path, value):
-    from leaderboard.load import read_result_set
-    from leaderboard.report import write_report
+    from acbench.leaderboard.load import read_result_set
+    from acbench.leaderboard.report import write_report
 
     root = tmp_path / "results"
     shutil.copytree(FAMILIES / "model-c" / "dense", root / "model-c" / "dense")
@@ -306,7 +306,7 @@ def _accuracy_cell(edit):
     ("micro accuracy not the records'", lambda c: c["metrics"].update({"p@1_micro": 0.999})),
 ])
 def test_accuracy_records_of_the_wrong_type_or_meaning_are_refused(name, edit):
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     cell = json.loads((FAMILIES / "model-c" / "pca" / "rank-0.5" / "lama-c1.json").read_text())
     assert cell_problem(cell) is None
@@ -314,7 +314,7 @@ def test_accuracy_records_of_the_wrong_type_or_meaning_are_refused(name, edit):
 
 
 def test_a_cell_whose_model_is_not_the_one_its_fingerprint_names_is_refused():
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
     cell["model_fingerprint"] = {**cell["model_fingerprint"], "alias": "smollm2-135m"}
@@ -363,7 +363,7 @@ RECORD_CASES = [  # (task, record, the problem or None)
 
 @pytest.mark.parametrize("task,record,problem", RECORD_CASES)
 def test_each_record_field_is_checked_by_type_range_and_meaning(task, record, problem):
-    from core.record import _record_problem, records_problem
+    from acbench.core.record import _record_problem, records_problem
 
     assert _record_problem(record, task) == problem
     rec = {"cell": {"task": task}, "metrics": {}, "records": [{}, record]}
@@ -373,7 +373,7 @@ def test_each_record_field_is_checked_by_type_range_and_meaning(task, record, pr
 def test_the_metrics_agree_with_their_records_to_a_billionth():
     import math
 
-    from core.record import records_problem
+    from acbench.core.record import records_problem
 
     def cell(nlls, **metrics):
         return {"cell": {"task": "ppl-token"}, "metrics": metrics, "records": [{"nll": v} for v in nlls]}
@@ -432,7 +432,7 @@ LATENCY_CASES = [
 
 
 def test_close_is_a_billionth_of_the_larger_magnitude_or_of_one():
-    from core.record import _close
+    from acbench.core.record import _close
 
     assert _close(0.0, 1e-9) and not _close(0.0, 1.5e-9)  # near 0: a billionth of one, the edge included
     assert _close(0.0, 5e-10)
@@ -442,13 +442,13 @@ def test_close_is_a_billionth_of_the_larger_magnitude_or_of_one():
 
 @pytest.mark.parametrize("latency,problem", LATENCY_CASES)
 def test_each_latency_field_is_checked_by_type_and_sign(latency, problem):
-    from core.record import latency_problem
+    from acbench.core.record import latency_problem
 
     assert latency_problem(latency) == problem
 
 
 def test_the_fingerprints_name_is_the_cells_model_or_its_second_folder():
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
     for fp, model, ok in [({"alias": "m"}, "m", True), ({"alias": "m"}, "m-0123abcd", True),
@@ -466,7 +466,7 @@ def test_the_fingerprints_name_is_the_cells_model_or_its_second_folder():
 def test_an_older_cells_records_are_checked_as_the_leaderboard_reads_them():
     """A schema-2 LAMA cell stored ranks, not "correct": its records are upgraded before they are checked, so a
     micro P@1 its ranks contradict is refused, and one they agree with is not."""
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     cell = json.loads((FAMILIES / "model-c" / "pca" / "rank-0.5" / "lama-c1.json").read_text())
     cell = {**cell, "schema_version": 2, "cell": {k: v for k, v in cell["cell"].items() if k != "kind"},
@@ -490,7 +490,7 @@ def test_a_cloze_mmlu_record_with_any_value_is_valid_or_named(field, value, prim
     """A cloze MMLU cell (both accuracies per item, the shown one as "correct") with one field of one record replaced
     by any value: valid exactly when every value is of its kind, "correct" is the shown accuracy's, and each
     accuracy is the share of its own field; otherwise one line naming the problem."""
-    from core.record import records_problem
+    from acbench.core.record import records_problem
 
     shown = {"acc": "correct_acc", "acc_norm": "correct_acc_norm"}.get(primary, "correct_acc_norm")
     recs = [{"subject": "s", "gold": "A", "pred": "A", "correct_acc": 0, "correct_acc_norm": 1,
@@ -522,7 +522,7 @@ def test_a_cloze_mmlu_record_with_any_value_is_valid_or_named(field, value, prim
 def test_cloze_records_name_their_accuracies_and_the_field_each_is_checked_against():
     """MMLU's cloze form keeps one correctness per accuracy: a primary metric that is neither is named with the two
     it could be, and an accuracy that disagrees with its own field names that field."""
-    from core.record import records_problem
+    from acbench.core.record import records_problem
 
     recs = [{"correct_acc": 1, "correct_acc_norm": 0, "correct": 1}, {"correct_acc": 0, "correct_acc_norm": 0,
                                                                       "correct": 0}]
@@ -568,7 +568,7 @@ OUT_OF_RANGE = {"nonneg": [-5.0], "positive": [0, -1.0], "ratio": [0.0, -0.25, 5
 
 
 def _range_cases():
-    from core.record import FIELD_RANGES
+    from acbench.core.record import FIELD_RANGES
 
     return [(path, kind, v) for path, kind in FIELD_RANGES for v in OUT_OF_RANGE[kind]]
 
@@ -579,7 +579,7 @@ def test_every_numeric_field_read_outside_its_range_skips_the_cell_naming_it(pat
     """Each field of FIELD_RANGES, set outside its range in a valid timed cell (a negative stderr printed as
     "+- -5.00", a negative ratio printed in bold as the best, 0 ms printed as a measured time, a number where a
     shape belongs): the cell is invalid, and the problem names the field."""
-    from core.record import cell_problem
+    from acbench.core.record import cell_problem
 
     cell = json.loads((FAMILIES / TIMED_PLACE).read_text())
     assert cell_problem(cell) is None
@@ -593,7 +593,7 @@ def test_every_numeric_field_read_outside_its_range_skips_the_cell_naming_it(pat
 def test_a_numeric_field_with_any_number_is_valid_exactly_when_in_its_range(data):
     """Any number (or null) at any field of FIELD_RANGES: the cell is refused exactly when the value is outside the
     field's range, so a measurement is never refused and an edit never shown."""
-    from core.record import FIELD_RANGES, RANGE_KINDS, cell_problem
+    from acbench.core.record import FIELD_RANGES, RANGE_KINDS, cell_problem
 
     path, kind = data.draw(st.sampled_from(FIELD_RANGES))
     value = data.draw(st.one_of(st.none(), st.integers(-3, 10**9), st.floats(-1e6, 1e6), st.booleans(),
@@ -608,7 +608,7 @@ def test_the_probes_four_range_edits_are_skipped_and_never_printed(tmp_path):
     """The cases found: stderr.ppl -5 ("49119.54 +- -5.00"), param_ratio -0.5 (bold as the best), dense_body_ms 0
     (a measured time), dense_product.shape 160 (a figure dropped in silence): each cell is named in the report's
     skipped files and none of its values is printed."""
-    from leaderboard.report import write_report
+    from acbench.leaderboard.report import write_report
 
     for path, value in ((("stderr", "ppl"), -5.0), (("compression", "param_ratio"), -0.5),
                         (("latency", "body_overhead", "dense_body_ms"), 0),

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.cli.smoke import tiny_checkpoint
+from acbench.cli.smoke import tiny_checkpoint
 from tests.fuzz_common import json_value
 
 
@@ -21,10 +21,10 @@ def calibrated(tmp_path_factory):
     """The tiny model's statistics in a cache of their own, and the values a clean read gives."""
     import os
 
-    from bench.calibration.engine import CalibSpec
-    from bench.model.groups import find_input_groups
-    from bench.model.sources import open_and_load_model
-    from bench.calibration.cache import calibration_windows, load_or_calibrate, stats_folder
+    from acbench.calibration.engine import CalibSpec
+    from acbench.model.groups import find_input_groups
+    from acbench.model.sources import open_and_load_model
+    from acbench.calibration.cache import calibration_windows, load_or_calibrate, stats_folder
 
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("ACBENCH_CACHE"), os.environ.get("ACBENCH_STATS_CACHE")
@@ -65,8 +65,8 @@ TAMPERS = ["flip", "dtype", "shape", "drop_meta", "scalars", "token_count", "add
 
 @given(tamper=st.sampled_from(TAMPERS), which=st.integers(0, 7), where=st.floats(0, 1))
 def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, where, monkeypatch):
-    from bench.calibration.cache import load_or_calibrate
-    from bench.calibration.group_files import group_file, group_problem
+    from acbench.calibration.cache import load_or_calibrate
+    from acbench.calibration.group_files import group_file, group_problem
 
     lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
     monkeypatch.setenv("ACBENCH_CACHE", str(cache))
@@ -134,7 +134,7 @@ def test_a_rewritten_info_json_never_changes_a_number_or_the_record(calibrated, 
     come from the files; its timing fields reach the record only as valid counts and times."""
     import math
 
-    import bench.calibration.cache as statistics
+    import acbench.calibration.cache as statistics
 
     lm, groups, cspec, needs, folder, reference, cache, windows = calibrated
     monkeypatch.setenv("ACBENCH_CACHE", str(cache))

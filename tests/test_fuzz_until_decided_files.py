@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 from fuzz_common import json_value
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -24,7 +24,7 @@ class _Windows:
     name, primary_metric, higher_is_better = "fake", "ppl", {"ppl": False}
 
     def __init__(self):
-        from tasks.base import UntilDecided
+        from acbench.tasks.base import UntilDecided
 
         self.until_decided = UntilDecided("pca", looks=4, margin=0.02)
         self.scored = []
@@ -40,7 +40,7 @@ class _Windows:
         return {"window": item[0]}
 
     def result_of(self, records):
-        from tasks.base import TaskResult
+        from acbench.tasks.base import TaskResult
 
         return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
 
@@ -50,7 +50,7 @@ VALID = _Windows().score_items(None, None, [(i, None) for i in range(20)])
 
 
 def _valid_body(records=VALID) -> dict:
-    from core.record import records_digest
+    from acbench.core.record import records_digest
 
     return {"cell": "cell.json", "task": "fake", "digest": records_digest(records), "records": records}
 
@@ -76,7 +76,7 @@ def _edited(edit) -> dict:
 @given(content=st.one_of(json_value.map(lambda v: json.dumps(v)), edits.map(lambda e: json.dumps(_edited(e))),
                          st.text(max_size=30)))
 def test_a_kept_file_resumes_only_as_written(tmp_path_factory, content):
-    from bench.runner.until_decided import evaluate_until_decided
+    from acbench.runner.until_decided import evaluate_until_decided
 
     keep = tmp_path_factory.mktemp("keep") / "cell.json.partial"
     keep.write_text(content)
@@ -95,7 +95,7 @@ def test_a_kept_file_resumes_only_as_written(tmp_path_factory, content):
 
 
 def _reference_cell(tmp: Path) -> tuple[Path, dict]:
-    from core.record import until_decided_digest
+    from acbench.core.record import until_decided_digest
 
     spec = {"reference": "pca", "looks": 4, "margin": 0.02, "budget": 40, "block": 10, "items": 40,
             "decision": None, "interval": None, "stopped": "whole budget (dense or the reference)"}
@@ -125,7 +125,7 @@ def test_a_reference_cell_is_read_only_as_written(tmp_path_factory, edit, whole)
     """A stored reference edited in any field (an NLL changed, its decision, its records replaced), or replaced by
     any JSON: its records are read only when the file is as the run wrote it; else one line naming it, or None
     where it is not an until-decided cell (then nothing stops early against it)."""
-    from bench.runner.until_decided import reference_records
+    from acbench.runner.until_decided import reference_records
 
     path, cell = _reference_cell(tmp_path_factory.mktemp("ref"))
     if whole is not None:
@@ -151,8 +151,8 @@ def test_a_reference_cell_is_read_only_as_written(tmp_path_factory, edit, whole)
 # ---------------------------------------------------------------- the same files, by hand
 
 def test_the_reference_is_read_as_written_or_refused(tmp_path):
-    from bench.runner.until_decided import reference_records
-    from core.record import until_decided_digest
+    from acbench.runner.until_decided import reference_records
+    from acbench.core.record import until_decided_digest
 
     path, cell = _reference_cell(tmp_path)
     assert reference_records(path.with_name("absent.json")) is None
@@ -188,8 +188,8 @@ def test_the_reference_is_read_as_written_or_refused(tmp_path):
 def test_decide_scores_and_paths_by_hand():
     import numpy as np
 
-    from bench.runner.until_decided import block_size, decide, partial_path, scores_of
-    from core.confidence_sequences import accuracy_cs
+    from acbench.runner.until_decided import block_size, decide, partial_path, scores_of
+    from acbench.core.confidence_sequences import accuracy_cs
 
     assert scores_of([{"id": 1, "correct": True}, {"id": 2, "correct": 0}]) == ("accuracy", [1.0, 0.0],
                                                                                 [("1",), ("2",)])
@@ -216,8 +216,8 @@ class _Cell:
 
 
 def test_a_kept_file_as_written_passes_the_planning_check_and_an_edit_does_not(tmp_path):
-    from bench.runner.until_decided import check_partials, partial_problem, write_partial
-    from core.record import records_digest
+    from acbench.runner.until_decided import check_partials, partial_problem, write_partial
+    from acbench.core.record import records_digest
 
     cell = tmp_path / "cell.json"
     keep = cell.with_name("cell.json.partial")
@@ -255,7 +255,7 @@ class _Scripted:
     name, primary_metric = "fake", "ppl"
 
     def __init__(self, scores, kind="nll", margin=0.02, looks=4, stop_at=None):
-        from tasks.base import UntilDecided
+        from acbench.tasks.base import UntilDecided
 
         self.until_decided = UntilDecided("pca", looks=looks, margin=margin)
         self.scores, self.kind, self.stop_at, self.calls = scores, kind, stop_at, 0
@@ -279,7 +279,7 @@ class _Scripted:
         return {"window": item[0]}
 
     def result_of(self, records):
-        from tasks.base import TaskResult
+        from acbench.tasks.base import TaskResult
 
         return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
 
@@ -288,13 +288,13 @@ MODEL, TOKENIZER, PROGRESS = object(), object(), "shown"
 
 
 def _evaluate(task, reference, keep=None):
-    from bench.runner.until_decided import evaluate_until_decided
+    from acbench.runner.until_decided import evaluate_until_decided
 
     return evaluate_until_decided(task, MODEL, TOKENIZER, reference, progress=PROGRESS, keep=keep)
 
 
 def test_the_run_stops_where_its_sequence_decides_and_keeps_its_blocks(tmp_path):
-    from core.record import records_digest
+    from acbench.core.record import records_digest
 
     wave = [0.005 * math.sin(i) for i in range(400)]  # within 0.02 nats of the reference: equivalent
     ref = [{"window": i, "nll": 3.0} for i in range(400)]
@@ -333,7 +333,7 @@ def test_the_run_stops_where_its_sequence_decides_and_keeps_its_blocks(tmp_path)
 def test_every_refusal_of_a_kept_file_by_its_words(tmp_path):
     """partial_problem's lines, each exactly, and resumed's refusal of a file whose records are not this pool's first
     items (checked at resume even when no planning check ran)."""
-    from bench.runner.until_decided import partial_problem, resumed
+    from acbench.runner.until_decided import partial_problem, resumed
 
     keep = tmp_path / "cell.json.partial"
     task = _Windows()
@@ -377,8 +377,8 @@ def test_decide_on_real_valued_differences_reads_the_last_bounds():
     the last item's (a decision read one item late, or bounds one item old, differ there)."""
     import numpy as np
 
-    from bench.runner.until_decided import decide
-    from core.confidence_sequences import mean_cs
+    from acbench.runner.until_decided import decide
+    from acbench.core.confidence_sequences import mean_cs
 
     ref = [3.0] * 100
     for shift, word in ((0.2, "worse"), (-0.2, "better")):
@@ -394,7 +394,7 @@ def test_decide_on_real_valued_differences_reads_the_last_bounds():
 def test_the_planning_check_reads_every_cells_file_with_the_pools_identities(tmp_path):
     """check_partials goes on past a cell it skips, asks the task's pool with the run's tokenizer, and checks the
     records against that pool; evaluate_until_decided checks them again at resume."""
-    from bench.runner.until_decided import check_partials, write_partial
+    from acbench.runner.until_decided import check_partials, write_partial
 
     task = _Scripted([3.0 + 0.01 * (i % 7) for i in range(40)])
     shifted = [{"window": i + 1, "nll": 3.0} for i in range(10)]
@@ -419,7 +419,7 @@ def test_the_digests_are_of_the_canonical_text_written_here():
     tuples as lists, its first 16 hex digits; until_decided_digest seals exactly SEALED_UNTIL_DECIDED's fields."""
     import hashlib
 
-    from core.record import SEALED_UNTIL_DECIDED, records_digest, until_decided_digest, until_decided_problem
+    from acbench.core.record import SEALED_UNTIL_DECIDED, records_digest, until_decided_digest, until_decided_problem
 
     def sha(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main, run_config_from_argv
+from acbench.cli import main, run_config_from_argv
 
 
 def base(tiny, out, **replace):
@@ -57,7 +57,7 @@ def no_cells(out: Path) -> bool:
 def _bad_models(tmp: Path, tiny: Path) -> dict:
     (tmp / "random.gguf").write_bytes(os.urandom(4096))
     (tmp / "garbage.gguf").write_bytes(b"GGUF" + os.urandom(4096))
-    from bench.model.sources import _alias_gguf
+    from acbench.model.sources import _alias_gguf
 
     real = _alias_gguf("smollm2-135m").read_bytes()
     (tmp / "truncated.gguf").write_bytes(real[: 1 << 20])
@@ -254,7 +254,7 @@ def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny
     good = json.loads(pca.read_text())
     assert good["bos"] == "none" and good["task_config"]["bos"] == "none"  # SmolLM2's tokenizer adds no BOS
     assert good["calibration"]["spec"]["bos"] == "none"
-    from core.record import SCHEMA_VERSION
+    from acbench.core.record import SCHEMA_VERSION
 
     dense.write_text(json.dumps({"schema_version": SCHEMA_VERSION}))
     broken = dict(good)
@@ -267,7 +267,7 @@ def test_invalid_cells_are_named_recomputed_and_skipped_by_report(tmp_path, tiny
     assert all("metrics" in json.loads(f.read_text()) for f in files)
     # a cell whose identity is a string is named and skipped by report, not a crash
     pca.write_text(json.dumps({**good, "cell": "oops"}))
-    from leaderboard.load import read_result_set
+    from acbench.leaderboard.load import read_result_set
 
     rs = read_result_set(out)
     assert any(pca.name in p and "no cell identity" in p for p in rs.problems)
@@ -301,7 +301,7 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
     out = tmp_path / "out"
     argv = base(tiny, out, **{"--methods": ["pca", "svd", "random", "whitened-svd", "asvd", "fasc-kfac"],
                               "--rank": ["0.5", "0.25"]})
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.cli", *argv], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-m", "acbench.cli", *argv], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     logs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
@@ -313,8 +313,8 @@ def test_two_runs_on_one_results_directory_split_the_work(tmp_path, tiny):
 
 
 def test_undefined_numbers_are_stored_as_null_never_as_bare_nan(tmp_path):
-    from bench.results.store import cell_path, cell_status, write_cell
-    from core.record import CellId, CellRecord
+    from acbench.results.store import cell_path, cell_status, write_cell
+    from acbench.core.record import CellId, CellRecord
 
     path = cell_path(tmp_path, "m", "pca", 0.5, "rank", "ppl-token", "k")
     write_cell(path, CellRecord(cell=CellId("m", "pca", 0.5, "rank", "ppl-token", "k"),
@@ -406,10 +406,10 @@ def test_sigterm_releases_every_claim(tmp_path, tiny, capsys, monkeypatch, priva
     import os
     import signal
 
-    import bench.runner.execute
-    import bench.calibration.cache
+    import acbench.runner.execute
+    import acbench.calibration.cache
 
-    target = (bench.calibration.cache, "_calibrate_pending") if stage == "calibration" else (bench.runner.execute.Worker, "claim")
+    target = (acbench.calibration.cache, "_calibrate_pending") if stage == "calibration" else (acbench.runner.execute.Worker, "claim")
     original = getattr(*target)
 
     def terminated(*args, **kwargs):
@@ -470,12 +470,12 @@ def test_an_unreachable_hub_is_one_line_within_seconds(tmp_path, capsys, monkeyp
     import datasets.config
     import huggingface_hub.constants
 
-    import core.hub
+    import acbench.core.hub
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
-    monkeypatch.setattr(core.hub, "_answer", [])
+    monkeypatch.setattr(acbench.core.hub, "_answer", [])
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
@@ -516,7 +516,7 @@ def test_weights_that_do_not_fit_the_config_are_one_line_not_a_load_report(tmp_p
 ])
 def test_a_decode_kernel_that_cannot_run_is_refused_when_the_model_loads(tmp_path, tiny, capsys, monkeypatch, value,
                                                                          needle):
-    import core.compressed_layers as layers
+    import acbench.core.compressed_layers as layers
 
     monkeypatch.setattr(layers, "_CHOSEN", {})  # read once per process: this test's setting, not an earlier one's
     monkeypatch.setattr(layers, "triton_importable", lambda: True)
@@ -596,7 +596,7 @@ def test_quiet_keeps_what_other_libraries_print_in_the_runs_log(tmp_path, tiny, 
     import logging
     import warnings
 
-    import tasks
+    from acbench import tasks
 
     ppl = tasks.get_task("ppl-token")
     scored = ppl.evaluate

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from acbench.cli import main
 from tests.test_hostile_input import base, expect_one_line, no_cells
 
 
@@ -47,7 +47,7 @@ def test_two_models_with_one_folder_name_get_a_folder_each(tmp_path, tiny):
     assert "checkpoint-1" in found and any(n.startswith("checkpoint-1-") for n in found)
     before = sorted(p for p in out.rglob("*.json"))
     assert main(_dense([b], out)) == 0 and sorted(out.rglob("*.json")) == before  # b's cells found, not redone
-    from leaderboard.load import read_result_set
+    from acbench.leaderboard.load import read_result_set
 
     rs = read_result_set(out)
     assert {c.cell.model for c in rs.cells} == set(found) and not rs.problems
@@ -80,7 +80,7 @@ def test_a_later_model_whose_weights_do_not_fit_is_refused_before_the_first_cell
 def test_an_old_tree_with_two_models_in_one_folder_is_said_not_merged(tmp_path, tiny):
     """Cells of two models filed under one name by an earlier version: the report keeps the newest model's cells
     and names the others, never mixing the two in one row."""
-    from leaderboard.load import read_result_set
+    from acbench.leaderboard.load import read_result_set
 
     a = _other_weights(tiny, tmp_path / "x" / "ck", 1.0)
     out = tmp_path / "out"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.interruptible import interruptible
+from acbench.core.interruptible import interruptible
 
 
 def test_a_result_and_an_error_come_back_as_from_a_plain_call():
@@ -84,11 +84,11 @@ def test_a_solve_that_would_not_fit_is_refused_before_it_starts(tmp_path, tiny, 
     """The solve device's free memory below a group's solve estimate: one line naming the group, its width, the
     estimate and how to leave the group out, before any factorisation runs; the dense cells already finished are
     kept."""
-    import bench.deploy.compression
-    import methods
-    from bench.cli import main
+    import acbench.deploy.compression
+    from acbench import methods
+    from acbench.cli import main
 
-    monkeypatch.setattr(bench.deploy.compression, "free_bytes", lambda device: 10_000)  # about 10 kB free
+    monkeypatch.setattr(acbench.deploy.compression, "free_bytes", lambda device: 10_000)  # about 10 kB free
     solved = []
     monkeypatch.setattr(methods.get_method("pca"), "compress", lambda *a, **k: solved.append(1))
     out = tmp_path / "out"
@@ -103,9 +103,9 @@ def test_a_solve_that_would_not_fit_is_refused_before_it_starts(tmp_path, tiny, 
 
 
 def test_the_solve_estimate_grows_with_the_square_of_the_width_and_the_precision():
-    import methods
-    from bench.deploy.compression import solve_bytes
-    from bench.testing import FakeGroup
+    from acbench import methods
+    from acbench.deploy.compression import solve_bytes
+    from acbench.testing import FakeGroup
 
     def group(d):
         return FakeGroup({"a": torch.zeros(8, d)})
@@ -119,10 +119,10 @@ def test_the_solve_estimate_grows_with_the_square_of_the_width_and_the_precision
 def test_every_methods_solve_runs_where_a_signal_reaches_it(monkeypatch):
     """Each registered method's per-group solve (and a method's own allocation across groups) goes through
     `interruptible`, so no method's factorisation can hold a Ctrl-C back."""
-    import bench.deploy.compression as compression
-    import methods
+    import acbench.deploy.compression as compression
+    from acbench import methods
     from conftest import calibrated_tiny
-    from core.stats import RankSpec, SparsitySpec
+    from acbench.core.stats import RankSpec, SparsitySpec
 
     model, stats = calibrated_tiny(2, 16, 16)
     through = []

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
-from core.stats import SparsitySpec
+from acbench import methods
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed
+from acbench.model.groups import find_input_groups
+from acbench.core.stats import SparsitySpec
 
 from conftest import tiny_model
 
@@ -100,7 +100,7 @@ def test_patterns_and_settings_are_refused_in_one_line():
 def test_plan_prices_the_rotation_and_the_split():
     from pathlib import Path
 
-    from bench.measure.costs import estimate_costs as make_plan
+    from acbench.measure.costs import estimate_costs as make_plan
 
     comp = methods.build("larosa")
     p = SparsitySpec(density=0.5)

@@ -1,6 +1,8 @@
 """The package layers import only downward, and no module imports itself back through others.
 
-core < methods, tasks, leaderboard < analyses < bench (the harness and its CLI) < studies. A study's command plugs
+Everything is one import package, `acbench`: the folder bench/ is `acbench` itself (the harness and its CLI), the
+other folders sit beneath it (core/ is `acbench.core`, ...). A layer is named by its folder:
+core < methods, tasks, leaderboard < analyses < bench < studies. A study's command plugs
 into the CLI by entry point (`acbench.commands`), so the CLI imports no study. Every import counts, including those
 inside functions.
 Beside the imports: the leaderboard names no task, analysis or study, the harness has no field named after a task, and
@@ -13,7 +15,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard", "studies")
+PACKAGES = ("core", "methods", "tasks", "bench", "analyses", "leaderboard", "studies")  # the folders
+PACKAGE = "acbench"
 # what each layer may import besides itself
 ALLOWED = {
     "core": set(),
@@ -26,15 +29,20 @@ ALLOWED = {
 }
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    """The import name of a file: bench/x.py is acbench.x, core/x.py is acbench.core.x."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGE] + (parts[1:] if parts[0] == "bench" else parts))
 
 
 def layer(module: str) -> str:
-    return module.split(".")[0]
+    """The folder a module lives in (its layer); a name outside acbench is its own."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return parts[0]
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "bench"
 
 
 def imports_of(path: Path, module: str) -> set[str]:
@@ -51,12 +59,12 @@ def imports_of(path: Path, module: str) -> set[str]:
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            # `from pkg import mod` imports pkg.mod when that is a module
-            names = [stem] + [f"{stem}.{a.name}" for a in node.names]
+            # `from pkg import name` imports pkg.name when that is a module, else pkg (resolved by project_graph)
+            names = [f"{stem}.{a.name}" for a in node.names]
         else:
             continue
         for n in names:
-            if n.split(".")[0] in PACKAGES:
+            if n.split(".")[0] == PACKAGE:
                 out.add(n)
     return out
 
@@ -87,13 +95,13 @@ def test_layers_import_only_downward():
 
 def test_a_back_arrow_from_the_cli_to_a_study_fails():
     """The CLI is part of bench: were it to import a study again (as it once did), the check names the arrow."""
-    graph = {**project_graph(), "bench.cli.emerge": {"studies.emergence"}}
-    assert upward_imports(graph) == ["bench.cli.emerge (bench) imports studies.emergence (studies)"]
+    graph = {**project_graph(), "acbench.cli.emerge": {"acbench.studies.emergence"}}
+    assert upward_imports(graph) == ["acbench.cli.emerge (bench) imports acbench.studies.emergence (studies)"]
 
 
 def test_the_study_command_is_plugged_in_by_entry_point():
-    from bench.cli import _parser
-    from bench.results.plugged import plugged_commands
+    from acbench.cli import _parser
+    from acbench.results.plugged import plugged_commands
 
     assert list(plugged_commands()) == ["emerge"]
     sub = next(a for a in _parser()._actions if a.dest == "cmd")
@@ -103,8 +111,9 @@ def test_the_study_command_is_plugged_in_by_entry_point():
 def test_no_import_cycles():
     graph = project_graph()
     # A package's __init__ importing its own modules is how a package is built, not a cycle between modules.
-    edges = {m: {t for t in ts if not (m in PACKAGES and t.startswith(m + "."))
-                 and not (t in PACKAGES and m.startswith(t + "."))} for m, ts in graph.items()}
+    tops = {module_name(ROOT / pkg / "__init__.py") for pkg in PACKAGES}
+    edges = {m: {t for t in ts if not (m in tops and t.startswith(m + "."))
+                 and not (t in tops and m.startswith(t + "."))} for m, ts in graph.items()}
     state: dict[str, int] = {}
     cycles = []
 
@@ -125,30 +134,28 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-# bench/'s rooms, in the order the data flows through them: a room imports only the rooms before it. `bench`
-# itself (its version), `bench.testing` (the method contract) and `bench.api` (the Python calls) sit above the
-# runner; the CLI above everything.
-ROOMS = ["bench", "bench.results", "bench.model", "bench.calibration", "bench.deploy", "bench.measure",
-         "bench.runner", "bench.testing", "bench.api", "bench.cli"]
+# bench/'s rooms, in the order the data flows through them: a room imports only the rooms before it.
+# `acbench.testing` (the method contract) and `acbench.api` (the Python calls) sit above the runner, the CLI above
+# them, and `acbench` itself (bench/__init__.py, the door to the calls) above everything: nothing inside imports it
+# (the version lives in acbench.core.version).
+ROOMS = ["acbench.results", "acbench.model", "acbench.calibration", "acbench.deploy", "acbench.measure",
+         "acbench.runner", "acbench.testing", "acbench.api", "acbench.cli", "acbench"]
 
 
 def room(module: str) -> str | None:
     """The bench room a module belongs to, or None outside bench."""
     if layer(module) != "bench":
         return None
-    return next(r for r in reversed(ROOMS) if module == r or module.startswith(r + "."))
+    return max((r for r in ROOMS if module == r or module.startswith(r + ".")), key=len)  # the innermost
 
 
 def back_arrows(graph: dict[str, set[str]]) -> list[str]:
-    """Imports between bench's rooms that point up the flow (a room's __init__ and bench's version excepted;
-    bench's own __init__ re-exports the public calls of bench/api.py, lazily, and is their door, not a room)."""
+    """Imports between bench's rooms that point up the flow."""
     out = []
     for mod, targets in graph.items():
-        if mod == "bench":
-            continue
         for t in targets:
             a, b = room(mod), room(t)
-            if a and b and b != "bench" and ROOMS.index(b) > ROOMS.index(a):
+            if a and b and ROOMS.index(b) > ROOMS.index(a):
                 out.append(f"{mod} ({a}) imports {t} ({b})")
     return sorted(out)
 
@@ -162,12 +169,12 @@ def test_every_bench_module_lives_in_a_room():
     """bench/ holds the rooms, the public calls, the version and the method contract: nothing else at its top."""
     top = sorted(p.name for p in (ROOT / "bench").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
     assert top == sorted(["__init__.py", "api.py", "testing.py"] + [r.split(".")[1] for r in ROOMS if "." in r
-                                                                    and r not in ("bench.testing", "bench.api")])
+                                                                    and r not in ("acbench.testing", "acbench.api")])
 
 
 def test_a_back_arrow_between_rooms_fails():
-    graph = {**project_graph(), "bench.model.x": {"bench.runner.execute"}}
-    assert back_arrows(graph) == ["bench.model.x (bench.model) imports bench.runner.execute (bench.runner)"]
+    graph = {**project_graph(), "acbench.model.x": {"acbench.runner.execute"}}
+    assert back_arrows(graph) == ["acbench.model.x (acbench.model) imports acbench.runner.execute (acbench.runner)"]
 
 
 def test_no_two_bench_modules_share_a_name_stem():
@@ -182,8 +189,9 @@ def test_no_two_bench_modules_share_a_name_stem():
 def test_the_checker_sees_a_violation(tmp_path):
     """The walker resolves relative and function-level imports (a test that could not fail proves nothing)."""
     f = tmp_path / "x.py"
-    f.write_text("def f():\n    from ..bench import runner\n    import leaderboard.report\n")
-    assert imports_of(f, "methods.x") >= {"bench", "bench.runner", "leaderboard.report"}
+    f.write_text("def f():\n    from .. import runner\n    import acbench.leaderboard.report\n    import tasks\n")
+    got = imports_of(f, "acbench.methods.x")
+    assert got == {"acbench.runner", "acbench.leaderboard.report"}
 
 
 def test_the_order_is_total_and_matches_the_docstring():
@@ -224,9 +232,9 @@ def _names_in(path: Path) -> list[tuple[int, str]]:
 
 
 def plugin_names() -> set[str]:
-    import analyses
-    import tasks
-    from bench.results.plugged import report_sections
+    from acbench import analyses
+    from acbench import tasks
+    from acbench.results.plugged import report_sections
 
     # "lm-eval" is also the library whose version the leaderboard header reports, not only the bridge task
     names = set(tasks.known_tasks()) | set(analyses.known_analyses()) | set(report_sections())
@@ -301,7 +309,7 @@ def test_the_length_check_sees_a_long_function(tmp_path):
 
 LIBRARY = ("bench", "core", "tasks", "methods", "leaderboard", "analyses")
 # the same name on purpose: each plugin registry's `build` builds its plugins from names and options; the API's
-# `compare` is core.significance's paired comparison over what evaluate and sweep return, with its verdict
+# `compare` is acbench.core.significance's paired comparison over what evaluate and sweep return, with its verdict
 SHARED_NAMES = {"build": {"methods/__init__.py", "analyses/__init__.py"},
                 "compare": {"bench/api.py", "core/significance.py"}}
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from core.record import SCHEMA_VERSION
-from leaderboard.load import SUPPORTED_SCHEMA, read_result_set
-from bench.results.leaderboard_display import report_display
-from leaderboard.report import build_report
+from acbench.core.record import SCHEMA_VERSION
+from acbench.leaderboard.load import SUPPORTED_SCHEMA, read_result_set
+from acbench.results.leaderboard_display import report_display
+from acbench.leaderboard.report import build_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 EXPECTED = Path(__file__).parent / "fixtures" / "expected_leaderboard.md"
@@ -152,7 +152,7 @@ def test_cells_with_other_settings_are_named_not_merged(rendered):
 
 
 def test_unequal_parameter_ratios_flagged():
-    from leaderboard.report import param_ratio_warning
+    from acbench.leaderboard.report import param_ratio_warning
 
     rows = [{"method": "dense", "param ratio": 1.0}, {"method": "pca", "param ratio": 0.708},
             {"method": "svd", "param ratio": 0.775}, {"method": "fasc", "param ratio": 0.712}]
@@ -225,9 +225,9 @@ def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered
 
 
 def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
-    from leaderboard.report import _header
+    from acbench.leaderboard.report import _header
 
-    from core.record import CellId, CellRecord
+    from acbench.core.record import CellId, CellRecord
 
     def cell(bos):
         return CellRecord(cell=CellId("m", "pca", 0.5, "rank", "lama", "k"), metrics={"p@1": 0.5},
@@ -242,8 +242,8 @@ def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
 def test_stage_totals_count_each_piece_once():
     """A variant's compression and latency are in each of its cells, a calibration in every variant's: counted
     once each; evaluations and analyses add up."""
-    from core.record import CellId, CellRecord
-    from leaderboard.report import stage_totals
+    from acbench.core.record import CellId, CellRecord
+    from acbench.leaderboard.report import stage_totals
 
     def cell(method, task, timings, kind="task", cache="c1"):
         return CellRecord(cell=CellId("m", method, 0.5, "rank", task, kind=kind), metrics={"x": 1.0},
@@ -327,7 +327,7 @@ def test_perplexity_below_one_is_outside_its_domain(tmp_path):
 def test_write_report_writes_where_asked_and_says_what_it_skipped(tmp_path, capsys):
     """The CLI's entry point: the default place beside the results, --out elsewhere, one line per skipped file and
     one for the cells stored twice (the fixture tree has two bad files and one repeated cell)."""
-    from leaderboard.report import write_report
+    from acbench.leaderboard.report import write_report
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
@@ -346,8 +346,8 @@ def test_write_report_writes_where_asked_and_says_what_it_skipped(tmp_path, caps
 
 
 def test_write_report_refusals_in_full(tmp_path, monkeypatch):
-    from core.errors import UserError
-    from leaderboard import report
+    from acbench.core.errors import UserError
+    from acbench.leaderboard import report
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
@@ -381,7 +381,7 @@ def test_write_report_refusals_in_full(tmp_path, monkeypatch):
 
 def _rec(method, task, value, metric, higher, *, model="m", rank=0.5, budget="rank", allocation="uniform",
          scope="all", kind="task", stderr=None, **parts):
-    from core.record import CellId, CellRecord
+    from acbench.core.record import CellId, CellRecord
 
     return CellRecord(cell=CellId(model=model, method=method, rank=None if method == "dense" else rank, budget=budget,
                                   task=task, allocation=allocation, scope=scope, kind=kind),
@@ -390,7 +390,7 @@ def _rec(method, task, value, metric, higher, *, model="m", rank=0.5, budget="ra
 
 
 def test_a_row_in_full_from_its_cells():
-    from leaderboard.tables import metric_columns, variant_row
+    from acbench.leaderboard.tables import metric_columns, variant_row
 
     lama = _rec("pca", "lama", 0.6, "acc", True, stderr={"acc": 0.02},
                 compression={"compute_ratio": 0.4, "n_fallbacks": 2, "measured_density": 0.45},
@@ -432,7 +432,7 @@ def test_a_row_in_full_from_its_cells():
 
 
 def test_columns_follow_the_display_and_analyses_have_none():
-    from leaderboard.tables import Display, metric_columns
+    from acbench.leaderboard.tables import Display, metric_columns
 
     cells = [_rec("dense", "zeta", 1.0, "acc", True), _rec("dense", "ppl", 3.0, "ppl", False),
              _rec("dense", "alpha", 2.0, "f1", None), _rec("dense", "lama", 0.5, "acc", True),
@@ -454,7 +454,7 @@ def test_columns_follow_the_display_and_analyses_have_none():
 def test_rank_table_recovery_deltas_and_speedups_on_hand_rows(monkeypatch):
     """Recovery averages over the tasks dense is above chance on, higher-is-better only; paired differences against
     the reference on the tasks both have; an old cell's speedup is dense's time over its own; dense's are 1."""
-    import leaderboard.tables as tables
+    import acbench.leaderboard.tables as tables
 
     monkeypatch.setattr(tables, "above_chance", lambda c: {"above": c.cell.task == "lama"})  # mmlu at chance
 
@@ -508,7 +508,7 @@ def test_rank_table_recovery_deltas_and_speedups_on_hand_rows(monkeypatch):
 
 
 def test_missing_cells_and_section_order():
-    from leaderboard.tables import group_cells, missing_cells, section_order
+    from acbench.leaderboard.tables import group_cells, missing_cells, section_order
 
     cells = [_rec("dense", "lama", 0.8, "acc", True), _rec("pca", "lama", 0.5, "acc", True),
              _rec("pca", "ppl", 9.0, "ppl", False), _rec("svd", "lama", 0.4, "acc", True, rank=0.25),
@@ -535,7 +535,7 @@ def test_missing_cells_and_section_order():
 
 
 def test_allocation_k_reads_well_formed_groups_only():
-    from leaderboard.tables import allocation_k
+    from acbench.leaderboard.tables import allocation_k
 
     groups = [{"group": "layers.0.mlp_in", "k": 4, "d_in": 8}, {"group": "layers.x.mlp_in", "k": 4, "d_in": 8},
               {"group": "lm_head", "k": 4, "d_in": 8}, {"group": "layers.1.attn_in", "k": None, "d_in": 8},
@@ -550,7 +550,7 @@ def test_allocation_k_reads_well_formed_groups_only():
 
 
 def test_small_formatters():
-    from leaderboard.tables import budget_title, fmt_interval, file_slug, is_number
+    from acbench.leaderboard.tables import budget_title, fmt_interval, file_slug, is_number
 
     assert fmt_interval(0.1524, 0.0581, 0.2069, 0.0015) == "+0.152 [+0.058, +0.207] p=0.0015 *"
     assert fmt_interval(-0.1, -0.3, 0.1, 0.05) == "-0.100 [-0.300, +0.100] p=0.05"  # p = alpha is not below it
@@ -610,7 +610,7 @@ def _csv_values(path):
 
 def _plot_inputs(root, out, monkeypatch):
     """What the leaderboard hands each figure of `root`'s tree: (figure, its data, file name), floats to 10 digits."""
-    import leaderboard.plots as plots
+    import acbench.leaderboard.plots as plots
 
     calls = []
 
@@ -644,9 +644,9 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
     """The small pieces the goldens pass through only one way: the perplexity format past 1e5, the parameter and
     compute warnings word for word, the machine and bounds lines with parts missing, the header of an undated
     compressed checkpoint, rows of one allocation sharing a label, an analysis whose details cannot be rendered."""
-    from core.record import CellId, CellRecord
-    from leaderboard import report
-    from leaderboard.tables import Display
+    from acbench.core.record import CellId, CellRecord
+    from acbench.leaderboard import report
+    from acbench.leaderboard.tables import Display
 
     assert [report._num(v, "ppl") for v in (12.3456, 99999.994, 1e5, 4.671e8)] == ["12.35", "99999.99", "1e+05",
                                                                                    "4.67e+08"]
@@ -714,9 +714,9 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
 
 
 def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch):
-    from leaderboard import report
-    from leaderboard.load import read_result_set
-    from leaderboard.tables import Column, group_cells, metric_columns
+    from acbench.leaderboard import report
+    from acbench.leaderboard.load import read_result_set
+    from acbench.leaderboard.tables import Column, group_cells, metric_columns
 
     col = Column("acc", "t", "acc", True)
     rows = [{"method": "dense", "acc": 0.5}, {"method": "a", "acc": 0.5}, {"method": "b", "acc": 0.4}]
@@ -746,9 +746,9 @@ def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
     """The compute-ratio figure's data on hand rows: the first loss-like column, else the first column; no dense
     line without a dense row; a scoped section skipped (not the end of the loop); a row without a value or a
     compute ratio left out; no columns, no figure."""
-    from core.record import ALL_GROUPS
-    from leaderboard import plots, report
-    from leaderboard.tables import Column
+    from acbench.core.record import ALL_GROUPS
+    from acbench.leaderboard import plots, report
+    from acbench.leaderboard.tables import Column
 
     got = []
     monkeypatch.setattr(plots, "metric_vs_compute", lambda points, dense, label, lower, title, path:
@@ -786,9 +786,9 @@ def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
     """The frontier figure's data on hand rows: only sections over all groups that open with dense, only rows
     with a measured interval; Δ NLL only where both perplexities are positive numbers, each accuracy wherever
     the row has it; point labels per family."""
-    from core.record import ALL_GROUPS
-    from leaderboard import plots, report
-    from leaderboard.tables import Column
+    from acbench.core.record import ALL_GROUPS
+    from acbench.leaderboard import plots, report
+    from acbench.leaderboard.tables import Column
 
     got = []
     monkeypatch.setattr(plots, "quality_vs_speed", lambda panels, title, path: got.append([panels, path.name]) or path)
@@ -830,7 +830,7 @@ def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
 def test_a_model_evaluated_as_loaded(tmp_path):
     """A model with dense cells only (a saved checkpoint evaluated as it is) gets its own section, its columns
     labelled as the display asks, and its row in the JSON and CSV after the other models' rows."""
-    from leaderboard.tables import Display
+    from acbench.leaderboard.tables import Display
 
     root = tmp_path / "results"
     for part in ("model-a/dense", "model-a/pca", "model-b/dense"):
@@ -858,8 +858,8 @@ def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
     """Across rank ratios on hand rows: one accuracy column alone stays as printed ("0.500", not re-read as a
     number), a missing value is blank; without a dense row the figures get no dense mark; without a loss column
     no loss figure; the loss figure takes only rows with both a parameter ratio and a loss."""
-    from leaderboard import plots, report
-    from leaderboard.tables import Column
+    from acbench.leaderboard import plots, report
+    from acbench.leaderboard.tables import Column
 
     calls = []
     monkeypatch.setattr(plots, "accuracy_vs_rank", lambda series, dense, model, path:
@@ -885,7 +885,7 @@ def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
 
 def test_the_json_beside_the_table_writes_any_value(tmp_path):
     """A value JSON has no type for (a path) is written as its text, not an error; the CSV has every row's keys."""
-    from leaderboard.report import write_tables
+    from acbench.leaderboard.report import write_tables
 
     write_tables(tmp_path / "L.md", ["# t"], [{"method": "a", "model": "m", "source": Path("x") / "y"}, {"extra": 1}])
     assert json.loads((tmp_path / "L.json").read_text()) == [{"method": "a", "model": "m", "source": "x/y"},
@@ -895,7 +895,7 @@ def test_the_json_beside_the_table_writes_any_value(tmp_path):
 
 
 def test_no_cells_names_the_files_it_skipped(tmp_path):
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError) as e:
@@ -918,9 +918,9 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
     """Each section's lines around its table on hand rows: a low-rank section warns on parameter ratios that
     differ, a sparsity section on compute ratios, every row's numeric fallbacks in one line; no blank line for
     speed notes a section without speedups does not have; the flat rows carry each row's place."""
-    from core.record import ALL_GROUPS
-    from leaderboard import report
-    from leaderboard.tables import Column
+    from acbench.core.record import ALL_GROUPS
+    from acbench.leaderboard import report
+    from acbench.leaderboard.tables import Column
 
     dense = {"method": "dense", "acc": 0.5, "param ratio": 1.0}
     rows = {("rank", 0.5, ALL_GROUPS): [
@@ -982,7 +982,7 @@ def test_the_across_models_figures_land_beside_the_leaderboard(tmp_path):
 
 
 def test_a_reference_method_that_is_not_there(tmp_path):
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     with pytest.raises(UserError) as e:
         build_report([FIXTURE / "model-b", FIXTURE / "older-run"], tmp_path / "L.md", ref="whitened-svd")
@@ -991,7 +991,7 @@ def test_a_reference_method_that_is_not_there(tmp_path):
 
 
 def test_the_header_counts_the_analyses_wall_time():
-    from leaderboard import report
+    from acbench.leaderboard import report
 
     task = _rec("pca", "lama", 0.5, "p@1", True, timings={"evaluate_s": 4.0})
     rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 12.0})
@@ -1001,8 +1001,8 @@ def test_the_header_counts_the_analyses_wall_time():
 def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypatch):
     """Rows whose k differ keep separate lines of the k table (rows with the same k share one); a single block's
     k stays text, left-aligned like the others; the figure gets the same merged rows."""
-    from core.record import CellId, CellRecord
-    from leaderboard import plots, report
+    from acbench.core.record import CellId, CellRecord
+    from acbench.leaderboard import plots, report
 
     drawn = []
     monkeypatch.setattr(plots, "k_by_block", lambda ks, title, path: drawn.append(ks) or path)
@@ -1026,8 +1026,8 @@ def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypat
 
 
 def test_the_perplexity_column_the_frontier_reads():
-    from leaderboard.report import _ppl_label
-    from leaderboard.tables import Column
+    from acbench.leaderboard.report import _ppl_label
+    from acbench.leaderboard.tables import Column
 
     loss, ppl = Column("lama nll", "lama", "nll", False), Column("PPL", "ppl-token", "ppl", False)
     assert _ppl_label([loss, ppl]) == "PPL" and _ppl_label([loss]) is None and _ppl_label([]) is None
@@ -1038,8 +1038,8 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
     """Analysis cells by budget, then ratio high to low, each rendered by its analysis with its file stem and
     title (figures added to the written list), else as its metrics (a missing value blank); a cell its analysis
     cannot read is named by its file."""
-    from leaderboard import report
-    from leaderboard.tables import Display
+    from acbench.leaderboard import report
+    from acbench.leaderboard.tables import Display
 
     def cell(budget, rank):
         return _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", budget=budget, rank=rank)
@@ -1075,7 +1075,7 @@ def test_the_header_on_hand_cells(monkeypatch):
     """Header lines a golden tree does not reach: a calibration without its spec, BOS protocols that differ, wall
     time printed to a tenth of a second below 10 s and to the second from 10 s; the budget warning names every
     row exactly half the tolerance from an end."""
-    from leaderboard import report
+    from acbench.leaderboard import report
 
     a = _rec("pca", "lama", 0.5, "p@1", True, bos="bos-1", calibration={"cache": "c1"}, timings={"evaluate_s": 10.0})
     b = _rec("svd", "lama", 0.5, "p@1", True, bos="bos-0")

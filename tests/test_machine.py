@@ -1,7 +1,7 @@
 """The machine a cell was measured on: processor, vector extensions, CPUs, torch's kernels, BLAS and oneDNN, read
 from the system and stored in every cell's env (a speed means nothing without it)."""
 
-from bench.results.store import cpu_description, environment, machine, torch_build
+from acbench.results.store import cpu_description, environment, machine, torch_build
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -1,5 +1,5 @@
 """What a method author relies on: a plugin's code keyed into its cells (an edit without a version bump recomputes)
-with its distribution recorded; the method contract (bench.testing), passed by every built-in method and failed,
+with its distribution recorded; the method contract (acbench.testing), passed by every built-in method and failed,
 check by check, by methods broken on purpose; and `bench new-method`'s package, installed and run as generated."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-import methods
-from core.registry import code_provenance
-from methods.base import Compressor
+from acbench import methods
+from acbench.core.registry import code_provenance
+from acbench.methods.base import Compressor
 
 
 def _package(root, name: str, helper: str) -> None:
@@ -17,7 +17,7 @@ def _package(root, name: str, helper: str) -> None:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("from .method import Mine\n")
     (pkg / "method.py").write_text(
-        "from methods.base import Compressor\nfrom .helpers import SCALE\n\n\nclass Mine(Compressor):\n"
+        "from acbench.methods.base import Compressor\nfrom .helpers import SCALE\n\n\nclass Mine(Compressor):\n"
         "    name = 'mine'\n")
     (pkg / "helpers.py").write_text(helper)
 
@@ -51,18 +51,18 @@ def test_a_built_in_method_is_keyed_by_its_own_module_file():
     import hashlib
     from pathlib import Path
 
-    import methods
+    from acbench import methods
 
     cls = methods.get_method("pca")
     got = code_provenance(cls)
     path = Path(methods.__file__).parent / "pca.py"
     want = hashlib.sha256(b"pca.py\0" + path.read_bytes() + b"\0").hexdigest()[:16]
-    assert got == {"module": "methods.pca", "files": 1, "code_digest": want, "distribution": None,
+    assert got == {"module": "acbench.methods.pca", "files": 1, "code_digest": want, "distribution": None,
                    "distribution_version": None}
 
 
 def test_a_plugins_method_key_holds_its_code_digest_and_a_built_ins_does_not(tmp_path, monkeypatch):
-    from bench.runner.config import RunConfig, resolve_run
+    from acbench.runner.config import RunConfig, resolve_run
 
     _package(tmp_path, "my_keyed_pkg", "SCALE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -83,9 +83,9 @@ def test_a_plugins_method_key_holds_its_code_digest_and_a_built_ins_does_not(tmp
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from bench.testing import FakeGroup, assert_method_contract, check_method, random_stats, random_weights  # noqa: E402
-from core.stats import RankSpec  # noqa: E402
-from methods.base import SparseActivation, SparsityMethod  # noqa: E402
+from acbench.testing import FakeGroup, assert_method_contract, check_method, random_stats, random_weights  # noqa: E402
+from acbench.core.stats import RankSpec  # noqa: E402
+from acbench.methods.base import SparseActivation, SparsityMethod  # noqa: E402
 
 
 @pytest.mark.parametrize("name", methods.known_methods())
@@ -112,9 +112,9 @@ class ForgetsTheDevice(Compressor):
     needs = frozenset({"C"})
 
     def solve(self, weights, stats, k):
-        from methods.base import projection_factors
+        from acbench.methods.base import projection_factors
 
-        from core.linalg import check_finite
+        from acbench.core.linalg import check_finite
 
         check_finite("forgets-the-device", C=stats.C)
         E = torch.eye(stats.C.shape[0], dtype=stats.C.dtype)[:, :k]  # no device=: made on the default device
@@ -126,7 +126,7 @@ class SolvesThroughNaN(Compressor):
     needs = frozenset({"C"})
 
     def solve(self, weights, stats, k):
-        from methods.base import projection_factors
+        from acbench.methods.base import projection_factors
 
         U = torch.linalg.eigh(torch.nan_to_num(stats.C))[1][:, -k:]  # a NaN replaced in silence
         return projection_factors(weights, U, U.T), True, [], {}
@@ -156,7 +156,7 @@ def test_a_method_that_solves_through_a_nan_fails_the_refusal_check():
     with Registered(SolvesThroughNaN) as name:
         failed = _failed(name)
     assert list(failed) == ["non-finite statistics refused"]
-    assert "NaN in C gave a finite result instead of a refusal: call core.linalg.check_finite" in \
+    assert "NaN in C gave a finite result instead of a refusal: call acbench.core.linalg.check_finite" in \
         failed["non-finite statistics refused"]
 
 
@@ -179,7 +179,7 @@ def test_the_authors_reference_is_checked_both_ways():
     wrong = _failed("svd", lambda w, st, k: {n: W * 0.9 for n, W in svd_reference(w, st, k).items()})
     assert list(wrong) == ["equals the author's reference"]
     # a sparsity reference: x as kept
-    from core.sparsity import topk_mask
+    from acbench.core.sparsity import topk_mask
 
     def by_magnitude(x, weights, stats, pattern):
         return x * topk_mask(x.abs(), *pattern.topk_args(x.shape[-1]))
@@ -204,7 +204,7 @@ def test_the_fixtures_hold_every_statistic_a_method_may_read():
 # ---------------------------------------------------------------- bench new-method, as an author uses it
 
 def test_new_method_refuses_bad_names_and_existing_folders(tmp_path, capsys):
-    from bench.cli import main
+    from acbench.cli import main
 
     for name, why in [("My_SVD", "must be lowercase words joined by '-'"), ("pca", "is registered already"),
                       ("class", "makes the Python keyword 'class'")]:
@@ -218,13 +218,13 @@ def test_new_method_refuses_bad_names_and_existing_folders(tmp_path, capsys):
 
 @pytest.mark.parametrize("name,why", [
     ("torch", "the installed distribution 'torch'"), ("numpy", "the installed distribution 'numpy'"),
-    ("bench", "acbench's own package 'bench'"), ("core", "acbench's own package 'core'"),
-    ("leaderboard", "acbench's own package 'leaderboard'"), ("dense", "is reserved by acbench"),
+    ("acbench", "is reserved by acbench"), ("tests", "acbench's own package 'tests'"),
+    ("benchmarks", "acbench's own package 'benchmarks'"), ("dense", "is reserved by acbench"),
     ("all", "is reserved by acbench"), ("rho-analysis", "is reserved by acbench"),
     ("json", "the importable module 'json'"), ("a" + "-b" * 40, "characters long: keep it to 64"),
 ])
 def test_new_method_refuses_names_that_would_break_the_environment(tmp_path, capsys, name, why):
-    from bench.cli import main
+    from acbench.cli import main
 
     assert main(["new-method", name, "--family", "low-rank", "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -235,7 +235,7 @@ def test_new_method_refuses_names_that_would_break_the_environment(tmp_path, cap
 def test_new_method_refuses_an_output_it_cannot_write_in_one_line(tmp_path, capsys):
     import os
 
-    from bench.cli import main
+    from acbench.cli import main
 
     (tmp_path / "afile").write_text("x")
     locked = tmp_path / "locked"
@@ -260,7 +260,7 @@ def test_each_generated_template_meets_the_contract_and_its_own_reference(tmp_pa
     """The generated package's method (one decorated function by default, or a class), imported from the folder
     as written, passes the contract with the reference its generated test holds; and that reference is not
     vacuous: it fails a different method."""
-    from bench.cli.author import new_method
+    from acbench.cli.author import new_method
 
     name = f"gen-{family}-{form}"
     module = name.replace("-", "_")
@@ -288,10 +288,10 @@ def test_a_generated_method_installs_lists_passes_its_checks_and_recomputes_afte
     import os
     import subprocess
 
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     def bench(*args):
-        done = subprocess.run([sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())",
+        done = subprocess.run([sys.executable, "-c", "import sys; from acbench.cli import main; sys.exit(main())",
                                *args], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert done.returncode == 0, (args, done.stdout[-1500:], done.stderr[-1500:])
         return done.stdout

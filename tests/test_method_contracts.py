@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from core.stats import GroupStats, RankSpec, SparsitySpec
+from acbench import methods
+from acbench.core.stats import GroupStats, RankSpec, SparsitySpec
 
-from bench.testing import poisoned
+from acbench.testing import poisoned
 from test_methods import FakeGroup, random_stats
 
 D = 10
@@ -41,7 +41,7 @@ WHERE = {"asvd": "asvd", "espace-nl": "espace-nl", "fwsvd": "fwsvd", "fasc": "fa
 
 @pytest.mark.parametrize("method,stat", LOW_RANK_READING, ids=lambda v: str(v))
 def test_a_non_finite_statistic_is_refused_naming_the_method_and_the_statistic(method, stat):
-    from core.linalg import NumericError
+    from acbench.core.linalg import NumericError
 
     comp = methods.get_method(method)()
     with pytest.raises(NumericError) as e:
@@ -120,7 +120,7 @@ def test_fwsvd_without_any_gradient_is_the_plain_svd_and_says_so():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(12, 5), (5, 12), (6, 6)])
 def test_truncated_factors_is_the_truncated_svd(dtype, shape):
-    from methods.svd import truncated_factors
+    from acbench.methods.svd import truncated_factors
 
     gen = torch.Generator().manual_seed(7)
     # singular values spread over four decades: a float32 Gram matrix (cond squared) would lose the small ones
@@ -141,7 +141,7 @@ def test_truncated_factors_is_the_truncated_svd(dtype, shape):
 
 
 def test_teal_refuses_an_n_of_m_pattern_itself():
-    from methods.teal import Teal
+    from acbench.methods.teal import Teal
 
     pattern = SparsitySpec.parse("2:4")
     with pytest.raises(ValueError, match="cannot be an N:M pattern"):
@@ -158,7 +158,7 @@ def test_capabilities_answer_on_the_class_and_on_an_instance(method):
 
 
 def test_in_sample_swaps_end_at_a_local_optimum_below_the_start():
-    from methods.fasc import coupled_selection
+    from acbench.methods.fasc import coupled_selection
 
     gen = torch.Generator().manual_seed(11)
     d = 7
@@ -205,10 +205,10 @@ def test_whitened_svd_records_a_rank_deficient_C(per_site):
 
 
 def test_shared_solves_are_memoised_under_the_names_the_plan_prices():
-    """bench plan prices each memoised per-group solve once, by its memo key (methods.base.basis_ops); the solves
+    """bench plan prices each memoised per-group solve once, by its memo key (acbench.methods.base.basis_ops); the solves
     must store themselves under those keys, or a sweep would be priced for one solve and pay another."""
-    from core.linalg import fisher_basis, group_whitening, pca_basis
-    from methods.base import basis_ops
+    from acbench.core.linalg import fisher_basis, group_whitening, pca_basis
+    from acbench.methods.base import basis_ops
 
     st = _stats()
     first = {"pca_basis": pca_basis(st), "whitening": group_whitening(st), "fisher_basis": fisher_basis(st)}
@@ -220,7 +220,7 @@ def test_shared_solves_are_memoised_under_the_names_the_plan_prices():
 
 
 def test_pca_basis_solves_in_the_stats_precision_whatever_c_holds():
-    from core.linalg import pca_basis
+    from acbench.core.linalg import pca_basis
 
     st = _stats()
     st32 = GroupStats(n_tokens=st.n_tokens, C=st.C.float())  # a float32 C handed in: solved in float64 all the same
@@ -260,7 +260,7 @@ def test_stats_on_a_float32_solve_recasts_the_moments_not_the_token_sample():
 def test_weighted_subspace_passes_its_damping_on_and_solves_in_the_whitening_precision():
     """eps reaches the whitening it builds; F and a factor of F given in float32 are solved in float64 all the same
     (the whitening factor's dtype), equal to the float64 solve to float32 rounding."""
-    from core.linalg import weighted_subspace, whitening_factor
+    from acbench.core.linalg import weighted_subspace, whitening_factor
 
     st = _stats()
     damped = weighted_subspace(st.C, F=st.F, eps=0.1)
@@ -282,7 +282,7 @@ def test_damping_whitening_and_rank_tolerance_by_hand():
     """damp adds eps times C's mean diagonal (1 where that is not positive) to the diagonal, in C's precision;
     the whitening factor satisfies S S^T = C + that damping in the requested precision; an eigenvalue at the rank
     tolerance (eps of the dtype times d, at least 1e-10, relative to the top one) counts as zero."""
-    from core.linalg import damp, rank_tolerance, tiny, whitening_factor
+    from acbench.core.linalg import damp, rank_tolerance, tiny, whitening_factor
 
     # the divisor floor: 1e-300 in float64; in float32, where 1e-300 rounds to 0, its smallest normal number
     assert tiny(torch.float64) == 1e-300 and tiny(torch.float32) == torch.finfo(torch.float32).tiny
@@ -312,7 +312,7 @@ def test_damping_whitening_and_rank_tolerance_by_hand():
 def test_cholesky_damping_escalates_by_tens_up_to_max_eps(neg, eps_at):
     """An indefinite C: the damping grows tenfold from eps until Cholesky succeeds, MAX_EPS (0.1) included, and the
     eps it took is recorded."""
-    from core.linalg import MAX_EPS, damp, whitening_factor
+    from acbench.core.linalg import MAX_EPS, damp, whitening_factor
 
     assert MAX_EPS == 0.1
     C = torch.diag(torch.tensor([1.0, neg], dtype=torch.float64))
@@ -325,7 +325,7 @@ def test_cholesky_damping_escalates_by_tens_up_to_max_eps(neg, eps_at):
 def test_eigh_fallback_floors_eigenvalues_at_eps_times_the_mean_diagonal():
     """Cholesky fails at every damping up to MAX_EPS: S = U sqrt(w) from eigh, each eigenvalue floored at eps times
     C's mean diagonal (here 4.5e-6), and the fallback is recorded."""
-    from core.linalg import whitening_factor
+    from acbench.core.linalg import whitening_factor
 
     C = torch.diag(torch.tensor([10.0, -1.0], dtype=torch.float64))
     S, Sinv, fallbacks = whitening_factor(C)
@@ -338,8 +338,8 @@ def test_eigh_fallback_floors_eigenvalues_at_eps_times_the_mean_diagonal():
 @pytest.mark.parametrize("method,stat", [("teal", "abs_hist"), ("wanda", "C")])
 def test_a_sparsity_method_refuses_a_non_finite_statistic_naming_itself(method, stat):
     """teal's threshold and wanda's channel norms refuse a NaN in what they read, as the low-rank solves do."""
-    from core.linalg import NumericError
-    from core.stats import magnitude_histogram
+    from acbench.core.linalg import NumericError
+    from acbench.core.stats import magnitude_histogram
 
     st = _stats(16)
     hist = magnitude_histogram(st.xs.reshape(-1))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import methods
-from bench.testing import FakeGroup, check_method, random_stats, random_weights
-from core.stats import RankSpec, SparsitySpec
-from methods.from_function import Basis, low_rank_method, sparsity_method
+from acbench import methods
+from acbench.testing import FakeGroup, check_method, random_stats, random_weights
+from acbench.core.stats import RankSpec, SparsitySpec
+from acbench.methods.from_function import Basis, low_rank_method, sparsity_method
 from tests.test_method_authors import Registered
 
 

@@ -4,8 +4,8 @@ family in order, once each; every malformed spelling is refused in one line that
 
 import pytest
 
-import methods
-from core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, SparsitySpec
+from acbench import methods
+from acbench.core.stats import LOW_RANK_FAMILY, SPARSITY_FAMILY, SparsitySpec
 
 
 def test_parse_variant_strips_and_reads_yaml_scalars():

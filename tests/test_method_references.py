@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from core.stats import GroupStats, RankSpec
+from acbench import methods
+from acbench.core.stats import GroupStats, RankSpec
 
 from test_methods import FakeGroup, random_stats
 

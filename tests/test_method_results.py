@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from core.errors import UserError
-from core.stats import GroupStats, RankSpec, SparsitySpec
-from methods.base import (Compressor, GroupCompression, MaskedWeights, SparseActivation, SparsityMethod,
+from acbench.core.errors import UserError
+from acbench.core.stats import GroupStats, RankSpec, SparsitySpec
+from acbench.methods.base import (Compressor, GroupCompression, MaskedWeights, SparseActivation, SparsityMethod,
                           factorised_params, stacked_column_norms)
 
 from test_sparsity import fake_group
@@ -209,7 +209,7 @@ def test_stacked_column_norms_by_hand():
 
 def test_cost_declarations_by_hand():
     """What `bench plan` prices a solve by (methods/base.py's helpers), on d_in 8, sites of 4 and 12, k 2."""
-    from methods.base import basis_ops, factor_svd_ops, projection_ops, site_svd_ops
+    from acbench.methods.base import basis_ops, factor_svd_ops, projection_ops, site_svd_ops
 
     assert projection_ops(8, (4, 12), 2) == [("", "flops", 2 * 16 * 8 * 2)]  # A_i = W_i U_k, a multiply-add 2 flops
     assert site_svd_ops(8, (4, 12)) == [("", "truncated_svd", 4, 8), ("", "truncated_svd", 12, 8)]
@@ -262,7 +262,7 @@ def test_every_combination_a_layer_honours_is_accepted(fields, monkeypatch):
 
 
 def test_floored_raises_what_is_below_the_floor_and_records_how_many():
-    from methods.svd import floored
+    from acbench.methods.svd import floored
 
     fallbacks = []
     v = torch.tensor([0.0, 1e-7, 1e-6, 1.0, 2.0], dtype=torch.float64)  # mean 0.6000002: floor 6.000002e-7
@@ -280,7 +280,7 @@ def test_floored_raises_what_is_below_the_floor_and_records_how_many():
 
 
 def test_scaled_truncated_factors_is_the_scaled_svd_unscaled():
-    from methods.svd import scaled_truncated_factors
+    from acbench.methods.svd import scaled_truncated_factors
 
     gen = torch.Generator().manual_seed(3)
     W = torch.randn(6, 5, generator=gen, dtype=torch.float64)

@@ -6,15 +6,15 @@ import math
 import pytest
 import torch
 
-import methods
-from bench.deploy.apply import apply_compression
-from bench.model.checkpoint import load_checkpoint, write_checkpoint
-from bench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
-from core.errors import did_you_mean
-from bench.model.groups import find_input_groups
-from core.linalg import NumericError, whitening_factor
-from core.stats import GroupStats, RankSpec
-from methods.fasc import coupled_selection
+from acbench import methods
+from acbench.deploy.apply import apply_compression
+from acbench.model.checkpoint import load_checkpoint, write_checkpoint
+from acbench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
+from acbench.core.errors import did_you_mean
+from acbench.model.groups import find_input_groups
+from acbench.core.linalg import NumericError, whitening_factor
+from acbench.core.stats import GroupStats, RankSpec
+from acbench.methods.fasc import coupled_selection
 
 from conftest import tiny_model
 
@@ -116,7 +116,7 @@ def test_projection_minimises_its_objective(name, weighting):
     for Pr in random_projections(d, k):
         assert best <= fisher_objective(Pr, st.C, Fw) * (1 + 1e-6)
     # exhaustive over subsets of generalised eigen-directions of several weightings: none beats the method
-    from core.linalg import weighted_subspace
+    from acbench.core.linalg import weighted_subspace
 
     for other in (None, st.F, W.double().T @ W.double()):
         sol = weighted_subspace(st.C, F=other)
@@ -304,7 +304,7 @@ def test_registry_unknown_name_and_settings():
 def test_entry_point_plugin(tmp_path, monkeypatch):
     pkg = tmp_path / "myplugin.py"
     pkg.write_text(
-        "from methods.base import Compressor\nfrom methods.svd import truncated_factors\n"
+        "from acbench.methods.base import Compressor\nfrom acbench.methods.svd import truncated_factors\n"
         "class Half(Compressor):\n    name = 'my-svd'\n    per_site = True\n"
         "    def solve(self, weights, stats, k):\n"
         "        return {n: truncated_factors(W, k[n]) for n, W in weights.items()}, False, [], {}\n"
@@ -351,7 +351,7 @@ def test_readme_method_example_runs():
 def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, windows):
     """A sweep compresses the one model in place and restores it: no copy per cell, and the dense logits after
     every method equal those before, bit for bit (the originals are kept by reference, never modified)."""
-    from bench.deploy.compression import compressed
+    from acbench.deploy.compression import compressed
 
     model = tiny_model("llama", hidden=32, inter=96)
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
@@ -374,7 +374,7 @@ def test_in_place_compression_restores_the_dense_model_bit_for_bit(ratio, window
 
 
 def test_in_place_compression_restores_on_error(windows):
-    from bench.deploy.compression import compressed
+    from acbench.deploy.compression import compressed
 
     model = tiny_model("llama", hidden=32, inter=96)
     stats = calibrate(model, find_input_groups(model), windows, ALL_STATS, CalibSpec(pair_tokens=64), progress=False)
@@ -391,7 +391,7 @@ def test_in_place_compression_restores_on_error(windows):
 def test_truncated_factors_from_the_gram_equal_the_svd(shape, k):
     """float64 takes the top singular pairs from the smaller Gram's eigenvectors: the same rank-k product as the
     SVD's, balanced the same way; a weight of rank below k (zeroed rows) keeps its product finite and exact."""
-    from methods.svd import truncated_factors
+    from acbench.methods.svd import truncated_factors
 
     gen = torch.Generator().manual_seed(11)
     M = torch.randn(*shape, generator=gen, dtype=torch.float64) * torch.logspace(0, -3, shape[1], dtype=torch.float64)
@@ -412,7 +412,7 @@ def test_truncated_factors_from_the_gram_equal_the_svd(shape, k):
 def test_weighted_subspace_factor_paths_agree(m, d, keep):
     """F = R^T R given as its factor R: R^T R's eigenvectors (m >= d, float64), the thin SVD (keep inside R's row
     space) and the full SVD (else) give the projections the eigenvectors of S^T R^T R S give."""
-    from core.linalg import weighted_subspace
+    from acbench.core.linalg import weighted_subspace
 
     st = random_stats(d, seed=4)
     R = torch.randn(m, d, generator=torch.Generator().manual_seed(6), dtype=torch.float64)

@@ -18,12 +18,12 @@ import math
 import pytest
 import torch
 
-import methods
+from acbench import methods
 from conftest import calibrated_tiny
-from core.stats import RankSpec, SparsitySpec
-from bench.model.groups import find_input_groups
-from studies import objectives as study
-from studies.objectives import input_error, kfac_surrogate, output_error, weights
+from acbench.core.stats import RankSpec, SparsitySpec
+from acbench.model.groups import find_input_groups
+from acbench.studies import objectives as study
+from acbench.studies.objectives import input_error, kfac_surrogate, output_error, weights
 
 RANK = RankSpec(0.5)
 
@@ -150,7 +150,7 @@ def test_svd_llm_v2_allocation_weighs_by_one_over_log_loss():
     """Algorithm 1 by hand, at losses where 1 / log L and 1 / L give other ranks: three 16 x 16 weights at ratio 0.5
     (k = 4), L = e, e^2, e^3, so l = 1, 1/2, 1/3 and R_i = 3 (0.5) l_i / (11/6) = 9/11, 9/22, 3/11; r_i =
     floor((1 - R_i) 8) = 1, 4, 5 (1 / L would give 1, 5, 6)."""
-    from methods.svd_llm_v2 import allocate_ranks as allocate
+    from acbench.methods.svd_llm_v2 import allocate_ranks as allocate
 
     ks, fallbacks = allocate({f"b.{i}.q": _site("b.#.q", math.e ** (i + 1)) for i in range(3)})
     assert ks == {"b.0.q": 1, "b.1.q": 4, "b.2.q": 5}

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import methods
-from bench.cli import main
-from bench.measure.costs import estimate_costs as make_plan
-from core.stats import RankSpec, SparsitySpec
-from core.units import parse_bytes
+from acbench import methods
+from acbench.cli import main
+from acbench.measure.costs import estimate_costs as make_plan
+from acbench.core.stats import RankSpec, SparsitySpec
+from acbench.core.units import parse_bytes
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
@@ -82,7 +82,7 @@ def test_plan_covers_sparsity_patterns_and_refuses_what_run_refuses(capsys):
 # ---------------------------------------------------------------- time in the plan (issue 24, item 3)
 
 def _speed(**kw):
-    from bench.measure.costs import DeviceSpeed
+    from acbench.measure.costs import DeviceSpeed
 
     base = dict(device="cpu", matmul32=1e11, solve_matmul=4e10, eigh_n=1024, eigh_s=0.2, svd_shape=(1024, 512),
                 svd_s=0.1, bandwidth=1e10)
@@ -90,7 +90,7 @@ def _speed(**kw):
 
 
 def test_plan_times_scale_by_the_declared_operations():
-    from bench.measure.costs import estimate_times as times_of
+    from acbench.measure.costs import estimate_times as times_of
 
     llama = str(CONFIGS / "llama-3-8b")
 
@@ -128,7 +128,7 @@ def test_plan_times_scale_by_the_declared_operations():
 
 
 def test_plan_shares_memoised_solves_only_when_the_store_holds_them():
-    from bench.measure.costs import estimate_times
+    from acbench.measure.costs import estimate_times
 
     llama = str(CONFIGS / "llama-3-8b")
 
@@ -148,9 +148,9 @@ def test_plan_shares_memoised_solves_only_when_the_store_holds_them():
 
 
 def test_plan_prints_time_under_the_run_stage_names(capsys, monkeypatch):
-    import bench.measure.costs
+    import acbench.measure.costs
 
-    monkeypatch.setattr(bench.measure.costs, "measure_speed",
+    monkeypatch.setattr(acbench.measure.costs, "measure_speed",
                         lambda device="cpu", n=1024, solve_dtype="float64": _speed(device=device, solve_dtype=solve_dtype))
     assert main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "fasc-kfac",
                  "--stats-memory", "64GB"]) == 0
@@ -170,8 +170,8 @@ def test_plan_with_a_missing_solve_device_is_one_line(capsys):
 def test_truncated_svd_priced_as_the_path_each_precision_takes():
     """float64 takes the smaller Gram's eigh (Gram product + eigh at the small side), float32 the SVD itself; the
     per-site methods and whitened-svd (m >= d) declare that operation, whitened-svd at m < d an SVD."""
-    from bench.measure.costs import op_seconds
-    from methods.base import factor_svd_ops, site_svd_ops
+    from acbench.measure.costs import op_seconds
+    from acbench.methods.base import factor_svd_ops, site_svd_ops
 
     op = ("", "truncated_svd", 4096, 1024)
     f64, f32 = _speed(), _speed(solve_dtype="float32")
@@ -206,7 +206,7 @@ def tiny(tmp_path):
 def test_stat_bytes_of_each_statistic_by_hand():
     from types import SimpleNamespace
 
-    from bench.calibration.memory import stat_bytes
+    from acbench.calibration.memory import stat_bytes
 
     g = SimpleNamespace(d_in=64, d_outs=(64, 32, 32))
     every = frozenset({"C", "F", "abs_mean", "mean", "pairs", "row_fisher", "abs_hist"})
@@ -279,8 +279,8 @@ def test_a_plan_in_full_on_a_tiny_config(tiny):
 
 
 def test_calibration_passes_at_the_budget_boundary(tiny):
-    from core.errors import UserError
-    from core.units import human
+    from acbench.core.errors import UserError
+    from acbench.core.units import human
 
     # per group (fasc-kfac and teal: C, F, histogram): three of 3 * 32 KB, mlp_out 2 * 128 KB + 32 KB
     small, big = 3 * 64 * 64 * 8, 2 * 128 * 128 * 8 + 4096 * 8
@@ -301,7 +301,7 @@ def test_calibration_passes_at_the_budget_boundary(tiny):
 
 
 def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
-    from bench.measure.costs import memo_fits
+    from acbench.measure.costs import memo_fits
 
     comps = {m: methods.build(m) for m in ("pca", "fasc-kfac")}
     # pca's basis, fasc-kfac's whitening factor and Fisher basis: two d x d float64 matrices each, per group
@@ -325,7 +325,7 @@ def test_memoised_solves_fit_the_store_at_the_boundary(tiny):
 
 
 def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
-    from bench.measure.costs import estimate_times
+    from acbench.measure.costs import estimate_times
 
     speed = _speed(eigh_n=64, eigh_s=0.5, solve_matmul=1e9, matmul32=1e10)
     est = make_plan(tiny, ["pca", "fasc-kfac"], [0.5])
@@ -378,7 +378,7 @@ def test_plan_times_on_the_tiny_config_by_hand(tiny, monkeypatch):
 
 
 def test_op_seconds_by_hand():
-    from bench.measure.costs import op_seconds
+    from acbench.measure.costs import op_seconds
 
     s = _speed(eigh_n=100, eigh_s=2.0, svd_shape=(100, 50), svd_s=3.0, solve_matmul=1e9, bandwidth=1e9)
     assert op_seconds(("k", "eigh", 200), s) == pytest.approx(16.0)
@@ -395,7 +395,7 @@ def test_op_seconds_by_hand():
 def test_measure_speed_is_the_median_of_three_timed_runs(monkeypatch):
     import time
 
-    from bench.measure.costs import measure_speed
+    from acbench.measure.costs import measure_speed
 
     durations = iter([1.0, 3.0, 2.0] * 5)  # each operation's three timed runs: median 2 s
     now = [0.0]
@@ -419,8 +419,8 @@ def test_model_positions_and_config_refusals(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from bench.measure.costs import load_model_config, model_positions
-    from core.errors import UserError
+    from acbench.measure.costs import load_model_config, model_positions
+    from acbench.core.errors import UserError
 
     assert model_positions(SimpleNamespace(max_position_embeddings=512)) == 512
     assert model_positions(SimpleNamespace(text_config=SimpleNamespace(max_position_embeddings=256))) == 256
@@ -481,8 +481,8 @@ def test_a_multimodal_config_plans_its_text_model_and_odd_ratios_round_per_group
 def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatch):
     """A config that reaches the plan without a config.json (an alias, a .gguf header, the hub) is checked there, and
     the refusal names the model as the user gave it."""
-    import bench.measure.costs as costs
-    from core.errors import UserError
+    import acbench.measure.costs as costs
+    from acbench.core.errors import UserError
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(**{k: v for k, v in TINY.items() if k != "model_type"})
@@ -497,8 +497,8 @@ def test_a_config_the_model_check_refuses_is_named_by_the_model_given(monkeypatc
 def test_an_alias_plans_from_its_converted_config_or_else_its_gguf_header(tmp_path, monkeypatch):
     import json
 
-    import bench.measure.costs as costs
-    import bench.model.sources as models
+    import acbench.measure.costs as costs
+    import acbench.model.sources as models
     import transformers
 
     (tmp_path / "gemma-3-270m").mkdir()
@@ -530,9 +530,9 @@ def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
     characters, or the error's type when it says nothing."""
     import json
 
-    import bench.measure.costs as costs
+    import acbench.measure.costs as costs
     import transformers
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     asked, real = [], transformers.AutoConfig.from_pretrained
     answer = {"raise": None}
@@ -568,8 +568,8 @@ def test_config_sources_and_their_refusals(tmp_path, monkeypatch):
 def test_plan_refuses_what_run_refuses_in_the_same_words(tmp_path, capsys, extra):
     """A plan once priced terabytes and 10^34 seconds for settings a run refuses, and built a billion block
     indices in memory: both now stop at the same check, with the same line."""
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     lines = {}
     for cmd in ("plan", "run"):
@@ -587,10 +587,10 @@ def test_plan_refuses_what_run_refuses_in_the_same_words(tmp_path, capsys, extra
 def test_a_resolved_run_is_costed_with_its_own_settings():
     """estimate_run_costs reads every setting from the run bench plan resolved, none from defaults: each changed
     flag changes the estimate as estimate_costs given that value does."""
-    from bench.cli import _parser
-    from bench.cli.plan import plan_config
-    from bench.measure.costs import estimate_run_costs
-    from bench.runner.config import resolve_run
+    from acbench.cli import _parser
+    from acbench.cli.plan import plan_config
+    from acbench.measure.costs import estimate_run_costs
+    from acbench.runner.config import resolve_run
 
     model = str(CONFIGS / "llama-3-8b")
     flags = ["--model", model, "--methods", "pca", "fasc-kfac", "act-sparse", "--rank", "0.5", "0.25",
@@ -635,10 +635,10 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     """Wanda's authors' sequential 262,144 tokens: every block twice (statistics, compressed output) and the
     capture of its first two batches; whitened SVD's one-pass 524,288: the forward, stopped before the LM head (it
     reads no gradient). Each with x^T x per group."""
-    from bench.cli import _parser
-    from bench.cli.plan import plan_config
-    from bench.measure.costs import estimate_run_costs, own_calibration_costs
-    from bench.runner.config import resolve_run
+    from acbench.cli import _parser
+    from acbench.cli.plan import plan_config
+    from acbench.measure.costs import estimate_run_costs, own_calibration_costs
+    from acbench.runner.config import resolve_run
 
     flags = ["--model", tiny, "--methods", "wanda", "whitened-svd", "--sparsity", "0.5", "--rank", "0.8",
              "--budget", "params", "--calibration", "authors"]
@@ -652,7 +652,7 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     assert costs["whitened-svd"]["seconds"] == pytest.approx(524288 * (2 * LINEAR + squares) / 1e10, rel=1e-12)
     # sequential holds the weights, the windows' hidden states and one block's statistics; the capture stops at the
     # LM head, so no batch of logits
-    from bench.calibration.memory import stat_bytes
+    from acbench.calibration.memory import stat_bytes
 
     est, needs = estimate_run_costs(run), run.compressor("wanda").required_stats()
     block = max(sum(sum(stat_bytes(g, needs, 0).values()) for g in est.groups if g.block == b) for b in range(2))
@@ -660,7 +660,7 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
 
 
 def _device_speed(eigh_s: float):
-    from bench.measure.costs import DeviceSpeed
+    from acbench.measure.costs import DeviceSpeed
 
     return DeviceSpeed(device="cpu", matmul32=1e11, solve_matmul=5e10, eigh_n=1024, eigh_s=eigh_s, svd_shape=(1024, 512),
                        svd_s=eigh_s, bandwidth=1e10)
@@ -670,9 +670,9 @@ def test_a_solve_of_minutes_is_said_before_any_work():
     """One 8,192-wide group (a tiny deepseek_v4's attention output) solves for minutes on two cores: the line names
     the method, the group, its width, how long and the fixes; narrow groups are never measured, and a fast device
     says nothing."""
-    from bench.measure.costs import LONG_SOLVE_S, long_solve_line
-    from bench.model.groups import InputGroup
-    from core.stats import RankSpec
+    from acbench.measure.costs import LONG_SOLVE_S, long_solve_line
+    from acbench.model.groups import InputGroup
+    from acbench.core.stats import RankSpec
 
     wide = InputGroup("layers.0.attn_out", 0, "attn_out", ("o",), (torch.nn.Linear(8192, 64, bias=False),))
     narrow = InputGroup("layers.0.attn_in", 0, "attn_in", ("q",), (torch.nn.Linear(2048, 64, bias=False),))
@@ -687,7 +687,7 @@ def test_a_solve_of_minutes_is_said_before_any_work():
 
 
 def test_the_plan_warns_of_an_8b_solve_on_this_machine(capsys):
-    from bench.measure.costs import measure_speed
+    from acbench.measure.costs import measure_speed
 
     rc = main(["plan", "--model", str(CONFIGS / "llama-3-8b"), "--methods", "pca", "--rank", "0.5"])
     out = capsys.readouterr().out

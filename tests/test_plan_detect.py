@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.cli import main
-from bench.measure.sizing import items_for_accuracy, items_for_mean, stored_spreads
-from core.significance import detectable_accuracy, detectable_mean, item_scores
+from acbench.cli import main
+from acbench.measure.sizing import items_for_accuracy, items_for_mean, stored_spreads
+from acbench.core.significance import detectable_accuracy, detectable_mean, item_scores
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -34,7 +34,7 @@ def test_items_invert_the_detectable_difference(psi, delta):
 
 
 def test_spreads_come_from_the_paired_stored_cells():
-    from leaderboard.load import read_result_set
+    from acbench.leaderboard.load import read_result_set
 
     spreads = stored_spreads([FIXTURES / "results"], "model-a", "lama", "pca")
     assert spreads and all(s.kind == "accuracy" and s.comparison.endswith(")") for s in spreads)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from acbench.cli import main
 
 PLUGIN = '''
 import torch
-from methods.from_function import low_rank_method, sparsity_method
+from acbench.methods.from_function import low_rank_method, sparsity_method
 
 
 def d_in(weights):
@@ -83,13 +83,13 @@ def _run(argv) -> tuple[int, str]:
 def plugins(tmp_path, monkeypatch):
     """A site folder on the path holding a broken distribution, one that takes pca's name and one of misbehaving
     methods; the registry looks again, and forgets them afterwards."""
-    import methods
+    from acbench import methods
 
     site = tmp_path / "site"
     (site / "nm_misbehaving").mkdir(parents=True)
     (site / "nm_misbehaving" / "__init__.py").write_text("")
     (site / "nm_misbehaving" / "method.py").write_text(PLUGIN)
-    (site / "nm_shadow.py").write_text("from methods.pca import PCA\n\n\nclass Shadow(PCA):\n    pass\n")
+    (site / "nm_shadow.py").write_text("from acbench.methods.pca import PCA\n\n\nclass Shadow(PCA):\n    pass\n")
     _install(site, "nm-broken", {"nm-broken": "nm_missing_module.method:Nope"})
     _install(site, "nm-shadow", {"pca-again": "nm_shadow:Shadow"})
     _install(site, "nm-misbehaving", {n: f"nm_misbehaving.method:{c}" for n, c in (
@@ -111,7 +111,7 @@ def test_a_broken_distribution_is_one_line_and_every_other_method_stays_usable(p
     assert len(broken) == 1 and "nm_missing_module.method:Nope" in broken[0]
     assert "distribution nm-broken" in broken[0] and "ModuleNotFoundError" in broken[0] and "uninstall" in broken[0]
     # a built-in's name taken by a plugin: named, the built-in kept
-    assert plugins.get("pca").__module__ == "methods.pca"
+    assert plugins.get("pca").__module__ == "acbench.methods.pca"
     shadow = [line for line in text.splitlines() if "nm-shadow" in line]
     assert len(shadow) == 1 and "'pca'" in shadow[0] and "rename" in shadow[0]
     rc, text = _run(["run", "--model", str(tiny), "--methods", "pca", "--rank", "0.5", "--tasks", "ppl-token",
@@ -139,7 +139,7 @@ def test_a_misbehaving_plugin_ends_the_run_in_one_line_naming_it_and_the_group(p
 
 
 def test_a_broken_command_plugin_leaves_every_command_usable(tmp_path, monkeypatch):
-    from bench.results import plugged
+    from acbench.results import plugged
 
     site = tmp_path / "site"
     info = site / "nm_cmd-0.1.dist-info"

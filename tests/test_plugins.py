@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.cli.smoke import tiny_checkpoint
+from acbench.cli import main
+from acbench.cli.smoke import tiny_checkpoint
 
 README = __import__("conftest").docs_text()  # README.md and docs/, where the plugin examples live
 
@@ -34,7 +34,7 @@ def run_args(out: Path, tasks: list[str], *extra: str) -> list[str]:
 
 @pytest.fixture
 def task_registry_restored():
-    import tasks
+    from acbench import tasks
 
     yield tasks.REGISTRY
     tasks.REGISTRY.unregister("next-token-acc")
@@ -122,7 +122,7 @@ def test_readme_plugin_packages_install_with_pip_and_run(tmp_path):
                          capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(site)}
-    bench = [sys.executable, "-c", "import sys; from bench.cli import main; sys.exit(main())"]
+    bench = [sys.executable, "-c", "import sys; from acbench.cli import main; sys.exit(main())"]
     listed = subprocess.run(bench + ["ls", "methods"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert "top-norm" in listed.stdout and "relative-magnitude" in listed.stdout, listed.stdout + listed.stderr
     listed = subprocess.run(bench + ["ls", "tasks"], capture_output=True, text=True, env=env, cwd=tmp_path)

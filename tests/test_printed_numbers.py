@@ -5,8 +5,8 @@ leaderboard's arithmetic show a gap. Each test is a reference computed in the te
 import pytest
 import torch
 
-from bench.measure.latency import measured_density, weight_bytes
-from core.compressed_layers import InputSparsifier, SparseInputLinear
+from acbench.measure.latency import measured_density, weight_bytes
+from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
 
 
 def test_weight_bytes_counts_each_tensor_once_with_its_element_size():
@@ -43,7 +43,7 @@ def test_measured_density_is_kept_over_seen_pooled_over_the_threshold_sparsifier
 # ---------------------------------------------------------------- the rho section and its figure (analyses/rho_report.py)
 
 def _rho_cell():
-    from core.record import CellId, CellRecord
+    from acbench.core.record import CellId, CellRecord
 
     sp = lambda r, lo, hi, p: {"r": r, "ci95": [lo, hi], "p": p}
     details = {
@@ -69,7 +69,7 @@ def _rho_cell():
 def test_rho_section_in_full():
     from tabulate import tabulate
 
-    from analyses.rho_report import rho_section
+    from acbench.analyses.rho_report import rho_section
 
     assert rho_section(_rho_cell()) == [
         "**Per group, n = 8: Spearman(rho, loss_rise) = -0.25 [-0.70, +0.30] p=0.06** (not significant at 0.05).",
@@ -91,13 +91,13 @@ def test_rho_section_in_full():
 
 
 def test_the_rho_figure_plots_rho_per_block_and_each_methods_loss_rise(tmp_path, monkeypatch):
-    import analyses.rho_report as rho_report
-    import core.figures
+    import acbench.analyses.rho_report as rho_report
+    import acbench.core.figures
 
     seen = {}
-    monkeypatch.setattr(core.figures, "save_figure", lambda fig, path: seen.update(fig=fig, path=path) or path)
+    monkeypatch.setattr(acbench.core.figures, "save_figure", lambda fig, path: seen.update(fig=fig, path=path) or path)
     cell = _rho_cell()
-    from analyses.rho import Rho
+    from acbench.analyses.rho import Rho
 
     lines, paths = Rho.report_section(cell, tmp_path, "rho-0.5", "Title here")  # the analysis hands it on
     assert paths == [tmp_path / "rho-0.5.png"] == [seen["path"]]
@@ -207,7 +207,7 @@ class _Model(torch.nn.Module):
 
 
 def _latency(costs, spec, monkeypatch):
-    import bench.measure.latency as measure
+    import acbench.measure.latency as measure
 
     model = _Model(costs)
     monkeypatch.setattr(measure, "time", model.clock)
@@ -220,7 +220,7 @@ def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monk
 
     from scipy.stats import t as student_t
 
-    from bench.measure.latency import LatencySpec
+    from acbench.measure.latency import LatencySpec
 
     # round 0 is the warm-up (ten times slower, dropped); then the variant's decode step is 2 ms * (1, 1.02, 0.98, 1.01)
     wobble = [10.0, 1.0, 1.02, 0.98, 1.01, 1.0]
@@ -271,7 +271,7 @@ def test_compare_latency_against_hand_computed_ratios_intervals_and_medians(monk
 
 
 def test_compare_latency_stops_at_its_time_cap_and_says_it_did_not_converge(monkeypatch):
-    from bench.measure.latency import LatencySpec
+    from acbench.measure.latency import LatencySpec
 
     # the variant alternates 1 ms and 3 ms steps: the interval never narrows to +-3 %
     costs = lambda kind, dense, rnd: 1e-3 if kind == "prefill" or dense else (1e-3 if rnd % 2 else 3e-3)
@@ -288,7 +288,7 @@ def test_the_time_cap_scales_with_the_time_of_one_round(monkeypatch):
     times slower here, moves nothing)."""
     import statistics
 
-    from bench.measure.latency import LatencySpec
+    from acbench.measure.latency import LatencySpec
 
     def costs(kind, dense, rnd):
         slow = 3.0 if rnd == 0 else 1.0
@@ -311,7 +311,7 @@ def test_the_time_cap_scales_with_the_time_of_one_round(monkeypatch):
 
 
 def test_latency_spec_conditions_in_full():
-    from bench.measure.latency import LatencySpec
+    from acbench.measure.latency import LatencySpec
 
     assert LatencySpec(prompt_len=7, new_tokens=3, prefill_len=5, batch=2, halfwidth=0.04, min_rounds=6,
                        seconds=2.5).conditions() == {
@@ -321,7 +321,7 @@ def test_latency_spec_conditions_in_full():
 
 
 def test_latency_alone_is_the_median_of_its_rounds_after_a_warm_up(monkeypatch):
-    import bench.measure.latency as measure
+    import acbench.measure.latency as measure
 
     steps = [9e-3, 2e-3, 3e-3, 1e-3, 5e-3]  # the warm-up's, then four rounds'
     model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else steps[rnd])
@@ -347,7 +347,7 @@ def test_ratio_interval_with_one_and_with_two_rounds():
 
     from scipy.stats import t as student_t
 
-    from bench.measure.latency import ratio_interval
+    from acbench.measure.latency import ratio_interval
 
     assert ratio_interval([1.5]) == {"ratio": pytest.approx(1.5), "ci95": None, "n": 1}
     got = ratio_interval([1.0, 4.0])  # logs 0 and ln 4: mean ln 2, sd ln 4 / sqrt 2, half t(0.975, 1) * sd / sqrt 2
@@ -357,7 +357,7 @@ def test_ratio_interval_with_one_and_with_two_rounds():
 
 
 def test_the_probe_feeds_text_windows_or_seeded_random_ids():
-    from bench.measure.latency import LatencySpec, _Probe
+    from acbench.measure.latency import LatencySpec, _Probe
 
     spec = LatencySpec(prompt_len=4, new_tokens=3, prefill_len=5, batch=2)
     model = _Model(lambda *a: 0.0)
@@ -390,8 +390,8 @@ def test_the_probe_feeds_text_windows_or_seeded_random_ids():
 
 
 def test_masked_weight_kernel_names_each_distinct_description_once(monkeypatch):
-    import bench.measure.latency as measure
-    from core.compressed_layers import LAYOUT_KEY
+    import acbench.measure.latency as measure
+    from acbench.core.compressed_layers import LAYOUT_KEY
 
     model = torch.nn.Module()
     for name in ("a", "b", "c"):
@@ -409,7 +409,7 @@ def test_masked_weight_kernel_names_each_distinct_description_once(monkeypatch):
 
 
 def test_latency_alone_with_a_single_round(monkeypatch):
-    import bench.measure.latency as measure
+    import acbench.measure.latency as measure
 
     model = _Model(lambda kind, dense, rnd: 4e-3 if kind == "prefill" else 3e-3)
     monkeypatch.setattr(measure, "time", model.clock)
@@ -418,7 +418,7 @@ def test_latency_alone_with_a_single_round(monkeypatch):
 
 
 def test_rho_section_edges_p_at_the_threshold_a_bare_row_and_no_headline():
-    from analyses.rho_report import rho_section
+    from acbench.analyses.rho_report import rho_section
 
     cell = _rho_cell()
     corr = cell.details["correlations"]
@@ -436,7 +436,7 @@ def test_rho_section_edges_p_at_the_threshold_a_bare_row_and_no_headline():
 # ---------------------------------------------------------------- density allocation (bench/deploy/allocation.py) by hand
 
 def _two_bin_hist(i: int, j: int, pi: float = 0.5):
-    from core.stats import HIST_BINS
+    from acbench.core.stats import HIST_BINS
 
     h = torch.zeros(HIST_BINS, dtype=torch.float64)
     h[i], h[j] = pi, 1 - pi
@@ -444,14 +444,14 @@ def _two_bin_hist(i: int, j: int, pi: float = 0.5):
 
 
 def _centre(i: int) -> float:
-    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+    from acbench.core.stats import HIST_BINS, HIST_HI, HIST_LO
 
     return 10.0 ** (HIST_LO + (i + 0.5) * (HIST_HI - HIST_LO) / HIST_BINS)
 
 
 def test_lost_energy_by_hand_on_two_bins():
-    from bench.deploy.allocation import lost_energy
-    from core.stats import HIST_BINS
+    from acbench.deploy.allocation import lost_energy
+    from acbench.core.stats import HIST_BINS
 
     i, j = 1000, 3000  # values at the two bins' centres, half the mass each
     ei, ej = 0.5 * _centre(i) ** 2, 0.5 * _centre(j) ** 2
@@ -471,8 +471,8 @@ def test_lost_energy_by_hand_on_two_bins():
 def test_allocate_density_returns_what_it_allocated_in_full():
     from types import SimpleNamespace
 
-    from bench.deploy.allocation import DENSITY_STEP, allocate_density, lost_energy
-    from core.stats import GroupStats, SparsitySpec
+    from acbench.deploy.allocation import DENSITY_STEP, allocate_density, lost_energy
+    from acbench.core.stats import GroupStats, SparsitySpec
 
     # two groups of equal size: one whose values are all alike (costly to zero), one with a few large values
     groups = [SimpleNamespace(name=n, d_in=8, d_outs=(8,)) for n in ("flat", "peaked")]
@@ -497,9 +497,9 @@ def test_allocate_density_returns_what_it_allocated_in_full():
 def test_allocate_density_refusals_in_full():
     from types import SimpleNamespace
 
-    from bench.deploy.allocation import allocate_density
-    from core.errors import UserError
-    from core.stats import HIST_BINS, GroupStats, SparsitySpec
+    from acbench.deploy.allocation import allocate_density
+    from acbench.core.errors import UserError
+    from acbench.core.stats import HIST_BINS, GroupStats, SparsitySpec
 
     groups = [SimpleNamespace(name="g", d_in=8, d_outs=(8,))]
     with pytest.raises(UserError) as e:
@@ -516,7 +516,7 @@ def test_allocate_density_refusals_in_full():
 # ---------------------------------------------------------------- memory (bench/measure/latency.py): what the peak columns read
 
 def test_proc_status_fields_in_bytes_and_the_high_water_mark_reset():
-    from bench.measure.latency import _proc_status_bytes, _reset_rss_hwm, peak_memory
+    from acbench.measure.latency import _proc_status_bytes, _reset_rss_hwm, peak_memory
 
     want = {}
     for line in open("/proc/self/status"):
@@ -538,8 +538,8 @@ def test_proc_status_fields_in_bytes_and_the_high_water_mark_reset():
 # ---------------------------------------------------------------- rank allocation (bench/deploy/allocation.py) by hand
 
 def test_allocation_floors_and_the_minimum_budget_by_hand():
-    from bench.deploy.allocation import _floors, _paid_minimum
-    from core.errors import UserError
+    from acbench.deploy.allocation import _floors, _paid_minimum
+    from acbench.core.errors import UserError
 
     shapes = {"a": (4, 4), "b": (300, 600), "c": (150, 50), "d": (50, 50)}
     kmax, min_k = _floors(shapes)
@@ -555,7 +555,7 @@ def test_allocation_floors_and_the_minimum_budget_by_hand():
 
 
 def test_allocation_summary_in_full():
-    from bench.deploy.allocation import Allocation
+    from acbench.deploy.allocation import Allocation
 
     a = Allocation("fisher", {"g0": 3, "g1": 8}, 600, 550, 1000, {"values_s": 0.5, "greedy_s": 0.25})
     assert a.summary() == {"rule": "fisher", "budget_params": 600, "allocated_params": 550, "dense_params": 1000,
@@ -568,10 +568,10 @@ def test_allocation_summary_in_full():
 def test_a_non_finite_statistic_stops_an_allocation_in_one_line(rule):
     from types import SimpleNamespace
 
-    from bench.deploy.allocation import allocate
-    from bench.testing import random_stats
-    from core.errors import UserError
-    from core.stats import RankSpec
+    from acbench.deploy.allocation import allocate
+    from acbench.testing import random_stats
+    from acbench.core.errors import UserError
+    from acbench.core.stats import RankSpec
 
     st = random_stats(8)
     st.C[0, 0] = float("nan")
@@ -584,8 +584,8 @@ def test_greedy_rank_split_by_hand():
     """Two groups at their minimum k = 1 = kmax: each can only merge (keep everything) for the rest of dense.
     a: (4, 4), merging costs 16 - 8 = 8 for the value 9; b: (6, 2), 12 - 8 = 4 for 6. Value per parameter: b 1.5,
     a 1.125."""
-    from bench.deploy.allocation import _greedy
-    from core.errors import UserError
+    from acbench.deploy.allocation import _greedy
+    from acbench.core.errors import UserError
 
     shapes = {"a": (4, 4), "b": (6, 2)}
     values = {"a": torch.tensor([5.0, 3.0, 3.0, 3.0], dtype=torch.float64),
@@ -604,9 +604,9 @@ def test_greedy_rank_split_by_hand():
 def test_uniform_allocation_and_the_budget_check_by_hand():
     from types import SimpleNamespace
 
-    from bench.deploy.allocation import allocate, check_budget
-    from core.errors import UserError
-    from core.stats import RankSpec
+    from acbench.deploy.allocation import allocate, check_budget
+    from acbench.core.errors import UserError
+    from acbench.core.stats import RankSpec
 
     groups = [SimpleNamespace(name="a", d_in=20, d_outs=(10, 10)), SimpleNamespace(name="b", d_in=4, d_outs=(4,))]
     a = allocate("uniform", groups, {}, RankSpec(0.5))
@@ -621,7 +621,7 @@ def test_uniform_allocation_and_the_budget_check_by_hand():
 # ---------------------------------------------------------------- speed beside its bound and ceiling (leaderboard/)
 
 def test_bytes_bound_fraction_and_ceiling_on_hand_rows():
-    from leaderboard.tables import ceiling, speed_bounds
+    from acbench.leaderboard.tables import ceiling, speed_bounds
 
     # act-sparse at density 0.5: bound 2; dense body 40 ms of which 16 ms outside the products:
     # ceiling 40 / (16 + 24 / 2) = 40 / 28
@@ -659,7 +659,7 @@ def test_bytes_bound_fraction_and_ceiling_on_hand_rows():
 
 
 def test_the_read_once_cache_frees_after_its_last_reader_and_counts_what_it_computed():
-    from core.compressed_layers import ReadOnce
+    from acbench.core.compressed_layers import ReadOnce
 
     r, calls = ReadOnce(), []
     r.n_readers = 3
@@ -678,7 +678,7 @@ def test_the_read_once_cache_frees_after_its_last_reader_and_counts_what_it_comp
 
 
 def test_a_cells_identity_holds_the_weights_hash_when_known():
-    from core.record import CellId
+    from acbench.core.record import CellId
 
     c = CellId("org/m", "pca", 0.5, "rank", "lama", "k1")
     assert c.identity("abc") == ("org/m", "abc", "pca", "uniform", "all", "rank", 0.5, "lama", "k1")
@@ -686,7 +686,7 @@ def test_a_cells_identity_holds_the_weights_hash_when_known():
 
 
 def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
-    from leaderboard.report import _fmt_speedup
+    from acbench.leaderboard.report import _fmt_speedup
 
     row = {"decode speedup": 1.05, "decode speedup ci": (0.97, 1.13), "decode converged": False}
     assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13]) (not converged)"
@@ -700,8 +700,8 @@ def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
 
 
 def test_the_header_names_what_bounds_decode():
-    from core.record import CellRecord
-    from leaderboard.report import bounds_line
+    from acbench.core.record import CellRecord
+    from acbench.leaderboard.report import bounds_line
 
     lat = {"conditions": {"memory_bandwidth": {"copy_gb_s": 14.04, "triad_gb_s": 15.96, "array_mb": 256, "threads": 2},
                           "dense_product": {"shape": [640, 2048], "dtype": "float32", "gb_s": 12.34}},
@@ -717,7 +717,7 @@ def test_the_header_names_what_bounds_decode():
 
 
 def test_bandwidth_probes_and_the_skipped_products():
-    from bench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
+    from acbench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
 
     got = stream_bandwidth(8 * 2**20)
     assert got["array_mb"] == 8 and got["copy_gb_s"] > 0 and got["triad_gb_s"] > 0
@@ -775,8 +775,8 @@ class _SensitivityCtx:
 
 
 def test_sensitivity_rows_against_hand_differences():
-    from analyses.rho import RhoSettings, sensitivity
-    from core.stats import RankSpec
+    from acbench.analyses.rho import RhoSettings, sensitivity
+    from acbench.core.stats import RankSpec
 
     ctx = _SensitivityCtx()
     rises = {}
@@ -799,7 +799,7 @@ def test_sensitivity_rows_against_hand_differences():
 def test_rho_correlates_with_loss_rise_with_the_sign_the_claim_reads(monkeypatch):
     """Groups whose rho is higher lose more when pca compresses them, and fasc gains more there: both correlations
     come out +1, and the gain is pca's loss minus fasc's (positive: fasc better)."""
-    import analyses.rho as rho
+    import acbench.analyses.rho as rho
 
     ctx = _SensitivityCtx()
     rhos = [0.1, 0.2, 0.3, 0.4]  # rising with pca's loss rise and with fasc's gain over pca (blocks 1-3)
@@ -808,7 +808,7 @@ def test_rho_correlates_with_loss_rise_with_the_sign_the_claim_reads(monkeypatch
          "rho_cos": rhos[g.block], "rho_dir": -rhos[g.block], "n_tokens": 16, "surrogate_pca": 1.0,
          "surrogate_fasc_kfac": 1.0 - rhos[g.block], "surrogate_gain": rhos[g.block], "seconds": 0.0}
         for g in groups])
-    from core.stats import RankSpec
+    from acbench.core.stats import RankSpec
 
     real = rho.correlations  # the point estimates are what is pinned here: 50 bootstrap draws, not 1000
     monkeypatch.setattr(rho, "correlations", lambda x, y, seed=0: real(x, y, n_boot=50, seed=seed))
@@ -836,7 +836,7 @@ def _rho_group(d: int = 12, n: int = 64, scale: float = 0.3):
     """One group's token sample (x and g dependent, small enough that the surrogates are below 1)."""
     from types import SimpleNamespace
 
-    from core.stats import GroupStats
+    from acbench.core.stats import GroupStats
     from coupling_synthetic import Distribution
 
     x, g = Distribution("B", d, 2).sample(n)
@@ -849,10 +849,10 @@ def test_group_rho_row_against_a_hand_computation():
     """A group's rho row: k from the rank, rho_dir over pca's discarded eigenvectors of C (found here with eigh),
     the surrogates E[(g^T (I - P) x)^2] for pca's projection and for fasc-kfac's oblique one (U_k W_k^T), and the
     gain (pca's - fasc's) / pca's."""
-    from analyses.dependence import rho_scores
-    from analyses.rho import group_rho
-    from core.linalg import fisher_basis
-    from core.stats import RankSpec
+    from acbench.analyses.dependence import rho_scores
+    from acbench.analyses.rho import group_rho
+    from acbench.core.linalg import fisher_basis
+    from acbench.core.stats import RankSpec
 
     st, group = _rho_group()
     row = group_rho({"g": st}, [group], RankSpec(0.25))[0]
@@ -883,15 +883,15 @@ def test_group_rho_row_against_a_hand_computation():
 def test_rho_means_skip_undefined_groups():
     import math
 
-    from analyses.rho import _mean
+    from acbench.analyses.rho import _mean
 
     assert _mean([1.0, None, float("nan"), 3.0, float("inf")]) == 2.0
     assert math.isnan(_mean([None, float("nan")])) and math.isnan(_mean([]))
 
 
 def test_rho_settings_refuse_fewer_than_one_unit_or_loss_window():
-    from analyses.rho import RhoSettings
-    from core.settings import check_settings
+    from acbench.analyses.rho import RhoSettings
+    from acbench.core.settings import check_settings
 
     for name in ("units", "loss_windows"):
         with pytest.raises(ValueError, match=rf"^analysis 'rho': setting {name} must be >= 1, got 0$"):
@@ -901,7 +901,7 @@ def test_rho_settings_refuse_fewer_than_one_unit_or_loss_window():
 
 # ---------------------------------------------------------------- matched compute (leaderboard/tables.py) on hand rows
 def test_compute_of_prefers_the_compute_ratio_and_falls_back_to_the_parameter_ratio():
-    from leaderboard.tables import compute_of
+    from acbench.leaderboard.tables import compute_of
 
     assert compute_of({"compute ratio": 0.3, "param ratio": 0.7}) == 0.3
     assert compute_of({"compute ratio": None, "param ratio": 0.7}) == 0.7  # a low-rank cell stored before it
@@ -911,8 +911,8 @@ def test_compute_of_prefers_the_compute_ratio_and_falls_back_to_the_parameter_ra
 def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_it(monkeypatch):
     """Sparsity rows at exactly the target density; each low-rank method once, at the budget whose compute ratio is
     nearest the target (the first such budget on a tie); a scoped section and a row without a compute ratio never."""
-    import leaderboard.tables as tables
-    from core.record import ALL_GROUPS
+    import acbench.leaderboard.tables as tables
+    from acbench.core.record import ALL_GROUPS
 
     monkeypatch.setattr(tables, "variant_row", lambda cells, _: cells[0])  # a cell here is its row
     sections = {
@@ -940,7 +940,7 @@ def test_matched_compute_takes_density_target_and_each_low_rank_method_nearest_i
 
 # ---------------------------------------------------------------- core/record.py: what older cells left unstored
 def test_chance_levels_of_the_first_schemas():
-    from core.record import _legacy_chance
+    from acbench.core.record import _legacy_chance
 
     assert _legacy_chance("mmlu", {}, {}) == 0.25
     assert _legacy_chance("lama", {"n_candidates": 4}, {}) == 0.25
@@ -954,7 +954,7 @@ def test_chance_levels_of_the_first_schemas():
 
 
 def test_scopes_read_as_words():
-    from core.record import ALL_GROUPS, describe_scope
+    from acbench.core.record import ALL_GROUPS, describe_scope
 
     assert describe_scope(ALL_GROUPS) == "every input group"
     assert describe_scope("groups=mlp_in,mlp_out;blocks=0-5,12") == "groups mlp_in, mlp_out; blocks 0-5, 12"
@@ -987,9 +987,9 @@ def test_rho_task_stores_its_details_in_full(monkeypatch):
     """What a rho cell stores beside its correlations: the ten highest-rho groups in order, dense's scores, the cost
     formula with both groups' flops and the summed seconds, the rank, the settings; the tasks it asks for, with the
     run's seed in every correlation and no progress bars inside it; per-group rises with per_group on."""
-    import analyses.rho as rho
-    from analyses.dependence import cost_flops
-    from core.stats import RankSpec
+    import acbench.analyses.rho as rho
+    from acbench.analyses.dependence import cost_flops
+    from acbench.core.stats import RankSpec
 
     ctx = _TwelveGroupsCtx()
     rhos = {g.name: 0.01 * (k + 1) for k, g in enumerate(ctx.groups)}
@@ -1023,7 +1023,7 @@ def test_rho_task_stores_its_details_in_full(monkeypatch):
 
 
 def test_rho_units_cut_the_blocks_into_contiguous_ranges():
-    from analyses.rho import _units
+    from acbench.analyses.rho import _units
 
     assert _units(4, 8) == [[0], [1], [2], [3]]  # never more ranges than blocks
     assert _units(3, 1) == [[0, 1, 2]] and _units(5, 2) == [[0, 1], [2, 3, 4]]
@@ -1031,8 +1031,8 @@ def test_rho_units_cut_the_blocks_into_contiguous_ranges():
 
 
 def test_sensitivity_per_group_without_a_dict_of_its_own():
-    from analyses.rho import RhoSettings, sensitivity
-    from core.stats import RankSpec
+    from acbench.analyses.rho import RhoSettings, sensitivity
+    from acbench.core.stats import RankSpec
 
     rows, dense = sensitivity(_SensitivityCtx(), RankSpec(0.5), RhoSettings(units=2, per_group=True), [[0, 1], [2, 3]])
     assert dense["loss"] == DENSE["loss"] and len(rows) == 4
@@ -1048,7 +1048,7 @@ def test_weight_bytes_count_shared_storage_once():
 def test_rss_peak_reset_says_when_the_kernel_refuses(monkeypatch):
     import builtins
 
-    from bench.measure.latency import _reset_rss_hwm
+    from acbench.measure.latency import _reset_rss_hwm
 
     def refuse(*a, **k):
         raise OSError("no /proc here")
@@ -1062,7 +1062,7 @@ def test_what_bounds_on_a_probe_whose_times_are_known(monkeypatch):
     product's bandwidth is measured on CPU only, at the largest site's shape."""
     from types import SimpleNamespace
 
-    import bench.measure.latency as measure
+    import acbench.measure.latency as measure
 
     monkeypatch.setattr(measure, "stream_bandwidth", lambda: {"copy_gb_s": 1.0})
     asked = []
@@ -1101,9 +1101,9 @@ def test_allocation_solves_in_the_runs_precision(monkeypatch):
     memoised there (a float32 run must not pay float64 solves first)."""
     from types import SimpleNamespace
 
-    import bench.deploy.allocation as alloc
-    from bench.testing import random_stats
-    from core.stats import RankSpec
+    import acbench.deploy.allocation as alloc
+    from acbench.testing import random_stats
+    from acbench.core.stats import RankSpec
 
     seen, real = [], alloc.direction_values
     monkeypatch.setattr(alloc, "direction_values", lambda rule, st: seen.append(st.C.dtype) or real(rule, st))
@@ -1119,7 +1119,7 @@ def test_allocation_solves_in_the_runs_precision(monkeypatch):
 def test_factorised_sites_compute_a_b_x_plus_bias_sharing_b_x_once():
     """What a saved low-rank checkpoint runs: y = A (B x) + b per site, B x computed once per input for the group
     (its owner's B), every factor in the model's dtype and frozen with it; a site alone skips the cache."""
-    from core.compressed_layers import LowRankLinear
+    from acbench.core.compressed_layers import LowRankLinear
 
     gen = torch.Generator().manual_seed(6)
     owner = LowRankLinear(8, 5, 3, bias=True)
@@ -1146,7 +1146,7 @@ def test_factorised_sites_compute_a_b_x_plus_bias_sharing_b_x_once():
 def test_a_hooked_factor_is_called_as_a_module():
     """The factors are applied as bare products for speed, but a factor something hooks (a forward hook, or
     accelerate's device and offload hook, which replaces the module's forward) is called as a module."""
-    from core.compressed_layers import LowRankLinear
+    from acbench.core.compressed_layers import LowRankLinear
 
     site = LowRankLinear(8, 5, 3, bias=True)
     x = torch.randn(1, 8)
@@ -1176,12 +1176,12 @@ def test_a_saved_low_rank_model_loads_back_as_it_ran(tmp_path):
     the dtype it is loaded in."""
     from transformers import AutoModelForCausalLM
 
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.checkpoint import load_checkpoint, write_checkpoint
-    from bench.deploy.compression import compressed
-    from bench.model.groups import find_input_groups
-    from core.compressed_layers import LowRankLinear
-    from core.stats import RankSpec
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.checkpoint import load_checkpoint, write_checkpoint
+    from acbench.deploy.compression import compressed
+    from acbench.model.groups import find_input_groups
+    from acbench.core.compressed_layers import LowRankLinear
+    from acbench.core.stats import RankSpec
     from tests.conftest import tiny_config
 
     cfg = tiny_config("llama")
@@ -1214,9 +1214,9 @@ def test_what_print_model_and_the_run_log_say_of_the_compressed_pieces():
     """The module reprs a user reads in print(model), and the line the rho analysis logs during a run."""
     import importlib.util
 
-    from analyses.rho import Rho, RhoSettings
-    from core.compressed_layers import InputSparsifier, LowRankLinear, SparseInputLinear, triton_importable
-    from tasks.base import TaskResult
+    from acbench.analyses.rho import Rho, RhoSettings
+    from acbench.core.compressed_layers import InputSparsifier, LowRankLinear, SparseInputLinear, triton_importable
+    from acbench.tasks.base import TaskResult
 
     owner = LowRankLinear(8, 5, 3, bias=True)
     assert owner.extra_repr() == "in=8, k=3, out=5, shared_B=False"
@@ -1241,7 +1241,7 @@ def test_what_print_model_and_the_run_log_say_of_the_compressed_pieces():
 
 def test_the_decode_kernel_is_chosen_for_the_device_asked(monkeypatch):
     """The choice is made for the model's device: triton asked for on a CPU without the interpreter names it."""
-    from core import compressed_layers
+    from acbench.core import compressed_layers
 
     monkeypatch.setattr(compressed_layers, "_CHOSEN", {})
     monkeypatch.setattr(compressed_layers, "triton_importable", lambda: True)

@@ -1,4 +1,4 @@
-"""The Python calls (`bench.compress`, `bench.evaluate`, `bench.sweep`, `bench.load_results`) on the smoke check's
+"""The Python calls (`acbench.compress`, `acbench.evaluate`, `acbench.sweep`, `acbench.load_results`) on the smoke check's
 tiny Llama: each equals what its CLI command computes on the same settings, to the last digit, and refuses what the
 CLI refuses in the same one line."""
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import bench
-from bench.cli import main
-from core.errors import UserError
+import acbench
+from acbench.cli import main
+from acbench.core.errors import UserError
 
 TEXTS = ["The capital of France is Paris. It lies on the Seine and has been the seat of the government for centuries.",
          "Water boils at one hundred degrees Celsius at sea level; on a mountain it boils at a lower temperature.",
@@ -27,7 +27,7 @@ PPL = dict(tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=32)
 
 @pytest.fixture(scope="module")
 def lm(tiny):
-    return bench.load_model(str(tiny), progress=False)
+    return acbench.load_model(str(tiny), progress=False)
 
 
 def logits(model, ids):
@@ -39,24 +39,24 @@ def test_import_bench_is_light_and_names_the_calls():
     import subprocess
     import sys
 
-    code = "import sys, bench; print('torch' in sys.modules, sorted(bench.__all__))"
+    code = "import sys, acbench; print('torch' in sys.modules, sorted(acbench.__all__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.startswith("False")  # the CLI's start and `import bench` load no torch until a call needs it
+    assert out.startswith("False")  # the CLI's start and `import acbench` load no torch until a call needs it
     for name in ("compress", "evaluate", "sweep", "load_results", "load_model"):
-        assert name in out and callable(getattr(bench, name))
+        assert name in out and callable(getattr(acbench, name))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        bench.nope  # noqa: B018
-    from core.errors import UserError
+        acbench.nope  # noqa: B018
+    from acbench.core.errors import UserError
 
-    assert "UserError" in out and bench.UserError is UserError  # what a program catches
-    with pytest.raises(bench.UserError, match="model of type Linear"):
-        bench.evaluate(torch.nn.Linear(2, 2), tasks=["ppl-token"])
+    assert "UserError" in out and acbench.UserError is UserError  # what a program catches
+    with pytest.raises(acbench.UserError, match="model of type Linear"):
+        acbench.evaluate(torch.nn.Linear(2, 2), tasks=["ppl-token"])
 
 
 def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
     ids = torch.randint(3, 1000, (1, 16))
     dense = logits(lm.model, ids)
-    with bench.compress(lm, None, "pca", rank=0.5, calibration=TEXTS, **SMALL) as c:
+    with acbench.compress(lm, None, "pca", rank=0.5, calibration=TEXTS, **SMALL) as c:
         assert c.model is lm.model and c.method == "pca"
         assert c.summary["param_ratio"] < 1 and len(c.summaries) == len(c.summary["groups"]) > 0
         assert c.calibration["stats"] == ["C"] and c.calibration["spec"]["source"].startswith("texts:")
@@ -67,8 +67,8 @@ def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
     with pytest.raises(UserError, match="pca compression was restored .* compress it anew to save"):
         c.save(tmp_path / "again")
     with pytest.raises(UserError, match="pca compression was restored .* evaluate the model itself"):
-        bench.evaluate(c, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16)  # would score the dense model
-    from bench.model.checkpoint import load_checkpoint
+        acbench.evaluate(c, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16)  # would score the dense model
+    from acbench.model.checkpoint import load_checkpoint
 
     assert torch.allclose(logits(load_checkpoint(tmp_path / "ck"), ids), compressed, atol=1e-5)
 
@@ -80,9 +80,9 @@ def test_a_model_without_fingerprint_calibrates_in_memory_to_the_cached_values(l
 
     plain = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
     ids = torch.randint(3, 1000, (1, 16))
-    with bench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as cached:
+    with acbench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as cached:
         want = logits(cached.model, ids)
-    with bench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as held:
+    with acbench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as held:
         assert held.calibration["cache"] is None and held.calibration["cached"] is False
         assert held.calibration["peak"]["bytes"] > 0  # what calibrating it took, as a run's cells record
         assert torch.equal(logits(held.model, ids), want)
@@ -95,7 +95,7 @@ def test_compress_equals_bench_compress_on_the_same_text(lm, tiny, tmp_path):
     assert main(["compress", "--model", str(tiny), "--method", "whitened-svd", "--rank", "0.5", "--save",
                  str(tmp_path / "cli"), "--calib-source", f"file:{text}", "--calib-samples", "2", "--calib-seq-len",
                  "32", "--pair-tokens", "32", "--quiet"]) == 0
-    with bench.compress(lm, None, "whitened-svd", rank=0.5, calibration=TEXTS, **SMALL) as c:
+    with acbench.compress(lm, None, "whitened-svd", rank=0.5, calibration=TEXTS, **SMALL) as c:
         c.save(tmp_path / "api")
     cli, api = load_file(tmp_path / "cli" / "model.safetensors"), load_file(tmp_path / "api" / "model.safetensors")
     assert cli.keys() == api.keys() and all(torch.equal(cli[k], api[k]) for k in cli)
@@ -107,7 +107,7 @@ def test_calibration_forms_give_the_same_windows(lm):
     """A datasets column is its texts; a token tensor is used as it is (its digest names it)."""
     import datasets
 
-    from bench.api import calibration_tokens
+    from acbench.api import calibration_tokens
 
     texts = calibration_tokens(TEXTS, lm.tokenizer, 2, 32, 0, "none")
     column = calibration_tokens(datasets.Dataset.from_dict({"body": TEXTS}), lm.tokenizer, 2, 32, 0, "none",
@@ -136,22 +136,22 @@ def test_calibration_forms_give_the_same_windows(lm):
 ])
 def test_compress_refuses_in_bench_runs_words(lm, kwargs, needle):
     with pytest.raises(UserError) as e:
-        bench.compress(lm, None, **{**dict(progress=False, samples=2), **kwargs})
+        acbench.compress(lm, None, **{**dict(progress=False, samples=2), **kwargs})
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_compress_refuses_what_is_not_a_model():
     with pytest.raises(UserError, match="pass a loaded transformers causal LM"):
-        bench.compress("smollm2-135m", None, "pca", rank=0.5)
+        acbench.compress("smollm2-135m", None, "pca", rank=0.5)
     class Headless(torch.nn.Module):
         config = None
 
     with pytest.raises(UserError, match="no tokenizer"):
-        bench.compress(Headless(), None, "pca", rank=0.5)
+        acbench.compress(Headless(), None, "pca", rank=0.5)
 
 
 def test_evaluate_scores_as_the_dense_cell_stores(lm, tiny, tmp_path):
-    got = bench.evaluate(lm, None, **PPL, progress=False)
+    got = acbench.evaluate(lm, None, **PPL, progress=False)
     assert main(["run", "--model", str(tiny), "--methods", "dense", "--tasks", "ppl-token", "--ppl-windows", "2",
                  "--ppl-seq-len", "32", "--no-latency", "--no-report", "--quiet", "--output", str(tmp_path)]) == 0
     cell = json.loads(next(tmp_path.rglob("*ppl-token*.json")).read_text())
@@ -166,7 +166,7 @@ def test_evaluate_scores_as_the_dense_cell_stores(lm, tiny, tmp_path):
 ])
 def test_evaluate_refuses_in_one_line(lm, kwargs, needle):
     with pytest.raises(UserError) as e:
-        bench.evaluate(lm, None, progress=False, **kwargs)
+        acbench.evaluate(lm, None, progress=False, **kwargs)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
@@ -174,19 +174,19 @@ def test_sweep_returns_its_cells_a_rerun_computes_nothing_and_load_results_frame
     out = tmp_path / "results"
     kw = dict(methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
               measure_latency=False, output=str(out), progress=False, **PPL)
-    cells = bench.sweep(str(tiny), **kw)
+    cells = acbench.sweep(str(tiny), **kw)
     assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
     assert (out / "LEADERBOARD.md").exists()
     mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if not p.name.startswith("LEADERBOARD")}
-    assert bench.sweep(str(tiny), **kw) == cells  # stored, not recomputed
+    assert acbench.sweep(str(tiny), **kw) == cells  # stored, not recomputed
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
-    frame = bench.load_results(out)
+    frame = acbench.load_results(out)
     ppl = frame[(frame.metric == "ppl") & (frame.task == "ppl-token")].set_index("method")["value"]
     assert ppl.to_dict() == {c["cell"]["method"]: c["metrics"]["ppl"] for c in cells}
     assert set(frame.method) == {"dense", "pca"} and frame.attrs["problems"] == []
     assert frame.loc[frame.method == "pca", "param_ratio"].iloc[0] < 1
     (out / "bad.json").write_text("{")
-    assert any("bad.json" in p for p in bench.load_results(out).attrs["problems"])
+    assert any("bad.json" in p for p in acbench.load_results(out).attrs["problems"])
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -197,17 +197,17 @@ def test_sweep_returns_its_cells_a_rerun_computes_nothing_and_load_results_frame
     (dict(model=[]), "names no model"),
 ])
 def test_sweep_refuses_in_one_line_before_any_model_opens(kwargs, needle, tmp_path, monkeypatch):
-    import bench.model.sources
+    import acbench.model.sources
 
-    monkeypatch.setattr(bench.model.sources, "open_model", lambda *a, **k: pytest.fail("a model was opened"))
+    monkeypatch.setattr(acbench.model.sources, "open_model", lambda *a, **k: pytest.fail("a model was opened"))
     with pytest.raises(UserError) as e:
-        bench.sweep(**{"output": str(tmp_path), **kwargs})
+        acbench.sweep(**{"output": str(tmp_path), **kwargs})
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_load_results_of_a_missing_folder_is_one_line(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
-        bench.load_results(tmp_path / "none")
+        acbench.load_results(tmp_path / "none")
 
 
 def test_method_settings_travel_apart_from_the_calls_keywords(lm):
@@ -217,100 +217,100 @@ def test_method_settings_travel_apart_from_the_calls_keywords(lm):
     small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
     outs = []
     for opts in (None, {"seed": 3}):
-        with bench.compress(lm, None, "random", rank=0.5, method_options=opts, **small) as c:
+        with acbench.compress(lm, None, "random", rank=0.5, method_options=opts, **small) as c:
             outs.append(logits(c.model, ids))
     assert not torch.equal(outs[0], outs[1])
     ks = []
     for opts in (None, {"allocate": False}):
-        with bench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
+        with acbench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
             ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
     assert ks[0] != ks[1]  # its own allocation across groups, then none
     # the same as plain keywords: seed= seeds random's subspace too, allocate=False is svd-llm-v2's own setting
-    with bench.compress(lm, "random", rank=0.5, seed=3, **small) as c:
+    with acbench.compress(lm, "random", rank=0.5, seed=3, **small) as c:
         assert torch.equal(logits(c.model, ids), outs[1])  # what method_options={"seed": 3} gave
-    with bench.compress(lm, "svd-llm-v2", rank=0.5, allocate=False, **small) as c:
+    with acbench.compress(lm, "svd-llm-v2", rank=0.5, allocate=False, **small) as c:
         assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[1]
-    with bench.compress(lm, "svd-llm-v2", rank=0.5, allocate="uniform", **small) as c:
+    with acbench.compress(lm, "svd-llm-v2", rank=0.5, allocate="uniform", **small) as c:
         assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[0]  # the call's rank allocation
-    with pytest.raises(bench.UserError, match=r"'calib_source' is neither a setting of pca .* did you mean "
+    with pytest.raises(acbench.UserError, match=r"'calib_source' is neither a setting of pca .* did you mean "
                                               r"calibration="):
-        bench.compress(lm, None, "pca", rank=0.5, calib_source="wiki", **small)
+        acbench.compress(lm, None, "pca", rank=0.5, calib_source="wiki", **small)
     with pytest.warns(DeprecationWarning, match="compress\\(merge=\\) is now merged="):
-        bench.compress(lm, "pca", rank=0.5, merge=False, **small).restore()
-    with pytest.raises(bench.UserError, match="given both as a keyword and in method_options"):
-        bench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
-    with pytest.raises(bench.UserError, match="method_options must be a mapping"):
-        bench.compress(lm, None, "fasc", rank=0.5, method_options=["max_swaps"], **small)
+        acbench.compress(lm, "pca", rank=0.5, merge=False, **small).restore()
+    with pytest.raises(acbench.UserError, match="given both as a keyword and in method_options"):
+        acbench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
+    with pytest.raises(acbench.UserError, match="method_options must be a mapping"):
+        acbench.compress(lm, None, "fasc", rank=0.5, method_options=["max_swaps"], **small)
 
 
 def test_one_vocabulary_across_the_calls(lm, tmp_path):
     """evaluate takes what compress returns and a comma list of tasks; sweep takes densities as numbers, refuses
-    rank= with ranks= and a model in memory in one line; bench.methods() and bench.tasks() list the registries."""
-    import methods as method_registry
-    import tasks as task_registry
-    from bench.api import sweep_configs
+    rank= with ranks= and a model in memory in one line; acbench.list_methods() and acbench.list_tasks() list the registries."""
+    from acbench import methods as method_registry
+    from acbench import tasks as task_registry
+    from acbench.api import sweep_configs
 
     small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
-    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
-        got = bench.evaluate(c, tasks="ppl-token", ppl_windows=1, ppl_seq_len=16, progress=False)
-        again = bench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
+    with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
+        got = acbench.evaluate(c, tasks="ppl-token", ppl_windows=1, ppl_seq_len=16, progress=False)
+        again = acbench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
                                progress=False)
     assert got["ppl-token"].metrics == again["ppl-token"].metrics
     (config,) = sweep_configs("m", {"methods": "teal", "sparsity": [0.5, "2:4"]})
     assert config.sparsity == ["0.5", "2:4"]
-    with pytest.raises(bench.UserError, match="rank= and ranks= are the same setting"):
+    with pytest.raises(acbench.UserError, match="rank= and ranks= are the same setting"):
         sweep_configs("m", {"rank": [0.5], "ranks": [0.25]})
     stats_root = Path(os.environ["ACBENCH_STATS_CACHE"])
     before = sorted(stats_root.rglob("*"))
     sweep = {"methods": ["pca"], "rank": [0.5], "tasks": ["ppl-token"], "ppl_windows": 1, "ppl_seq_len": 16,
              "calib_samples": 2, "calib_seq_len": 32, "measure_latency": False, "progress": False}
-    cells = bench.sweep(model=lm, **sweep)  # opened again from its source; nothing kept
+    cells = acbench.sweep(model=lm, **sweep)  # opened again from its source; nothing kept
     assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
     assert all(math.isfinite(c["metrics"][c["primary_metric"]]) for c in cells)
     assert sorted(stats_root.rglob("*")) == before  # the statistics cache is opt-in (cache=True)
     for method, budget in (("pca", {"rank": 0.5}), ("wanda", {"sparsity": 0.5})):  # modules replaced; weights masked
-        with bench.compress(lm, None, method, **budget, **small):
-            with pytest.raises(bench.UserError, match="compressed in place"):
-                bench.sweep(model=lm, **sweep)
-    with pytest.raises(bench.UserError, match="save it with save_pretrained"):
-        bench.sweep(model=lm.model, **sweep)
-    listed = bench.methods()
+        with acbench.compress(lm, None, method, **budget, **small):
+            with pytest.raises(acbench.UserError, match="compressed in place"):
+                acbench.sweep(model=lm, **sweep)
+    with pytest.raises(acbench.UserError, match="save it with save_pretrained"):
+        acbench.sweep(model=lm.model, **sweep)
+    listed = acbench.list_methods()
     assert [m["name"] for m in listed] == method_registry.known_methods()
     fasc = next(m for m in listed if m["name"] == "fasc-kfac")
     assert fasc["needs"] == ["activations", "gradients"] and fasc["family"] == "low-rank"
     assert next(m for m in listed if m["name"] == "sparsegpt")["authors_calibration"]["samples"] == 128
-    found = {t["name"]: t for t in bench.tasks()}
+    found = {t["name"]: t for t in acbench.list_tasks()}
     assert list(found) == task_registry.known_tasks() and found["lama"]["margin"] == 0.02
     assert found["ppl-token"]["higher_is_better"] is False
 
 
 def test_compare_gives_what_the_leaderboard_prints(lm, tiny, tmp_path):
-    """bench.compare on evaluate's results and on sweep's cells: the leaderboard's paired difference, interval,
-    detectable difference and verdict (core.significance's, computed here another way: by the cells' own records)."""
-    from core.record import CellRecord
-    from core.significance import compare as paired, detectable_difference, verdict
+    """acbench.compare on evaluate's results and on sweep's cells: the leaderboard's paired difference, interval,
+    detectable difference and verdict (acbench.core.significance's, computed here another way: by the cells' own records)."""
+    from acbench.core.record import CellRecord
+    from acbench.core.significance import compare as paired, detectable_difference, verdict
 
     small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
     sizes = {"ppl_windows": 4, "ppl_seq_len": 16, "lama_limit": 2, "progress": False}
-    dense = bench.evaluate(lm, tasks=["ppl-token", "lama"], **sizes)
-    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
-        pca = bench.evaluate(c, tasks=["ppl-token", "lama"], **sizes)
-    got = bench.compare(dense, pca, task="ppl-token")
+    dense = acbench.evaluate(lm, tasks=["ppl-token", "lama"], **sizes)
+    with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
+        pca = acbench.evaluate(c, tasks=["ppl-token", "lama"], **sizes)
+    got = acbench.compare(dense, pca, task="ppl-token")
     want = paired(dense["ppl-token"], pca["ppl-token"])
     assert got["diff"] == pytest.approx(want["diff"]) and got["ci95"] == pytest.approx(want["ci95"])
     assert got["verdict"] == verdict(want, 0.02, False) and got["margin"] == 0.02
     assert got["detectable"] == pytest.approx(detectable_difference(dense["ppl-token"], pca["ppl-token"]))
-    lama = bench.compare(dense["lama"], pca["lama"], task="lama", margin=0.5)
+    lama = acbench.compare(dense["lama"], pca["lama"], task="lama", margin=0.5)
     assert lama["test"] == "McNemar exact" and lama["margin"] == 0.5
-    with pytest.raises(bench.UserError, match="name one of its tasks with task="):
-        bench.compare(dense, pca)
-    with pytest.raises(bench.UserError, match="pass what evaluate or sweep returned"):
-        bench.compare(3, pca["lama"])
-    cells = bench.sweep(model=str(tiny), methods=["pca", "svd"], rank=[0.5], tasks=["ppl-token"], ppl_windows=3,
+    with pytest.raises(acbench.UserError, match="name one of its tasks with task="):
+        acbench.compare(dense, pca)
+    with pytest.raises(acbench.UserError, match="pass what evaluate or sweep returned"):
+        acbench.compare(3, pca["lama"])
+    cells = acbench.sweep(model=str(tiny), methods=["pca", "svd"], rank=[0.5], tasks=["ppl-token"], ppl_windows=3,
                         ppl_seq_len=16, calib_samples=2, calib_seq_len=32, measure_latency=False,
                         output=str(tmp_path / "r"), progress=False, report=False)
     by = {c["cell"]["method"]: c for c in cells}
-    got = bench.compare(by["pca"], by["svd"])  # a stored cell names its own task
+    got = acbench.compare(by["pca"], by["svd"])  # a stored cell names its own task
     want = paired(CellRecord.from_json(by["pca"]), CellRecord.from_json(by["svd"]))
     assert got["diff"] == pytest.approx(want["diff"]) and got["n"] == 3
 
@@ -322,7 +322,7 @@ def test_a_sweep_without_output_keeps_nothing(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    cells = bench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
+    cells = acbench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
                         measure_latency=False, progress=False, **PPL)
     assert sorted(c["cell"]["method"] for c in cells) == ["dense", "pca"]
     assert list(tmp_path.iterdir()) == [tmp_path / "tmp"] and not list((tmp_path / "tmp").iterdir())
@@ -330,30 +330,30 @@ def test_a_sweep_without_output_keeps_nothing(tiny, tmp_path, monkeypatch):
 
 def test_the_statistics_cache_is_listed_and_cleared(lm, tmp_path, monkeypatch):
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
-    assert bench.statistics_cache() == []
-    with bench.compress(lm, None, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=True):
+    assert acbench.statistics_cache() == []
+    with acbench.compress(lm, None, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=True):
         pass
-    (entry,) = bench.statistics_cache()
+    (entry,) = acbench.statistics_cache()
     assert entry["bytes"] > 0 and entry["spec"]["samples"] == 2 and entry["stats"] == ["C"] and entry["tokens"] == 64
     busy = tmp_path / "stats" / "busy"
     busy.mkdir()
     (busy / ".calibration.lock").write_text("1")
-    done = {e["key"]: e for e in bench.statistics_cache(clear=True)}
+    done = {e["key"]: e for e in acbench.statistics_cache(clear=True)}
     assert done[entry["key"]]["removed"] and done["busy"]["kept"] == "being written"
     assert [p.name for p in (tmp_path / "stats").iterdir()] == ["busy"]
 
 
 def test_refusals_speak_the_calls_keywords(lm):
     """A refusal shared with the CLI names the keyword the Python caller typed, not a flag, and no config file."""
-    from bench.api import api_words
+    from acbench.api import api_words
 
     small = {"progress": False, "cache": False}
-    with pytest.raises(bench.UserError, match=r"^calib_samples= must be a positive integer, got 0$"):
-        bench.compress(lm, None, "pca", rank=0.5, calib_samples=0, **small)
-    with pytest.raises(bench.UserError, match=r"pass e\.g\. rank=0\.5 "):
-        bench.compress(lm, None, "pca", rank=2, **small)
-    with pytest.raises(bench.UserError) as e:
-        bench.compress(lm, None, "pca", rank=0.5, allocate="fishr", **small)
+    with pytest.raises(acbench.UserError, match=r"^calib_samples= must be a positive integer, got 0$"):
+        acbench.compress(lm, None, "pca", rank=0.5, calib_samples=0, **small)
+    with pytest.raises(acbench.UserError, match=r"pass e\.g\. rank=0\.5 "):
+        acbench.compress(lm, None, "pca", rank=2, **small)
+    with pytest.raises(acbench.UserError) as e:
+        acbench.compress(lm, None, "pca", rank=0.5, allocate="fishr", **small)
     assert "--" not in str(e.value) and "allocate=fishr" in str(e.value)
     assert api_words("run setting x: fix --calib-samples or that key in the --config file", "sweep") == \
         "run setting x: fix calib_samples="
@@ -364,74 +364,74 @@ def test_refusals_speak_the_calls_keywords(lm):
 def test_compress_takes_the_tokenizer_from_the_loaded_model(lm):
     ids = torch.randint(3, 1000, (1, 8))
     small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
-    with bench.compress(lm, "pca", rank=0.5, **small) as c:
+    with acbench.compress(lm, "pca", rank=0.5, **small) as c:
         short = logits(c.model, ids)
-    with bench.compress(lm, None, "pca", rank=0.5, **small) as c:
+    with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
         assert torch.equal(short, logits(c.model, ids))
-    with pytest.raises(bench.UserError, match="compress needs a method"):
-        bench.compress(lm, rank=0.5, **small)
+    with pytest.raises(acbench.UserError, match="compress needs a method"):
+        acbench.compress(lm, rank=0.5, **small)
 
 
 def test_compress_names_the_calibration_size_as_sweep_does(lm):
     """calib_samples= and calib_seq_len=, as sweep, bench run and RunConfig name them; the old samples= and
     seq_len= still work with a DeprecationWarning, and both names with two values are refused."""
     ids = torch.randint(3, 1000, (1, 8))
-    with bench.compress(lm, "pca", rank=0.5, calib_samples=2, calib_seq_len=32, progress=False, cache=False) as c:
+    with acbench.compress(lm, "pca", rank=0.5, calib_samples=2, calib_seq_len=32, progress=False, cache=False) as c:
         new = logits(c.model, ids)
         assert c.calibration["spec"]["samples"] == 2 and c.calibration["spec"]["seq_len"] == 32
     with pytest.warns(DeprecationWarning, match="calib_samples="):
-        with bench.compress(lm, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=False) as c:
+        with acbench.compress(lm, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=False) as c:
             assert torch.equal(new, logits(c.model, ids))
-    with pytest.raises(bench.UserError, match="samples=2 and calib_samples=3 are the same setting"):
-        bench.compress(lm, "pca", rank=0.5, samples=2, calib_samples=3, progress=False, cache=False)
+    with pytest.raises(acbench.UserError, match="samples=2 and calib_samples=3 are the same setting"):
+        acbench.compress(lm, "pca", rank=0.5, samples=2, calib_samples=3, progress=False, cache=False)
 
 
 def test_every_result_converts_to_one_frame(lm, tiny, tmp_path):
     """to_frame of what sweep returned is what load_results reads from disk (same columns and values); evaluate's
     results give the same columns, with the task's metrics."""
     out = tmp_path / "r"
-    cells = bench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
+    cells = acbench.sweep(str(tiny), methods=["pca"], rank=0.5, calib_samples=2, calib_seq_len=32, pair_tokens=32,
                         measure_latency=False, output=str(out), progress=False, **PPL)
-    mine, stored = bench.to_frame(cells), bench.load_results(out)
+    mine, stored = acbench.to_frame(cells), acbench.load_results(out)
     assert list(mine.columns) == list(stored.columns)
     key = ["method", "metric"]
     left = mine.drop(columns=["file"]).sort_values(key).reset_index(drop=True)
     right = stored.drop(columns=["file"]).sort_values(key).reset_index(drop=True)
     assert left.equals(right)
-    scores = bench.evaluate(lm, tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=16, progress=False)
-    frame = bench.to_frame(scores, model="tiny", method="dense")
+    scores = acbench.evaluate(lm, tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=16, progress=False)
+    frame = acbench.to_frame(scores, model="tiny", method="dense")
     assert list(frame.columns) == list(stored.columns)
     ppl = frame[frame.metric == "ppl"].iloc[0]
     assert ppl.value == scores["ppl-token"].metrics["ppl"] and bool(ppl.primary) and not bool(ppl.higher_is_better)
     assert ppl.n_items == 2 and ppl.model == "tiny"
-    with pytest.raises(bench.UserError, match="to_frame takes"):
-        bench.to_frame(3)
+    with pytest.raises(acbench.UserError, match="to_frame takes"):
+        acbench.to_frame(3)
 
 
 def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm, capsys, tmp_path, monkeypatch):
     """compress keeps no statistics on disk unless cache=True; with it, their size is said before they are
     written, a calibration that would take the cache past its bound is one line and writes nothing, and
-    bench.statistics_cache lists and clears it."""
+    acbench.statistics_cache lists and clears it."""
     root = tmp_path / "stats"
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(root))  # this test's own cache: it lists and clears it all
     small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
-    with bench.compress(lm, "pca", rank=0.5, **small):
+    with acbench.compress(lm, "pca", rank=0.5, **small):
         pass
-    assert not list(root.rglob("*.safetensors")) and bench.statistics_cache() == []
-    with pytest.raises(bench.UserError, match=r"past its bound of 1\.0 KB: clear it"):
-        bench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="1KB", **small)
+    assert not list(root.rglob("*.safetensors")) and acbench.statistics_cache() == []
+    with pytest.raises(acbench.UserError, match=r"past its bound of 1\.0 KB: clear it"):
+        acbench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="1KB", **small)
     assert not list(root.rglob("*.safetensors"))
     capsys.readouterr()
-    with bench.compress(lm, "pca", rank=0.5, cache=True, **small):
+    with acbench.compress(lm, "pca", rank=0.5, cache=True, **small):
         pass
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("calibration statistics: about")]
     assert len(said) == 1 and "bound 20.0 GB" in said[0], said
-    (entry,) = bench.statistics_cache()
+    (entry,) = acbench.statistics_cache()
     assert entry["bytes"] > 0 and entry["stats"] == ["C"]
-    with pytest.raises(bench.UserError, match="cache_limit="):
-        bench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="lots", **small)
-    (gone,) = bench.statistics_cache(clear=True)
-    assert gone["removed"] and bench.statistics_cache() == []
+    with pytest.raises(acbench.UserError, match="cache_limit="):
+        acbench.compress(lm, "pca", rank=0.5, cache=True, cache_limit="lots", **small)
+    (gone,) = acbench.statistics_cache(clear=True)
+    assert gone["removed"] and acbench.statistics_cache() == []
 
 
 def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tmp_path, monkeypatch):
@@ -442,13 +442,13 @@ def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tm
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))  # cleared at the end: this test's own
 
     small = {"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32}
-    logger = logging.getLogger("bench")
+    logger = logging.getLogger("acbench")
     seen = []
     handler = logging.Handler()
     handler.emit = seen.append
     logger.addHandler(handler)
     try:
-        with bench.compress(lm, "pca", rank=0.5, progress=False, **small):
+        with acbench.compress(lm, "pca", rank=0.5, progress=False, **small):
             pass
         assert seen and all(r.levelno >= logging.WARNING for r in seen)  # the short calibration's warnings
         assert all(r.getMessage().startswith("warning: ") for r in seen)
@@ -456,7 +456,7 @@ def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tm
         logger.setLevel(logging.WARNING)
         capsys.readouterr()
         try:
-            with bench.compress(lm, "pca", rank=0.5, **small):
+            with acbench.compress(lm, "pca", rank=0.5, **small):
                 pass
         finally:
             logger.setLevel(level)
@@ -464,10 +464,10 @@ def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tm
         assert all(r.levelno >= logging.WARNING for r in seen) and "calibrate" not in err  # no bars
         assert [line for line in out.splitlines() if line and not line.startswith("warning: ")] == []
         seen[:] = []
-        with bench.compress(lm, "pca", rank=0.5, cache=True, **small):
+        with acbench.compress(lm, "pca", rank=0.5, cache=True, **small):
             pass
         assert any(r.levelno == logging.INFO and "calibration statistics" in r.getMessage() for r in seen)
     finally:
         logger.removeHandler(handler)
-        bench.statistics_cache(clear=True)
+        acbench.statistics_cache(clear=True)
     assert logger.level == level

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from bench.deploy.compression import compressed
-from core.stats import SparsitySpec
+from acbench import methods
+from acbench.deploy.compression import compressed
+from acbench.core.stats import SparsitySpec
 
 from conftest import one_block_with_c
 

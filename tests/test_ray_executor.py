@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.cli.smoke import tiny_checkpoint
-from bench.results.store import cell_status
+from acbench.cli import main
+from acbench.cli.smoke import tiny_checkpoint
+from acbench.results.store import cell_status
 
 CRASH_ONCE = '''
 import os
 
-from methods.pca import PCA
+from acbench.methods.pca import PCA
 
 
 class CrashOnce(PCA):
@@ -77,7 +77,7 @@ def local_ray(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(plugin)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     os.environ["ACBENCH_TEST_CRASH_MARKER"] = str(marker)
     sys.path.insert(0, str(plugin))
-    import methods
+    from acbench import methods
 
     methods.REGISTRY.reload()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNOPSIS = re.compile(r"<!-- generated: synopsis -->\n.*?<!-- end generated -->", re.S)
@@ -88,26 +88,26 @@ def variants(cmd: str) -> list[list[str]]:
 
 def check(argv: list[str]) -> None:
     """The command's own checks, short of opening a model: raises UserError or SystemExit (the parser's)."""
-    from bench.cli import _parser
-    from bench.runner.config import resolve_run
+    from acbench.cli import _parser
+    from acbench.runner.config import resolve_run
 
     args = _parser().parse_args(argv[1:])
     if args.cmd == "run":
-        from bench.cli.run import run_configs_of as run_configs
+        from acbench.cli.run import run_configs_of as run_configs
 
         for config in run_configs(args):  # one per model
             resolve_run(config, writes=False)
     elif args.cmd == "plan":
-        from bench.cli.plan import plan_configs
+        from acbench.cli.plan import plan_configs
 
         for config in plan_configs(args):
             resolve_run(config, writes=False)
     elif args.cmd == "compress":
-        from bench.cli.compress import compress_config
+        from acbench.cli.compress import compress_config
 
         resolve_run(compress_config(args)[0], writes=False)
     elif args.cmd == "emerge":
-        from studies.emergence.command import _config
+        from acbench.studies.emergence.command import _config
 
         _config(args)
 
@@ -151,7 +151,7 @@ def test_readme_command_passes_its_checks(line, cmd, monkeypatch, tmp_path):
 def test_the_readme_synopsis_is_the_parsers():
     """One synopsis, generated (tests/readme_numbers.py): the README's copy is what bench/cli/synopsis.py gives
     from the argument parser now, so a flag added, renamed or removed fails here until it is regenerated."""
-    from bench.cli.synopsis import synopsis
+    from acbench.cli.synopsis import synopsis
 
     blocks = SYNOPSIS.findall((ROOT / "README.md").read_text())
     assert len(blocks) == 1
@@ -162,10 +162,10 @@ def test_the_readme_synopsis_is_the_parsers():
 
 def test_the_synopsis_follows_the_parser(monkeypatch):
     """The generator reads the parser: a flag the parser gains appears, wrapped between arguments only."""
-    import bench.cli
-    from bench.cli.synopsis import synopsis
+    import acbench.cli
+    from acbench.cli.synopsis import synopsis
 
-    real = bench.cli._parser
+    real = acbench.cli._parser
 
     def with_new_flag():
         parser = real()
@@ -173,7 +173,7 @@ def test_the_synopsis_follows_the_parser(monkeypatch):
         sub.choices["report"].add_argument("--brand-new-flag", choices=["a", "b"], required=True)
         return parser
 
-    monkeypatch.setattr(bench.cli, "_parser", with_new_flag)
+    monkeypatch.setattr(acbench.cli, "_parser", with_new_flag)
     line = next(x for x in synopsis().splitlines() if x.startswith("bench report"))
     assert line.endswith("--brand-new-flag {a,b}") and "[--vs X]" in line
     assert all(len(x) <= 118 and x.count("[") == x.count("]") for x in synopsis().splitlines())
@@ -206,8 +206,8 @@ def test_the_example_sources_run(tmp_path, monkeypatch, capsys):
     probe and word of the files is read."""
     import json
 
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
@@ -264,8 +264,8 @@ def test_readme_numbers_stage_table_from_a_stored_log(tmp_path):
     import shutil
     from types import SimpleNamespace
 
-    from bench.runner.execute import write_stage_log
-    from leaderboard.load import read_result_set
+    from acbench.runner.execute import write_stage_log
+    from acbench.leaderboard.load import read_result_set
     from tests.readme_numbers import main
 
     results = tmp_path / "results"
@@ -303,7 +303,7 @@ def test_every_flag_the_docs_name_after_a_command_exists():
     command's parser knows (docs/cli.md once named a `bench compress --out` that never existed)."""
     import re
 
-    from bench.cli import _parser
+    from acbench.cli import _parser
 
     commands = {name: {o for action in sub._actions for o in action.option_strings}
                 for group in _parser()._subparsers._group_actions for name, sub in group.choices.items()}

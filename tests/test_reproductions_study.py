@@ -7,7 +7,7 @@ import math
 import pytest
 
 from conftest import hand_cell
-from core.significance import Z_DETECT, detectable_difference
+from acbench.core.significance import Z_DETECT, detectable_difference
 
 
 def _cell(model, method, task, budget, rank, values, calibration=None):
@@ -39,7 +39,7 @@ def _calibrated(mode=None, samples=12, seq_len=256):
 
 
 def test_each_verdict_and_the_cause_of_a_contradiction():
-    from studies.reproductions import CLAIMS, rows
+    from acbench.studies.reproductions import CLAIMS, rows
 
     dense = [3.0 + 0.01 * i for i in range(8)]
     cells = [_cell("m", "dense", "ppl-token", "", None, dense)]
@@ -67,7 +67,7 @@ def test_each_verdict_and_the_cause_of_a_contradiction():
 
 
 def test_a_difference_inside_the_noise_is_not_detected_with_what_it_could_miss():
-    from studies.reproductions import rows
+    from acbench.studies.reproductions import rows
 
     base = [3.0, 3.4, 2.9, 3.3, 3.1, 2.8]
     noise = [0.05, -0.04, 0.03, -0.05, 0.02, -0.01]
@@ -80,7 +80,7 @@ def test_a_difference_inside_the_noise_is_not_detected_with_what_it_could_miss()
 
 
 def test_a_destroyed_budget_is_named_as_the_cause():
-    from studies.reproductions import rows
+    from acbench.studies.reproductions import rows
 
     base = [3.0 + 0.02 * i for i in range(6)]
     cells = [_cell("m", "dense", "ppl-token", "", None, base),
@@ -92,8 +92,8 @@ def test_a_destroyed_budget_is_named_as_the_cause():
 
 
 def test_calibration_study_saturation_and_budget_labels():
-    from studies import budget_label
-    from studies.calibration import saturation
+    from acbench.studies import budget_label
+    from acbench.studies.calibration import saturation
 
     pts = {t: _cell("m", "pca", "ppl-token", "params", 0.8, [v] * 4) for t, v in
            ((4096, 3.50), (16384, 3.31), (65536, 3.305), (262144, 3.30))}
@@ -118,7 +118,7 @@ def test_calibration_study_saturation_and_budget_labels():
     (["--tokens", "1000"], "multiple of 2048"), (["--doc", "x.txt"], "markdown"),
     (["--modes", "twice"], "invalid choice")])
 def test_calibration_study_flags_are_one_line(capsys, argv, says):
-    from studies.calibration import main
+    from acbench.studies.calibration import main
 
     with pytest.raises(SystemExit) as e:
         main(argv + ["--report-only"])
@@ -126,7 +126,7 @@ def test_calibration_study_flags_are_one_line(capsys, argv, says):
 
 
 def test_calibration_study_report_from_no_cells_lists_what_is_missing(tmp_path):
-    from studies.calibration import main
+    from acbench.studies.calibration import main
 
     doc = tmp_path / "calibration.md"
     assert main(["--report-only", "--root", str(tmp_path / "cells"), "--doc", str(doc), "--models", "m",
@@ -140,7 +140,7 @@ def test_calibration_study_report_from_no_cells_lists_what_is_missing(tmp_path):
 def test_a_part_stopped_before_its_end_says_how_much_it_holds():
     """A part counts as measured once one cell is stored; the page says when it is not whole (a part stopped at the
     end of a sitting once read as measured). The sizes are the stored whole parts' (42 and 17 cells at 4,096)."""
-    from studies.calibration import part_size, part_state
+    from acbench.studies.calibration import part_size, part_state
 
     assert (part_size("one-pass", 4096), part_size("sequential", 4096)) == (42, 17)
     # later parts leave out the methods that read no calibration (their cells are stored once, in the first): 8
@@ -156,7 +156,7 @@ def test_a_part_stopped_before_its_end_says_how_much_it_holds():
 def test_the_cost_table_names_the_threads_each_size_ran_on():
     """A part run pinned to one core beside another costs more per second of work than one on both cores: the
     table says which it was (it once said "2 cores" for every part)."""
-    from studies.calibration import cost_lines
+    from acbench.studies.calibration import cost_lines
 
     cells = []
     for threads, method in ((2, "pca"), (1, "teal")):
@@ -172,7 +172,7 @@ def test_the_cost_table_gives_each_modes_largest_calibration_peak_and_blank_wher
     """The peak column reads the cells' calibration.peak.bytes, the largest of the part's (a sequential part
     calibrates once per variant); a cell without one, or with one not shaped as a peak (valid cells can hold any
     shape there), adds nothing."""
-    from studies.calibration import cost_lines
+    from acbench.studies.calibration import cost_lines
 
     def cell(method, mode, peak, tokens=4096):
         cal = {"cached": False} if peak is None else {"cached": False, "peak": peak}
@@ -198,7 +198,7 @@ def test_the_cost_table_gives_each_modes_largest_calibration_peak_and_blank_wher
 def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
     """studies/objectives.py end to end on the smoke model: a row per claim and group it applies to, objectives
     measured on the held-out draw, and the page's table from them."""
-    from studies.objectives import CLAIMS, main, measure, summary
+    from acbench.studies.objectives import CLAIMS, main, measure, summary
 
     rows = measure(str(tiny), samples=2, seq_len=32, progress=False)
     assert {(r["method"], r["rival"], r["objective"]) for r in rows} == set(CLAIMS)
@@ -216,7 +216,7 @@ def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
 
 
 def test_unequal_compute_is_named_as_a_cause():
-    from studies.reproductions import rows
+    from acbench.studies.reproductions import rows
 
     base = [3.0 + 0.02 * i for i in range(6)]
     cells = [_cell("m", "dense", "ppl-token", "", None, base),
@@ -229,11 +229,11 @@ def test_unequal_compute_is_named_as_a_cause():
 def test_the_authors_one_pass_calibration_is_kept_between_the_budgets_it_serves(monkeypatch, tmp_path):
     """Each budget is its own sweep; without the shared cache each would calibrate whitened SVD's 524,288 tokens
     again (a sweep's statistics are otherwise removed after it)."""
-    import bench
-    from studies.reproductions import run_part
+    import acbench
+    from acbench.studies.reproductions import run_part
 
     calls = []
-    monkeypatch.setattr(bench, "sweep", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(acbench, "sweep", lambda **kw: calls.append(kw))
     run_part("smollm2-135m", tmp_path, progress=False)
     authors = [c for c in calls if c.get("calibration") == "authors" and "whitened-svd" in c["methods"]]
     assert len(authors) >= 3 and all(c.get("cache") is True for c in calls)
@@ -245,11 +245,11 @@ def test_a_calibration_part_keeps_its_statistics_between_its_sweeps_and_runs_spa
     """The two low-rank sweeps (parameter and rank budgets) read the same one-pass statistics: without the shared
     cache the second calibrated again (1.5 h of one core for SmolLM2 at 262,144 tokens). The sparsity sweeps, whose
     calibration reads no gradient, come first."""
-    import bench
-    from studies.calibration import run_part
+    import acbench
+    from acbench.studies.calibration import run_part
 
     calls = []
-    monkeypatch.setattr(bench, "sweep", lambda **kw: calls.append(kw) or [])
+    monkeypatch.setattr(acbench, "sweep", lambda **kw: calls.append(kw) or [])
     run_part("smollm2-135m", tokens, mode, tmp_path, progress=False)
     assert calls and all(c["cache"] is True and c["calib_samples"] * c["calib_seq_len"] == tokens for c in calls)
     kinds = ["rank" if "rank" in c else "sparsity" for c in calls]
@@ -259,7 +259,7 @@ def test_a_calibration_part_keeps_its_statistics_between_its_sweeps_and_runs_spa
 def test_the_fallbacks_each_size_records_and_a_rank_clipped_to_one():
     """SVD-LLM V2's perplexity rose from 4,096 to 16,384 calibration tokens because its rule clipped a rank to 1:
     the page lists each row's fallbacks by size, and explains the rule only where a clip to 1 is recorded."""
-    from studies.calibration import V2_RULE, fallback_lines, series
+    from acbench.studies.calibration import V2_RULE, fallback_lines, series
 
     def cell(tokens, fallbacks):
         c = hand_cell("m", "svd-llm-v2", "ppl-token", 0.8, [3.0], budget="params")
@@ -279,7 +279,7 @@ def test_the_fallbacks_each_size_records_and_a_rank_clipped_to_one():
 def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
     """SVD-LLM V2 at 16,384 tokens: its rule clipped layer 0's o_proj to rank 1 and put it behind whitened SVD;
     kept at its uniform rank, that one matrix took its perplexity from 1,010 to 332 (docs/methods.md)."""
-    from studies.reproductions import rows
+    from acbench.studies.reproductions import rows
 
     dense = [3.0 + 0.01 * i for i in range(8)]
     v2 = _cell("m", "svd-llm-v2", "ppl-token", "params", 0.8, [x + 1.0 + 0.01 * (i % 2) for i, x in enumerate(dense)])
@@ -296,7 +296,7 @@ def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
 def test_calibration_page_gives_each_model_its_own_page(tmp_path):
     """One page for both models ran past 150 lines: each model's tables and plots go on a page of their own, which
     the study's page links; parts, fallbacks and costs stay on the study's page."""
-    from studies.calibration import render
+    from acbench.studies.calibration import render
 
     cells = [("one-pass", tokens, hand_cell(model, "pca", "ppl-token", 0.8, [3.0 + tokens / 1e5], budget="params",
                                             calibration={"cached": False}, timings={"calibrate_s": 1.0}))
@@ -315,7 +315,7 @@ def test_the_verdict_reads_the_holm_corrected_p_and_a_level_claim_the_90_interva
     """Hand-made differences that separate the swaps: a raw p of 0.03 whose Holm-corrected p is 0.2 is not detected
     (reading the raw p would say 'reproduces'); a level claim whose 90 % interval lies inside the 0.02 margin while
     its 95 % interval does not reproduces (two one-sided tests at 5 % each read the 90 % interval)."""
-    from studies.reproductions import CLAIMS, verdict
+    from acbench.studies.reproductions import CLAIMS, verdict
 
     ordered = next(c for c in CLAIMS if not c.level and c.task == "ppl-token")
     level = next(c for c in CLAIMS if c.level and c.task == "ppl-token")
@@ -338,10 +338,10 @@ def test_a_bad_model_name_is_refused_before_any_part(monkeypatch, capsys, tmp_pa
     """A study computes model by model: a bad second name is refused before the first model's part starts."""
     import importlib
 
-    import bench.runner.execute
+    import acbench.runner.execute
 
     started = []
-    monkeypatch.setattr(bench.runner.execute, "sweep_runs", lambda runs: started.append(runs) or [])
+    monkeypatch.setattr(acbench.runner.execute, "sweep_runs", lambda runs: started.append(runs) or [])
     module = importlib.import_module(f"studies.{study}")
     argv = ["--models", *models, "--doc", str(tmp_path / "page.md")]
     with pytest.raises(SystemExit) as e:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from analyses.dependence import correlations, rho_directional, rho_explicit, rho_scores
+from acbench.analyses.dependence import correlations, rho_directional, rho_explicit, rho_scores
 
 
 def pairs(N, d, seed, coupled=False):
@@ -84,13 +84,13 @@ def test_correlations_equal_scipy():
 
 def _tiny_context(**spec_kw):
     """The harness's AnalysisContext over the smoke model's calibration statistics."""
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.model.groups import find_input_groups
-    from bench.model.sources import open_and_load_model
-    from bench.cli.smoke import tiny_checkpoint
-    from bench.runner.config import RunConfig, resolve_run
-    from bench.runner.execute import AnalysisContext
-    from tasks.data.text_data import sample_text_windows, load_text
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+    from acbench.model.sources import open_and_load_model
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.execute import AnalysisContext
+    from acbench.tasks.data.text_data import sample_text_windows, load_text
 
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     config = RunConfig(task_options={"ppl-token": {"seq_len": 32}, "lama": {"max_candidates": 5}}, progress=False,
@@ -104,8 +104,8 @@ def _tiny_context(**spec_kw):
 
 
 def test_sensitivity_at_full_rank_is_zero():
-    from analyses.rho import RhoSettings, _units, sensitivity
-    from core.stats import RankSpec
+    from acbench.analyses.rho import RhoSettings, _units, sensitivity
+    from acbench.core.stats import RankSpec
 
     ctx = _tiny_context()
     rows, dense = sensitivity(ctx, RankSpec(1.0), RhoSettings(lama_limit=1, loss_windows=1), _units(2, 2))
@@ -116,10 +116,10 @@ def test_sensitivity_at_full_rank_is_zero():
 
 def test_rho_per_group_headline_on_tiny_model():
     """rho.per_group=true: every group's loss rise alone, correlated with rho over all groups (the headline)."""
-    import analyses
-    from core.record import CellId, CellRecord
-    from core.stats import RankSpec
-    from analyses.rho_report import rho_section as _rho_section
+    from acbench import analyses
+    from acbench.core.record import CellId, CellRecord
+    from acbench.core.stats import RankSpec
+    from acbench.analyses.rho_report import rho_section as _rho_section
 
     ctx = _tiny_context()
     rho = analyses.build(["rho"], {"rho": {"lama_limit": 0, "loss_windows": 1, "units": 2, "per_group": True}})["rho"]
@@ -179,7 +179,7 @@ def test_small_samples_get_the_exact_permutation_p_value():
 
     from scipy import stats
 
-    from analyses.dependence import correlations
+    from acbench.analyses.dependence import correlations
 
     x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 9.0]
     c = correlations(x, y)
@@ -195,7 +195,7 @@ def test_small_samples_get_the_exact_permutation_p_value():
 def test_rho_cost_is_two_grams_and_the_projections():
     """Multiply-adds of rho_scores, by hand: two N x N Gram matrices over d (2 N^2 d) and the m directional
     projections of x and g (2 N d m)."""
-    from analyses.dependence import cost_flops
+    from acbench.analyses.dependence import cost_flops
 
     assert cost_flops(3, 4, 5) == 2 * 9 * 4 + 2 * 3 * 4 * 5 == 192
     assert cost_flops(512, 640, 64) == 2 * 512 ** 2 * 640 + 2 * 512 * 640 * 64
@@ -217,7 +217,7 @@ def _brute_exact_p(x, y):
 
 
 def test_correlations_guards_and_missing_values():
-    from analyses.dependence import correlations
+    from acbench.analyses.dependence import correlations
 
     none = {"spearman": None, "pearson": None, "note": "fewer than 3 points or a constant variable"}
     assert correlations([1, 2], [3, 4]) == {"n": 2, **none}
@@ -242,7 +242,7 @@ def test_exact_p_up_to_eight_points_ranks_for_spearman_values_for_pearson():
     over the values; scipy's asymptotic p differs from both here, so the cut-over is pinned at 8 exactly."""
     from scipy import stats
 
-    from analyses.dependence import EXACT_MAX_N, correlations
+    from acbench.analyses.dependence import EXACT_MAX_N, correlations
 
     assert EXACT_MAX_N == 8
     x = [0.3, 1.2, 0.7, 2.2, 1.9, 3.1, 2.5, 4.0]
@@ -264,7 +264,7 @@ def test_bootstrap_interval_by_hand():
     import numpy as np
     from scipy import stats
 
-    from analyses.dependence import correlations
+    from acbench.analyses.dependence import correlations
 
     def by_hand(x, y):
         rng, xa, ya, out = np.random.default_rng(0), np.array(x), np.array(y), {}

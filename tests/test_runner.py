@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from core.record import SCHEMA_VERSION
+from acbench.core.record import SCHEMA_VERSION
 
-from bench.cli.smoke import tiny_checkpoint
-from methods.base import Compressor
+from acbench.cli.smoke import tiny_checkpoint
+from acbench.methods.base import Compressor
 
-BENCH = [sys.executable, "-m", "bench.cli"]
+BENCH = [sys.executable, "-m", "acbench.cli"]
 
 
 def tiny_args(out: Path) -> list[str]:
@@ -53,7 +53,7 @@ REFUSALS = [
 @pytest.mark.parametrize("args,needle", REFUSALS)
 def test_bad_input_one_line_exit_2(args, needle, capsys):
     """In this process, through the CLI's own entry (the same main a `bench` process runs)."""
-    from bench.cli import main
+    from acbench.cli import main
 
     rc = main(["run"] + args)
     err = capsys.readouterr().err
@@ -168,9 +168,9 @@ class ZeroFactors(Compressor):
 
 @pytest.mark.slow
 def test_smoke_calls_a_method_that_destroys_the_model_broken(tmp_path, capsys):
-    import methods
-    from bench.cli.smoke import smoke
-    from bench.results.smoke_verdict import broken_threshold
+    from acbench import methods
+    from acbench.cli.smoke import smoke
+    from acbench.results.smoke_verdict import broken_threshold
 
     assert broken_threshold(100.0, 10_000) == pytest.approx(1000.0)  # halfway in logs from 100 to 10,000
     methods.REGISTRY.register(ZeroFactors)
@@ -190,8 +190,8 @@ def test_smoke_calls_a_method_that_destroys_the_model_broken(tmp_path, capsys):
     (["check-method", "act-sparse:score=bogus"], "method 'act-sparse:score=bogus': act-sparse score 'bogus'"),
 ])
 def test_smoke_and_check_method_refuse_bad_names_in_one_line_before_any_work(monkeypatch, capsys, argv, needle):
-    import bench.cli.smoke as smoke_module
-    from bench.cli import main
+    import acbench.cli.smoke as smoke_module
+    from acbench.cli import main
 
     monkeypatch.setattr(smoke_module, "trained_tiny_checkpoint", lambda *a, **k: pytest.fail("trained first"))
     rc = main(argv)
@@ -206,7 +206,7 @@ def test_two_processes_building_the_smoke_model_at_once_both_get_it(tmp_path):
     import sys
 
     env = {**__import__("os").environ, "ACBENCH_CACHE": str(tmp_path)}
-    code = "from bench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())"
+    code = "from acbench.cli.smoke import tiny_checkpoint; print(tiny_checkpoint())"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]

@@ -1,7 +1,8 @@
-"""Sequential calibration (bench.calibration.sequential): each block's statistics from the outputs of the blocks
+"""Sequential calibration (acbench.calibration.sequential): each block's statistics from the outputs of the blocks
 before it as compressed. Checked against its definition (calibrate the partly compressed model, compress one
 block, repeat), and refused in one line where a model or method cannot be calibrated that way."""
 
+import importlib
 import json
 
 import pytest
@@ -9,12 +10,12 @@ import torch
 from torch import nn
 
 from conftest import tiny_model
-from core.errors import UserError
-from core.stats import SparsitySpec, RankSpec
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.calibration.sequential import BlockChain, block_statistics
-from bench.deploy.compression import deploy, deploy_sequential
-from bench.model.groups import find_input_groups
+from acbench.core.errors import UserError
+from acbench.core.stats import SparsitySpec, RankSpec
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.calibration.sequential import BlockChain, block_statistics
+from acbench.deploy.compression import deploy, deploy_sequential
+from acbench.model.groups import find_input_groups
 
 
 def _windows(n=6, seq=20, seed=0):
@@ -29,9 +30,9 @@ def _logits(model, ids):
 def by_definition(model, method, budget, ids, needed):
     """The protocol written out: calibrate the whole (partly compressed) model, compress block i's groups from
     those statistics, keep them, go on to block i + 1."""
-    from bench.deploy.compression import Deployment, _deploy_group
+    from acbench.deploy.compression import Deployment, _deploy_group
 
-    comp = __import__("methods").build(method)
+    comp = importlib.import_module("acbench.methods").build(method)
     undo = []
     groups = find_input_groups(model)  # traced once: a deployed site is no longer an nn.Linear to trace
     for block in sorted({g.block for g in groups}):
@@ -49,7 +50,7 @@ def test_sequential_equals_its_definition(arch, method, budget):
     model = tiny_model(arch, layers=3) if arch == "llama" else tiny_model(arch, layers=2)
     ids = _windows()
     dense = _logits(model, ids)
-    needed = __import__("methods").build(method).required_stats()
+    needed = importlib.import_module("acbench.methods").build(method).required_stats()
     deps = by_definition(model, method, budget, ids, needed)
     expected = _logits(model, ids)
     for d in reversed(deps):
@@ -78,7 +79,7 @@ def test_the_first_block_reads_dense_statistics_and_the_next_ones_do_not():
             deps.append(deploy(model, "wanda", SparsitySpec.parse("0.5"), stats, only_groups={g.name},
                                progress=False))
 
-    from bench.calibration.sequential import sequential_pass
+    from acbench.calibration.sequential import sequential_pass
 
     deps = []
     sequential_pass(model, groups, ids, frozenset({"C"}), CalibSpec(), keep, batch_size=2, progress=False)
@@ -160,8 +161,8 @@ def test_block_statistics_take_the_held_hidden_states():
 def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_fails():
     """Tiny Llama widths: attention input 32, MLP input 32, MLP output 48; 40 tokens cover 32, not 48. The methods
     whose solve inverts or eigen-decomposes C or F are short there; Wanda (diagonal) and TEAL (histogram) are not."""
-    import methods
-    from bench.calibration.support import after_line, short_groups, support_line, support_record
+    from acbench import methods
+    from acbench.calibration.support import after_line, short_groups, support_line, support_record
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
@@ -191,8 +192,8 @@ def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_f
 
 
 def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, capsys):
-    from bench.runner.config import RunConfig, resolve_run
-    from bench.runner.execute import cell_calibration, warn_short_calibrations
+    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.execute import cell_calibration, warn_short_calibrations
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
@@ -203,7 +204,7 @@ def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, 
     assert lines == [l for l in lines if l.startswith("pca, whitened-svd, sparsegpt: 40 calibration tokens")]
     assert len(lines) == 1 and "warning: " + lines[0] in capsys.readouterr().out
     spec = {"samples": 2, "seq_len": 20}
-    import methods
+    from acbench import methods
 
     rec = cell_calibration({"spec": spec}, methods.build("sparsegpt"), groups)
     assert rec["short"]["tokens_needed"] == 48 and rec["authors"]["samples"] == 128
@@ -214,7 +215,7 @@ def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, 
 def test_arguments_equal_across_batches_are_held_once():
     """Gemma-3 materialises its attention masks: equal-length windows share one mask and one rotary table, held
     once however many batches there are; an argument that differs stays its own."""
-    from bench.calibration.sequential import _shared
+    from acbench.calibration.sequential import _shared
 
     model = tiny_model("gemma3", layers=2)
     chain = BlockChain(model, _windows(n=6), batch_size=2)
@@ -244,7 +245,7 @@ def test_later_batches_stop_at_block_0_and_change_nothing(arch, monkeypatch):
     """Once batch 1's blocks get batch 0's arguments, a later batch of the same shape runs only up to block 0 (its
     embeddings are all it adds): the chain, the statistics and the deployed model are those of a dense forward of
     every batch."""
-    from bench.calibration import sequential
+    from acbench.calibration import sequential
 
     ids = _windows(n=8)
     model = tiny_model(arch, layers=2)
@@ -281,7 +282,7 @@ def test_a_batch_whose_arguments_or_shape_differ_runs_its_whole_forward(salt_at,
 # ---------------------------------------------------------------- the engine's pieces, each against its contract
 
 def test_a_blocks_hidden_states_are_read_positional_or_by_keyword_and_anything_else_is_one_line():
-    from bench.calibration.sequential import _hidden_of, _output_of
+    from acbench.calibration.sequential import _hidden_of, _output_of
 
     h = torch.ones(2, 3)
     assert _hidden_of((h, 5), {"mask": 1}) == (h, None)
@@ -336,7 +337,7 @@ def test_block_statistics_equal_one_pass_ones_for_every_activation_statistic(nee
 def test_the_pass_hands_each_block_its_statistics_checks_them_and_times_only_the_calibration():
     import time
 
-    from bench.calibration.sequential import sequential_pass
+    from acbench.calibration.sequential import sequential_pass
 
     model = tiny_model("llama", layers=3)
     groups = [g for g in find_input_groups(model) if g.block in (0, 2)]
@@ -358,7 +359,7 @@ def test_the_pass_hands_each_block_its_statistics_checks_them_and_times_only_the
 
 
 def test_the_gradient_refusal_names_the_statistics_and_the_fix():
-    from bench.calibration.sequential import gradient_problem
+    from acbench.calibration.sequential import gradient_problem
 
     assert gradient_problem(frozenset({"C", "abs_hist"}), "pca") is None
     assert gradient_problem(frozenset({"C", "F", "pairs"}), "fasc") == (
@@ -367,7 +368,7 @@ def test_the_gradient_refusal_names_the_statistics_and_the_fix():
 
 
 def test_the_replay_check_accepts_rounding_and_refuses_a_difference_above_its_tolerance():
-    from bench.calibration.sequential import REPLAY_TOLERANCE
+    from acbench.calibration.sequential import REPLAY_TOLERANCE
 
     model = tiny_model("llama")
     chain = BlockChain(model, _windows(n=2), batch_size=2)
@@ -387,7 +388,7 @@ def test_the_replay_check_accepts_rounding_and_refuses_a_difference_above_its_to
 
 
 def test_a_pass_over_no_group_runs_no_block_and_compresses_nothing():
-    from bench.calibration.sequential import sequential_pass
+    from acbench.calibration.sequential import sequential_pass
 
     called = []
     counts = sequential_pass(tiny_model("llama"), [], _windows(n=2), frozenset({"C"}), CalibSpec(),
@@ -400,8 +401,8 @@ def test_a_calibration_computed_records_its_peak_memory_and_one_read_from_the_ca
     """A cell says what its calibration cost in memory where the run computed it (one-pass: the shared pass;
     sequential: the variant's calibration with its solves); a rerun that reads the statistics from the cache
     calibrated nothing and records no peak, as it records the first run's seconds."""
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     base = ["run", "--model", str(tiny_checkpoint()), "--tasks", "ppl-token", "--calib-samples", "2",
             "--calib-seq-len", "32", "--ppl-windows", "1", "--ppl-seq-len", "32", "--no-report", "--quiet",
@@ -437,7 +438,7 @@ def test_the_capture_stops_at_the_lm_head_where_the_model_names_one(named):
 
 def test_two_captured_calls_are_the_same_when_they_hold_the_same_objects():
     """_same_call compares positional and keyword arguments by identity (what _shared leaves of equal values)."""
-    from bench.calibration.sequential import _same_call
+    from acbench.calibration.sequential import _same_call
 
     t, u = torch.zeros(2), torch.zeros(2)
     call = ((t, u), {"mask": t}, None)
@@ -450,7 +451,7 @@ def test_two_captured_calls_are_the_same_when_they_hold_the_same_objects():
 
 
 def test_a_tuple_against_no_first_value_stays_itself():
-    from bench.calibration.sequential import _shared
+    from acbench.calibration.sequential import _shared
 
     pair = (torch.zeros(2), torch.ones(2))
     assert _shared(pair, None) is pair and _shared(pair, torch.zeros(2)) is pair

@@ -1,4 +1,4 @@
-"""core.significance against references written out here: McNemar's exact test and its conditional interval from
+"""acbench.core.significance against references written out here: McNemar's exact test and its conditional interval from
 the binomial sums and beta quantiles, the paired t-test from its closed form, the bootstrap interval against the
 normal one it approaches, and both branches of the above-chance test (the exact binomial tail, and the normal
 approximation against the exact Poisson-binomial by dynamic programming). Every case has discordance both ways."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from core.record import CellId, CellRecord
-from core.significance import above_chance, compare, detectable_difference, mcnemar, paired_mean
+from acbench.core.record import CellId, CellRecord
+from acbench.core.significance import above_chance, compare, detectable_difference, mcnemar, paired_mean
 
 
 def _pairs(b, c, both, neither):
@@ -132,7 +132,7 @@ def test_paired_mean_interval_is_pinned_by_hand():
 
 
 def test_item_scores_and_keys():
-    from core.significance import item_keys, item_scores
+    from acbench.core.significance import item_keys, item_scores
 
     acc = _cell([1, 0, 1], [0.25] * 3)
     assert item_scores(acc) == ("accuracy", [1.0, 0.0, 1.0])
@@ -168,7 +168,7 @@ def test_compare_refuses_different_lengths_and_kinds():
 
 
 def test_chance_levels_need_every_record_to_declare_one_in_the_unit_interval():
-    from core.significance import chance_levels
+    from acbench.core.significance import chance_levels
 
     c = _cell([1, 0], [0.0, 1.0])
     assert chance_levels(c) == [0.0, 1.0]  # the bounds are allowed

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.results.smoke_verdict import broken_threshold, smoke_verdict
+from acbench.results.smoke_verdict import broken_threshold, smoke_verdict
 
 
 def ppl_cell(method, value, rank=0.5, budget="rank", allocation=None, **metrics):

@@ -4,10 +4,10 @@ call that forgets `device=` makes a meta tensor, and mixing it with the CPU stat
 import pytest
 import torch
 
-import methods
-from bench.deploy.allocation import allocate
-from bench.model.groups import find_input_groups
-from core.stats import RankSpec, SparsitySpec
+from acbench import methods
+from acbench.deploy.allocation import allocate
+from acbench.model.groups import find_input_groups
+from acbench.core.stats import RankSpec, SparsitySpec
 
 from conftest import calibrated_tiny
 
@@ -83,7 +83,7 @@ def test_group_stats_on_a_device_moves_every_tensor_and_shares_the_memo(model_an
 
 
 def _sweep(tiny, out, *extra):
-    from bench.cli import main
+    from acbench.cli import main
 
     argv = ["run", "--model", str(tiny), "--methods", "pca", "fasc-kfac", "random", "--rank", "0.5",
             "--tasks", "ppl-token", "--output", str(out), "--calib-samples", "2", "--calib-seq-len", "32",
@@ -97,7 +97,7 @@ def _sweep(tiny, out, *extra):
 def test_solve_device_cpu_reproduces_the_default_cells(tmp_path):
     """`--solve-device cpu` (the default's device on this host): the same cell files (keys) with the same numbers,
     and the device recorded in each variant's compression."""
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     tiny = tiny_checkpoint()
     default, cpu = _sweep(tiny, tmp_path / "a"), _sweep(tiny, tmp_path / "b", "--solve-device", "cpu")
@@ -112,8 +112,8 @@ def test_solve_device_cpu_reproduces_the_default_cells(tmp_path):
 @pytest.mark.parametrize("device,needle", [("cuda", "no CUDA device"), ("cuda:1", "no CUDA device"),
                                            ("gpu", "is not supported")])
 def test_solve_device_refusals_are_one_line(tmp_path, capsys, device, needle):
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     rc = main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "--tasks", "ppl-token",
                "--output", str(tmp_path / "out"), "--solve-device", device, "--quiet"])

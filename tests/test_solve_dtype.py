@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-import methods
-from bench.model.groups import find_input_groups
-from core.linalg import whitening_factor
-from core.stats import GroupStats, RankSpec
+from acbench import methods
+from acbench.model.groups import find_input_groups
+from acbench.core.linalg import whitening_factor
+from acbench.core.stats import GroupStats, RankSpec
 
 from conftest import calibrated_tiny
 
@@ -94,7 +94,7 @@ def test_float32_solves_are_memoised_apart_from_float64(model_and_stats):
 
 
 def _sweep(tiny, out, *extra):
-    from bench.cli import main
+    from acbench.cli import main
 
     argv = ["run", "--model", str(tiny), "--methods", "pca", "fasc", "act-sparse", "--rank", "0.5",
             "--sparsity", "2:4", "--tasks", "ppl-token", "--output", str(out), "--calib-samples", "2",
@@ -105,7 +105,7 @@ def _sweep(tiny, out, *extra):
 
 
 def test_solve_dtype_keys_low_rank_cells_apart_and_float64_keeps_the_default_keys(tmp_path):
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     tiny = tiny_checkpoint()
     default = _sweep(tiny, tmp_path / "a")
@@ -128,8 +128,8 @@ def test_solve_dtype_keys_low_rank_cells_apart_and_float64_keeps_the_default_key
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "fp32"])
 def test_solve_dtype_refusals_are_one_line(tmp_path, capsys, dtype):
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     rc = main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "--tasks", "ppl-token",
                "--output", str(tmp_path / "out"), "--solve-dtype", dtype, "--quiet"])
@@ -141,7 +141,7 @@ def test_rank_allocation_solves_in_the_run_precision_and_memoises_there(model_an
     """The allocation's eigen-solves run on the solve device in the solve precision (memoised there, so the
     compression after it reuses them); on well-conditioned statistics the split is float64's, up to directions
     whose values tie within float32's round-off (the groups here share one spectrum)."""
-    from bench.deploy.allocation import allocate
+    from acbench.deploy.allocation import allocate
 
     model, stats = model_and_stats
     groups = find_input_groups(model)

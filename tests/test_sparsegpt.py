@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from bench.testing import FakeGroup
-from core.stats import GroupStats, SparsitySpec
+from acbench import methods
+from acbench.testing import FakeGroup
+from acbench.core.stats import GroupStats, SparsitySpec
 
 
 def reference(W, H, keep, m, block, damping):

@@ -5,16 +5,16 @@ import itertools
 import pytest
 import torch
 
-import methods
-from bench.deploy.apply import sparsifier_for
-from core.compressed_layers import InputSparsifier, SparseInputLinear, compressed_subclass
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed, compression_summary
-from bench.model.groups import find_input_groups
-from core.errors import UserError
-from core.sparsity import sparsify, topk_mask
-from core.stats import GroupStats, RankSpec, SparsitySpec
-from methods.base import GroupCompression, MaskedWeights, SparseActivation
+from acbench import methods
+from acbench.deploy.apply import sparsifier_for
+from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear, compressed_subclass
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed, compression_summary
+from acbench.model.groups import find_input_groups
+from acbench.core.errors import UserError
+from acbench.core.sparsity import sparsify, topk_mask
+from acbench.core.stats import GroupStats, RankSpec, SparsitySpec
+from acbench.methods.base import GroupCompression, MaskedWeights, SparseActivation
 
 from conftest import tiny_model
 
@@ -229,8 +229,8 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys, monk
     cross-family table and figure; a rerun computes nothing, and does not tokenize the calibration text."""
     import json
 
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "res"
     argv = ["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "act-sparse",
@@ -257,7 +257,7 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys, monk
     assert "not a measured speedup" in md
     assert list((out / "plots").glob("*_vs_compute.png"))
     capsys.readouterr()
-    import bench.runner.execute as execute
+    import acbench.runner.execute as execute
 
     monkeypatch.setattr(execute, "calibration_windows", lambda *a: pytest.fail("a rerun tokenized the calibration"))
     assert main(argv) == 0
@@ -276,7 +276,7 @@ def test_readme_sparsity_method_example_runs():
 
 
 def test_keep_top_equals_the_mask_times_x():
-    from core.sparsity import keep_top
+    from acbench.core.sparsity import keep_top
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 5, 32, generator=gen)
@@ -288,7 +288,7 @@ def test_keep_top_equals_the_mask_times_x():
 def test_index_bits_by_hand():
     """Mask metadata per token: ceil(log2 C(M, N)) bits per block of M (an integer count), or ceil(log2 C(d, k)) for
     k kept of d; one channel or none needs no bits."""
-    from core.stats import SparsitySpec
+    from acbench.core.stats import SparsitySpec
 
     two_four = SparsitySpec.parse("2:4")
     assert two_four.index_bits(12) == 3 * 3 and type(two_four.index_bits(12)) is int  # C(4, 2) = 6: 3 bits a block
@@ -299,7 +299,7 @@ def test_index_bits_by_hand():
 
 
 def test_a_bool_sparsity_is_refused_naming_it():
-    from core.stats import SparsitySpec
+    from acbench.core.stats import SparsitySpec
 
     with pytest.raises(ValueError, match=r"^sparsity True is neither an N:M pattern nor a density: pass e.g. 2:4 or 0\.5$"):
         SparsitySpec.parse(True)
@@ -308,7 +308,7 @@ def test_a_bool_sparsity_is_refused_naming_it():
 def test_sparsity_parse_accepts_the_edges_and_names_each_problem():
     """1, '1' and 1:M are valid (everything kept; one of M); an integer above 1 is YAML's reading of an unquoted
     N:M; each refusal is its own line with the fix."""
-    from core.stats import SparsitySpec
+    from acbench.core.stats import SparsitySpec
 
     assert SparsitySpec.parse(1).density == 1.0 and SparsitySpec.parse("1").density == 1.0
     one_of_four = SparsitySpec.parse("1:4")
@@ -330,7 +330,7 @@ def test_sparsity_parse_accepts_the_edges_and_names_each_problem():
 
 
 def test_kept_channels_per_token():
-    from core.stats import SparsitySpec
+    from acbench.core.stats import SparsitySpec
 
     assert SparsitySpec.parse("2:4").keep(12) == 6 and type(SparsitySpec.parse("2:4").keep(12)) is int
     assert SparsitySpec.parse("0.1").keep(8) == 1  # round(0.8)
@@ -339,8 +339,8 @@ def test_kept_channels_per_token():
 
 
 def test_act_sparse_settings_name_every_choice_when_refused():
-    from core.sparsity import MITIGATIONS
-    from methods.act_sparse import SCORES, ActSparseSettings
+    from acbench.core.sparsity import MITIGATIONS
+    from acbench.methods.act_sparse import SCORES, ActSparseSettings
 
     with pytest.raises(ValueError) as e:
         ActSparseSettings(score="bogus")
@@ -352,8 +352,8 @@ def test_act_sparse_settings_name_every_choice_when_refused():
 
 def test_act_sparse_deploys_a_mean_only_under_the_shift_mitigation():
     """Statistics shared with another method may carry E[x]; only `shift` deploys it (as the bias W mu)."""
-    from core.stats import GroupStats, SparsitySpec
-    from methods.act_sparse import ActSparse, ActSparseSettings
+    from acbench.core.stats import GroupStats, SparsitySpec
+    from acbench.methods.act_sparse import ActSparse, ActSparseSettings
 
     stats = GroupStats(mean=torch.ones(8, dtype=torch.float64), abs_mean=torch.ones(8, dtype=torch.float64))
     weights = {"s": torch.randn(4, 8)}
@@ -369,7 +369,7 @@ def test_a_saved_sparse_model_loads_back_as_it_ran(windows, tmp_path, variant, p
     """What a checkpoint's loader rebuilds from the layout in its config (the sites, one sparsifier per group read by
     each of its sites, the score scale, mean and threshold buffers) runs as the deployed model did: the same logits
     at prefill (the masked form) and on one token (the gathered form), and the same readers per group."""
-    from bench.model.checkpoint import load_checkpoint, write_checkpoint
+    from acbench.model.checkpoint import load_checkpoint, write_checkpoint
 
     model = tiny_model("llama", hidden=32, inter=48)
     needs = ALL_STATS | methods.build(variant).required_stats()

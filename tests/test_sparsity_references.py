@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed
-from bench.model.groups import find_input_groups
-from core.stats import SparsitySpec
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed
+from acbench.model.groups import find_input_groups
+from acbench.core.stats import SparsitySpec
 
 from conftest import tiny_model
 
@@ -94,7 +94,7 @@ def test_deployed_sites_equal_the_brute_force(calibrated, score, mitigation, pat
 
 # ---------------------------------------------------------------- the tensor functions on their own
 
-from core.sparsity import _block_starts, keep_top, sparse_input, sparsify, top_indices, topk_mask  # noqa: E402
+from acbench.core.sparsity import _block_starts, keep_top, sparse_input, sparsify, top_indices, topk_mask  # noqa: E402
 
 
 @pytest.mark.parametrize("n,m", [(2, 4), (3, 8), (5, 0)])
@@ -143,9 +143,9 @@ def test_teal_keeps_the_density_asked_not_its_complement(density):
     """TEAL's threshold at densities other than 0.5 (where d and 1 - d coincide): on 20,000 calibration magnitudes
     spread log-uniformly over four decades, the share of them above the threshold is the density asked, to within
     the histogram's bin width, and a fresh draw of the same distribution keeps it at run time."""
-    import methods
-    from bench.testing import FakeGroup
-    from core.stats import GroupStats, SparsitySpec, magnitude_histogram
+    from acbench import methods
+    from acbench.testing import FakeGroup
+    from acbench.core.stats import GroupStats, SparsitySpec, magnitude_histogram
 
     gen = torch.Generator().manual_seed(int(density * 100))
     x = 10.0 ** (4 * torch.rand(20000, generator=gen, dtype=torch.float64) - 2)

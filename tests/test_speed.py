@@ -9,16 +9,16 @@ import pytest
 import torch
 from scipy import stats as sps
 
-import core.compressed_layers as layers
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed, deploy
-from bench.model.groups import find_input_groups
-from bench.measure.latency import LatencySpec, compare_latency, latency, ratio_interval
-from core.compressed_layers import InputSparsifier, SparseInputLinear
-from core.sparsity import sparse_input, sparsify, top_indices, topk_mask
-from core.stats import RankSpec, SparsitySpec
-from leaderboard.report import FRONTIER_NLL, frontier_line
-from leaderboard.tables import Column
+import acbench.core.compressed_layers as layers
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed, deploy
+from acbench.model.groups import find_input_groups
+from acbench.measure.latency import LatencySpec, compare_latency, latency, ratio_interval
+from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
+from acbench.core.sparsity import sparse_input, sparsify, top_indices, topk_mask
+from acbench.core.stats import RankSpec, SparsitySpec
+from acbench.leaderboard.report import FRONTIER_NLL, frontier_line
+from acbench.leaderboard.tables import Column
 
 from conftest import tiny_model
 
@@ -254,7 +254,7 @@ def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
 
 
 def test_speed_notes_only_for_what_a_section_shows():
-    from leaderboard.report import BOUND_NOTE, COMPUTE_NOTE, LATENCY_NOTE, speed_notes
+    from acbench.leaderboard.report import BOUND_NOTE, COMPUTE_NOTE, LATENCY_NOTE, speed_notes
 
     untimed = [{"method": "dense"}, {"method": "pca", "param ratio": 0.5}]  # a --no-latency run
     assert speed_notes(untimed, False) == [] and speed_notes(untimed, True) == [COMPUTE_NOTE]
@@ -269,7 +269,7 @@ def test_speed_notes_only_for_what_a_section_shows():
 def test_threshold_from_the_histogram_keeps_the_target_fraction():
     """Brute force: the fraction of the values themselves above the threshold is the density asked for, to the
     histogram's resolution (0.7 % in value), on a heavy-tailed sample with exact zeros."""
-    from core.stats import magnitude_histogram, magnitude_threshold
+    from acbench.core.stats import magnitude_histogram, magnitude_threshold
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(200, 512, generator=gen) * torch.exp(torch.randn(200, 512, generator=gen))
@@ -289,7 +289,7 @@ def test_calibrated_histogram_equals_a_direct_count(windows):
     """abs_hist of each group: numpy's histogram of log10|x| over every input the group's first site saw."""
     import numpy as np
 
-    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+    from acbench.core.stats import HIST_BINS, HIST_HI, HIST_LO
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
@@ -341,7 +341,7 @@ def test_threshold_site_gathered_equals_masked(threshold, scaled, bag_parts):
 
 
 def test_teal_deploys_its_threshold_and_measures_its_density(windows):
-    from bench.measure.latency import measured_density
+    from acbench.measure.latency import measured_density
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
@@ -361,7 +361,7 @@ def test_teal_deploys_its_threshold_and_measures_its_density(windows):
 
 
 def test_teal_refuses_an_nm_pattern_in_one_line(capsys, tmp_path):
-    from bench.cli import main
+    from acbench.cli import main
 
     rc = main(["run", "--model", "nowhere", "--methods", "teal", "--sparsity", "2:4", "--output", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -369,8 +369,8 @@ def test_teal_refuses_an_nm_pattern_in_one_line(capsys, tmp_path):
 
 
 def test_histogram_statistics_survive_the_cache(tmp_path):
-    from bench.calibration.group_files import group_problem, read_group, write_group
-    from core.stats import HIST_BINS, GroupStats
+    from acbench.calibration.group_files import group_problem, read_group, write_group
+    from acbench.core.stats import HIST_BINS, GroupStats
 
     hist = torch.rand(HIST_BINS, dtype=torch.float64)
     write_group(tmp_path, "g", GroupStats(n_tokens=5, abs_hist=hist / hist.sum()), d_in=7)
@@ -435,7 +435,7 @@ def test_the_triton_grid_counts_every_output_tile_of_every_row(monkeypatch):
 
 def test_a_channel_exactly_at_the_threshold_is_dropped():
     """TEAL keeps |x_j| > t: a channel whose score equals t is not kept, in the decode bag or the masked product."""
-    from core.compressed_layers import InputSparsifier, SparseInputLinear
+    from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
 
     lin = torch.nn.Linear(4, 3)
     site = SparseInputLinear(lin, InputSparsifier(0, 0, "none", None, None, threshold=0.5), owner=True)
@@ -519,8 +519,8 @@ def test_the_compiled_triton_kernel_on_cuda(dtype, monkeypatch):
 def test_a_threshold_site_decodes_tokens_of_different_kept_counts(monkeypatch):
     """A threshold keeps a different number of channels each token: every token's product reads its own count's bag
     offsets (kept per shape on the site), equal to the masked dense product, the large site's split in bags too."""
-    from bench.deploy.apply import sparsifier_for
-    from methods.base import SparseActivation
+    from acbench.deploy.apply import sparsifier_for
+    from acbench.methods.base import SparseActivation
 
     monkeypatch.setattr(layers, "SPLIT_MIN_PRODUCT", 64)  # 24 outputs x 3 or more kept channels: split
     gen = torch.Generator().manual_seed(5)
@@ -541,7 +541,7 @@ def test_hooks_on_a_sparsifier_still_fire():
     """The sites call the sparsifier's forward directly for speed, but not past a hook someone registered on it
     (a profiler, a statistics collector): forward hooks and pre-hooks fire at each site's read, as a module call
     would (the sparse input itself is still computed once per group)."""
-    from core.compressed_layers import InputSparsifier, SparseInputLinear
+    from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
 
     gen = torch.Generator().manual_seed(2)
     sp = InputSparsifier(2, 4, "none", None, None)
@@ -584,7 +584,7 @@ def test_a_bfloat16_sites_buffers_and_outputs_keep_its_dtype():
     """Scores, means and thresholds come from float64 statistics; in a bfloat16 model they are stored in bfloat16,
     so the sparse product runs in the model's dtype (a float32 mean would turn the masked input float32, which a
     bfloat16 weight refuses). The decode weight is a frozen parameter; the median's row sums exist only for it."""
-    from core.compressed_layers import InputSparsifier, SparseInputLinear
+    from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
 
     gen = torch.Generator().manual_seed(4)
     scale, mu = torch.rand(8, generator=gen, dtype=torch.float64) + 0.5, torch.randn(8, generator=gen, dtype=torch.float64)
@@ -606,7 +606,7 @@ def test_a_bfloat16_sites_buffers_and_outputs_keep_its_dtype():
     ("1", 2**20),
 ])
 def test_the_bandwidth_probe_size_is_read_from_the_environment(monkeypatch, value, expect):
-    from bench.measure.bandwidth import array_bytes
+    from acbench.measure.bandwidth import array_bytes
 
     if value is None:
         monkeypatch.delenv("ACBENCH_BANDWIDTH_MB", raising=False)
@@ -623,8 +623,8 @@ def test_the_bandwidth_probe_size_is_read_from_the_environment(monkeypatch, valu
     ("1.5", "ACBENCH_BANDWIDTH_MB='1.5' is not a whole number"),
 ])
 def test_a_bandwidth_probe_size_that_is_not_a_size_is_one_line(monkeypatch, value, needle):
-    from bench.measure.bandwidth import array_bytes
-    from core.errors import UserError
+    from acbench.measure.bandwidth import array_bytes
+    from acbench.core.errors import UserError
 
     monkeypatch.setenv("ACBENCH_BANDWIDTH_MB", value)
     with pytest.raises(UserError) as e:
@@ -635,8 +635,8 @@ def test_a_bandwidth_probe_size_that_is_not_a_size_is_one_line(monkeypatch, valu
 def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_not(monkeypatch):
     import os
 
-    from bench.measure.bandwidth import array_bytes
-    from core.errors import UserError
+    from acbench.measure.bandwidth import array_bytes
+    from acbench.core.errors import UserError
 
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     most = total // 2 // 3 // 2**20  # three arrays in half the memory
@@ -652,7 +652,7 @@ def test_a_bandwidth_probe_past_half_the_memory_is_refused_and_one_that_fits_is_
 # ---------------------------------------------------------------- bench/measure/bandwidth.py against a fake clock
 
 def test_best_of_several_rounds_skips_the_first_touch_and_keeps_the_least(monkeypatch):
-    import bench.measure.bandwidth as bw
+    import acbench.measure.bandwidth as bw
 
     ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 27.0])  # three timed rounds: 5, 2 and 7 s
     monkeypatch.setattr(bw.time, "perf_counter", lambda: next(ticks))
@@ -668,7 +668,7 @@ def _closure(fn) -> dict:
 def test_stream_bandwidth_is_bytes_over_the_best_time_and_runs_copy_and_triad(monkeypatch):
     """copy moves 2 arrays, triad 3; each kernel is checked by what it writes (a = b + 3 c); the result is cached
     per whole MB of array size, and another size measures again."""
-    import bench.measure.bandwidth as bw
+    import acbench.measure.bandwidth as bw
 
     monkeypatch.setattr(bw, "_STREAM", None)
     seen = []
@@ -703,7 +703,7 @@ def test_gemv_bandwidth_is_one_products_weight_bytes_over_its_share_of_the_best_
                                                                                    copies):
     """Copies of W enough to pass `cold` bytes (at least 2) are cycled; a sweep's best time over 3 rounds, divided
     by the copies, is one product's time; the result is cached per shape, dtype and cold size."""
-    import bench.measure.bandwidth as bw
+    import acbench.measure.bandwidth as bw
 
     monkeypatch.setattr(bw, "_GEMV", {})
     products = []
@@ -734,7 +734,7 @@ def test_gemv_bandwidth_is_one_products_weight_bytes_over_its_share_of_the_best_
 
 
 def test_the_largest_linear_is_the_first_of_the_most_weights():
-    from bench.measure.bandwidth import largest_linear
+    from acbench.measure.bandwidth import largest_linear
 
     tie = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 8))  # 32 weights each: the first stays
     assert largest_linear(tie) == (4, 8, torch.float32)
@@ -744,7 +744,7 @@ def test_the_largest_linear_is_the_first_of_the_most_weights():
 
 
 def test_a_bandwidth_probe_that_exactly_fills_half_the_memory_fits(monkeypatch):
-    import bench.measure.bandwidth as bw
+    import acbench.measure.bandwidth as bw
 
     real = bw.os.sysconf
     monkeypatch.setattr(bw.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 2**20, "SC_PHYS_PAGES": 6}.get(name) or

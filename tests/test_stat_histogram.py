@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from core.stats import HIST_BINS, HIST_HI, HIST_LO, _divisor_hint, magnitude_histogram, magnitude_threshold
+from acbench.core.stats import HIST_BINS, HIST_HI, HIST_LO, _divisor_hint, magnitude_histogram, magnitude_threshold
 
 WIDTH = (HIST_HI - HIST_LO) / HIST_BINS
 

@@ -4,8 +4,8 @@ gradient, row-summed, by autograd. (F and the (x, g) pairs: test_methods.py; the
 
 import torch
 
-from bench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
-from bench.model.groups import find_input_groups
+from acbench.calibration.engine import CalibSpec, calibrate, next_token_loss_sum
+from acbench.model.groups import find_input_groups
 
 from conftest import tiny_model
 

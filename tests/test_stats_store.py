@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.model.groups import find_input_groups
-from bench.calibration.group_files import StatsStore, nbytes, read_group, write_group
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.model.groups import find_input_groups
+from acbench.calibration.group_files import StatsStore, nbytes, read_group, write_group
 from tests.conftest import tiny_model
 
 NEEDS = frozenset({"C", "F", "abs_mean", "pairs"})
@@ -63,11 +63,11 @@ def test_store_round_trip_and_budget(tmp_path, windows):
 def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     """--stats-memory below the total: several passes; a group file lost (a run killed mid-way) is recomputed
     alone, and the statistics equal those of an unbounded run."""
-    from bench.model.sources import open_and_load_model
-    from bench.calibration.engine import CalibSpec
-    from bench.cli.smoke import tiny_checkpoint
-    from bench.calibration.cache import load_or_calibrate, stats_folder
-    from bench.calibration.group_files import group_file
+    from acbench.model.sources import open_and_load_model
+    from acbench.calibration.engine import CalibSpec
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.calibration.cache import load_or_calibrate, stats_folder
+    from acbench.calibration.group_files import group_file
 
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
@@ -79,7 +79,7 @@ def test_bounded_run_resumes_from_written_groups(tmp_path, monkeypatch):
     folder = stats_folder(lm.fingerprint, cspec, needs)
     for g in groups:
         group_file(folder, g.name).unlink()
-    from bench.calibration.memory import calibration_chunks
+    from acbench.calibration.memory import calibration_chunks
 
     per_group = max(nbytes(s) for s in reference.values())
     memory = int(per_group * 1.5)  # the largest group and a little more per pass
@@ -100,8 +100,8 @@ def test_bfloat16_weights_float64_statistics_end_to_end(tmp_path):
     in float64, factors deployed in bfloat16."""
     import json
 
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "out"
     assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "fasc-kfac", "--rank", "0.5",
@@ -120,8 +120,8 @@ def test_device_map_auto_runs_where_there_is_one_device(tmp_path, capsys):
     own device; with no GPU everything lands on the CPU and the run completes."""
     import json
 
-    from bench.cli import main
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli import main
+    from acbench.cli.smoke import tiny_checkpoint
 
     out = tmp_path / "out"
     assert main(["run", "--model", str(tiny_checkpoint()), "--methods", "pca", "--rank", "0.5", "--tasks",
@@ -138,11 +138,11 @@ def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, mon
     """A run that finds another holding the calibration claim waits, then reads what the other wrote."""
     import threading
 
-    import bench.calibration.cache as statistics
-    from bench.calibration.engine import CalibSpec
-    from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import open_and_load_model
-    from bench.results.store import claim_cell, release_cell
+    import acbench.calibration.cache as statistics
+    from acbench.calibration.engine import CalibSpec
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.model.sources import open_and_load_model
+    from acbench.results.store import claim_cell, release_cell
 
     monkeypatch.setattr(statistics, "CLAIM_POLL_S", 0.05)
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
@@ -167,9 +167,9 @@ def test_calibration_is_claimed_so_concurrent_runs_compute_it_once(tmp_path, mon
 def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monkeypatch):
     """A sweep's C, F and pairs serve a later run (or `bench compress`) that needs C alone: nothing is calibrated,
     the values are the sweep's; a calibration of other tokens (another seed) is not taken for it."""
-    import bench.calibration.cache as statistics
-    from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import open_and_load_model
+    import acbench.calibration.cache as statistics
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.model.sources import open_and_load_model
 
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     groups = find_input_groups(lm.model)
@@ -186,8 +186,8 @@ def test_a_cached_superset_of_the_statistics_needed_is_read_not_recomputed(monke
 
 
 def _tiny_lm():
-    from bench.cli.smoke import tiny_checkpoint
-    from bench.model.sources import open_and_load_model
+    from acbench.cli.smoke import tiny_checkpoint
+    from acbench.model.sources import open_and_load_model
 
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)
     return lm, find_input_groups(lm.model), CalibSpec(samples=2, seq_len=32, pair_tokens=16, bos="none")
@@ -198,7 +198,7 @@ def test_a_cached_folder_serves_the_statistics_its_files_hold_not_those_its_info
     and the record says what the files hold."""
     import json
 
-    import bench.calibration.cache as statistics
+    import acbench.calibration.cache as statistics
 
     lm, groups, cspec = _tiny_lm()
     _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)
@@ -216,7 +216,7 @@ def test_a_cached_folder_is_read_only_for_the_calibration_its_files_name(monkeyp
     is found by its files, with info.json deleted or garbled."""
     import json
 
-    import bench.calibration.cache as statistics
+    import acbench.calibration.cache as statistics
 
     lm, groups, cspec = _tiny_lm()
     _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C", "F"}), progress=False)
@@ -238,8 +238,8 @@ def test_a_group_file_of_another_calibration_is_recomputed_not_read(monkeypatch)
     its group recomputed: the file names the calibration it belongs to, under its digest."""
     import shutil
 
-    import bench.calibration.cache as statistics
-    from bench.calibration.group_files import group_file, group_problem
+    import acbench.calibration.cache as statistics
+    from acbench.calibration.group_files import group_file, group_problem
 
     lm, groups, cspec = _tiny_lm()
     _, info = statistics.load_or_calibrate(lm, groups, cspec, frozenset({"C"}), progress=False)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from bench.testing import FakeGroup
-from core.stats import GroupStats, RankSpec
+from acbench import methods
+from acbench.testing import FakeGroup
+from acbench.core.stats import GroupStats, RankSpec
 
 
 def _tokens(n=200, d=12, rank=None, seed=0, scale=1.0):
@@ -125,9 +125,9 @@ def test_full_rank_is_dense_without_a_fallback():
 
 
 def test_deployed_model_carries_the_allocated_ranks():
-    from bench.calibration.engine import CalibSpec, calibrate
-    from bench.deploy.compression import compressed
-    from bench.model.groups import find_input_groups
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.deploy.compression import compressed
+    from acbench.model.groups import find_input_groups
 
     from conftest import tiny_model
 

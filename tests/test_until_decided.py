@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from acbench.cli import main
 
 
 def _run(argv) -> tuple[int, str]:
@@ -45,7 +45,7 @@ def decided(tiny, tmp_path_factory):
 
 
 def test_the_reference_and_dense_take_the_budget_and_the_others_stop_when_decided(decided):
-    from bench.runner.until_decided import decide, scores_of
+    from acbench.runner.until_decided import decide, scores_of
 
     out, text = decided
     cells = _cells(out)
@@ -95,8 +95,8 @@ def test_a_run_without_its_reference_is_refused_in_one_line(tiny, tmp_path):
 
 
 def test_the_pools_are_stratified_and_score_as_evaluate_does(tiny):
-    import tasks
-    from bench.model.sources import open_and_load_model
+    from acbench import tasks
+    from acbench.model.sources import open_and_load_model
 
     lm = open_and_load_model(str(tiny), progress=False)
     lama = tasks.get_task("lama").from_options({"per_relation": 6})
@@ -130,7 +130,7 @@ class _Windows:
     name, primary_metric, higher_is_better = "fake", "ppl", {"ppl": False}
 
     def __init__(self, shift=0.0):
-        from tasks.base import UntilDecided
+        from acbench.tasks.base import UntilDecided
 
         self.until_decided = UntilDecided("pca", looks=4, margin=0.02)
         self.shift, self.scored = shift, []
@@ -146,14 +146,14 @@ class _Windows:
         return {"window": item[0]}
 
     def result_of(self, records):
-        from tasks.base import TaskResult
+        from acbench.tasks.base import TaskResult
 
         return TaskResult(metrics={"ppl": len(records)}, stderr={}, details={}, records=records, config={})
 
 
 def _partial(keep: Path, records, **fields) -> None:
     """A kept-blocks file as write_partial writes it, with `fields` replacing what it would say."""
-    from core.record import records_digest
+    from acbench.core.record import records_digest
 
     body = {"cell": keep.name[:-len(".partial")], "task": "fake", "digest": records_digest(records),
             "records": records, **fields}
@@ -161,7 +161,7 @@ def _partial(keep: Path, records, **fields) -> None:
 
 
 def test_an_interrupted_variant_resumes_from_its_blocks(tmp_path):
-    from bench.runner.until_decided import evaluate_until_decided
+    from acbench.runner.until_decided import evaluate_until_decided
 
     ref = _Windows().score_items(None, None, _Windows().item_pool(None))
     fresh = evaluate_until_decided(_Windows(0.5), None, None, ref, progress=False)
@@ -177,7 +177,7 @@ def test_an_interrupted_variant_resumes_from_its_blocks(tmp_path):
 
 def _tampered(first: list, keep: Path) -> dict:
     """{what was done to the kept blocks: what the refusal must say}: each a file a run must not resume."""
-    from core.record import records_digest
+    from acbench.core.record import records_digest
 
     halved = [dict(r) for r in first]
     halved[3]["nll"] /= 2
@@ -198,9 +198,9 @@ def _tampered(first: list, keep: Path) -> dict:
 
 
 def test_a_tampered_or_damaged_kept_file_is_refused_in_one_line_naming_it(tmp_path):
-    from bench.runner.until_decided import evaluate_until_decided
-    from core.errors import UserError
-    from core.record import records_digest
+    from acbench.runner.until_decided import evaluate_until_decided
+    from acbench.core.errors import UserError
+    from acbench.core.record import records_digest
 
     ref = _Windows().score_items(None, None, _Windows().item_pool(None))
     keep = tmp_path / "cell.json.partial"
@@ -255,8 +255,8 @@ def test_an_edited_reference_or_decision_never_moves_a_verdict(decided, tmp_path
     import math
     import shutil
 
-    from core.record import CellRecord, cell_problem, until_decided_digest
-    from core.significance import compare
+    from acbench.core.record import CellRecord, cell_problem, until_decided_digest
+    from acbench.core.significance import compare
 
     out = tmp_path / "results"
     shutil.copytree(decided[0], out)
@@ -286,7 +286,7 @@ def test_a_tampered_kept_file_is_refused_before_any_work(tiny, decided, tmp_path
     line naming the file before any model is compressed or any cell written."""
     import shutil
 
-    from core.record import records_digest
+    from acbench.core.record import records_digest
 
     out = tmp_path / "results"
     shutil.copytree(decided[0], out)

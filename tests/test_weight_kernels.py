@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import bench.deploy.semi_structured as ss
-from bench.calibration.engine import CalibSpec, calibrate
-from bench.deploy.compression import compressed, deploy
-from bench.model.groups import find_input_groups
-from bench.measure.latency import LatencySpec, compare_latency, masked_weight_kernel
-from core.stats import SparsitySpec
+import acbench.deploy.semi_structured as ss
+from acbench.calibration.engine import CalibSpec, calibrate
+from acbench.deploy.compression import compressed, deploy
+from acbench.model.groups import find_input_groups
+from acbench.measure.latency import LatencySpec, compare_latency, masked_weight_kernel
+from acbench.core.stats import SparsitySpec
 
 from conftest import tiny_model
 
@@ -72,7 +72,7 @@ def test_masked_weights_stay_dense_on_cpu_and_the_conditions_say_why(windows, sp
 def test_densified_puts_plain_weights_in_for_a_save_and_back_after(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
     marked = model[0].weight
-    import bench.model.checkpoint as ckpt
+    import acbench.model.checkpoint as ckpt
 
     monkeypatch.setattr(ckpt, "_semi_structured", lambda w: w is marked)
     monkeypatch.setattr(type(marked), "to_dense", lambda self: self.detach() + 0, raising=False)
@@ -84,7 +84,7 @@ def test_densified_puts_plain_weights_in_for_a_save_and_back_after(monkeypatch):
 
 
 def test_a_checkpoint_is_written_with_its_weights_densified(tmp_path, monkeypatch):
-    import bench.model.checkpoint as ckpt
+    import acbench.model.checkpoint as ckpt
 
     seen = []
 
@@ -110,7 +110,7 @@ def test_a_checkpoint_is_written_with_its_weights_densified(tmp_path, monkeypatc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the conversion needs sparse tensor "
                                                          "cores (benchmarks/gpu_check.sh runs this)")
 def test_wanda_2_4_runs_on_sparse_tensor_cores_and_saves_as_plain_weights(windows, tmp_path):
-    from bench.model.checkpoint import densified, load_checkpoint, write_checkpoint
+    from acbench.model.checkpoint import densified, load_checkpoint, write_checkpoint
 
     if torch.cuda.get_device_capability() < ss.MIN_CAPABILITY:
         pytest.skip("this GPU has no sparse tensor cores")
@@ -137,7 +137,7 @@ def test_a_compressed_subclass_renames_checkpoint_keys_as_its_base_does():
     from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
-    from core.compressed_layers import compressed_subclass
+    from acbench.core.compressed_layers import compressed_subclass
 
     sub = compressed_subclass(GPTNeoXForCausalLM)
     assert compressed_subclass(GPTNeoXForCausalLM).__name__ == sub.__name__  # built again (each load): no clash

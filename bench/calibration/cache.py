@@ -12,18 +12,18 @@ from pathlib import Path
 
 import torch
 
-from core.errors import UserError
-from core.log import say
-from core.io import atomic_write_json, folder_bytes, stats_cache_dir, stats_cache_limit
-from core.units import human
-from core.stats import GroupStats
+from acbench.core.errors import UserError
+from acbench.core.log import say
+from acbench.core.io import atomic_write_json, folder_bytes, stats_cache_dir, stats_cache_limit
+from acbench.core.units import human
+from acbench.core.stats import GroupStats
 
-from bench import __version__
-from bench.calibration.engine import STATS_VERSION, CalibSpec, calibrate
-from bench.calibration.memory import calibration_chunks, stat_bytes
-from bench.calibration.group_files import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
+from acbench.core.version import __version__
+from acbench.calibration.engine import STATS_VERSION, CalibSpec, calibrate
+from acbench.calibration.memory import calibration_chunks, stat_bytes
+from acbench.calibration.group_files import (StatsStore, default_stats_memory, from_stored, group_file, group_problem, to_stored,
                           write_group)
-from bench.results.store import claim_cell, release_cell, settings_hash
+from acbench.results.store import claim_cell, release_cell, settings_hash
 
 class Calibration(NamedTuple):
     """What the calibration stage hands on: the statistics (read lazily from their files, or held in memory) and
@@ -73,7 +73,7 @@ def held_stats(folder: Path, group: str) -> frozenset[str]:
     """The statistics a group's cache file holds, read from its tensors (not from info.json's list)."""
     from safetensors import safe_open
 
-    from bench.calibration.group_files import STATS, missing_stats
+    from acbench.calibration.group_files import STATS, missing_stats
 
     try:
         with safe_open(str(group_file(folder, group)), framework="pt") as f:
@@ -95,7 +95,7 @@ def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:
 
 
 def calibration_windows(tokenizer, cspec: CalibSpec) -> torch.Tensor:
-    from tasks.data.text_data import load_text, sample_text_windows as windows
+    from acbench.tasks.data.text_data import load_text, sample_text_windows as windows
 
     return windows(tokenizer, load_text(cspec.source, "calib"), cspec.samples, cspec.seq_len, cspec.seed, cspec.bos)
 
@@ -165,7 +165,7 @@ def check_cache_room(groups, needed: frozenset[str], pair_tokens: int, limit: in
     limit = stats_cache_limit() if limit is None else limit
     if limit is not None and holds + adding > limit:
         raise UserError(f"the statistics cache {root} holds {human(holds)} and this calibration adds about "
-                        f"{human(adding)}, past its bound of {human(limit)}: clear it (bench.statistics_cache("
+                        f"{human(adding)}, past its bound of {human(limit)}: clear it (acbench.statistics_cache("
                         f"clear=True), or delete the folder), raise the bound, or calibrate without the cache")
     bound = f", bound {human(limit)}" if limit is not None else ""
     say(f"calibration statistics: about {human(adding)} to the cache {root} (it holds {human(holds)}{bound})")

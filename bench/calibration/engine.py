@@ -14,10 +14,10 @@ import torch.nn.functional as Fn
 from torch import nn
 from tqdm.auto import tqdm
 
-from core.errors import UserError
-from core.stats import GRADIENT_STATS, HIST_BINS, ONE_PASS, GroupStats, magnitude_histogram
+from acbench.core.errors import UserError
+from acbench.core.stats import GRADIENT_STATS, HIST_BINS, ONE_PASS, GroupStats, magnitude_histogram
 
-from bench.model.groups import InputGroup, activation_module
+from acbench.model.groups import InputGroup, activation_module
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
@@ -31,7 +31,7 @@ class CalibSpec:
     seed: int = 0
     pair_tokens: int = 512  # bounded (x, g) token sample per group, for coupling statistics
     source: str = "wiki"
-    bos: str = "none"  # BOS protocol of the windows (tasks.data.text_data.BOS_PROTOCOLS)
+    bos: str = "none"  # BOS protocol of the windows (acbench.tasks.data.text_data.BOS_PROTOCOLS)
     mode: str = ONE_PASS
 
     def as_dict(self) -> dict:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from core.io import atomic_write_via
-from core.stats import HIST_BINS, GroupStats
+from acbench.core.io import atomic_write_via
+from acbench.core.stats import HIST_BINS, GroupStats
 
 _SEP = "::"
 
@@ -89,7 +89,7 @@ def _digest(tensors: dict[str, torch.Tensor], scalars_text: str, base: str) -> s
 
 def write_group(folder: Path, group: str, stats: GroupStats, d_in: int, base: str = "") -> None:
     """Atomically (temp file + rename), streamed from the tensors: no in-memory copy of the serialised file. `base`
-    names the calibration (model and tokens) the statistics come from (`bench.calibration.cache.stats_base`)."""
+    names the calibration (model and tokens) the statistics come from (`acbench.calibration.cache.stats_base`)."""
     from safetensors.torch import save_file
 
     tensors, scalars = {}, {}
@@ -212,7 +212,7 @@ def read_group(folder: Path, group: str) -> GroupStats:
     a file changed since is an error naming it, never a silently different number)."""
     from safetensors import safe_open
 
-    from core.errors import DataError
+    from acbench.core.errors import DataError
 
     path = group_file(folder, group)
     fields: dict = {}
@@ -255,7 +255,7 @@ def nbytes(obj) -> int:
 
 def default_stats_memory() -> int:
     """Half of the memory the system has free now (the statistics live in host memory whatever the device)."""
-    from core.io import available_bytes
+    from acbench.core.io import available_bytes
 
     return available_bytes() // 2
 

@@ -3,11 +3,11 @@ pass's statistics fit a memory budget (the cache calibrates by these passes; `be
 
 from __future__ import annotations
 
-from core.errors import UserError
-from core.stats import HIST_BINS
-from core.units import human
+from acbench.core.errors import UserError
+from acbench.core.stats import HIST_BINS
+from acbench.core.units import human
 
-from bench.model.groups import InputGroup
+from acbench.model.groups import InputGroup
 
 
 def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width: int = 8) -> dict[str, int]:

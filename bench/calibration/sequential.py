@@ -19,11 +19,11 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
-from core.errors import UserError
-from core.stats import GRADIENT_STATS, GroupStats
+from acbench.core.errors import UserError
+from acbench.core.stats import GRADIENT_STATS, GroupStats
 
-from bench.calibration.engine import CalibSpec, _GroupCollector, group_generator
-from bench.model.groups import activation_module, model_layout
+from acbench.calibration.engine import CalibSpec, _GroupCollector, group_generator
+from acbench.model.groups import activation_module, model_layout
 # a replay of the dense blocks must give the model's own forward back to this relative error (float32 sums in
 # another order differ by ~1e-6)
 REPLAY_TOLERANCE = 1e-3

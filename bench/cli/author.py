@@ -7,7 +7,7 @@ import keyword
 import re
 from pathlib import Path
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
 NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
@@ -18,7 +18,7 @@ def add_check_parser(sub) -> None:
 
 
 def cmd_check_method(args) -> int:
-    from bench.testing import check_method
+    from acbench.testing import check_method
 
     failed = 0
     for name in args.names:
@@ -51,7 +51,7 @@ def cmd_new_method(args) -> int:
 def new_method(name: str, family: str, parent: Path, form: str = "function") -> Path:
     """The package folder for method `name`: pyproject (the entry point), the module (one decorated function, or a
     class), its tests, a README."""
-    import methods
+    from acbench import methods
 
     if not NAME.fullmatch(name):
         raise UserError(f"method name {name!r} must be lowercase words joined by '-' (e.g. my-svd)")
@@ -109,8 +109,9 @@ def new_method(name: str, family: str, parent: Path, form: str = "function") -> 
 MAX_NAME = 64
 FORMS = ("function", "class")
 RESERVED = {"dense", "all", "none", "acbench"}
-# acbench's own top-level packages: a plugin package of one of these names would shadow it on import
-OWN_PACKAGES = {"bench", "core", "methods", "tasks", "leaderboard", "analyses", "studies", "tests", "benchmarks"}
+# acbench's own import package, and the repository's test folders: a plugin package of one of these names would
+# shadow it on import
+OWN_PACKAGES = {"acbench", "tests", "benchmarks"}
 
 
 def _installed_as(name: str, module: str) -> str | None:
@@ -173,9 +174,9 @@ recomputes its cells anyway: their key holds a digest of this package's code).""
 
 from dataclasses import dataclass
 
-from core.linalg import check_finite
-from methods.base import Compressor, site_svd_ops
-from methods.svd import floored, scaled_truncated_factors
+from acbench.core.linalg import check_finite
+from acbench.methods.base import Compressor, site_svd_ops
+from acbench.methods.svd import floored, scaled_truncated_factors
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ edit recomputes its cells anyway: their key holds a digest of this package's cod
 
 from dataclasses import dataclass
 
-from methods.base import SparseActivation, SparsityMethod, stacked_column_norms
+from acbench.methods.base import SparseActivation, SparsityMethod, stacked_column_norms
 
 
 @dataclass(frozen=True)
@@ -246,8 +247,8 @@ from dataclasses import dataclass
 
 import torch
 
-from methods.base import stacked_column_norms
-from methods.from_function import low_rank_method
+from acbench.methods.base import stacked_column_norms
+from acbench.methods.from_function import low_rank_method
 
 
 @dataclass(frozen=True)
@@ -272,8 +273,8 @@ changes (an edit recomputes its cells anyway: their key holds a digest of this p
 
 from dataclasses import dataclass
 
-from methods.base import stacked_column_norms
-from methods.from_function import sparsity_method
+from acbench.methods.base import stacked_column_norms
+from acbench.methods.from_function import sparsity_method
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ PROJECTION_TEST = '''"""{name} against the method contract and against a referen
 import numpy as np
 import torch
 
-from bench.testing import assert_method_contract
+from acbench.testing import assert_method_contract
 
 
 def reference(weights, stats, k):
@@ -314,7 +315,7 @@ LOW_RANK_TEST = '''"""{name} against the method contract and against a reference
 
 import torch
 
-from bench.testing import assert_method_contract
+from acbench.testing import assert_method_contract
 
 
 def reference(weights, stats, k):
@@ -335,8 +336,8 @@ SPARSITY_TEST = '''"""{name} against the method contract and against a reference
 
 import torch
 
-from bench.testing import assert_method_contract
-from core.sparsity import topk_mask
+from acbench.testing import assert_method_contract
+from acbench.core.sparsity import topk_mask
 
 
 def reference(x, weights, stats, pattern):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.errors import UserError
-from core.units import human
+from acbench.core.errors import UserError
+from acbench.core.units import human
 
-from bench.cli.run import RUN_FLAGS, config_from_args
+from acbench.cli.run import RUN_FLAGS, config_from_args
 
 # the run's flags that shape one compressed model (the rest are the sweep's: tasks, executors, results)
 COMPRESS_FLAGS = ("model", "ranks", "sparsity", "budget", "rank_align", "allocate", "groups", "blocks",
@@ -51,12 +51,12 @@ def compress_config(args):
 
 
 def cmd_compress(args) -> int:
-    import methods
+    from acbench import methods
 
-    from bench.model.checkpoint import check_target
-    from bench.runner.one_variant import save_compressed
-    from bench.runner.config import resolve_run
-    from methods.base import SparsityMethod
+    from acbench.model.checkpoint import check_target
+    from acbench.runner.one_variant import save_compressed
+    from acbench.runner.config import resolve_run
+    from acbench.methods.base import SparsityMethod
 
     config, out = compress_config(args)
     check_target(out, args.replace, config.model)  # --save is named before the run's own checks

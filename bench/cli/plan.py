@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.measure.costs import CostEstimate, estimate_run_costs, long_solve_line
-from core.units import human
+from acbench.measure.costs import CostEstimate, estimate_run_costs, long_solve_line
+from acbench.core.units import human
 
 
 PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "dtype", "stats_memory",
@@ -12,7 +12,7 @@ PLAN_FLAGS = ("model", "methods", "ranks", "sparsity", "budget", "rank_align", "
 
 
 def add_plan_parser(sub):
-    from bench.cli.run import RUN_FLAGS
+    from acbench.cli.run import RUN_FLAGS
 
     p = sub.add_parser("plan", help="what a run costs (statistics, passes, memory), from the model's config alone")
     for flag, dest, kw in RUN_FLAGS:
@@ -33,7 +33,7 @@ def plan_configs(args) -> list:
     """The RunConfigs a plan costs, one per model: bench run's, without its tasks (a plan evaluates nothing)."""
     import dataclasses
 
-    from bench.cli.run import configs_from_args
+    from acbench.cli.run import configs_from_args
 
     return [dataclasses.replace(c, tasks=[]) for c in configs_from_args(args)]
 
@@ -47,9 +47,9 @@ def cmd_plan(args) -> int:
     """The run these flags describe, validated as `bench run` validates it (one validator), then costed; a model
     may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
     total."""
-    from bench.runner.config import resolve_run
-    from bench.results.leaderboard_display import check_margins, check_reference_name
-    from core.errors import UserError
+    from acbench.runner.config import resolve_run
+    from acbench.results.leaderboard_display import check_margins, check_reference_name
+    from acbench.core.errors import UserError
 
     detect = check_margins(args.detect, "--detect", "difference") if args.detect is not None else None
     given = [flag for flag, value in (("--results", args.results), ("--vs", args.vs)) if value is not None]
@@ -93,7 +93,7 @@ def check_results_folders(folders) -> None:
     file."""
     from pathlib import Path
 
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     for f in folders:
         if not f.strip():
@@ -106,22 +106,22 @@ def check_results_folders(folders) -> None:
 def task_holds(task: str, tokenizer) -> tuple[int | None, str]:
     """How many items the task's default source holds: LAMA's probes, MMLU's test questions, the evaluation
     text's perplexity windows at the default length (by this model's tokenizer)."""
-    import tasks
+    from acbench import tasks
 
     settings = tasks.get_task(task).Settings()
     if task == "lama":
-        from tasks.data.lama_data import load_lama
+        from acbench.tasks.data.lama_data import load_lama
 
         n = len(load_lama(settings.source).probes)
         return n, f"{n:,} probes"
     if task == "mmlu":
-        from tasks.data.mmlu_data import load_mmlu
+        from acbench.tasks.data.mmlu_data import load_mmlu
 
         n = len(load_mmlu(settings.source)[0])
         return n, f"{n:,} questions"
     if task == "ppl-token":
-        from tasks.data.text_data import load_text, resolve_bos
-        from tasks.perplexity import token_windows
+        from acbench.tasks.data.text_data import load_text, resolve_bos
+        from acbench.tasks.perplexity import token_windows
 
         windows = token_windows(tokenizer, load_text(settings.source, "eval"), settings.seq_len, None,
                                 resolve_bos(tokenizer, settings.bos))
@@ -131,8 +131,8 @@ def task_holds(task: str, tokenizer) -> tuple[int | None, str]:
 
 def render_detection(model: str, detect: dict[str, float], folders, ref: str) -> str:
     """`--detect`: per task and stored comparison, the items for 80 % power; assumed spreads where none is stored."""
-    from bench.measure.sizing import ASSUMED, Spread, render_detect, stored_spreads
-    from bench.model.sources import display_name, open_model
+    from acbench.measure.sizing import ASSUMED, Spread, render_detect, stored_spreads
+    from acbench.model.sources import display_name, open_model
 
     name = display_name(model)
     tokenizer = open_model(model, progress=False).tokenizer if "ppl-token" in detect else None
@@ -160,10 +160,10 @@ def check_against_model(run) -> None:
     """What `bench run` refuses once it has opened the model, refused here from its config alone and by the same
     functions: sequences past the model's positions, --blocks past its blocks, a --rank-align past a group's width,
     a pattern a group cannot keep, --stats-memory below one group's statistics."""
-    from bench.calibration.memory import calibration_chunks
-    from bench.measure.costs import load_model_config
-    from bench.runner.execute import check_groups, check_lengths, warn_short_calibrations
-    from bench.model.groups import find_input_groups, meta_model
+    from acbench.calibration.memory import calibration_chunks
+    from acbench.measure.costs import load_model_config
+    from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
+    from acbench.model.groups import find_input_groups, meta_model
 
     config = load_model_config(run.config.model)
     check_lengths(run, config)
@@ -192,7 +192,7 @@ def render_sweep(totals: list[tuple[str, float, int, int]]) -> str:
 def plan_times(run, est: CostEstimate):
     """Calibration and solve time, from a micro-benchmark of the model's device and of the solve device (measured
     once per device and process)."""
-    from bench.measure.costs import estimate_times, measure_speed
+    from acbench.measure.costs import estimate_times, measure_speed
 
     c = run.config
     model_speed = measure_speed(c.device)
@@ -226,7 +226,7 @@ def render_own_calibrations(run, est: CostEstimate, model_speed) -> str:
     windows, mode, how often they run, estimated seconds and peak memory."""
     from tabulate import tabulate
 
-    from bench.measure.costs import own_calibration_costs
+    from acbench.measure.costs import own_calibration_costs
 
     rows = [[c["method"], c["windows"], f"{c['tokens']:,}", c["mode"], c["runs"], f"{c['seconds']:.0f}",
              human(c["peak"])] for c in own_calibration_costs(run, est, model_speed)]
@@ -241,12 +241,12 @@ def render_own_calibrations(run, est: CostEstimate, model_speed) -> str:
 
 def render_solve_memory(plan: CostEstimate, solve_dtype: str) -> str:
     """The largest group solve's memory, the estimate every solve is checked against before it starts
-    (bench.deploy.compression.check_solve_fits), and each estimated peak (the solve's, calibration's, evaluation's)
+    (acbench.deploy.compression.check_solve_fits), and each estimated peak (the solve's, calibration's, evaluation's)
     judged against what the machine has free now: "it fits" is said only when every one of them does."""
-    import methods
-    from core.io import available_bytes
+    from acbench import methods
+    from acbench.core.io import available_bytes
 
-    from bench.deploy.compression import solve_bytes
+    from acbench.deploy.compression import solve_bytes
 
     comps = {m: methods.build(m) for m in plan.method_names}
     worst = max(((solve_bytes(comp, g, solve_dtype), m, g) for m, comp in comps.items() for g in plan.groups),

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
-from bench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, shortcut_dest,
+from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, shortcut_dest,
                                  shortcut_options, split_method_names, task_shortcuts)
-from bench.model.sources import ALIASES, DEFAULT_MODEL
-from bench.results.leaderboard_display import MARGIN_HELP, check_margins
+from acbench.model.sources import ALIASES, DEFAULT_MODEL
+from acbench.results.leaderboard_display import MARGIN_HELP, check_margins
 
 
 def kv_options(items: list[str] | None, what: str) -> dict:
@@ -148,7 +148,7 @@ RUN_FLAGS = [(flag, dest, kw if "action" in kw else {**kw, "action": GivenOnce})
 # ---------------------------------------------------------------- task shortcuts (--lama-limit, --ppl-windows, ...)
 
 def _setting_type(task: str, setting: str):
-    import tasks
+    from acbench import tasks
 
     ann = next((f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
                 for f in dataclasses.fields(tasks.get_task(task).Settings) if f.name == setting), "str")
@@ -220,7 +220,7 @@ def read_config_file(path: str) -> tuple[dict, dict]:
     """(RunConfig fields, task shortcut values) from a YAML file of flag names (dashes or underscores)."""
     import yaml
 
-    from core.io import read_user_text
+    from acbench.core.io import read_user_text
 
     try:
         data = yaml.load(read_user_text(path, "config file"), Loader=_unique_key_loader()) or {}
@@ -402,7 +402,7 @@ def config_from_args(args) -> RunConfig:
 def run_configs_of(args) -> list[RunConfig]:
     """bench run's own checks of its flags and config file, short of opening a model or writing anything: one
     config per model."""
-    from bench.api import check_sweep_tasks
+    from acbench.api import check_sweep_tasks
 
     configs = configs_from_args(args)
     check_sweep_tasks(configs[0])
@@ -418,15 +418,15 @@ def run_config(args) -> RunConfig:
 
 
 def cmd_run(args) -> int:
-    from bench.api import run_configs, write_leaderboard
-    from bench.runner.config import resolve_run
+    from acbench.api import run_configs, write_leaderboard
+    from acbench.runner.config import resolve_run
 
     configs = run_configs_of(args)
     config = configs[0]
     if config.executor != "ray":
-        run_configs(configs)  # what bench.sweep runs: resolve every model's settings, sweep, write the leaderboard
+        run_configs(configs)  # what acbench.sweep runs: resolve every model's settings, sweep, write the leaderboard
         return 0
-    from bench.runner.ray_executor import _import_ray, probe_ray_address, run_on_ray
+    from acbench.runner.ray_executor import _import_ray, probe_ray_address, run_on_ray
 
     _import_ray()  # a missing Ray is said before anything is written
     runs = [resolve_run(c) for c in configs]  # every model's settings checked before any model is opened

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from core.io import cache_dir
-from core.errors import UserError
-from core.stats import SparsitySpec
+from acbench.core.io import cache_dir
+from acbench.core.errors import UserError
+from acbench.core.stats import SparsitySpec
 
-from bench.results.smoke_verdict import smoke_verdict
+from acbench.results.smoke_verdict import smoke_verdict
 
 
 def tiny_checkpoint() -> Path:
@@ -83,7 +83,7 @@ def _train_smoke_model(out: Path, progress: bool) -> None:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks.data.text_data import wiki_split
+    from acbench.tasks.data.text_data import wiki_split
 
     source = tiny_checkpoint()
     tok = AutoTokenizer.from_pretrained(source)
@@ -107,8 +107,8 @@ def _train_smoke_model(out: Path, progress: bool) -> None:
 def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConfig":  # noqa: F821
     """What `bench smoke` runs: every method (or `names`) at rank 0.5 and at 2:4 and density 0.5 (the patterns
     each keeps), on the trained tiny model, at small task sizes."""
-    import methods
-    from bench.runner.config import RunConfig
+    from acbench import methods
+    from acbench.runner.config import RunConfig
 
     families = {methods.family_of(n) for n in names} if names else {methods.LOW_RANK_FAMILY, methods.SPARSITY_FAMILY}
     low_rank = methods.LOW_RANK_FAMILY in families
@@ -132,7 +132,7 @@ def smoke_config(root: Path, names: list[str] | None, latency: bool) -> "RunConf
 def check_smoke_names(names: list[str] | None) -> None:
     """The methods `bench smoke` was asked to check, each built as `bench run` builds it (an unknown name with the
     closest known one, a variant's bad setting in the same words)."""
-    import methods
+    from acbench import methods
 
     if names is None:
         return
@@ -155,13 +155,13 @@ def _read_cell(path: Path) -> dict | None:
 
 
 def smoke(output: str | None = None, names: list[str] | None = None, latency: bool = True) -> int:
-    import methods
-    from bench.runner.cells import ModelInfo, plan
-    from bench.runner.config import resolve_run
-    from bench.runner.execute import LocalExecutor, execute, prepare
-    from leaderboard.report import write_report
+    from acbench import methods
+    from acbench.runner.cells import ModelInfo, plan
+    from acbench.runner.config import resolve_run
+    from acbench.runner.execute import LocalExecutor, execute, prepare
+    from acbench.leaderboard.report import write_report
 
-    from bench.results.leaderboard_display import report_display
+    from acbench.results.leaderboard_display import report_display
 
     check_smoke_names(names)  # before the smoke model's training: a bad name or setting is one line at once
     root = Path(output) if output else Path(tempfile.mkdtemp(prefix="acbench-smoke-"))

@@ -39,7 +39,7 @@ def command_line(name: str, parser: argparse.ArgumentParser, width: int) -> str:
 
 def synopsis(width: int = 118) -> str:
     """Every subcommand of `bench`, in the parser's order, one wrapped entry each."""
-    from bench.cli import _parser
+    from acbench.cli import _parser
 
     parser = _parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

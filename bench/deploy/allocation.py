@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from core.errors import UserError
-from core.linalg import NumericError, fisher_basis, pca_basis
-from core.record import UNIFORM
-from core.stats import GroupStats, RankSpec
+from acbench.core.errors import UserError
+from acbench.core.linalg import NumericError, fisher_basis, pca_basis
+from acbench.core.record import UNIFORM
+from acbench.core.stats import GroupStats, RankSpec
 
 # rule -> the statistics it reads
 RULES = {UNIFORM: frozenset(), "fisher": frozenset({"C", "F"}), "variance": frozenset({"C"}),
@@ -36,7 +36,7 @@ MIN_K_FRACTION = 0.01  # every selected group keeps at least 1 % of its input di
 
 
 def check_rules(rules, budget: str, align: int = 1) -> None:
-    from core.errors import did_you_mean
+    from acbench.core.errors import did_you_mean
 
     for rule in rules:
         if rule not in RULES:
@@ -75,7 +75,7 @@ class Allocation:
                 "k": dict(self.ks)}
 
     def compress_args(self) -> dict:
-        """What `bench.deploy.compression.compressed` takes from it."""
+        """What `acbench.deploy.compression.compressed` takes from it."""
         return {"ks": self.ks}
 
 
@@ -193,11 +193,11 @@ class DensityAllocation:
 
 
 def lost_energy(hist: torch.Tensor, density: float) -> float:
-    """The fraction of E[x^2] carried by the (1 - density) smallest |x| of a magnitude histogram (core.stats bins,
+    """The fraction of E[x^2] carried by the (1 - density) smallest |x| of a magnitude histogram (acbench.core.stats bins,
     each bin's values at its centre, interpolated within a bin): what zeroing them loses of the input's energy."""
     import numpy as np
 
-    from core.stats import HIST_BINS, HIST_HI, HIST_LO
+    from acbench.core.stats import HIST_BINS, HIST_HI, HIST_LO
 
     p = (hist / hist.sum()).double().cpu().numpy()
     width = (HIST_HI - HIST_LO) / HIST_BINS

@@ -1,6 +1,6 @@
 """Swap a compression into a transformers model in place; the model stays a normal transformers model.
 
-The modules deployed live in core.compressed_layers (the code a saved checkpoint carries); this module turns a
+The modules deployed live in acbench.core.compressed_layers (the code a saved checkpoint carries); this module turns a
 method's typed result into them, records the layout in the config, and puts the dense model back."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from core.compressed_layers import (LAYOUT_KEY, InputSparsifier, SparseInputLinear, ThresholdedActivation,
+from acbench.core.compressed_layers import (LAYOUT_KEY, InputSparsifier, SparseInputLinear, ThresholdedActivation,
                                     build_factorised)
-from core.compressed_layers import set_module as _set_module
-from core.errors import UserError
-from methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
+from acbench.core.compressed_layers import set_module as _set_module
+from acbench.core.errors import UserError
+from acbench.methods.base import ActivationThreshold, GroupCompression, MaskedWeights, SparseActivation
 
-from bench.model.groups import activation_module
+from acbench.model.groups import activation_module
 
-import bench.deploy.semi_structured as semi_structured
+import acbench.deploy.semi_structured as semi_structured
 
 @dataclass
 class Undo:
@@ -67,7 +67,7 @@ def apply_compression(model: nn.Module, group, result) -> Undo:
     for kind, handler in HANDLERS.items():
         if isinstance(result, kind):
             return handler(model, group, result)
-    raise TypeError(f"no deployment for a {type(result).__name__} result: register one in bench.deploy.apply.HANDLERS")
+    raise TypeError(f"no deployment for a {type(result).__name__} result: register one in acbench.deploy.apply.HANDLERS")
 
 
 _GROUP_SCALE = object()  # sparsifier_for's default: the result's own (group) scale

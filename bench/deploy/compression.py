@@ -12,17 +12,17 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-import methods
-from core.errors import UserError, exception_line
-from core.interruptible import interruptible
-from core.linalg import NumericError
-from core.record import ALL_GROUPS, UNIFORM
-from core.registry import code_provenance
-from core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
-from methods.base import GroupCompression
+from acbench import methods
+from acbench.core.errors import UserError, exception_line
+from acbench.core.interruptible import interruptible
+from acbench.core.linalg import NumericError
+from acbench.core.record import ALL_GROUPS, UNIFORM
+from acbench.core.registry import code_provenance
+from acbench.core.stats import GroupStats, RankSpec, SparsitySpec, solve_torch_dtype
+from acbench.methods.base import GroupCompression
 
-from bench.deploy.apply import apply_compression, restore, swap
-from bench.model.groups import find_input_groups
+from acbench.deploy.apply import apply_compression, restore, swap
+from acbench.model.groups import find_input_groups
 
 
 class _StatsOf:
@@ -113,7 +113,7 @@ def free_bytes(device: str | None) -> int:
     dev = torch.device(device or "cpu")
     if dev.type == "cuda":
         return torch.cuda.mem_get_info(dev)[0]
-    from core.io import available_bytes
+    from acbench.core.io import available_bytes
 
     return available_bytes()
 
@@ -136,7 +136,7 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
     """The model itself, compressed in place one group at a time (each group's statistics and factors are freed
     before the next), as a Deployment to restore. Nothing is copied: the dense modules and weights are kept by
     reference, so a sweep holds one model plus the deployed factors instead of a copy per cell. An error part way
-    restores the groups already deployed. `ks`: each group's k from a rank allocation (bench.deploy.allocation),
+    restores the groups already deployed. `ks`: each group's k from a rank allocation (acbench.deploy.allocation),
     for a projection method; without it every group's k comes from `rank`. `densities`: each group's density from
     a density allocation (an unstructured sparsity budget's). `merge`: factors are deployed as dense-shaped weights
     W_i' = A_i B_i even where the factorised form is smaller. `solve_device`: where each group's statistics are
@@ -197,7 +197,7 @@ def _deploy_group(model, comp, g, own: GroupStats | None, budget, k, extra_fallb
 
 def sequential_problem(comp) -> str | None:
     """Why a method cannot be calibrated sequentially (one line naming the fix), or None."""
-    from bench.calibration.sequential import gradient_problem
+    from acbench.calibration.sequential import gradient_problem
 
     if type(comp).site_ranks is not methods.Compressor.site_ranks:
         return (f"{comp.name} allocates its ranks across all groups at once from their statistics, and sequential "
@@ -209,12 +209,12 @@ def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows
                       method_options: dict | None = None, only_groups: set[str] | None = None,
                       progress: bool = True, merge: bool = False, solve_device: str | None = None,
                       solve_dtype: str = "float64", batch_size: int = 2) -> tuple[Deployment, dict]:
-    """`deploy` under sequential calibration (bench.calibration.sequential): each block's groups solved from the
+    """`deploy` under sequential calibration (acbench.calibration.sequential): each block's groups solved from the
     statistics of the calibration windows as the blocks before it, already compressed, pass them on. Returns the
     Deployment and the calibration's counts (tokens, blocks, seconds, held bytes); statistics are not cached (they
     depend on the method and budget that compressed the blocks before)."""
-    from bench.calibration.cache import check_statistics_finite
-    from bench.calibration.sequential import sequential_pass
+    from acbench.calibration.cache import check_statistics_finite
+    from acbench.calibration.sequential import sequential_pass
 
     comp = methods.build(method, method_options)
     problem = sequential_problem(comp)

@@ -1,6 +1,6 @@
 """Masked 2:4 weights (wanda, magnitude-prune) on sparse tensor cores: torch's semi-structured sparse tensors,
 where they apply. Elsewhere the dense-shaped weight with zeros stays, and each cell's latency conditions record why
-(bench.measure.latency): no CPU kernel in torch exploits 2:4 weights, so there they run, and measure, as dense."""
+(acbench.measure.latency): no CPU kernel in torch exploits 2:4 weights, so there they run, and measure, as dense."""
 
 from __future__ import annotations
 

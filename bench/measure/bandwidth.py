@@ -16,9 +16,9 @@ ARRAY_MB = 256  # per STREAM array: far past any last-level cache this runs on (
 
 def array_bytes() -> int:
     """ARRAY_MB, or ACBENCH_BANDWIDTH_MB where set (the tests shrink the probe): a whole number of MB, at least 1,
-    whose three arrays fit in half the memory this machine has. Checked when a command starts (`bench.cli`), so a
+    whose three arrays fit in half the memory this machine has. Checked when a command starts (`acbench.cli`), so a
     bad value is one line before any work, not a traceback at the first speed measurement."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     raw = os.environ.get("ACBENCH_BANDWIDTH_MB")
     if raw is None or raw.strip() == "":

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-import methods
-from methods.base import factorised_params
-from core.errors import UserError
-from core.stats import GRADIENT_STATS, SEQUENTIAL, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
+from acbench import methods
+from acbench.methods.base import factorised_params
+from acbench.core.errors import UserError
+from acbench.core.stats import GRADIENT_STATS, SEQUENTIAL, RankSpec, SparsitySpec, check_pattern_widths, solve_torch_dtype
 
-from bench.calibration.memory import calibration_chunks, stat_bytes
-from bench.model.groups import InputGroup, find_input_groups, meta_model
+from acbench.calibration.memory import calibration_chunks, stat_bytes
+from acbench.model.groups import InputGroup, find_input_groups, meta_model
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def deployed(comp, group: InputGroup, rank: RankSpec) -> tuple[list[int], str, int]:
@@ -46,7 +46,7 @@ def load_model_config(model: str):
 
     from huggingface_hub.errors import StrictDataclassError
 
-    from bench.model.sources import ALIASES, _alias_gguf, check_model_config
+    from acbench.model.sources import ALIASES, _alias_gguf, check_model_config
 
     path = Path(model).expanduser()
     try:
@@ -79,7 +79,7 @@ def load_model_config(model: str):
 
 
 def _cache_models() -> Path:
-    from core.io import cache_dir
+    from acbench.core.io import cache_dir
 
     return cache_dir() / "models"
 
@@ -102,7 +102,7 @@ class CostEstimate:
     calibration_peak: int = 0
     evaluation_peak: int = 0
     activation_bytes: int = 0
-    # what the time estimate reads (bench.measure.costs.estimate_times), so the config is read and the groups found once
+    # what the time estimate reads (acbench.measure.costs.estimate_times), so the config is read and the groups found once
     groups: list = field(default_factory=list, repr=False)
     needs: frozenset = frozenset()
     method_names: list[str] = field(default_factory=list)
@@ -135,7 +135,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
                    calib_seq_len: int = 256, batch_size: int = 2, pair_tokens: int = 512,
                    eval_seq_len: int = 256, sparsity: list[SparsitySpec] | None = None,
                    shared: set[str] | None = None) -> CostEstimate:
-    from bench.model.sources import check_model_config
+    from acbench.model.sources import check_model_config
 
     config = load_model_config(model)
     check_model_config(config, f"model {model}")
@@ -204,7 +204,7 @@ def estimate_costs(model: str, method_names: list[str], ranks: list[float], budg
 
 
 def estimate_run_costs(run) -> CostEstimate:
-    """The costs of a resolved run (`bench.runner.config.Run`, as `resolve_run` returns it): its model, methods,
+    """The costs of a resolved run (`acbench.runner.config.Run`, as `resolve_run` returns it): its model, methods,
     budgets, precision, statistics memory and calibration sizes, at the batch its calibration passes use (half of
     --batch-size)."""
     c = run.config
@@ -311,7 +311,7 @@ def op_seconds(op: tuple, speed: DeviceSpeed) -> float:
         m0, n0 = speed.svd_shape
         return speed.svd_s * (m * n * n) / (m0 * n0 * n0)
     if kind == "truncated_svd":  # the top singular pairs of an m x n matrix: the smaller Gram's eigh in float64
-        m, n = max(sizes), min(sizes)  # (methods.svd.truncated_factors, whitened-svd's m >= d), the SVD in float32
+        m, n = max(sizes), min(sizes)  # (acbench.methods.svd.truncated_factors, whitened-svd's m >= d), the SVD in float32
         if speed.solve_dtype == "float32":
             return op_seconds(("", "svd", m, n), speed)
         return 2 * m * n * n / speed.solve_matmul + op_seconds(("", "eigh", n), speed)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 from scipy.stats import t as scipy_t
 
-from core.compressed_layers import LAYOUT_KEY, SparseInputLinear, decode_kernel
-from core.stats import SparsitySpec
+from acbench.core.compressed_layers import LAYOUT_KEY, SparseInputLinear, decode_kernel
+from acbench.core.stats import SparsitySpec
 
-import bench.deploy.semi_structured as semi_structured
-from bench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
+import acbench.deploy.semi_structured as semi_structured
+from acbench.measure.bandwidth import gemv_bandwidth, largest_linear, linear_products_skipped, stream_bandwidth
 
 LATENCY_VERSION = 2  # 2: interleaved with dense, body apart from the head, speedups with intervals
 
@@ -94,7 +94,7 @@ def with_calibration_peak(device: str, load):
 def threshold_sparsifiers(model) -> list:
     """The modules whose kept fraction varies per token: threshold sparsifiers (TEAL) and thresholded activations
     (CATS)."""
-    from core.compressed_layers import InputSparsifier, ThresholdedActivation
+    from acbench.core.compressed_layers import InputSparsifier, ThresholdedActivation
 
     return [m for m in model.modules() if isinstance(m, ThresholdedActivation) or
             (isinstance(m, InputSparsifier) and m.threshold is not None)]

@@ -1,6 +1,6 @@
 """`bench plan --detect`: how many items each comparison needs to detect a stated difference with 80 % power
 (two-sided 5 %), from the paired spreads of stored cells of the same model, what that costs in evaluation time on
-this machine, and what the task holds. The formulas are core.significance's, inverted for n (docs/decisions.md)."""
+this machine, and what the task holds. The formulas are acbench.core.significance's, inverted for n (docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.significance import Z_ALPHA, Z_DETECT, Z_POWER, item_keys, item_scores
+from acbench.core.significance import Z_ALPHA, Z_DETECT, Z_POWER, item_keys, item_scores
 
 # what is assumed when no stored comparison gives a spread: a range, each said as assumed
 ASSUMED = {"accuracy": (0.1, 0.2, 0.3), "nll": (0.02, 0.05, 0.1)}
@@ -44,10 +44,10 @@ def stored_spreads(folders, model: str, task: str, ref: str, skipped: list | Non
     leaderboard pairs them: the same items in the same order or, where either was evaluated until decided, the
     items both scored (a prefix of one seeded order). `skipped`: a list each comparison left out is appended to,
     with why (no reference at its budget, other items, fewer than two), for the plan to say."""
-    from core.record import DENSE, calibration_mode
-    from core.significance import until_decided
-    from leaderboard.load import read_result_set
-    from leaderboard.tables import row_name
+    from acbench.core.record import DENSE, calibration_mode
+    from acbench.core.significance import until_decided
+    from acbench.leaderboard.load import read_result_set
+    from acbench.leaderboard.tables import row_name
 
     skipped = [] if skipped is None else skipped
     cells = [c for c in read_result_set(*[f for f in folders if Path(f).is_dir()]).cells

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-import core
-from core.compressed_layers import LAYOUT_KEY, RUNTIME_FORMS, compressed_subclass
-from core.errors import UserError
-from core.io import atomic_write_json, readable_as_umask, sha256_file, unwritable
+from acbench import core
+from acbench.core.compressed_layers import LAYOUT_KEY, RUNTIME_FORMS, compressed_subclass
+from acbench.core.errors import UserError
+from acbench.core.io import atomic_write_json, readable_as_umask, sha256_file, unwritable
 
-from bench import __version__
+from acbench.core.version import __version__
 
 PROVENANCE_FILE = "compression.json"
 PROVENANCE_SCHEMA = 2  # 2: a model type of its own, the record's digest in config.json, code digests, versions
@@ -68,7 +68,7 @@ from .configuration_acbench import {config_name}
 
 
 def _semi_structured(weight: torch.Tensor) -> bool:
-    # what bench.deploy.semi_structured deploys 2:4 weights as (the model room reads, never deploys, them)
+    # what acbench.deploy.semi_structured deploys 2:4 weights as (the model room reads, never deploys, them)
     from torch.sparse import SparseSemiStructuredTensor
 
     return isinstance(weight, SparseSemiStructuredTensor)
@@ -174,7 +174,7 @@ def _is_documentation(name: str) -> bool:
 def _versions() -> dict:
     import transformers
 
-    from bench.results.store import git_commit
+    from acbench.results.store import git_commit
 
     return {"acbench": __version__, "git_commit": git_commit(), "torch": torch.__version__,
             "transformers": transformers.__version__}
@@ -240,7 +240,7 @@ def verify_reload(model, folder: Path, shown: Path) -> str:
     model in memory on VERIFY_TOKENS tokens: a checkpoint that does not reload to the same model (an architecture
     whose save and load disagree) or a model that computes non-finite values is one UserError line, and nothing is
     saved. Where a second copy of the weights would not fit in memory, the check is skipped and said."""
-    from core.io import available_bytes
+    from acbench.core.io import available_bytes
 
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if 2 * size > available_bytes():
@@ -391,7 +391,7 @@ def load_checkpoint(folder: Path | str, dtype=torch.float32, **kwargs):
     if read_provenance(folder) is None:
         raise UserError(f"{folder} is not a checkpoint bench compress wrote (no {PROVENANCE_FILE})")
     config = checkpoint_config(folder)
-    from bench.model.groups import causal_lm_class
+    from acbench.model.groups import causal_lm_class
 
     base = causal_lm_class(config)
     model, info = compressed_subclass(base).from_pretrained(folder, config=config, dtype=dtype,

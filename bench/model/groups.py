@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bench.model.conv1d import linearize_conv1d
-from core.errors import UserError
-from core.experts import SplitExperts, split_experts
+from acbench.model.conv1d import linearize_conv1d
+from acbench.core.errors import UserError
+from acbench.core.experts import SplitExperts, split_experts
 
 # The kinds `--groups` selects from, in forward order. A Llama-shaped block has the four classic ones; a parallel
 # block (GPT-J, Falcon: attention and MLP read one normed input) has attn_mlp_in; attention or MLP with more than
@@ -273,7 +273,7 @@ def _on_meta(model: nn.Module) -> bool:
 def _twin_layout(model: nn.Module) -> ModelLayout:
     """The layout of a meta-device model traced on a real twin: the same config with its widths shrunk and its
     block count kept (tiny, on the CPU), whose module names are the model's own."""
-    from bench.model.tiny import shrink
+    from acbench.model.tiny import shrink
 
     try:
         small = shrink(model.config, keep_layers=True)

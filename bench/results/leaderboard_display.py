@@ -11,10 +11,10 @@ MARGIN_HELP = ("equivalence margins per task, e.g. lama=0.02 ppl-token=0.02 (poi
 
 def report_display(margins: dict[str, float] | None = None):
     """`margins` ({task: margin}, from --margin) override the tasks' own default equivalence margins."""
-    import analyses
-    import tasks
-    from bench.results.plugged import report_sections
-    from leaderboard.tables import Display
+    from acbench import analyses
+    from acbench import tasks
+    from acbench.results.plugged import report_sections
+    from acbench.leaderboard.tables import Display
 
     labels, order, margin = {}, {}, {}
     for name in tasks.known_tasks():
@@ -36,8 +36,8 @@ def check_margins(margins, where: str = "--margin", what: str = "margin") -> dic
     lets perplexity differ 2.7x), or one line naming the problem and the fix."""
     import math
 
-    import tasks
-    from core.errors import UserError, did_you_mean
+    from acbench import tasks
+    from acbench.core.errors import UserError, did_you_mean
 
     if margins is None:
         return {}
@@ -75,8 +75,8 @@ def check_reference_name(name, where: str) -> str:
     """A reference of paired comparisons (--vs): dense, or a method name or variant as `bench run` takes it (with its
     allocation after '+'); anything else is one line with the closest name, since a reference no cell can have
     would leave every comparison empty without a word."""
-    import methods
-    from core.errors import UserError
+    from acbench import methods
+    from acbench.core.errors import UserError
 
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"{where} {name!r} names no method: pass a method name (see `bench ls methods`) or dense")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 
-from core.log import warn
-from core.registry import load_entry_point
+from acbench.core.log import warn
+from acbench.core.registry import load_entry_point
 
 GROUP = "acbench.commands"
 
@@ -36,7 +36,7 @@ def plugged_commands() -> dict[str, Command]:
     out = {}
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
         # a command that does not import is one warning line; every other command stays usable
-        command, problem = load_entry_point(ep, lambda c: isinstance(c, Command), "a bench.results.plugged.Command")
+        command, problem = load_entry_point(ep, lambda c: isinstance(c, Command), "a acbench.results.plugged.Command")
         if problem:
             warn(f"command plugin skipped: {problem}")
             continue

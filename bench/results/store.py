@@ -12,8 +12,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.io import atomic_write_json
-from core.record import (ALL_GROUPS, UNIFORM, CellRecord, cell_problem, cell_relpath, nulls_for_nonfinite,
+from acbench.core.io import atomic_write_json
+from acbench.core.record import (ALL_GROUPS, UNIFORM, CellRecord, cell_problem, cell_relpath, nulls_for_nonfinite,
                          place_problem)
 
 
@@ -24,7 +24,7 @@ def settings_hash(*parts) -> str:
 
 def cell_path(root: Path, model: str, method: str, rank: float | None, budget: str, task: str, key: str,
               allocation: str = UNIFORM, scope: str = ALL_GROUPS) -> Path:
-    """<root>/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json (core.record)."""
+    """<root>/<model>/<method>[+<allocation>]/[<scope>/]<budget>-<ratio>/<task>-<key>.json (acbench.core.record)."""
     return Path(root) / cell_relpath(model, method, rank, budget, task, key, allocation, scope)
 
 
@@ -88,7 +88,7 @@ def _nonfinite_scores(record: dict) -> str | None:
 
 
 def write_cell(path: Path, cell: CellRecord) -> None:
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     raw = cell.to_json()
     broken = _nonfinite_scores(raw)
@@ -217,7 +217,7 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
-    from bench import __version__
+    from acbench.core.version import __version__
 
     try:
         import lm_eval
@@ -234,8 +234,8 @@ def environment(device: str) -> dict:
 
 
 def check_writable(root: Path) -> None:
-    from core.errors import UserError
-    from core.io import unwritable
+    from acbench.core.errors import UserError
+    from acbench.core.io import unwritable
 
     why = unwritable(Path(root))
     if why:
@@ -251,7 +251,7 @@ def lock_ttl(strict: bool = True) -> float:
     """ACBENCH_LOCK_TTL (seconds, finite, > 0), else six hours: a claim older than this is presumed dead. A bad
     value is one line when a command starts (`strict`); read at import, it falls back to the default for that
     check to name."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     raw = os.environ.get("ACBENCH_LOCK_TTL")
     if raw is None or raw.strip() == "":
@@ -302,7 +302,7 @@ def claim_cell(path: Path, owner: str | None = None) -> bool:
 
     The claim is written in full to a private file and then hard-linked into place (atomic, and refused when the
     claim exists), so a process killed at any moment never leaves an empty claim that would look alive."""
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     lock = _lock_path(path)
     body = json.dumps({"pid": os.getpid(), "host": platform.node(), "since": time.time(), "owner": owner})

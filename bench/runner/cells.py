@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import methods
-from core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
-from core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
+from acbench import methods
+from acbench.core.record import ALL_GROUPS, ANALYSIS_CELL, DENSE, UNIFORM, CellId, variant_name
+from acbench.core.stats import SPARSITY_FAMILY, RankSpec, SparsitySpec
 
-from bench.deploy.allocation import SPARSITY_RULES
-from bench.runner.config import DEFAULT_SOLVE_DTYPE, Run
-from bench.results.store import cell_path, cell_status, settings_hash
+from acbench.deploy.allocation import SPARSITY_RULES
+from acbench.runner.config import DEFAULT_SOLVE_DTYPE, Run
+from acbench.results.store import cell_path, cell_status, settings_hash
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,20 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-import methods
-import tasks as task_registry
-from core.errors import UserError, did_you_mean
-from core.record import DENSE, UNIFORM
-from core.registry import code_key
-from core.settings import type_problems
-from core.stats import CALIBRATION_MODES, LOW_RANK_FAMILY, SEQUENTIAL, SPARSITY_FAMILY, RankSpec, SparsitySpec
-from core.units import parse_bytes
-from tasks.base import RunShared, Task, UntilDecided
+from acbench import methods
+from acbench import tasks as task_registry
+from acbench.core.errors import UserError, did_you_mean
+from acbench.core.record import DENSE, UNIFORM
+from acbench.core.registry import code_key
+from acbench.core.settings import type_problems
+from acbench.core.stats import CALIBRATION_MODES, LOW_RANK_FAMILY, SEQUENTIAL, SPARSITY_FAMILY, RankSpec, SparsitySpec
+from acbench.core.units import parse_bytes
+from acbench.tasks.base import RunShared, Task, UntilDecided
 
-from bench.deploy.allocation import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
-from bench.calibration.engine import CalibSpec, needed_stats
-from bench.model.sources import DEFAULT_MODEL
-from bench.runner.selection import ALL, Selection
+from acbench.deploy.allocation import LOW_RANK_RULES, RULES, SPARSITY_RULES, check_rules
+from acbench.calibration.engine import CalibSpec, needed_stats
+from acbench.model.sources import DEFAULT_MODEL
+from acbench.runner.selection import ALL, Selection
 
 # MMLU is one flag away (`--tasks mmlu ...`): 0-shot on a 270M model it sits at chance and costs LAMA probes
 DEFAULT_TASKS = ("lama", "ppl-token", "rho")
@@ -51,7 +51,7 @@ class RunConfig:
     rank_align: int = 1
     # how k is split across the selected groups: uniform (each group at the run's ratio), fisher, variance
     allocate: list[str] = field(default_factory=lambda: ["uniform"])
-    groups: list[str] | None = None  # group kinds to compress (bench.model.groups.GROUP_KINDS); None: all
+    groups: list[str] | None = None  # group kinds to compress (acbench.model.groups.GROUP_KINDS); None: all
     blocks: str | None = None  # block indices and ranges to compress, e.g. "0-5,12"; None: all
     tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     # calibration
@@ -88,10 +88,10 @@ class RunConfig:
     task_options: dict = field(default_factory=dict)  # {task: {setting: value}}
     analysis_options: dict = field(default_factory=dict)  # {analysis: {setting: value}}, e.g. {"rho": {"units": 4}}
     measure_latency: bool = True
-    latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (bench.measure.latency.LatencySpec)
+    latency_seconds: float = 8.0  # per variant: the cap on its rounds against dense (acbench.measure.latency.LatencySpec)
     report: bool = True
     # {task: margin}: the leaderboard calls two methods equivalent within it (two one-sided tests); unset tasks keep
-    # their own default (bench.results.leaderboard_display.check_margins)
+    # their own default (acbench.results.leaderboard_display.check_margins)
     margin: dict = field(default_factory=dict)
     # evaluate the tasks that can (lama, ppl-token) block by block until each comparison with `reference` is
     # decided by a confidence sequence, or its budget is spent (docs/decisions.md)
@@ -136,7 +136,7 @@ class Run:
         options = {**self.config.task_options.get(name, {}), **overrides}
         task = task_registry.get_task(name).for_run(options, self.shared)
         if self.config.until_decided and not overrides:  # an analysis's own probes are evaluated whole
-            from bench.results.leaderboard_display import check_margins
+            from acbench.results.leaderboard_display import check_margins
 
             task = until_decided_task(task, self.config, check_margins(self.config.margin))
         return task
@@ -258,7 +258,7 @@ def _is_ratio(x) -> bool:
 
 
 def split_method_names(items) -> list[str]:
-    """methods.split_methods, its refusal (an empty name between commas) as the one-line user error."""
+    """acbench.methods.split_methods, its refusal (an empty name between commas) as the one-line user error."""
     try:
         return methods.split_methods(items)
     except ValueError as e:
@@ -379,7 +379,7 @@ def _check_distinct(names, config: RunConfig) -> None:
 def _without_refused_patterns(names: list[str], given: list[str], patterns, options: dict) -> list[str]:
     """A sparsity method named on its own must keep every given pattern (else one line naming it and the fix);
     one that `all` brought in is left out where it keeps none of them (teal under --sparsity 2:4), and its
-    refused patterns are left out of the plan (bench.runner.cells.variants)."""
+    refused patterns are left out of the plan (acbench.runner.cells.variants)."""
     explicit = set(methods.expand_methods([g for g in given if g != "all"])) if given else set()
     out = []
     for m in names:
@@ -418,7 +418,7 @@ AS_GIVEN, AUTHORS = "as-given", "authors"
 def check_calibration(config: RunConfig, names) -> None:
     """--calibration and --calibration-mode: known values, a mode every method can run in, and nothing that would
     do nothing (a mode or the authors' sizes for methods that read no statistics)."""
-    from bench.deploy.compression import sequential_problem
+    from acbench.deploy.compression import sequential_problem
 
     if config.calibration not in (AS_GIVEN, AUTHORS):
         raise UserError(f"--calibration {config.calibration!r} is unknown: use as-given (default: the calibration "
@@ -680,7 +680,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
         raise UserError(f"--bos {config.bos!r} is unknown: use auto, window, stream or none")
     if config.dtype not in ("float32", "bfloat16", "float16"):
         raise UserError(f"--dtype {config.dtype} is unknown: use float32, bfloat16 or float16")
-    from bench.model.sources import device_problem
+    from acbench.model.sources import device_problem
 
     problem = device_problem(config.device)
     if problem:
@@ -690,7 +690,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
     if not isinstance(config.seed, int) or isinstance(config.seed, bool) or not 0 <= config.seed < 2**32:
         raise UserError(f"--seed must be an integer in [0, 2^32), got {config.seed!r}")
     if writes:
-        from bench.results.store import check_writable
+        from acbench.results.store import check_writable
 
         check_writable(Path(config.output))
 
@@ -698,7 +698,7 @@ def check_execution(config: RunConfig, writes: bool = True) -> None:
 def build_analyses(config: RunConfig) -> dict:
     """The names of config.tasks that are analyses, built with their --analysis-option settings; an unknown name
     gets one did-you-mean over every task and analysis (not only those asked for)."""
-    import analyses as registry
+    from acbench import analyses as registry
 
     names = [n for n in config.tasks if isinstance(n, str)] if isinstance(config.tasks, (list, tuple)) else []
     check_task_names(names, set(registry.known_analyses()))
@@ -731,7 +731,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     model_tasks = build_tasks(config, analyses)
     check_options_used(config, names, analyses)
     check_execution(config, writes)
-    from bench.results.leaderboard_display import check_margins
+    from acbench.results.leaderboard_display import check_margins
 
     margins = check_margins(config.margin, "--margin")
     check_settings_used(config, model_tasks, margins)
@@ -748,7 +748,7 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
 
 def task_shortcuts() -> dict[str, list[tuple[str, object]]]:
     """{flag: [(task, Shortcut)]} over every registered task, plugins included."""
-    import tasks
+    from acbench import tasks
 
     out: dict[str, list] = {}
     for name in tasks.known_tasks():
@@ -766,7 +766,7 @@ def shortcut_options(values: dict, tasks=None) -> dict:
     so one task's own flag (--lama-limit) overrides it. `tasks`, the run's task names where known: a shared flag
     sets only the tasks the run scores, and one that sets none of them is refused (it would do nothing); a task's
     own flag is kept for `check_options_used` to name."""
-    import analyses
+    from acbench import analyses
 
     known = set(task_registry.known_tasks()) | set(analyses.known_analyses())
     run_tasks = set(tasks) if isinstance(tasks, (list, tuple)) and all(isinstance(t, str) for t in tasks) else None

@@ -19,36 +19,36 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from core.errors import UserError
-from core.interruptible import interruptible
-from core.log import say, warn
-from core.record import DENSE, UNIFORM, CellRecord, describe_scope
-from core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
+from acbench.core.errors import UserError
+from acbench.core.interruptible import interruptible
+from acbench.core.log import say, warn
+from acbench.core.record import DENSE, UNIFORM, CellRecord, describe_scope
+from acbench.core.stats import SPARSITY_FAMILY, GroupStats, RankSpec, check_pattern_widths, solve_torch_dtype
 
-import methods
+from acbench import methods
 
-from bench import __version__
-from bench.deploy.allocation import SPARSITY_RULES, allocate, allocate_density, check_budget
-from bench.runner.cells import Cell, ModelInfo, plan
-from bench.deploy.compression import Deployment, compressed, compression_summary, deploy, deploy_sequential
-from bench.calibration.memory import calibration_chunks
-from bench.measure.costs import model_positions
-from bench.runner.config import Run, reference_method, solve_device_for
-from bench.model.groups import find_input_groups, fused_experts_problem
-from bench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
+from acbench.core.version import __version__
+from acbench.deploy.allocation import SPARSITY_RULES, allocate, allocate_density, check_budget
+from acbench.runner.cells import Cell, ModelInfo, plan
+from acbench.deploy.compression import Deployment, compressed, compression_summary, deploy, deploy_sequential
+from acbench.calibration.memory import calibration_chunks
+from acbench.measure.costs import model_positions
+from acbench.runner.config import Run, reference_method, solve_device_for
+from acbench.model.groups import find_input_groups, fused_experts_problem
+from acbench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
                                   threshold_sparsifiers, weight_bytes, with_calibration_peak)
-from bench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
-from bench.runner.selection import ALL
-from bench.runner.until_decided import (check_partials, evaluate_until_decided, partial_path,
+from acbench.model.sources import LoadedModel, ModelSource, check_weights_fit, load_weights, open_model
+from acbench.runner.selection import ALL
+from acbench.runner.until_decided import (check_partials, evaluate_until_decided, partial_path,
                                         reference_records)
-from bench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
-from bench.calibration.support import after_line, short_groups, support_line, support_record
-from bench.results.store import (cell_status, claim_cell, environment, model_identity, release_cell, results_name,
+from acbench.calibration.cache import Calibration, calibration_windows, load_or_calibrate
+from acbench.calibration.support import after_line, short_groups, support_line, support_record
+from acbench.results.store import (cell_status, claim_cell, environment, model_identity, release_cell, results_name,
                     run_process_state, write_cell)
 
 
 def log(msg: str) -> None:
-    """A run's status line, through the `bench` logger (its warnings go through core.log.warn)."""
+    """A run's status line, through the `bench` logger (its warnings go through acbench.core.log.warn)."""
     say(msg)
 
 
@@ -129,9 +129,9 @@ def open_checked(run: Run, tokenize: bool = True) -> Prepared:
     """Open the model (tokenizer and config), settle BOS, check the tasks', the groups' and the calibration's data;
     nothing is planned yet (`bench compress` stops here). `tokenize=False` leaves the calibration windows to the
     caller, who knows whether any cell will read them."""
-    from tasks.data.text_data import resolve_bos
+    from acbench.tasks.data.text_data import resolve_bos
 
-    from bench.model.checkpoint import runtime_forms
+    from acbench.model.checkpoint import runtime_forms
 
     c = run.config
     for line in run.describe():
@@ -158,7 +158,7 @@ def open_checked(run: Run, tokenize: bool = True) -> Prepared:
     selected = check_groups(run, groups)
     warn_short_calibrations(run, selected)
     if run.ranks:  # a solve of minutes (a wide group on a CPU) is said before any weights load
-        from bench.measure.costs import long_solve_line
+        from acbench.measure.costs import long_solve_line
 
         device = c.device if c.solve_device in (None, "auto") else c.solve_device
         long = long_solve_line(run.methods, selected, run.ranks, c.pair_tokens, device, c.solve_dtype)
@@ -496,7 +496,7 @@ class Worker:
         ref = self.run.tasks[cell.id.task].until_decided.reference
         if cell.id.method in (DENSE, ref):
             return False
-        from bench.runner.cells import ModelInfo, path_of, variant_cell_id
+        from acbench.runner.cells import ModelInfo, path_of, variant_cell_id
 
         lm = self.model()
         info = ModelInfo(cell.id.model, lm.fingerprint, self.run.n_blocks)
@@ -704,7 +704,7 @@ def third_party_kept(enabled: bool):
 def write_kept_lines(folder: Path, lines: list[str], prefix: str = "") -> Path:
     """What other libraries said during a --quiet command, one line each, in `folder`: a run's beside its stage log
     (results/.runs/), bench compress's (no results folder) in the cache's logs/."""
-    from core.io import atomic_write_text
+    from acbench.core.io import atomic_write_text
 
     stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
     path = Path(folder) / f"{prefix}{stamp}-{os.getpid()}.log"
@@ -715,7 +715,7 @@ def write_kept_lines(folder: Path, lines: list[str], prefix: str = "") -> Path:
 def write_stage_log(run: Run, stages: dict[str, float], total: float, written: int) -> Path:
     """The run's stage table as data (JSON, in results/.runs/<UTC time>-<pid>.stages), so a report of where a
     run's time went is rebuilt from what the run stored rather than copied from its log."""
-    from core.io import atomic_write_json
+    from acbench.core.io import atomic_write_json
 
     env = environment(run.config.device)
     stamp = env["date"].replace(":", "")

@@ -1,5 +1,5 @@
 """One variant of one model, compressed in place and held as a handle (`Compressed`): what `bench compress` saves
-and what the Python call `bench.compress` returns. Both build it here, from a one-variant run, so a checkpoint's
+and what the Python call `acbench.compress` returns. Both build it here, from a one-variant run, so a checkpoint's
 provenance and a cell's compression summary mean the same whichever way the model was compressed."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import torch
 
-from core.errors import UserError
-from core.log import warn
-from core.stats import RankSpec, SparsitySpec
+from acbench.core.errors import UserError
+from acbench.core.log import warn
+from acbench.core.stats import RankSpec, SparsitySpec
 
-from bench.deploy.compression import Deployment, compression_summary
-from bench.measure.latency import weight_bytes
-from bench.calibration.support import after_line
-from bench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
-from bench.runner.config import Run, solve_device_for
-from bench.results.store import available_cpus
-from bench.runner.execute import (Worker, deploy_one, log, open_checked, third_party_kept, variant_allocation,
+from acbench.deploy.compression import Deployment, compression_summary
+from acbench.measure.latency import weight_bytes
+from acbench.calibration.support import after_line
+from acbench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
+from acbench.runner.config import Run, solve_device_for
+from acbench.results.store import available_cpus
+from acbench.runner.execute import (Worker, deploy_one, log, open_checked, third_party_kept, variant_allocation,
                                   cell_calibration, write_kept_lines)
 
 
@@ -128,7 +128,7 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
             seconds = time.perf_counter() - t0
             written = done.save(out, overwrite)
     if said:
-        from core.io import cache_dir
+        from acbench.core.io import cache_dir
 
         kept = write_kept_lines(cache_dir() / "logs", said, prefix="compress-")
         log(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")

@@ -19,8 +19,8 @@ import os
 import time
 from pathlib import Path
 
-from core.errors import UserError
-from core.log import say
+from acbench.core.errors import UserError
+from acbench.core.log import say
 
 # Worth another try: a worker killed (out of memory, preempted) or a transient runtime failure (CUDA, I/O). A
 # UserError is the input's fault and would fail again.
@@ -44,7 +44,7 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: st
     import ray
     import torch
 
-    from bench.runner.execute import Worker
+    from acbench.runner.execute import Worker
 
     os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
     os.environ["ACBENCH_STATS_CACHE"] = stats_cache
@@ -70,7 +70,7 @@ def _short(e: BaseException) -> str:
 def shares(cells: list) -> tuple[list, list[tuple[str, list]]]:
     """The dense cells (the first task's), and (label, cells) of every later task: one per variant, one for the
     analyses."""
-    from core.record import DENSE
+    from acbench.core.record import DENSE
 
     dense = [c for c in cells if c.id.method == DENSE]
     later: dict = {}
@@ -85,7 +85,7 @@ def probe_ray_address(address: str | None, timeout: float) -> None:
     """A HOST:PORT that nothing listens on is said within `timeout` seconds (ray.init itself retries for minutes)."""
     import socket
 
-    from bench.runner.config import ray_host_port
+    from acbench.runner.config import ray_host_port
 
     target = ray_host_port(address) if address else None
     if target is None:
@@ -157,8 +157,8 @@ def run_on_ray(runs) -> dict:
 
     from tqdm.auto import tqdm
 
-    from bench.runner.execute import prepare_models
-    from core.io import cache_dir, stats_cache_dir
+    from acbench.runner.execute import prepare_models
+    from acbench.core.io import cache_dir, stats_cache_dir
 
     runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     ray = _import_ray()

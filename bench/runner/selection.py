@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from core.errors import UserError, did_you_mean
-from core.record import ALL_GROUPS as ALL
+from acbench.core.errors import UserError, did_you_mean
+from acbench.core.record import ALL_GROUPS as ALL
 
-from bench.model.groups import GROUP_KINDS, InputGroup
+from acbench.model.groups import GROUP_KINDS, InputGroup
 
 
 MAX_BLOCK = 100_000  # far past the deepest model's block count; a larger index is a typo

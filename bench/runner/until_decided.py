@@ -1,5 +1,5 @@
 """`bench run --until-decided`: one variant's task evaluated block by block in the task's seeded item order, its
-comparison with the reference tested after each block by a confidence sequence (core.confidence_sequences), and
+comparison with the reference tested after each block by a confidence sequence (acbench.core.confidence_sequences), and
 stopped at the first block that decides it, or at the budget. Dense and the reference are evaluated on the whole
 budget: every comparison can then pair with them on every item it needs."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from core.confidence_sequences import paired_cs, sequential_decision
-from tasks.base import Task, TaskResult
+from acbench.core.confidence_sequences import paired_cs, sequential_decision
+from acbench.tasks.base import Task, TaskResult
 
 
 def scores_of(records: list[dict]) -> tuple[str, list[float], list[tuple]] | None:
     """('accuracy' or 'nll', per-item scores, per-item identities) of a task's records."""
-    from core.significance import record_keys, record_scores
+    from acbench.core.significance import record_keys, record_scores
 
     got = record_scores(records)
     return None if got is None else (got[0], got[1], record_keys(records))
@@ -28,8 +28,8 @@ def reference_records(path: Path) -> list[dict] | None:
     None where it is not stored or was evaluated otherwise. A reference file that is there but does not read as a
     cell, or whose records no longer match their digest, is refused in one line naming it: its records would move
     every verdict taken against it."""
-    from core.errors import UserError
-    from core.record import cell_problem
+    from acbench.core.errors import UserError
+    from acbench.core.record import cell_problem
 
     if not path.exists():
         return None
@@ -65,8 +65,8 @@ def partial_problem(path: Path, task: Task | None = None, pool: list | None = No
     """What is wrong with the blocks an interrupted run left in `path` (read by content: its digest, its cell's name,
     each record's ranges and, given the task's item pool, the items' identities as whole blocks of the pool's first
     items), or None."""
-    from core.record import _record_problem, records_digest
-    from core.significance import record_keys, record_scores
+    from acbench.core.record import _record_problem, records_digest
+    from acbench.core.significance import record_keys, record_scores
 
     if not path.is_file():
         return "not a file"
@@ -98,7 +98,7 @@ def partial_problem(path: Path, task: Task | None = None, pool: list | None = No
 
 
 def refuse_partial(path: Path, problem: str):
-    from core.errors import UserError
+    from acbench.core.errors import UserError
 
     raise UserError(f"{path} (the blocks an interrupted until-decided run kept): {problem}; remove the file to "
                     "evaluate this cell from its first block")
@@ -137,8 +137,8 @@ def check_partials(cells, tasks: dict, tokenizer) -> None:
 
 def write_partial(path: Path, task: Task, records: list[dict]) -> None:
     """The blocks scored so far, with what they are checked against when resumed."""
-    from core.io import atomic_write_text
-    from core.record import records_digest
+    from acbench.core.io import atomic_write_text
+    from acbench.core.record import records_digest
 
     atomic_write_text(path, json.dumps({"cell": path.name[:-len(".partial")], "task": task.name,
                                         "digest": records_digest(records), "records": records}))
@@ -146,7 +146,7 @@ def write_partial(path: Path, task: Task, records: list[dict]) -> None:
 
 def pool_keys(task: Task, items: list) -> list:
     """The identities the records of `items` will carry, without scoring them (record_keys of stub records)."""
-    from core.significance import record_keys
+    from acbench.core.significance import record_keys
 
     return record_keys([task.item_identity(i) for i in items])
 
@@ -157,7 +157,7 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
     whole budget when `reference` is False (dense, or the reference itself) or None (the reference's cell is not
     stored, or scored other items). The result's details say how far it went and why it stopped. `keep`: a file
     the blocks scored so far are written to after each block, and resumed from (then removed at the end)."""
-    from core.record import records_digest, until_decided_digest
+    from acbench.core.record import records_digest, until_decided_digest
 
     spec = task.until_decided
     pool = task.item_pool(tokenizer)

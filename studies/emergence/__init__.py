@@ -1,6 +1,6 @@
 """Knowledge emergence (docs/design.md, section 10): does rho rise only once a model has internalised facts?
 
-`bench emerge` builds the synthetic fact corpus, trains a small Llama on it per seed (studies.emergence.train),
+`bench emerge` builds the synthetic fact corpus, trains a small Llama on it per seed (acbench.studies.emergence.train),
 and runs the harness's own sweep on every checkpoint: dense, pca and fasc-kfac at one rank with LAMA on the held-
 out probes, perplexity on held-out text, and the rho analysis, unchanged. The series is read back from those
 cells and summarised here (onsets, correlations, the FASC-over-pca gap), stored as one cell of its own
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.record import ANALYSIS_CELL, DENSE, CellId, CellRecord
-from core.significance import above_chance, compare
+from acbench.core.record import ANALYSIS_CELL, DENSE, CellId, CellRecord
+from acbench.core.significance import above_chance, compare
 
-from analyses.dependence import correlations
+from acbench.analyses.dependence import correlations
 
 from .train import TrainConfig
 
@@ -41,11 +41,11 @@ class EmergeConfig:
     protocol: str = "candidates"
     calib_samples: int = 8
     ppl_windows: int = 16
-    control: bool = False  # facts shuffled at every mention: no association to learn (tasks.data.facts)
+    control: bool = False  # facts shuffled at every mention: no association to learn (acbench.tasks.data.facts)
 
     def tag(self, seed: int) -> str:
         """Names a seed's checkpoints and their results (`emerge-<config hash>-s<seed>`)."""
-        from bench.results.store import settings_hash
+        from acbench.results.store import settings_hash
 
         # what determines the checkpoints (corpus and training), not how they are evaluated
         body = {"train": {**asdict(self.train), "seed": None}, "entities": self.entities, "spacing": self.spacing,
@@ -201,7 +201,7 @@ def _ci(m: dict) -> list[float]:
 
 def summary_cell(cfg: EmergeConfig, summary: dict, seconds: dict, checkpoints: list[str] | None = None) -> CellRecord:
     """The emerge cell: its key covers the configuration (and a user's checkpoint list)."""
-    from bench.results.store import environment, settings_hash
+    from acbench.results.store import environment, settings_hash
 
     first = next(iter(summary["per_seed"].values()), {})
     last_gap = summary["gap"][max(summary["gap"])]["mean"] if summary["gap"] else None
@@ -247,7 +247,7 @@ def checkpoint_config(path: Path, sources: Sources, cfg: EmergeConfig, output: P
                       n_blocks: int, progress: bool):
     """The harness's run on one checkpoint: dense, pca and fasc-kfac at the rank, LAMA on the probes, perplexity
     on the held-out text, and the rho analysis over every block."""
-    from bench.runner.config import RunConfig
+    from acbench.runner.config import RunConfig
 
     return RunConfig(
         model=str(path), methods=list(METHODS), ranks=[cfg.rank], tasks=["lama", "ppl-token", "rho"],
@@ -262,9 +262,9 @@ def checkpoint_config(path: Path, sources: Sources, cfg: EmergeConfig, output: P
 def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, output: Path, seed: int,
                       seq_len: int, n_blocks: int, progress: bool) -> list[list[Path]]:
     """The harness's sweep on every checkpoint; returns each checkpoint's cell paths (computed now or before)."""
-    from bench.runner.cells import ModelInfo, plan
-    from bench.runner.config import resolve_run
-    from bench.runner.execute import LocalExecutor, execute, prepare
+    from acbench.runner.cells import ModelInfo, plan
+    from acbench.runner.config import resolve_run
+    from acbench.runner.execute import LocalExecutor, execute, prepare
 
     out = []
     for path in paths:
@@ -282,7 +282,7 @@ def train_seed(cfg: EmergeConfig, seed: int, work: Path, progress: bool) -> tupl
     training took when it ran."""
     from dataclasses import replace
 
-    from tasks.data.facts import build_corpus
+    from acbench.tasks.data.facts import build_corpus
 
     from .train import train, word_tokenizer
 
@@ -301,7 +301,7 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
     """Every seed trained and swept, the series summarised and stored as the emerge cell; returns (summary, path)."""
     import time
 
-    from bench.results.store import cell_path, write_cell
+    from acbench.results.store import cell_path, write_cell
 
     from .train import checkpoint_steps
 
@@ -324,9 +324,9 @@ def run_emergence(cfg: EmergeConfig, output: Path, work: Path, progress: bool = 
 def run_on_checkpoints(paths: list[Path], steps: list[int], cfg: EmergeConfig, sources: Sources, output: Path,
                        progress: bool = True) -> tuple[dict, Path]:
     """The same analysis over a user's checkpoint series (Pythia or OLMo revisions saved locally)."""
-    from bench.results.store import cell_path, write_cell
+    from acbench.results.store import cell_path, write_cell
 
-    from bench.measure.costs import load_model_config, model_positions
+    from acbench.measure.costs import load_model_config, model_positions
 
     model_config = load_model_config(str(paths[0]))
     n_blocks = int(getattr(model_config, "num_hidden_layers", 4))

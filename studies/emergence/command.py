@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.results.plugged import Command
-from core.errors import UserError
+from acbench.results.plugged import Command
+from acbench.core.errors import UserError
 
 
 def add_arguments(p):
@@ -125,9 +125,9 @@ def _one_series(folders: list[Path]) -> None:
 
 def cmd_emerge(args) -> int:
     from . import Sources, report_section, run_emergence, run_on_checkpoints
-    from bench.results.store import check_writable
-    from core.io import atomic_write_text, unwritable
-    from core.record import CellRecord
+    from acbench.results.store import check_writable
+    from acbench.core.io import atomic_write_text, unwritable
+    from acbench.core.record import CellRecord
 
     cfg = _config(args)
     output = Path(args.output)

@@ -21,7 +21,7 @@ def _interval(m: dict) -> str:
 
 
 def _figure(summary: dict, path: Path, title: str) -> Path:
-    from core.figures import pyplot, save_figure
+    from acbench.core.figures import pyplot, save_figure
 
     plt = pyplot()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from core.io import atomic_write_json
+from acbench.core.io import atomic_write_json
 
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>")
 
@@ -151,7 +151,7 @@ def train(folder: Path, tag: str, tokenizer, documents: list[str], cfg: TrainCon
     if done:
         saved = json.loads((done[-1] / "state.json").read_text()).get("train")
         if saved != asdict(cfg):
-            from core.errors import UserError
+            from acbench.core.errors import UserError
 
             raise UserError(f"{done[-1]} holds a training run with other training settings ({saved}): pass "
                             "another --work folder or delete it")

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.io import atomic_write_text
+from acbench.core.io import atomic_write_text
 
 _SYLLABLES = ("al", "ba", "cor", "da", "el", "fen", "ga", "hol", "is", "jo", "ka", "lu", "mor", "na", "ov", "pe",
               "quin", "ra", "sol", "ta", "ur", "vel", "wy", "xan", "yo", "zer")

@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
-from core.errors import DataError
-from core.io import folder_problem, read_user_text
+from acbench.core.errors import DataError
+from acbench.core.io import folder_problem, read_user_text
 
 
 @dataclass(frozen=True)

