@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from acbench.core.errors import UserError
-from acbench.core.log import say, shows_progress, status_lines
+from acbench.core.log import console_lines, say, shows_progress, status_lines
 from acbench.tasks.data.text_data import SHOWS_PARSE_BAR, WRITES_DATA_CACHE
 
 from acbench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
@@ -276,7 +276,7 @@ def keeps_caller_state(fn):
         shown = kwargs.get("progress", True) is not False
         # the embedded text's parse is written to the cache folder only for a call that asked for the cache
         asked = (WRITES_DATA_CACHE.set(kwargs.get("cache") is True), SHOWS_PARSE_BAR.set(shown))
-        with kept_state(), status_lines(shown), _reset_after(asked):
+        with kept_state(), console_lines(only_if_unheard=True), status_lines(shown), _reset_after(asked):
             try:
                 return fn(*args, **kwargs)
             except UserError as e:

@@ -2,18 +2,21 @@
 
 huggingface_hub retries an unreachable host five times with backoff (about 30 s of "Retrying in 8s" lines) before
 transformers or datasets give up. One connection attempt with a short timeout answers the same question; where it
-fails, the process switches to offline mode, so what the local caches hold still loads and a miss fails at once.
+fails, the download runs in offline mode, so what the local caches hold still loads and a miss fails at once; the
+libraries' offline flags are put back after it.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 PROBE_TIMEOUT_S = 3.0
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _answer: list[str | None] = []
+ENV_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def unreachable_why() -> str | None:
@@ -31,19 +34,36 @@ def unreachable_why() -> str | None:
     return _answer[0]
 
 
-def offline_unless_reachable() -> str | None:
-    """Call before a hub download: where the hub cannot be reached, huggingface_hub, transformers and datasets are
-    put in offline mode (cached files only, no retry loop). Returns why it is unreachable, or None."""
+@contextmanager
+def offline_unless_reachable():
+    """Around a hub download: where the hub cannot be reached, huggingface_hub, transformers and datasets are in
+    offline mode within (cached files only, no retry loop), and their flags (the environment variables and the
+    libraries' own constants) are put back on the way out. Yields why the hub is unreachable, or None."""
     why = unreachable_why()
-    if why is not None:
-        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-        import huggingface_hub.constants as hub_constants
+    if why is None:
+        yield None
+        return
+    import huggingface_hub.constants as hub_constants
 
-        hub_constants.HF_HUB_OFFLINE = True  # read at call time; the environment only at import
-        try:
-            import datasets.config as datasets_config
+    flags = [(hub_constants, "HF_HUB_OFFLINE")]  # read at call time; the environment only at import
+    try:
+        import datasets.config as datasets_config
 
-            datasets_config.HF_HUB_OFFLINE = datasets_config.HF_DATASETS_OFFLINE = True
-        except ImportError:
-            pass
-    return why
+        flags += [(datasets_config, "HF_HUB_OFFLINE"), (datasets_config, "HF_DATASETS_OFFLINE")]
+    except ImportError:
+        pass
+    env = {k: os.environ.get(k) for k in ENV_FLAGS}
+    values = [(module, name, getattr(module, name)) for module, name in flags]
+    os.environ.update(dict.fromkeys(ENV_FLAGS, "1"))
+    for module, name in flags:
+        setattr(module, name, True)
+    try:
+        yield why
+    finally:
+        for module, name, value in values:
+            setattr(module, name, value)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,7 +1,12 @@
 """acbench's messages go through one `acbench` logger: the status lines of a run (INFO) and its warnings (WARNING).
-By default they are written on stdout between tqdm's progress bars, as the CLI has always printed them; a caller
-who configures the logger (its level, its handlers) owns them, and an API call made with progress=False drops the
-status lines for its duration."""
+
+As the standard library asks of a library, the logger has only a NullHandler and propagates: the application
+chooses the handlers. The CLI (and a Ray worker it starts) is that application: it writes the lines on stdout between
+tqdm's progress bars (`console_lines`). A Python call does the same for its duration only when nothing else would
+receive them (no handler on the logger or above it); a caller who configured logging (`logging.basicConfig()`, a
+handler of its own) gets acbench's records through its own handlers, at the levels it set, and no lines besides.
+An API call made with progress=False drops the status lines for its duration.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from contextlib import contextmanager
 from tqdm.auto import tqdm
 
 logger = logging.getLogger("acbench")
+if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+    logger.addHandler(logging.NullHandler())
 
 
 class _AboveTheBars(logging.Handler):
@@ -25,13 +32,38 @@ class _AboveTheBars(logging.Handler):
             self.handleError(record)
 
 
-if not any(isinstance(h, _AboveTheBars) for h in logger.handlers):
-    _handler = _AboveTheBars()
-    _handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(_handler)
-if logger.level == logging.NOTSET:  # a level the caller set before importing acbench stays
-    logger.setLevel(logging.INFO)
-logger.propagate = False  # the root logger's handlers would print every line twice
+def has_receiver() -> bool:
+    """Whether a handler other than a NullHandler would receive the logger's records (on it or an ancestor it
+    propagates to)."""
+    node = logger
+    while node is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in node.handlers):
+            return True
+        node = node.parent if node.propagate else None
+    return False
+
+
+@contextmanager
+def console_lines(only_if_unheard: bool = False):
+    """Within: the logger's records written on stdout above the bars, status lines included (the level INFO,
+    unless one was set on the logger). With only_if_unheard, nothing is changed where a handler already receives
+    them. Everything is put back on the way out."""
+    if only_if_unheard and has_receiver():
+        yield
+        return
+    handler = _AboveTheBars()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    if level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False  # an ancestor's handler added meanwhile would print every line twice
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def say(message: str) -> None:
@@ -45,9 +77,9 @@ def warn(message: str) -> None:
 
 
 def shows_progress(progress: bool) -> bool:
-    """Whether bars show: asked for, and the logger lets status lines through (a caller who raised its level to
-    WARNING silenced both)."""
-    return bool(progress) and logger.isEnabledFor(logging.INFO)
+    """Whether bars show: asked for, and not silenced (a caller who set the logger's level above INFO silenced the
+    status lines and the bars)."""
+    return bool(progress) and logger.level <= logging.INFO
 
 
 def _status(record: logging.LogRecord) -> bool:

@@ -424,4 +424,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from acbench.core.log import console_lines
+
+    with console_lines():  # a script: acbench's lines on its stdout
+        sys.exit(main())

@@ -87,4 +87,7 @@ def study(root) -> str:
 
 
 if __name__ == "__main__":
-    print(study(sys.argv[1] if len(sys.argv) > 1 else "results"))
+    from acbench.core.log import console_lines
+
+    with console_lines():  # a script: acbench's lines on its stdout
+        print(study(sys.argv[1] if len(sys.argv) > 1 else "results"))

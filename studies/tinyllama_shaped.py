@@ -82,4 +82,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from acbench.core.log import console_lines
+
+    with console_lines():  # a script: acbench's lines on its stdout
+        main()

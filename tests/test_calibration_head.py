@@ -106,13 +106,15 @@ def test_large_blocks_are_mapped_where_the_c_library_is_glibc():
 
     engine.release_freed_memory()  # callable everywhere: a no-op where the library is not glibc
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert engine.map_large_blocks() is True
+        with engine.allocator_tuning():
+            assert engine.map_large_blocks() is True
 
 
 def test_large_blocks_are_mapped_for_a_gradient_calibration_only(windows, monkeypatch):
     """The 4 MiB mmap threshold holds a backward's memory down; left on after it, every later solve faulted its
     temporaries in afresh (the default run's fasc solves 1.8x slower). It is set as a gradient calibration starts
-    and undone when it ends, raising or not; a calibration without gradients touches neither."""
+    and undone when it ends, raising or not; a calibration without gradients touches neither, and neither does one
+    outside allocator_tuning (a Python call: the caller's allocator is left as found)."""
     calls = []
 
     class FakeLibc:
@@ -126,15 +128,20 @@ def test_large_blocks_are_mapped_for_a_gradient_calibration_only(windows, monkey
     monkeypatch.setattr(engine, "_glibc", lambda: FakeLibc())
     model = tiny_model("llama")
     calibrate(model, find_input_groups(model), windows, frozenset({"C", "F"}), CalibSpec(), progress=False)
-    mmap, trim = engine.M_MMAP_THRESHOLD, engine.M_TRIM_THRESHOLD
-    assert calls == [(mmap, 4 << 20), (mmap, 32 << 20), (trim, 64 << 20)]
-    calls.clear()
-    calibrate(model, find_input_groups(model), windows, frozenset({"C"}), CalibSpec(), progress=False)
-    assert calls == []
-    monkeypatch.setattr(engine, "backward_next_token_loss", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
-    with pytest.raises(RuntimeError, match="boom"):
-        calibrate(model, find_input_groups(model), windows, frozenset({"F"}), CalibSpec(), progress=False)
-    assert calls[-2:] == [(mmap, 32 << 20), (trim, 64 << 20)]
+    assert calls == []  # not the application: glibc untouched
+    with engine.allocator_tuning():
+        calibrate(model, find_input_groups(model), windows, frozenset({"C", "F"}), CalibSpec(), progress=False)
+        mmap, trim = engine.M_MMAP_THRESHOLD, engine.M_TRIM_THRESHOLD
+        assert calls == [(mmap, 4 << 20), (mmap, 32 << 20), (trim, 64 << 20)]
+        calls.clear()
+        calibrate(model, find_input_groups(model), windows, frozenset({"C"}), CalibSpec(), progress=False)
+        assert calls == []
+        monkeypatch.setattr(engine, "backward_next_token_loss",
+                            lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="boom"):
+            calibrate(model, find_input_groups(model), windows, frozenset({"F"}), CalibSpec(), progress=False)
+        assert calls[-2:] == [(mmap, 32 << 20), (trim, 64 << 20)]
+    assert engine._ALLOCATOR_TUNED == []
 
 
 def test_the_gradient_at_the_logits_takes_their_own_storage_and_no_second_vocabulary_wide_tensor(arch):

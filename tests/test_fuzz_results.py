@@ -608,6 +608,7 @@ def test_the_probes_four_range_edits_are_skipped_and_never_printed(tmp_path):
     """The cases found: stderr.ppl -5 ("49119.54 +- -5.00"), param_ratio -0.5 (bold as the best), dense_body_ms 0
     (a measured time), dense_product.shape 160 (a figure dropped in silence): each cell is named in the report's
     skipped files and none of its values is printed."""
+    from acbench.core.log import console_lines
     from acbench.leaderboard.report import write_report
 
     for path, value in ((("stderr", "ppl"), -5.0), (("compression", "param_ratio"), -0.5),
@@ -619,7 +620,7 @@ def test_the_probes_four_range_edits_are_skipped_and_never_printed(tmp_path):
         _set_path(cell, path, value)
         (root / TIMED_PLACE).parent.mkdir(parents=True, exist_ok=True)
         (root / TIMED_PLACE).write_text(json.dumps(cell))
-        with contextlib.redirect_stdout(io.StringIO()) as said:
+        with contextlib.redirect_stdout(io.StringIO()) as said, console_lines():  # as the CLI says them
             md = write_report(str(root))
         text = md.read_text()
         assert f"skipped: results/{TIMED_PLACE}: {'.'.join(path)} {value!r}" in said.getvalue(), said.getvalue()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from acbench.core.log import console_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -109,7 +111,7 @@ def test_tampered_statistics_never_change_a_number(calibrated, tamper, which, wh
         other = group_file(folder, groups[(which + 1) % len(groups)].name)
         path.write_bytes(other.read_bytes())
     log = io.StringIO()
-    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), console_lines():  # as the CLI says them
         store, _ = load_or_calibrate(lm, groups, cspec, needs, progress=False, windows=windows)
         got = {name: store[name] for name in reference}
     for name, ref in reference.items():  # recomputed or untouched: the same numbers either way

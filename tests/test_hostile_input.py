@@ -485,7 +485,9 @@ def test_an_unreachable_hub_is_one_line_within_seconds(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "127.0.0.1 cannot be reached" in err[0] and "local hub cache" in err[0], err
     assert time.perf_counter() - t0 < 20
-    assert huggingface_hub.constants.HF_HUB_OFFLINE  # what is cached would still load
+    # offline only for the load (what is cached would still load); the libraries' flags put back after it
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False and datasets.config.HF_DATASETS_OFFLINE is False
+    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ
 
 
 def test_weights_that_do_not_fit_the_config_are_one_line_not_a_load_report(tmp_path, tiny, capsys):

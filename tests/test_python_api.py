@@ -434,9 +434,10 @@ def test_the_statistics_cache_is_opt_in_bounded_and_said_before_it_is_written(lm
     assert gone["removed"] and acbench.statistics_cache() == []
 
 
-def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tmp_path, monkeypatch):
-    """Status lines are the `bench` logger's INFO records: progress=False drops them for the call, a caller who
-    sets the logger to WARNING drops them and the bars; warnings pass both ways."""
+def test_messages_go_through_the_acbench_logger_which_silences_them(lm, capsys, tmp_path, monkeypatch):
+    """Status lines are the `acbench` logger's INFO records: progress=False drops them for the call, a caller who
+    sets the logger to WARNING drops them and the bars; warnings pass both ways. A caller's own handler receives
+    them instead of stdout."""
     import logging
 
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))  # cleared at the end: this test's own
@@ -447,6 +448,8 @@ def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tm
     handler = logging.Handler()
     handler.emit = seen.append
     logger.addHandler(handler)
+    original = logger.level
+    logger.setLevel(logging.INFO)  # the caller's choice: status lines too
     try:
         with acbench.compress(lm, "pca", rank=0.5, progress=False, **small):
             pass
@@ -464,10 +467,13 @@ def test_messages_go_through_the_bench_logger_which_silences_them(lm, capsys, tm
         assert all(r.levelno >= logging.WARNING for r in seen) and "calibrate" not in err  # no bars
         assert [line for line in out.splitlines() if line and not line.startswith("warning: ")] == []
         seen[:] = []
+        capsys.readouterr()
         with acbench.compress(lm, "pca", rank=0.5, cache=True, **small):
             pass
         assert any(r.levelno == logging.INFO and "calibration statistics" in r.getMessage() for r in seen)
+        assert "calibration statistics" not in capsys.readouterr().out  # the caller's handler, not stdout
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(original)
         acbench.statistics_cache(clear=True)
-    assert logger.level == level
+    assert logger.level == original

@@ -193,13 +193,15 @@ def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_f
 
 def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, capsys):
     from acbench.runner.config import RunConfig, resolve_run
+    from acbench.core.log import console_lines
     from acbench.runner.execute import cell_calibration, warn_short_calibrations
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)
     run = resolve_run(RunConfig(methods=["pca", "whitened-svd", "wanda", "sparsegpt"], ranks=[0.5], sparsity=["0.5"],
                                 calib_samples=2, calib_seq_len=20, tasks=["ppl-token"], output=str(tmp_path)))
-    lines = warn_short_calibrations(run, groups)
+    with console_lines():  # as the CLI writes them
+        lines = warn_short_calibrations(run, groups)
     # pca, whitened-svd and sparsegpt share the run's 40 tokens and the same short groups: one line names them
     assert lines == [l for l in lines if l.startswith("pca, whitened-svd, sparsegpt: 40 calibration tokens")]
     assert len(lines) == 1 and "warning: " + lines[0] in capsys.readouterr().out

@@ -7,6 +7,7 @@ import ctypes.util
 import functools
 import hashlib
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -18,6 +19,7 @@ from acbench.core.errors import UserError
 from acbench.core.stats import GRADIENT_STATS, HIST_BINS, ONE_PASS, GroupStats, magnitude_histogram
 
 from acbench.model.groups import InputGroup, activation_module
+from acbench.model.modes import restore_modes, training_modes
 
 
 # Bumped whenever what calibration computes changes, so cached statistics from older code are never reused.
@@ -115,13 +117,30 @@ def _glibc():
     return libc
 
 
+_ALLOCATOR_TUNED: list[bool] = []  # non-empty within allocator_tuning()
+
+
+@contextmanager
+def allocator_tuning():
+    """Within: a gradient calibration maps large blocks on their own and puts a heap threshold back after it (the
+    two calls below). glibc's thresholds belong to the process, cannot be read back, and any mallopt call switches
+    off glibc's own moving threshold for good: so only an application turns this on (the CLI, a Ray worker it
+    starts). A Python call into acbench leaves the caller's allocator as it found it (and a long gradient
+    calibration then holds more memory)."""
+    _ALLOCATOR_TUNED.append(True)
+    try:
+        yield
+    finally:
+        _ALLOCATOR_TUNED.pop()
+
+
 def map_large_blocks() -> bool:
     """For a gradient calibration: blocks of 4 MiB and more are mapped on their own, so freeing one hands it back.
     A backward pass frees tensors of many sizes, and glibc's moving threshold let them pile up in its heap: SmolLM2's
     gradient calibration (2 x 2,048 tokens a batch, one core) grew from 11.5 to 16.5 GB over six batches, and with
     this and `release_freed_memory` peaked at 10.2 GB, at 65 s a batch against 61 (measured beside another process).
     """
-    libc = _glibc()
+    libc = _glibc() if _ALLOCATOR_TUNED else None
     return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
 
 
@@ -129,7 +148,7 @@ def heap_large_blocks() -> bool:
     """After a gradient calibration: blocks under 32 MiB come from the heap again. Left at 4 MiB, every later solve
     and evaluation mapped and faulted in each medium temporary afresh: the default run's fasc solves took 197 s
     against 107 before, with 3.8 minutes of system time (a float64 loop of 10 MB products: 5x the page faults)."""
-    libc = _glibc()
+    libc = _glibc() if _ALLOCATOR_TUNED else None
     return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, HEAP_BLOCK)
                 and libc.mallopt(M_TRIM_THRESHOLD, 2 * HEAP_BLOCK))
 
@@ -324,7 +343,7 @@ def calibrate(
     want_grad = bool(needed & GRADIENT_STATS)
     if want_grad:
         map_large_blocks()
-    was_training = model.training
+    modes = training_modes(model)
     model.eval()
     saved_flags = {p: p.requires_grad for p in model.parameters()}
     embed_handle = head_handle = None
@@ -368,7 +387,7 @@ def calibrate(
                 handle.remove()
         for p, flag in saved_flags.items():
             p.requires_grad_(flag)
-        model.train(was_training)
+        restore_modes(modes)
     return {c.group.name: c.finish() for c in collectors}
 
 

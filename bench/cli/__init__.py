@@ -16,6 +16,8 @@ from acbench.results.leaderboard_display import MARGIN_HELP
 from acbench.results.plugged import plugged_commands
 from acbench.model.sources import ALIASES
 from acbench.core.errors import UserError
+from acbench.core.log import console_lines
+from acbench.calibration.engine import allocator_tuning
 
 from acbench.cli.author import add_check_parser, add_new_parser, cmd_check_method, cmd_new_method
 from acbench.cli.compress import add_compress_parser, cmd_compress
@@ -201,6 +203,14 @@ def check_environment(cmd: str) -> None:
 
 
 def main(argv=None) -> int:
+    # the application's choices, which a library call leaves to its caller: acbench's lines on stdout above the
+    # bars (a plugin's warning while the parser is built included), and glibc's thresholds tuned around a gradient
+    # calibration
+    with console_lines(), allocator_tuning():
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = _parser()
     args = parser.parse_args(argv)

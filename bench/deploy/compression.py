@@ -23,6 +23,7 @@ from acbench.methods.base import GroupCompression
 
 from acbench.deploy.apply import apply_compression, restore, swap
 from acbench.model.groups import find_input_groups
+from acbench.model.modes import restore_modes, training_modes
 
 
 class _StatsOf:
@@ -47,11 +48,12 @@ def is_deployed(model) -> bool:
 class Deployment:
     """A variant deployed in a model, in place: the model (the same object, now compressed), each group's summary,
     and what undoes it. `restore()` puts the dense modules and weights back (kept by reference, so bit for bit);
-    `dense_switch()` lets latency alternate between dense and deployed in one process."""
+    `dense_switch()` lets latency alternate between dense and deployed in one process. A deployed model is in eval
+    mode; restore() puts back each module's training flag as it was before (`modes`, from `training_modes`)."""
 
-    def __init__(self, model, summaries: list[dict], undo: list):
+    def __init__(self, model, summaries: list[dict], undo: list, modes: dict | None = None):
         self.model, self.summaries, self._undo = model, summaries, undo
-        self._restored = False
+        self._restored, self._modes = False, modes or {}
         _LIVE[model] = _LIVE.get(model, 0) + 1
 
     @property
@@ -65,6 +67,7 @@ class Deployment:
         self._restored = True
         for u in reversed(self._undo):
             restore(self.model, u)
+        restore_modes(self._modes)
         _LIVE[self.model] -= 1
         if not _LIVE[self.model]:
             del _LIVE[self.model]
@@ -146,6 +149,7 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
     comp = methods.build(method, method_options)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
+    modes = training_modes(model)
     own_fallbacks: dict[str, list] = {}
     if ks is None and isinstance(rank, RankSpec):  # a method that allocates across groups itself
         try:
@@ -165,10 +169,10 @@ def deploy(model, method: str, rank: RankSpec | SparsitySpec, stats: Mapping[str
             undo.append(u)
             summaries.append(summary)
     except BaseException:
-        Deployment(model, summaries, undo).restore()
+        Deployment(model, summaries, undo, modes).restore()
         raise
     model.eval()
-    return Deployment(model, summaries, undo)
+    return Deployment(model, summaries, undo, modes)
 
 
 def _deploy_group(model, comp, g, own: GroupStats | None, budget, k, extra_fallbacks: list, merge: bool,
@@ -222,6 +226,7 @@ def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows
         raise UserError(problem)
     groups = [g for g in find_input_groups(model) if only_groups is None or g.name in only_groups]
     undo, summaries = [], []
+    modes = training_modes(model)
 
     def compress_block(block_groups, stats):
         for g in block_groups:
@@ -234,10 +239,10 @@ def deploy_sequential(model, method: str, rank: RankSpec | SparsitySpec, windows
         counts = sequential_pass(model, groups, windows, comp.required_stats(), spec, compress_block, batch_size,
                                  progress, check=check_statistics_finite)
     except BaseException:
-        Deployment(model, summaries, undo).restore()
+        Deployment(model, summaries, undo, modes).restore()
         raise
     model.eval()
-    return Deployment(model, summaries, undo), counts
+    return Deployment(model, summaries, undo, modes), counts
 
 
 def _solver_for(comp, group_stats: GroupStats | None) -> tuple:

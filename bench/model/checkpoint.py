@@ -29,6 +29,7 @@ from acbench.core.errors import UserError
 from acbench.core.io import atomic_write_json, readable_as_umask, sha256_file, unwritable
 
 from acbench.core.version import __version__
+from acbench.model.modes import restore_modes, training_modes
 
 PROVENANCE_FILE = "compression.json"
 PROVENANCE_SCHEMA = 2  # 2: a model type of its own, the record's digest in config.json, code digests, versions
@@ -247,7 +248,7 @@ def verify_reload(model, folder: Path, shown: Path) -> str:
         return f"not verified: a second copy of the weights ({size / 2**30:.1f} GiB) would not fit in memory"
     vocab = model.get_input_embeddings().num_embeddings
     ids = (torch.arange(VERIFY_TOKENS) % max(vocab - 1, 1) + 1).unsqueeze(0)
-    was_training = model.training
+    modes = training_modes(model)
     model.eval()
     try:
         expected = _logits(model, ids)
@@ -255,7 +256,7 @@ def verify_reload(model, folder: Path, shown: Path) -> str:
         raise UserError(f"{shown} is not saved: the compressed model cannot run {VERIFY_TOKENS} tokens to be checked "
                         f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from None
     finally:
-        model.train(was_training)
+        restore_modes(modes)
     if not torch.isfinite(expected).all():
         raise UserError(f"the compressed model produces non-finite logits on {VERIFY_TOKENS} tokens (NaN or inf), so "
                         f"{shown} is not saved: try another method or a higher budget, or --solve-dtype float64")

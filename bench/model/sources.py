@@ -7,7 +7,7 @@ import importlib.util
 import json
 import shutil
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -375,13 +375,13 @@ def open_model(model: str = DEFAULT_MODEL, dtype: str = "float32", progress: boo
     target, fp = locate(model, progress)
     if dtype not in TORCH_DTYPES:
         raise UserError(f"dtype '{dtype}' is unknown: use float32, bfloat16 or float16")
-    offline = offline_unless_reachable() if fp.get("source") == "hub" else None
-    try:
-        config = checkpoint_config(target) if Path(target).is_dir() else AutoConfig.from_pretrained(target)
-        # the config given: a compressed checkpoint's own model type would make the tokenizer ask to run its code
-        tok = AutoTokenizer.from_pretrained(target, config=config)
-    except _LOAD_ERRORS as e:
-        raise _load_error(model, fp, e, offline) from None
+    with offline_unless_reachable() if fp.get("source") == "hub" else nullcontext() as offline:
+        try:
+            config = checkpoint_config(target) if Path(target).is_dir() else AutoConfig.from_pretrained(target)
+            # the config given: a compressed checkpoint's own model type would make the tokenizer ask to run its code
+            tok = AutoTokenizer.from_pretrained(target, config=config)
+        except _LOAD_ERRORS as e:
+            raise _load_error(model, fp, e, offline) from None
     check_model_config(config, f"model {model}")
     if fp.get("source") == "hub":
         fp["revision"] = getattr(config, "_commit_hash", None)
@@ -422,7 +422,10 @@ def load_weights(source: ModelSource, device: str = "cpu") -> LoadedModel:
 
     from acbench.model.checkpoint import PROVENANCE_FILE, load_checkpoint
 
-    with transformers_warnings() as warned:
+    from acbench.core.hub import offline_unless_reachable
+
+    hub = source.fingerprint.get("source") == "hub"
+    with transformers_warnings() as warned, offline_unless_reachable() if hub else nullcontext():
         try:
             kwargs = {"device_map": source.device_map} if source.device_map else {}
             if (Path(source.target) / PROVENANCE_FILE).exists():  # bench compress wrote it: digests checked

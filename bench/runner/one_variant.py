@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from acbench.core.errors import UserError
-from acbench.core.log import warn
+from acbench.core.log import console_lines, warn
 from acbench.core.stats import RankSpec, SparsitySpec
 
 from acbench.deploy.compression import Deployment, compression_summary
@@ -63,9 +63,10 @@ class Compressed:
                             "anew to save it")
         out = Path(path)
         check_target(out, overwrite)
-        log(f"writing {out}/")
-        written = write_checkpoint(self.model, self.tokenizer, out, self.provenance, overwrite)
-        log(f"{out}: {written['verified']}")
+        with console_lines(only_if_unheard=True):  # a call of the Python API, as compress is
+            log(f"writing {out}/")
+            written = write_checkpoint(self.model, self.tokenizer, out, self.provenance, overwrite)
+            log(f"{out}: {written['verified']}")
         return {**written, "custom_code": MODELING_FILE in written["files"]}
 
     def __enter__(self) -> "Compressed":

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from acbench.core.errors import UserError
-from acbench.core.log import say
+from acbench.core.log import console_lines, say
 
 # Worth another try: a worker killed (out of memory, preempted) or a transient runtime failure (CUDA, I/O). A
 # UserError is the input's fault and would fail again.
@@ -44,6 +44,7 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: st
     import ray
     import torch
 
+    from acbench.calibration.engine import allocator_tuning
     from acbench.runner.execute import Worker
 
     os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
@@ -55,7 +56,9 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: st
     torch.manual_seed(run.config.seed)
     # A retried task is the same Ray task: it may break the claims its killed attempt left behind.
     worker = Worker(run, models=_MODELS, claim_owner=f"ray-task:{ray.get_runtime_context().get_task_id()}")
-    written = worker.compute(cells, calibrate=calibrate)
+    # a worker process the CLI started: its lines on its stdout (Ray forwards them), its allocator tuned as the CLI's
+    with console_lines(only_if_unheard=True), allocator_tuning():
+        written = worker.compute(cells, calibrate=calibrate)
     return {"written": written, "elsewhere": len(worker.elsewhere)}
 
 

@@ -118,12 +118,13 @@ def load_hub() -> tuple[list[MMLUQuestion], dict[str, list[MMLUQuestion]]]:
 
     from acbench.core.hub import offline_unless_reachable
 
-    offline = offline_unless_reachable()
-    try:
-        ds = load_dataset("cais/mmlu", "all")
-    except Exception as e:  # offline or missing: say so in one line
-        why = f"{offline}, and it is not in the local datasets cache" if offline else type(e).__name__
-        raise UserError(f"cais/mmlu is not reachable ({why}): use the embedded set (mmlu source 'embedded')") from None
+    with offline_unless_reachable() as offline:
+        try:
+            ds = load_dataset("cais/mmlu", "all")
+        except Exception as e:  # offline or missing: say so in one line
+            why = f"{offline}, and it is not in the local datasets cache" if offline else type(e).__name__
+            raise UserError(f"cais/mmlu is not reachable ({why}): use the embedded set (mmlu source 'embedded')") \
+                from None
 
     def conv(split):
         return [MMLUQuestion(r["subject"], r["question"], tuple(r["choices"]), int(r["answer"])) for r in ds[split]]

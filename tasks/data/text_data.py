@@ -94,13 +94,13 @@ def wikitext2(split: str) -> str:
 
     from acbench.core.hub import offline_unless_reachable
 
-    offline = offline_unless_reachable()
-    try:
-        ds = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)
-    except Exception as e:
-        why = f"{offline}, and it is not in the local datasets cache" if offline else type(e).__name__
-        raise UserError(f"WikiText-2 is not reachable ({why}): use the embedded text (wiki) "
-                        "or a local file (file:<path>)") from None
+    with offline_unless_reachable() as offline:
+        try:
+            ds = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)
+        except Exception as e:
+            why = f"{offline}, and it is not in the local datasets cache" if offline else type(e).__name__
+            raise UserError(f"WikiText-2 is not reachable ({why}): use the embedded text (wiki) "
+                            "or a local file (file:<path>)") from None
     return "\n\n".join(ds["text"])
 
 
