@@ -2,7 +2,7 @@
 
     import acbench
     lm = acbench.load_model("smollm2-135m")
-    with acbench.compress(lm, "fasc-kfac", rank=0.5, calibration=my_texts) as c:
+    with acbench.compress(lm, "fasc-kfac", rank=0.5, calib_source=my_texts) as c:
         scores = acbench.evaluate(c, tasks=["lama", "ppl-token"])
         c.save("smollm2-fasc-kfac-0.5")
     cells = acbench.sweep(model="smollm2-135m", methods=["pca", "fasc-kfac"], rank=[0.5], output="results")
@@ -20,7 +20,6 @@ import inspect
 import hashlib
 import os
 import random
-import time
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,19 +31,15 @@ from acbench.core.errors import UserError
 from acbench.core.log import console_lines, say, shows_progress, status_lines
 from acbench.tasks.data.text_data import SHOWS_PARSE_BAR, WRITES_DATA_CACHE
 
-from acbench.calibration.cache import Calibration, calibrated_passes, load_or_calibrate
-from acbench.calibration.engine import CalibSpec
-from acbench.calibration.group_files import from_stored, to_stored
-from acbench.calibration.memory import calibration_chunks
 from acbench.model.checkpoint import runtime_forms
 from acbench.model.groups import find_input_groups
 from acbench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
-from acbench.measure.latency import with_calibration_peak
 from acbench.runner.cells import ModelInfo, plan
 from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
                                  shortcut_options, task_shortcuts)
 from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
-from acbench.runner.one_variant import Compressed, compress_variant
+from acbench.runner import one_variant
+from acbench.runner.one_variant import Compressed
 
 __all__ = ["Compressed", "LoadedModel", "compare", "compress", "evaluate", "list_methods", "list_tasks", "load_model",
            "load_results", "statistics_cache", "sweep", "to_frame"]
@@ -285,7 +280,7 @@ def keeps_caller_state(fn):
 
 
 # a flag, as a refusal shared with the CLI names it -> the keyword of the call (the rest: its snake_case name)
-_KEYWORDS = {"compress": {"calib-source": "calibration", "method-option": "method_options"},
+_KEYWORDS = {"compress": {"method-option": "method_options"},
              "sweep": {"task-option": "task_options", "method-option": "method_options",
                        "analysis-option": "analysis_options", "no-latency": "measure_latency=False",
                        "quiet": "progress=False"},
@@ -294,8 +289,7 @@ _KEYWORDS = {"compress": {"calib-source": "calibration", "method-option": "metho
 
 def api_words(message: str, call: str) -> str:
     """A refusal shared with the CLI, in the words of the Python call that met it: `--calib-samples` becomes
-    `samples=` in compress (`calib_samples=` in sweep), and the config file a Python caller never wrote is not
-    mentioned."""
+    `calib_samples=`, and the config file a Python caller never wrote is not mentioned."""
     import re
 
     names = _KEYWORDS.get(call, {})
@@ -387,101 +381,46 @@ def _loaded(model, tokenizer) -> LoadedModel:
     return LoadedModel(model, tokenizer, None, Path(name).name or name)
 
 
-def _in_memory_statistics(lm: LoadedModel, groups, cspec: CalibSpec, needed, windows, stats_memory, batch_size,
-                          progress) -> Calibration:
-    """Statistics of a model without a fingerprint, held in memory: calibrated in as many passes as
-    `stats_memory` asks and rounded as the cache stores them, so they equal what a cached run would read."""
-    from acbench.calibration.group_files import default_stats_memory
-
-    t0 = time.perf_counter()
-    chunks = calibration_chunks(groups, needed, cspec.pair_tokens, stats_memory or default_stats_memory())
-    held = {}
-    for _, stats in calibrated_passes(lm.model, chunks, windows, needed, cspec, batch_size, progress):
-        held.update({name: from_stored(to_stored(s)) for name, s in stats.items()})
-    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": None, "base": None,
-            "n_tokens": int(windows.numel()), "seconds": time.perf_counter() - t0, "cached": False,
-            "passes": len(chunks), "groups_calibrated": len(groups)}
-    return Calibration(held, info)
+# what a user of the CLI (or an older acbench) types, and the keyword compress takes for it
+_COMPRESS_SPELLINGS = {"ranks": "rank", "samples": "calib_samples", "seq_len": "calib_seq_len", "merge": "merged"}
+_NOT_KEYWORDS = {"model", "tokenizer", "method", "unknown"}
 
 
-# what a user of the CLI types, and the keyword compress takes for it
-_COMPRESS_SPELLINGS = {"ranks": "rank", "calib_source": "calibration"}
+def _compress_keywords() -> list[str]:
+    return sorted(set(inspect.signature(compress).parameters) - _NOT_KEYWORDS)
 
 
-def _renamed(old: str, old_value, new: str, new_value, default):
-    """compress's old names (`samples=`, `seq_len=`, `merge=`: sweep, the CLI and RunConfig say calib_samples,
-    calib_seq_len and merged), still taken, with a DeprecationWarning; both names with two values refused."""
-    if old_value is None:
-        return new_value
-    import warnings
-
-    warnings.warn(f"compress({old}=) is now {new}= (the name sweep and the CLI use)", DeprecationWarning,
-                  stacklevel=3)
-    if new_value != default and new_value != old_value:
-        raise UserError(f"compress: {old}={old_value!r} and {new}={new_value!r} are the same setting: give {new}= once")
-    return old_value
-
-
-def _method_setting_names(method) -> set[str]:
-    """The setting names of `method` (a name or variant), or none where it is no method (refused later)."""
+def unknown_compress_keyword(method, unknown: dict) -> str:
+    """One line for a keyword compress does not take: a setting of the method goes in method_options (or the
+    method's spec string); anything else is named with the keywords compress takes."""
     import dataclasses
 
     from acbench import methods
 
-    try:
-        return {f.name for f in dataclasses.fields(methods.get_method(methods.base_name(method)).Settings)}
-    except Exception:  # an unknown method is refused by the run's own check, with its did-you-mean
-        return set()
-
-
-def shared_keywords(method, seed: int, allocate, method_options) -> tuple[dict, str]:
-    """compress's keywords that a method also has as a setting, so that neither is dropped: `seed=` seeds the call
-    (its calibration windows) and the method's own seed (random's subspace); `allocate=True/False` is the method's
-    setting (svd-llm-v2's), `allocate="fisher"` the call's rank allocation. Returns the settings they give the
-    method (none that `method_options` gives itself) and the call's allocation."""
-    names = _method_setting_names(method) if isinstance(method, str) else set()
-    given = set(method_options) if isinstance(method_options, Mapping) else set()
-    extra = {}
-    if "seed" in names and "seed" not in given and seed != 0:
-        extra["seed"] = seed
-    if isinstance(allocate, bool) and "allocate" in names:
-        if "allocate" not in given:
-            extra["allocate"] = allocate
-        allocate = "uniform"
-    return extra, allocate
-
-
-def method_settings(method, settings: dict, method_options) -> dict:
-    """The method's settings from compress's extra keywords and `method_options`, each checked against the method's
-    own: a keyword that is neither a setting of the method nor one of compress's is one UserError naming both
-    lists (and the keyword meant, where a CLI spelling was used)."""
-    import dataclasses
-
-    from acbench import methods
-
-    if method_options is not None and not isinstance(method_options, Mapping):
-        raise UserError(f"method_options must be a mapping of the method's settings, not "
-                        f"{type(method_options).__name__}")
-    merged = dict(method_options or {})
-    twice = sorted(set(merged) & set(settings))
-    if twice:
-        raise UserError(f"compress: {', '.join(twice)} given both as a keyword and in method_options: give it once")
-    merged.update(settings)
-    if not merged or not isinstance(method, str):
-        return merged
+    key = sorted(unknown)[0]
     try:
         cls = methods.get_method(methods.base_name(method))
-    except Exception:  # an unknown method is refused by the run's own check, with its did-you-mean
-        return merged
-    own = {f.name for f in dataclasses.fields(cls.Settings)}
-    for key in merged:
-        if key not in own:
-            hint = _COMPRESS_SPELLINGS.get(key)
-            run = sorted(set(inspect.signature(compress).parameters) - {"model", "tokenizer", "method", "settings"})
-            raise UserError(f"compress: {key!r} is neither a setting of {method} ({', '.join(sorted(own)) or 'none'})"
-                            f" nor a keyword of compress ({', '.join(run)})"
-                            + (f": did you mean {hint}=?" if hint else ""))
-    return merged
+        own = {f.name for f in dataclasses.fields(cls.Settings)}
+    except Exception:  # no method, or an unknown one: refused by the run's own check once this keyword is gone
+        own, cls = set(), None
+    if key in own:
+        base = methods.base_name(method)
+        return (f"compress: {key}= is a setting of {base}, not a keyword of compress: pass "
+                f"method_options={{{base!r}: {{{key!r}: {unknown[key]!r}}}}} (or the method as "
+                f"'{base}:{key}={unknown[key]}')")
+    hint = _COMPRESS_SPELLINGS.get(key)
+    return (f"compress: unknown keyword {key}=" + (f" (did you mean {hint}=?)" if hint else "")
+            + f"; compress takes {', '.join(_compress_keywords())}, and a method's settings in "
+            "method_options={method: {setting: value}} (see acbench.list_methods())")
+
+
+def check_protocol(calibration) -> None:
+    """`calibration=` names the calibration protocol, as in sweep, the CLI and RunConfig; the text is calib_source=."""
+    if not isinstance(calibration, str) or calibration not in ("as-given", "authors"):
+        shown = repr(calibration) if isinstance(calibration, str) else f"a {type(calibration).__name__}"
+        raise UserError(f"calibration={shown}: calibration= is the calibration protocol, 'as-given' or 'authors' "
+                        "(each method at its paper's windows); the calibration text is calib_source= (a source name, "
+                        "a list of texts, a datasets.Dataset or token windows)")
 
 
 def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
@@ -498,49 +437,48 @@ def _budget_lists(rank, sparsity) -> tuple[list | None, list | None]:
 
 
 @keeps_caller_state
-def compress(model, tokenizer=None, method: str | None = None, *, rank: float | None = None, sparsity: str | float | None = None,
-             calibration="wiki", text_column: str = "text", calib_samples: int = 12, calib_seq_len: int = 256,
-             pair_tokens: int = 512, seed: int = 0, bos: str = "auto", budget: str = "rank", rank_align: int = 1,
-             allocate: str = "uniform", groups: list[str] | None = None, blocks: str | None = None,
-             solve_device: str = "auto", solve_dtype: str = "float64", batch_size: int = 4,
-             stats_memory: str | None = None, cache: bool = False, cache_limit: str | None = None, merged: bool = False,
-             progress: bool = True,
-             calibration_mode: str = "one-pass", method_options: Mapping | None = None, samples: int | None = None,
-             seq_len: int | None = None, merge: bool | None = None, **settings) -> Compressed:
+def compress(model, tokenizer=None, method: str | None = None, *, rank: float | None = None,
+             sparsity: str | float | None = None, calib_source="wiki", text_column: str = "text",
+             calib_samples: int = 12, calib_seq_len: int = 256, pair_tokens: int = 512,
+             calibration: str = "as-given", calibration_mode: str = "one-pass", seed: int = 0, bos: str = "auto",
+             budget: str = "rank", rank_align: int = 1, allocate: str = "uniform", groups: list[str] | None = None,
+             blocks: str | None = None, solve_device: str = "auto", solve_dtype: str = "float64",
+             batch_size: int = 4, stats_memory: str | None = None, cache: bool = False, cache_limit: str | None = None,
+             merged: bool = False, progress: bool = True, method_options: Mapping | None = None,
+             **unknown) -> Compressed:
     """Compress `model` in place with `method` (a name or variant, e.g. "fasc-kfac" or "act-sparse:score=wina")
     at `rank` (low-rank family) or `sparsity` (sparsity family), and return the handle (`.model`, `.summary`,
     `.restore()`, `.save(path)`). `model`: what `load_model` returns (`compress(lm, "pca", rank=0.5)`: its
     tokenizer comes with it), or a loaded transformers causal LM on any device (`device_map` included) with its
-    tokenizer (`compress(model, tokenizer, "pca", rank=0.5)`). `calibration`: a source name, a list of texts, a
-    `datasets.Dataset` (`text_column`), or a 2-D tensor of token windows. `**settings`: the method's settings
-    (`bench ls methods`); `method_options={...}` passes them apart from the call's own keywords (shared_keywords:
-    `seed=` also seeds random's subspace, `allocate=False` is svd-llm-v2's). The rest are `bench compress`'s flags.
+    tokenizer (`compress(model, tokenizer, "pca", rank=0.5)`).
+    The keywords are `bench compress`'s flags and RunConfig's fields, named as there: `calib_source` is the
+    calibration text (a source name, a list of texts, a `datasets.Dataset` with its `text_column`, or a 2-D tensor
+    of token windows), `calibration` the protocol ("as-given", or "authors": each method at its paper's windows),
+    `calibration_mode` one-pass or sequential (the blocks calibrated and compressed in order, each on the
+    compressed blocks' outputs; nothing cached). A method's settings go in `method_options={method: {setting:
+    value}}` (as sweep and --method-option take them) or its spec string ("fasc:max_swaps=100").
     Statistics are held in memory; `cache=True` keeps them on disk by content (a model from `load_model`, which has a
     fingerprint), saying their size before writing and refusing to take the cache past `cache_limit` (e.g. "50GB";
-    default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `acbench.statistics_cache()` lists and clears it. `calibration_mode="sequential"`: the blocks calibrated and compressed in order,
-    each on the compressed blocks' outputs (nothing cached: the statistics depend on the compression)."""
-    from acbench import methods
-
+    default $ACBENCH_STATS_CACHE_LIMIT, else 20GB); `acbench.statistics_cache()` lists and clears it."""
     from acbench.tasks.data.text_data import resolve_bos
 
     if method is None and isinstance(tokenizer, str):  # compress(lm, "pca", ...): the tokenizer comes with lm
         method, tokenizer = tokenizer, None
-    samples, seq_len, merged = (_renamed(*names) for names in (("samples", samples, "calib_samples", calib_samples, 12),
-                                ("seq_len", seq_len, "calib_seq_len", calib_seq_len, 256), ("merge", merge, "merged", merged, False)))
+    if unknown:
+        raise UserError(unknown_compress_keyword(method, unknown))
     if method is None:
         raise UserError("compress needs a method: compress(model, \"pca\", rank=0.5) (see acbench.list_methods())")
+    check_protocol(calibration)
     lm = _loaded(model, tokenizer)
     limit = cache_bound(cache, cache_limit)
     ranks, patterns = _budget_lists(rank, sparsity)
-    shared, allocate = shared_keywords(method, seed, allocate, method_options)
-    mine = method_settings(method, {**settings, **shared}, method_options)
-    options = {methods.base_name(method): mine} if mine else {}
     config = RunConfig(
         model=lm.name, methods=[method], ranks=ranks, sparsity=patterns, budget=budget, rank_align=rank_align,
-        allocate=[allocate], groups=groups, blocks=blocks, tasks=[], seed=seed, bos=bos, calib_samples=samples,
-        calib_seq_len=seq_len, pair_tokens=pair_tokens, solve_device=solve_device, solve_dtype=solve_dtype,
-        batch_size=batch_size, stats_memory=stats_memory, method_options=options, measure_latency=False,
-        report=False, progress=progress, calibration_mode=calibration_mode)
+        allocate=[allocate], groups=groups, blocks=blocks, tasks=[], seed=seed, bos=bos, calib_samples=calib_samples,
+        calib_seq_len=calib_seq_len, pair_tokens=pair_tokens, solve_device=solve_device, solve_dtype=solve_dtype,
+        batch_size=batch_size, stats_memory=stats_memory,
+        method_options={} if method_options is None else method_options, measure_latency=False, report=False,
+        progress=progress, calibration_mode=calibration_mode, calibration=calibration)
     check_config_types(config)
     run = resolve_run(config, writes=False)
     if len(run.methods) != 1:
@@ -554,29 +492,18 @@ def compress(model, tokenizer=None, method: str | None = None, *, rank: float | 
     run = run.for_blocks(len({g.block for g in all_groups}), tuple(dict.fromkeys(g.kind for g in all_groups)))
     selected = check_groups(run, all_groups)
     check_lengths(run, lm.model.config)
-    label, windows = calibration_tokens(calibration, lm.tokenizer, samples, seq_len, seed, run.bos, text_column,
-                                        _vocabulary(lm.model))
-    run = replace(run, config=replace(run.config, calib_source=label, calib_samples=samples if windows is None
-                                      else int(windows.shape[0]),
-                                      calib_seq_len=seq_len if windows is None else int(windows.shape[1])))
+    label, windows = calibration_tokens(calib_source, lm.tokenizer, calib_samples, calib_seq_len, seed, run.bos,
+                                        text_column, _vocabulary(lm.model))
+    if windows is not None and run.calibration_of(run.methods[0]).spec.windows_key != run.calibration.windows_key:
+        raise UserError(f"calibration='authors' draws {run.methods[0]}'s windows at its paper's sizes from a named "
+                        "source: pass calib_source='wiki' (or 'wikitext2', 'file:<path>'), or calibration='as-given' "
+                        "for the texts given")
+    run = replace(run, config=replace(run.config, calib_source=label,
+                                      calib_samples=calib_samples if windows is None else int(windows.shape[0]),
+                                      calib_seq_len=calib_seq_len if windows is None else int(windows.shape[1])))
     warn_short_calibrations(run, selected)
-    calibrated = None
-    needed = run.stats_needs()
-    sequential = run.calibrates_sequentially(method)
-    if (needed or sequential) and windows is None:
-        from acbench.calibration.cache import calibration_windows
-
-        windows = calibration_windows(lm.tokenizer, run.calibration)
-    if needed:
-        load = (lambda: load_or_calibrate(lm, selected, run.calibration, needed, run.stats_memory, batch_size,
-                                          progress, windows, limit)) if lm.fingerprint and cache else \
-            (lambda: _in_memory_statistics(lm, selected, run.calibration, needed, windows, run.stats_memory,
-                                           batch_size, progress))
-        calibrated = with_calibration_peak(str(next(lm.model.parameters()).device), load)
-    source = {"given": lm.name, "name": lm.name, "fingerprint": lm.fingerprint}
-    stats, record = (calibrated.stats, calibrated.record) if calibrated else ({}, None)
-    return compress_variant(run, lm.model, lm.tokenizer, source, selected, stats, record, merged,
-                            windows=windows if sequential else None)
+    # the one path `bench compress` takes too (looked up on the module, so both see the same function)
+    return one_variant.compress_model(lm, run, selected, lm.name, windows, cache=cache, limit=limit, merge=merged)
 
 
 # ---------------------------------------------------------------- evaluate

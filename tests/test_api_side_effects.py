@@ -26,7 +26,7 @@ hf_logging.disable_default_handler()  # a caller's own logging choice
 before = state()
 import acbench
 lm = acbench.load_model(sys.argv[1], progress=False)
-c = acbench.compress(lm, "pca", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32, progress=False)
+c = acbench.compress(lm, "pca", rank=0.5, calib_source="wiki", calib_samples=2, calib_seq_len=32, progress=False)
 acbench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16, progress=False)
 c.restore()
 acbench.sweep(model=sys.argv[1], methods=["pca"], rank=[0.5], tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
@@ -90,7 +90,7 @@ lm = acbench.load_model(sys.argv[1], progress=False)
 lm.model.train()
 lm.model.model.layers[0].eval()  # a caller's own mix of modes
 modes = [m.training for m in lm.model.modules()]
-c = acbench.compress(lm, "fasc-kfac", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32,
+c = acbench.compress(lm, "fasc-kfac", rank=0.5, calib_source="wiki", calib_samples=2, calib_seq_len=32,
                      progress=False)
 deployed_training = lm.model.training
 c.restore()

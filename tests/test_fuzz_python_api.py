@@ -17,10 +17,10 @@ SWEEP_KEYS = ["rank", "ranks", "methods", "method", "sparsity", "budget", "rank_
               "batch_size", "stats_memory", "solve_dtype", "solve_device", "lama_limit", "ppl_windows", "limit",
               "task_options", "method_options", "analysis_options", "threads", "overwrite", "executor", "bogus",
               "calibration_mode", "calibration", "cache", "cache_limit"]
-COMPRESS_KEYS = ["samples", "seq_len", "pair_tokens", "seed", "bos", "budget", "rank_align", "allocate", "groups",
+COMPRESS_KEYS = ["samples", "seq_len", "calib_seq_len", "pair_tokens", "seed", "bos", "budget", "rank_align", "allocate", "groups",
                  "blocks", "solve_dtype", "solve_device", "batch_size", "stats_memory", "text_column", "max_swaps",
                  "score", "mitigation", "bogus", "calibration_mode", "method_options", "calib_samples", "merged",
-                 "cache", "cache_limit"]
+                 "cache", "cache_limit", "calibration", "merge"]
 value = st.one_of(json_leaf, st.lists(json_leaf, max_size=3), st.dictionaries(st.text(max_size=5), json_leaf,
                                                                                max_size=2),
                   st.sampled_from(["sequential", "one-pass", "authors", "as-given", "1KB", "50GB", "-3GB"]))
@@ -56,15 +56,15 @@ def lm(tiny):
        budget=st.sampled_from([{"rank": 0.5}, {"sparsity": "2:4"}, {"rank": 0.0}, {"sparsity": 0.5}, {},
                                {"rank": "x"}, {"rank": 0.5, "sparsity": "2:4"}, {"sparsity": [1]}]),
        keywords=st.dictionaries(st.sampled_from(COMPRESS_KEYS), value, max_size=3),
-       calibration=st.one_of(st.sampled_from(["wiki", "nowhere", "file:", "file:/nonexistent"]),
-                             st.lists(st.text(max_size=40), max_size=3), st.integers(), st.none()))
-def test_compress_keywords_end_in_one_line_or_a_restorable_model(lm, method, budget, keywords, calibration):
+       calib_source=st.one_of(st.sampled_from(["wiki", "nowhere", "file:", "file:/nonexistent"]),
+                              st.lists(st.text(max_size=40), max_size=3), st.integers(), st.none()))
+def test_compress_keywords_end_in_one_line_or_a_restorable_model(lm, method, budget, keywords, calib_source):
     ids = torch.arange(3, 19).unsqueeze(0)
     with torch.no_grad():
         dense = lm.model(input_ids=ids).logits
-    done = one_line_or_result(lambda: acbench.compress(lm, None, method, calibration=calibration, progress=False,
-                                                     **{"samples": 2, "seq_len": 32, "pair_tokens": 32, **budget,
-                                                        **keywords}))
+    done = one_line_or_result(lambda: acbench.compress(lm, None, method, calib_source=calib_source, progress=False,
+                                                     **{"calib_samples": 2, "calib_seq_len": 32, "pair_tokens": 32,
+                                                        **budget, **keywords}))
     if done is not None:
         done.restore()
     with torch.no_grad():
@@ -115,7 +115,7 @@ def test_calibration_token_ids_outside_the_vocabulary_are_one_line(lm, ids):
     windows = torch.tensor([row[:width] for row in ids])
     vocab = lm.model.get_input_embeddings().num_embeddings
     try:
-        done = acbench.compress(lm, None, "pca", rank=0.5, calibration=windows, progress=False, cache=False)
+        done = acbench.compress(lm, None, "pca", rank=0.5, calib_source=windows, progress=False, cache=False)
         done.restore()
         assert int(windows.min()) >= 0 and int(windows.max()) < vocab
     except UserError as e:

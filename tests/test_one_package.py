@@ -20,7 +20,7 @@ SCRIPT = r'''
 import json, sys
 import acbench
 lm = acbench.load_model(sys.argv[1], progress=False)
-with acbench.compress(lm, "pca", rank=0.5, calibration="wiki", calib_samples=2, calib_seq_len=32,
+with acbench.compress(lm, "pca", rank=0.5, calib_source="wiki", calib_samples=2, calib_seq_len=32,
                       progress=False) as c:
     scores = acbench.evaluate(c, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16, progress=False)
 import bench, core, methods, tasks, leaderboard

@@ -21,7 +21,7 @@ TEXTS = ["The capital of France is Paris. It lies on the Seine and has been the 
          "Water boils at one hundred degrees Celsius at sea level; on a mountain it boils at a lower temperature.",
          "A triangle has three sides and three angles, and the angles of a triangle add up to one hundred and eighty "
          "degrees in a flat plane."] * 6
-SMALL = dict(samples=2, seq_len=32, pair_tokens=32, progress=False)
+SMALL = dict(calib_samples=2, calib_seq_len=32, pair_tokens=32, progress=False)
 PPL = dict(tasks=["ppl-token"], ppl_windows=2, ppl_seq_len=32)
 
 
@@ -56,7 +56,7 @@ def test_import_bench_is_light_and_names_the_calls():
 def test_compress_deploys_in_place_restores_bit_for_bit_and_saves(lm, tmp_path):
     ids = torch.randint(3, 1000, (1, 16))
     dense = logits(lm.model, ids)
-    with acbench.compress(lm, None, "pca", rank=0.5, calibration=TEXTS, **SMALL) as c:
+    with acbench.compress(lm, None, "pca", rank=0.5, calib_source=TEXTS, **SMALL) as c:
         assert c.model is lm.model and c.method == "pca"
         assert c.summary["param_ratio"] < 1 and len(c.summaries) == len(c.summary["groups"]) > 0
         assert c.calibration["stats"] == ["C"] and c.calibration["spec"]["source"].startswith("texts:")
@@ -80,9 +80,9 @@ def test_a_model_without_fingerprint_calibrates_in_memory_to_the_cached_values(l
 
     plain = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
     ids = torch.randint(3, 1000, (1, 16))
-    with acbench.compress(lm, None, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as cached:
+    with acbench.compress(lm, None, "fasc-kfac", rank=0.5, calib_source=TEXTS, **SMALL) as cached:
         want = logits(cached.model, ids)
-    with acbench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calibration=TEXTS, **SMALL) as held:
+    with acbench.compress(plain, lm.tokenizer, "fasc-kfac", rank=0.5, calib_source=TEXTS, **SMALL) as held:
         assert held.calibration["cache"] is None and held.calibration["cached"] is False
         assert held.calibration["peak"]["bytes"] > 0  # what calibrating it took, as a run's cells record
         assert torch.equal(logits(held.model, ids), want)
@@ -95,7 +95,7 @@ def test_compress_equals_bench_compress_on_the_same_text(lm, tiny, tmp_path):
     assert main(["compress", "--model", str(tiny), "--method", "whitened-svd", "--rank", "0.5", "--save",
                  str(tmp_path / "cli"), "--calib-source", f"file:{text}", "--calib-samples", "2", "--calib-seq-len",
                  "32", "--pair-tokens", "32", "--quiet"]) == 0
-    with acbench.compress(lm, None, "whitened-svd", rank=0.5, calibration=TEXTS, **SMALL) as c:
+    with acbench.compress(lm, None, "whitened-svd", rank=0.5, calib_source=TEXTS, **SMALL) as c:
         c.save(tmp_path / "api")
     cli, api = load_file(tmp_path / "cli" / "model.safetensors"), load_file(tmp_path / "api" / "model.safetensors")
     assert cli.keys() == api.keys() and all(torch.equal(cli[k], api[k]) for k in cli)
@@ -126,17 +126,20 @@ def test_calibration_forms_give_the_same_windows(lm):
     (dict(method="pcaa", rank=0.5), "pca"),
     (dict(method="all", rank=0.5), "compress with one"),
     (dict(method="act-sparse", sparsity="3:2"), "3:2"),
-    (dict(method="pca", rank=0.5, calibration=42), "calibration of type int"),
-    (dict(method="pca", rank=0.5, calibration=[]), "calibration of type list"),
-    (dict(method="pca", rank=0.5, calibration=torch.zeros(2, 8)), "2-D integer tensor"),
-    (dict(method="pca", rank=0.5, calibration="nowhere"), "text source 'nowhere' is unknown"),
-    (dict(method="fasc", rank=0.5, max_swapz=3), "max_swapz"),
+    (dict(method="pca", rank=0.5, calib_source=42), "calibration of type int"),
+    (dict(method="pca", rank=0.5, calib_source=[]), "calibration of type list"),
+    (dict(method="pca", rank=0.5, calib_source=torch.zeros(2, 8)), "2-D integer tensor"),
+    (dict(method="pca", rank=0.5, calib_source="nowhere"), "text source 'nowhere' is unknown"),
+    (dict(method="pca", rank=0.5, calibration=["some text"]), "the calibration text is calib_source="),
+    (dict(method="pca", rank=0.5, calibration="wiki"), "'as-given' or 'authors'"),
+    (dict(method="fasc", rank=0.5, method_options={"fasc": {"max_swapz": 3}}), "max_swapz"),
+    (dict(method="fasc", rank=0.5, max_swapz=3), "unknown keyword max_swapz="),
     (dict(method="pca", rank=0.5, groups=["attn"]), "attn"),
-    (dict(method="pca", rank=0.5, seq_len=10**6), "longer than the model's"),
+    (dict(method="pca", rank=0.5, calib_seq_len=10**6), "longer than the model's"),
 ])
 def test_compress_refuses_in_bench_runs_words(lm, kwargs, needle):
     with pytest.raises(UserError) as e:
-        acbench.compress(lm, None, **{**dict(progress=False, samples=2), **kwargs})
+        acbench.compress(lm, None, **{**dict(progress=False, calib_samples=2), **kwargs})
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
@@ -211,36 +214,35 @@ def test_load_results_of_a_missing_folder_is_one_line(tmp_path):
 
 
 def test_method_settings_travel_apart_from_the_calls_keywords(lm):
-    """random's `seed` and svd-llm-v2's `allocate` share a name with compress's own keywords: `method_options`
-    reaches the method with them; an unknown keyword names both lists, and a CLI spelling the keyword meant."""
+    """A method's settings reach it only through method_options={method: {setting: value}} (the shape sweep and
+    --method-option take) or its spec string: random's `seed` and svd-llm-v2's `allocate` share a name with the
+    call's own keywords, and neither is routed: `seed=` seeds the call, `allocate=` is its rank allocation. A
+    setting given as a keyword is refused, naming method_options."""
     ids = torch.randint(3, 1000, (1, 8))
-    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    small = {"calib_samples": 2, "calib_seq_len": 32, "progress": False, "cache": False}
     outs = []
-    for opts in (None, {"seed": 3}):
+    for opts in (None, {"random": {"seed": 3}}):
         with acbench.compress(lm, None, "random", rank=0.5, method_options=opts, **small) as c:
             outs.append(logits(c.model, ids))
     assert not torch.equal(outs[0], outs[1])
+    with acbench.compress(lm, "random:seed=3", rank=0.5, **small) as c:
+        assert torch.equal(logits(c.model, ids), outs[1])  # the spec string, the same setting
     ks = []
-    for opts in (None, {"allocate": False}):
+    for opts in (None, {"svd-llm-v2": {"allocate": False}}):
         with acbench.compress(lm, None, "svd-llm-v2", rank=0.5, method_options=opts, **small) as c:
             ks.append({g["group"]: g["k"] for g in c.summary["groups"]})
     assert ks[0] != ks[1]  # its own allocation across groups, then none
-    # the same as plain keywords: seed= seeds random's subspace too, allocate=False is svd-llm-v2's own setting
-    with acbench.compress(lm, "random", rank=0.5, seed=3, **small) as c:
-        assert torch.equal(logits(c.model, ids), outs[1])  # what method_options={"seed": 3} gave
-    with acbench.compress(lm, "svd-llm-v2", rank=0.5, allocate=False, **small) as c:
-        assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[1]
     with acbench.compress(lm, "svd-llm-v2", rank=0.5, allocate="uniform", **small) as c:
         assert {g["group"]: g["k"] for g in c.summary["groups"]} == ks[0]  # the call's rank allocation
-    with pytest.raises(acbench.UserError, match=r"'calib_source' is neither a setting of pca .* did you mean "
-                                              r"calibration="):
-        acbench.compress(lm, None, "pca", rank=0.5, calib_source="wiki", **small)
-    with pytest.warns(DeprecationWarning, match="compress\\(merge=\\) is now merged="):
-        acbench.compress(lm, "pca", rank=0.5, merge=False, **small).restore()
-    with pytest.raises(acbench.UserError, match="given both as a keyword and in method_options"):
-        acbench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, method_options={"max_swaps": 4}, **small)
-    with pytest.raises(acbench.UserError, match="method_options must be a mapping"):
+    with pytest.raises(acbench.UserError, match=r"^compress: max_swaps= is a setting of fasc, not a keyword of "
+                                              r"compress: pass method_options=\{'fasc': \{'max_swaps': 3\}\}"):
+        acbench.compress(lm, None, "fasc", rank=0.5, max_swaps=3, **small)
+    with pytest.raises(acbench.UserError, match=r"unknown keyword merge= \(did you mean merged=\?\)"):
+        acbench.compress(lm, "pca", rank=0.5, merge=False, **small)
+    with pytest.raises(acbench.UserError, match="method_options"):
         acbench.compress(lm, None, "fasc", rank=0.5, method_options=["max_swaps"], **small)
+    with pytest.raises(acbench.UserError, match="method_options"):
+        acbench.compress(lm, None, "fasc", rank=0.5, method_options={"max_swaps": 4}, **small)
 
 
 def test_one_vocabulary_across_the_calls(lm, tmp_path):
@@ -250,7 +252,7 @@ def test_one_vocabulary_across_the_calls(lm, tmp_path):
     from acbench import tasks as task_registry
     from acbench.api import sweep_configs
 
-    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    small = {"calib_samples": 2, "calib_seq_len": 32, "progress": False, "cache": False}
     with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
         got = acbench.evaluate(c, tasks="ppl-token", ppl_windows=1, ppl_seq_len=16, progress=False)
         again = acbench.evaluate(c.model, lm.tokenizer, tasks=["ppl-token"], ppl_windows=1, ppl_seq_len=16,
@@ -290,7 +292,7 @@ def test_compare_gives_what_the_leaderboard_prints(lm, tiny, tmp_path):
     from acbench.core.record import CellRecord
     from acbench.core.significance import compare as paired, detectable_difference, verdict
 
-    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    small = {"calib_samples": 2, "calib_seq_len": 32, "progress": False, "cache": False}
     sizes = {"ppl_windows": 4, "ppl_seq_len": 16, "lama_limit": 2, "progress": False}
     dense = acbench.evaluate(lm, tasks=["ppl-token", "lama"], **sizes)
     with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
@@ -331,7 +333,7 @@ def test_a_sweep_without_output_keeps_nothing(tiny, tmp_path, monkeypatch):
 def test_the_statistics_cache_is_listed_and_cleared(lm, tmp_path, monkeypatch):
     monkeypatch.setenv("ACBENCH_STATS_CACHE", str(tmp_path / "stats"))
     assert acbench.statistics_cache() == []
-    with acbench.compress(lm, None, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=True):
+    with acbench.compress(lm, None, "pca", rank=0.5, calib_samples=2, calib_seq_len=32, progress=False, cache=True):
         pass
     (entry,) = acbench.statistics_cache()
     assert entry["bytes"] > 0 and entry["spec"]["samples"] == 2 and entry["stats"] == ["C"] and entry["tokens"] == 64
@@ -363,7 +365,7 @@ def test_refusals_speak_the_calls_keywords(lm):
 
 def test_compress_takes_the_tokenizer_from_the_loaded_model(lm):
     ids = torch.randint(3, 1000, (1, 8))
-    small = {"samples": 2, "seq_len": 32, "progress": False, "cache": False}
+    small = {"calib_samples": 2, "calib_seq_len": 32, "progress": False, "cache": False}
     with acbench.compress(lm, "pca", rank=0.5, **small) as c:
         short = logits(c.model, ids)
     with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
@@ -373,17 +375,13 @@ def test_compress_takes_the_tokenizer_from_the_loaded_model(lm):
 
 
 def test_compress_names_the_calibration_size_as_sweep_does(lm):
-    """calib_samples= and calib_seq_len=, as sweep, bench run and RunConfig name them; the old samples= and
-    seq_len= still work with a DeprecationWarning, and both names with two values are refused."""
-    ids = torch.randint(3, 1000, (1, 8))
+    """calib_samples= and calib_seq_len=, as sweep, bench run and RunConfig name them; compress's old samples= and
+    seq_len= are refused, naming the keyword."""
     with acbench.compress(lm, "pca", rank=0.5, calib_samples=2, calib_seq_len=32, progress=False, cache=False) as c:
-        new = logits(c.model, ids)
         assert c.calibration["spec"]["samples"] == 2 and c.calibration["spec"]["seq_len"] == 32
-    with pytest.warns(DeprecationWarning, match="calib_samples="):
-        with acbench.compress(lm, "pca", rank=0.5, samples=2, seq_len=32, progress=False, cache=False) as c:
-            assert torch.equal(new, logits(c.model, ids))
-    with pytest.raises(acbench.UserError, match="samples=2 and calib_samples=3 are the same setting"):
-        acbench.compress(lm, "pca", rank=0.5, samples=2, calib_samples=3, progress=False, cache=False)
+    for old, new in (("samples", "calib_samples"), ("seq_len", "calib_seq_len")):
+        with pytest.raises(acbench.UserError, match=rf"unknown keyword {old}= \(did you mean {new}=\?\)"):
+            acbench.compress(lm, "pca", rank=0.5, progress=False, **{old: 2})
 
 
 def test_every_result_converts_to_one_frame(lm, tiny, tmp_path):

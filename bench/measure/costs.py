@@ -211,7 +211,7 @@ def estimate_run_costs(run) -> CostEstimate:
     return estimate_costs(c.model, list(run.methods), [r.ratio for r in run.ranks], c.budget, c.rank_align, c.dtype,
                           run.stats_memory, c.calib_samples, c.calib_seq_len, max(1, c.batch_size // 2),
                           c.pair_tokens, sparsity=list(run.patterns),
-                          shared={m for m in run.methods if run.shares_calibration(m)})
+                          shared={m for m in run.methods if run.calibration_of(m).spec == run.calibration})
 
 
 def own_calibration_costs(run, est: CostEstimate, calib_speed) -> list[dict]:

@@ -107,6 +107,22 @@ class RunConfig:
         return asdict(self)
 
 
+# how a method is calibrated (Run.calibration_of)
+SHARED_CALIBRATION = "shared"  # the run's one calibration (its sizes, one-pass), computed once for every such method
+OWN_CALIBRATION = "own"  # one-pass at sizes of its own (--calibration authors), computed once for the method
+SEQUENTIAL_CALIBRATION = "sequential"  # block by block as it is compressed: no statistics before its deployment
+NO_CALIBRATION = "none"  # it reads no statistics (an allocation rule reads the run's shared calibration)
+
+
+@dataclass(frozen=True)
+class MethodCalibration:
+    """A method's calibration in a run: its kind (above), its spec (windows, length, mode), the statistics it
+    reads."""
+    kind: str
+    spec: CalibSpec
+    needs: frozenset
+
+
 @dataclass(frozen=True)
 class Run:
     """A validated run: what every later stage reads (plan, execute, the executors), never the raw config."""
@@ -179,14 +195,17 @@ class Run:
                 return replace(spec, samples=own.samples, seq_len=own.seq_len, mode=own.mode)
         return spec
 
-    def calibrates_sequentially(self, variant: str) -> bool:
-        """Whether a method is calibrated block by block as it is compressed (it reads statistics, in sequential
-        mode): it then has no statistics before its deployment, only the windows it calibrates on."""
-        return self.calibration_for(variant).mode == SEQUENTIAL and bool(self.compressor(variant).required_stats())
-
-    def shares_calibration(self, variant: str) -> bool:
-        """Whether a method reads the sweep's one shared calibration (the run's sizes, one-pass)."""
-        return self.calibration_for(variant) == self.calibration
+    def calibration_of(self, variant: str) -> MethodCalibration:
+        """How a method's cells are calibrated, decided here once for every consumer (a sweep's worker, `bench
+        compress` and the Python calls, the cost estimates): see MethodCalibration."""
+        spec, needs = self.calibration_for(variant), self.compressor(variant).required_stats()
+        if not needs:
+            kind = NO_CALIBRATION
+        elif spec.mode == SEQUENTIAL:
+            kind = SEQUENTIAL_CALIBRATION
+        else:
+            kind = SHARED_CALIBRATION if spec == self.calibration else OWN_CALIBRATION
+        return MethodCalibration(kind, spec, frozenset(needs))
 
     def uses_stats(self, variant: str, allocation: str = UNIFORM) -> bool:
         return bool(self.compressor(variant).required_stats() or RULES[allocation])
@@ -196,13 +215,14 @@ class Run:
         analyses): one calibration serves every such cell, whichever are missing, so a rerun and every worker read
         the same cache folder. A method with a calibration of its own (sequential, or its authors' sizes) is not
         in it."""
-        return needed_stats([self.compressor(m) for m in self.methods if self.shares_calibration(m)]).union(
+        return needed_stats([self.compressor(m) for m in self.methods
+                             if self.calibration_of(m).kind == SHARED_CALIBRATION]).union(
             *(a.needs for a in self.analyses.values()), *(RULES[rule] for rule in self.allocate))
 
     def own_calibrations(self) -> dict[str, CalibSpec]:
         """{method: its calibration} for the methods that read statistics outside the shared calibration."""
-        return {m: self.calibration_for(m) for m in self.methods
-                if self.compressor(m).required_stats() and not self.shares_calibration(m)}
+        return {m: plan.spec for m in self.methods
+                if (plan := self.calibration_of(m)).kind in (OWN_CALIBRATION, SEQUENTIAL_CALIBRATION)}
 
     def method_key(self, variant: str, allocation: str = UNIFORM, scope: str = ALL,
                    budget: RankSpec | SparsitySpec | None = None) -> dict:

@@ -33,7 +33,8 @@ from acbench.runner.cells import Cell, ModelInfo, plan
 from acbench.deploy.compression import Deployment, compressed, compression_summary, deploy, deploy_sequential
 from acbench.calibration.memory import calibration_chunks
 from acbench.measure.costs import model_positions
-from acbench.runner.config import Run, reference_method, solve_device_for
+from acbench.runner.config import (OWN_CALIBRATION, SEQUENTIAL_CALIBRATION, Run, reference_method,
+                                    solve_device_for)
 from acbench.model.groups import find_input_groups, fused_experts_problem
 from acbench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
                                   threshold_sparsifiers, weight_bytes, with_calibration_peak)
@@ -301,8 +302,9 @@ def deploy_one(run: Run, model, method: str, budget, stats, record: dict | None,
     calibration took (None otherwise)."""
     opts = run.method_options(method)
     only = None if run.selection.scope == ALL else {g.name for g in selected}
-    if run.calibrates_sequentially(method):
-        spec = run.calibration_for(method)
+    plan = run.calibration_of(method)
+    if plan.kind == SEQUENTIAL_CALIBRATION:
+        spec = plan.spec
         with peak_memory(torch.device(run.config.device)) as mem:  # the calibration's and its solves' together
             dep, counts = deploy_sequential(model, method, budget, windows, spec, opts, only_groups=only,
                                             progress=run.config.progress, merge=merge, solve_device=solve_device,
@@ -542,14 +544,15 @@ class Worker:
         """(statistics, their Calibration, windows) a method deploys from: the sweep's shared calibration, one of
         its own (its authors' sizes), or, calibrated sequentially, none yet and the windows it calibrates on as it
         compresses."""
-        run = self.run
-        if run.calibrates_sequentially(method):
-            return {}, None, self.windows_for(run.calibration_for(method))
-        if run.shares_calibration(method):
-            self.statistics(every_group=False)  # computed once: a sweep's first stage has usually run it already
-            return self.stats, self.calibration, None
-        own = self.own_calibration(method)
-        return own.stats, own, None
+        plan = self.run.calibration_of(method)
+        if plan.kind == SEQUENTIAL_CALIBRATION:
+            return {}, None, self.windows_for(plan.spec)
+        if plan.kind == OWN_CALIBRATION:
+            own = self.own_calibration(method)
+            return own.stats, own, None
+        # shared, or none (what an allocation rule reads): computed once, a sweep's first stage has usually run it
+        self.statistics(every_group=False)
+        return self.stats, self.calibration, None
 
     def deploy_variant(self, m: str, budget, rule: str, alloc, timings: dict) -> tuple[Deployment, dict | None]:
         """One variant deployed in place: from the shared statistics, a calibration of its own, or (sequential)

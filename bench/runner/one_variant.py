@@ -18,7 +18,12 @@ from acbench.deploy.compression import Deployment, compression_summary
 from acbench.measure.latency import weight_bytes
 from acbench.calibration.support import after_line
 from acbench.model.checkpoint import MODELING_FILE, check_target, write_checkpoint
-from acbench.runner.config import Run, solve_device_for
+from acbench.calibration.cache import Calibration, calibrated_passes, calibration_windows, load_or_calibrate
+from acbench.calibration.engine import CalibSpec
+from acbench.calibration.group_files import default_stats_memory, from_stored, to_stored
+from acbench.calibration.memory import calibration_chunks
+from acbench.measure.latency import with_calibration_peak
+from acbench.runner.config import OWN_CALIBRATION, SEQUENTIAL_CALIBRATION, Run, solve_device_for
 from acbench.results.store import available_cpus
 from acbench.runner.execute import (Worker, deploy_one, log, open_checked, third_party_kept, variant_allocation,
                                   cell_calibration, write_kept_lines)
@@ -120,12 +125,8 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
         lm = worker.model()
         dense_bytes = weight_bytes(lm.model)
         t0 = time.perf_counter()
-        (method,), rule, budget = run.methods, run.allocate[0], (run.ranks + run.patterns)[0]
-        stats, calibration, windows = worker.statistics_for(method)
-        record = calibration.record if calibration else None
-        source_model = {"given": run.config.model, "name": lm.name, "fingerprint": lm.fingerprint}
-        with compress_variant(run, lm.model, lm.tokenizer, source_model, worker.selected, stats, record, merge,
-                              worker.allocation(rule, budget), worker.solve_device, windows) as done:
+        with compress_model(lm, run, worker.selected, run.config.model, worker.text(), cache=True, merge=merge,
+                            solve_device=worker.solve_device) as done:
             seconds = time.perf_counter() - t0
             written = done.save(out, overwrite)
     if said:
@@ -134,3 +135,65 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
         kept = write_kept_lines(cache_dir() / "logs", said, prefix="compress-")
         log(f"{len(said)} line(s) other libraries printed kept in {kept} (--quiet)")
     return {**written, "dense_bytes": dense_bytes, "seconds": seconds, "provenance": done.provenance}
+
+
+def in_memory_statistics(lm, groups, cspec: CalibSpec, needed, windows, stats_memory, batch_size,
+                         progress) -> Calibration:
+    """Statistics held in memory (a model without a fingerprint, or a call that keeps no cache): calibrated in as
+    many passes as `stats_memory` asks and rounded as the cache stores them, so they equal what a cached run
+    reads."""
+    t0 = time.perf_counter()
+    chunks = calibration_chunks(groups, needed, cspec.pair_tokens, stats_memory or default_stats_memory())
+    held = {}
+    for _, stats in calibrated_passes(lm.model, chunks, windows, needed, cspec, batch_size, progress):
+        held.update({name: from_stored(to_stored(s)) for name, s in stats.items()})
+    info = {"spec": cspec.as_dict(), "stats": sorted(needed), "cache": None, "base": None,
+            "n_tokens": int(windows.numel()), "seconds": time.perf_counter() - t0, "cached": False,
+            "passes": len(chunks), "groups_calibrated": len(groups)}
+    return Calibration(held, info)
+
+
+def _statistics(lm, run: Run, selected, spec: CalibSpec, needed, windows, cache: bool,
+                limit: int | None) -> Calibration | None:
+    """The `needed` statistics of the selected groups under `spec`: read from (or calibrated into) the cache by
+    content where asked and the model has a fingerprint, else held in memory; None where nothing is needed."""
+    if not needed:
+        return None
+    if windows is None:
+        windows = calibration_windows(lm.tokenizer, spec)
+    c = run.config
+    if cache and lm.fingerprint:
+        load = lambda: load_or_calibrate(lm, selected, spec, needed, run.stats_memory, c.batch_size, c.progress,
+                                         windows, limit)
+    else:
+        load = lambda: in_memory_statistics(lm, selected, spec, needed, windows, run.stats_memory, c.batch_size,
+                                            c.progress)
+    return with_calibration_peak(str(next(lm.model.parameters()).device), load)
+
+
+def compress_model(lm, run: Run, selected, given: str, windows: torch.Tensor | None = None, cache: bool = False,
+                   limit: int | None = None, merge: bool = False, solve_device: str | None = None) -> Compressed:
+    """The one calibrate-then-compress of a one-variant run: `bench compress` and `acbench.compress` both come
+    here. The method is calibrated as the run decided (`Run.calibration_of`): from the run's shared calibration,
+    one of its own (its authors' sizes), block by block as it is compressed (sequential), or not at all; an
+    allocation rule reads the shared one. `windows`: the run's calibration windows where the caller holds them
+    (tokens it was given, or the CLI's prepared ones); `given`: the model as the caller named it."""
+    (method,), rule = run.methods, run.allocate[0]
+    plan = run.calibration_of(method)
+    shared = _statistics(lm, run, selected, run.calibration, run.stats_needs(), windows, cache, limit)
+    own = _statistics(lm, run, selected, plan.spec, plan.needs, None, cache, limit) \
+        if plan.kind == OWN_CALIBRATION else None
+    if plan.kind == SEQUENTIAL_CALIBRATION:  # its windows: the run's, unless its spec draws others
+        same = plan.spec.windows_key == run.calibration.windows_key and windows is not None
+        windows = windows if same else calibration_windows(lm.tokenizer, plan.spec)
+    else:
+        windows = None
+    solve_device = solve_device or solve_device_for(run.config, lm.model)
+    budget = (run.ranks + run.patterns)[0]
+    shared_stats = shared.stats if shared else {}
+    alloc = variant_allocation(run, rule, budget, selected, shared_stats, solve_device)
+    calibrated = own or shared
+    source_model = {"given": given, "name": lm.name, "fingerprint": lm.fingerprint}
+    return compress_variant(run, lm.model, lm.tokenizer, source_model, selected,
+                            calibrated.stats if calibrated else {}, calibrated.record if calibrated else None,
+                            merge, alloc, solve_device, windows)
