@@ -36,7 +36,8 @@ from acbench.model.groups import find_input_groups
 from acbench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
 from acbench.runner.cells import ModelInfo, plan
 from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
-                                 shortcut_options, task_shortcuts)
+                                 shortcut_options, task_shortcuts, until_decided_task)
+from acbench.runner.until_decided import evaluate_until_decided
 from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
 from acbench.runner import one_variant
 from acbench.runner.one_variant import Compressed
@@ -534,11 +535,16 @@ def _task_config(tasks: Sequence[str], task_options: Mapping | None, settings: d
 
 @keeps_caller_state
 def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token"), *, task_options=None,
-             bos: str = "auto", seed: int = 0, batch_size: int = 4, progress: bool = True, **settings) -> dict:
+             bos: str = "auto", seed: int = 0, batch_size: int = 4, progress: bool = True,
+             until_decided: Mapping | bool | None = None, **settings) -> dict:
     """Score `model` (any transformers causal LM, compressed or not) on `tasks` as a run's cells score it:
     {task: TaskResult} with `.metrics`, `.stderr`, `.records` (per item, for paired tests) and `.config`.
     `**settings`: the task shortcuts of `bench run` (`lama_limit=`, `ppl_windows=`, `mmlu_shots=`...);
-    `task_options`: {task: {setting: value}} as `--task-option` gives them."""
+    `task_options`: {task: {setting: value}} as `--task-option` gives them. `until_decided`, as `bench run
+    --until-decided` does it: True scores the reference model (the tasks that can stop early, e.g. lama, ppl-token,
+    mmlu, on their whole budget in the seeded order a comparison draws); what such a call returned then makes each of
+    those tasks stop as soon as its paired comparison with the reference is decided. A result's details say how far
+    it went and why it stopped."""
     from acbench.tasks.data.text_data import resolve_bos
 
     lm = _loaded(model, tokenizer)
@@ -554,13 +560,46 @@ def evaluate(model, tokenizer=None, tasks: Sequence[str] = ("lama", "ppl-token")
         raise UserError(f"{', '.join(run.analyses)} is an analysis of a sweep, not a task: run it with acbench.sweep")
     run = run.with_bos(resolve_bos(lm.tokenizer, run.bos))
     check_lengths(run, lm.model.config)
+    references = _until_decided_references(until_decided, run) if until_decided is not None else {}
     out = {}
     for task in run.tasks.values():
         task.check(lm.tokenizer)
     for name, task in run.tasks.items():
         with torch.no_grad():
-            out[name] = task.evaluate(lm.model, lm.tokenizer, progress=progress)
+            if name in references:
+                stoppable = until_decided_task(task, replace(config, until_decided=True, reference=EVALUATE_REFERENCE),
+                                               {})
+                out[name] = evaluate_until_decided(stoppable, lm.model, lm.tokenizer, references[name], progress)
+            else:
+                out[name] = task.evaluate(lm.model, lm.tokenizer, progress=progress)
     return out
+
+
+# what an until-decided result of `evaluate` names as its reference (a sweep names the reference method)
+EVALUATE_REFERENCE = "evaluate(until_decided=)"
+
+
+def _until_decided_references(given, run) -> dict[str, list[dict]]:
+    """{task: the reference's per-item records, or False for the reference itself (its whole budget)} for the
+    tasks that can stop early; refused in one line where `given` is neither True nor what an until-decided
+    evaluate returned, lacks such a task, or no task asked for can stop early."""
+    from acbench.tasks.base import Task
+
+    if given is not True and (not isinstance(given, Mapping) or not all(hasattr(r, "records")
+                                                                        for r in given.values())):
+        raise UserError(f"until_decided= takes True (the reference model) or what evaluate(..., until_decided=True) "
+                        f"returned for it ({{task: result}}), not a {type(given).__name__}")
+    stoppable = [name for name, task in run.tasks.items() if type(task).item_pool is not Task.item_pool]
+    if not stoppable:
+        raise UserError(f"until_decided=: none of {', '.join(run.tasks)} can stop early (a task that scores any "
+                        "subset of its items can, e.g. lama, ppl-token, mmlu): evaluate them without it")
+    if given is True:
+        return dict.fromkeys(stoppable, False)
+    missing = [name for name in stoppable if name not in given or "until_decided" not in given[name].details]
+    if missing:
+        raise UserError(f"until_decided= holds no until-decided result of {', '.join(missing)}: evaluate the "
+                        f"reference model with until_decided=True on {', '.join(missing)} and pass what it returned")
+    return {name: given[name].records for name in stoppable}
 
 
 # ---------------------------------------------------------------- sweep and results

@@ -475,3 +475,23 @@ def test_messages_go_through_the_acbench_logger_which_silences_them(lm, capsys, 
         logger.setLevel(original)
         acbench.statistics_cache(clear=True)
     assert logger.level == original
+
+
+def test_evaluate_until_decided_against_a_reference_it_scored(lm):
+    """evaluate(until_decided=True) scores the reference on the whole budget in the comparison's order; what it
+    returned makes another evaluate stop its comparison when decided, as bench run --until-decided does."""
+    kw = {"tasks": ["ppl-token"], "ppl_windows": 120, "ppl_seq_len": 16, "progress": False}
+    ref = acbench.evaluate(lm, until_decided=True, **kw)
+    whole = ref["ppl-token"].details["until_decided"]
+    assert whole["items"] == whole["budget"] == 120 and whole["stopped"].startswith("whole budget")
+    with acbench.compress(lm, "pca", rank=0.25, calib_samples=2, calib_seq_len=32, progress=False) as c:
+        got = acbench.evaluate(c, until_decided=ref, **kw)["ppl-token"].details["until_decided"]
+    assert got["stopped"] == "decided" and got["decision"] and got["items"] < 120, got
+    assert got["reference"] == "evaluate(until_decided=)"
+    with pytest.raises(acbench.UserError, match="takes True .* not a str"):
+        acbench.evaluate(lm, until_decided="yes", **kw)
+    plain = acbench.evaluate(lm, **kw)
+    with pytest.raises(acbench.UserError, match="no until-decided result of ppl-token"):
+        acbench.evaluate(lm, until_decided=plain, **kw)
+    with pytest.raises(acbench.UserError, match="none of ppl-word can stop early"):
+        acbench.evaluate(lm, tasks=["ppl-word"], until_decided=True, progress=False)
