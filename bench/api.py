@@ -35,10 +35,12 @@ from acbench.model.checkpoint import runtime_forms
 from acbench.model.groups import find_input_groups
 from acbench.model.sources import DEFAULT_MODEL, LoadedModel, open_and_load_model
 from acbench.runner.cells import ModelInfo, plan
-from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, resolve_run,
-                                 shortcut_options, task_shortcuts, until_decided_task)
+from acbench.runner.config import DEFAULT_TASKS, RunConfig, until_decided_task
+from acbench.runner.run_checks import check_config_types
+from acbench.runner.resolve import resolve_run
+from acbench.runner.shortcuts import merge_option_blocks, shortcut_options, task_shortcuts
 from acbench.runner.until_decided import evaluate_until_decided
-from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
+from acbench.runner.prepare import check_groups, check_lengths, warn_short_calibrations
 from acbench.runner import one_variant
 from acbench.runner.one_variant import Compressed
 

@@ -225,7 +225,8 @@ def test_efficiency_calibration(benchmark, default_model):
     """The default run's calibration (every statistic `--methods all` and rho need: forward, backward, hooks), on 4
     of its 12 windows."""
     from acbench.calibration.engine import CalibSpec, calibrate
-    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
     from acbench.calibration.cache import calibration_windows
 
     config = RunConfig(progress=False)

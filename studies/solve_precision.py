@@ -42,8 +42,10 @@ def main() -> None:
 
     from acbench import methods
     from acbench.deploy.apply import apply_compression, restore
-    from acbench.runner.config import RunConfig, resolve_run
-    from acbench.runner.execute import Worker, prepare
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
+    from acbench.runner.worker import Worker
+    from acbench.runner.prepare import prepare
 
     config = RunConfig(methods=["all"], ranks=[args.rank], tasks=["ppl-token"], progress=False,
                        output="/tmp/acbench-solve-precision")

@@ -190,6 +190,7 @@ def checked_only(monkeypatch):
     explore the checks, not the compute."""
     import acbench.runner.execute
     import acbench.runner.one_variant
+    import acbench.runner.prepare
     from acbench.runner import ray_executor
 
     monkeypatch.setattr(acbench.runner.execute, "sweep_runs", lambda runs: acbench.runner.execute.prepare_models(runs)
@@ -197,7 +198,7 @@ def checked_only(monkeypatch):
     monkeypatch.setattr(ray_executor, "run_on_ray", lambda run: (acbench.runner.execute.prepare(run), {"failed": []})[1])
 
     def checked_save(run, out, merge=False, overwrite=False):
-        acbench.runner.execute.open_checked(run)
+        acbench.runner.prepare.open_checked(run)
         return {"weight_bytes": 1, "dense_bytes": 1, "seconds": 0.0, "custom_code": False,
                 "provenance": {"budget": "-", "compression": {"groups_factorised": 0, "groups": [], "param_ratio": 1}}}
 

@@ -276,7 +276,8 @@ def test_allocated_densities_deploy_per_group(windows):
 
 def test_greedy_rule_is_checked_against_the_run(tmp_path):
     from acbench.runner.cells import variants
-    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
 
     def run(**kw):
         return resolve_run(RunConfig(model="m", tasks=["ppl-token"], output=str(tmp_path), **kw), writes=False)

@@ -9,7 +9,8 @@ import pytest
 from acbench.core.errors import UserError
 
 from acbench.runner.cells import ModelInfo, plan
-from acbench.runner.config import RunConfig, resolve_run
+from acbench.runner.config import RunConfig
+from acbench.runner.resolve import resolve_run
 from acbench.results.store import write_cell
 from acbench.core.record import DENSE, CellRecord
 

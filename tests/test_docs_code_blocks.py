@@ -188,7 +188,8 @@ def api_keywords() -> set[str]:
 
     import acbench
     from acbench import methods
-    from acbench.runner.config import RunConfig, task_shortcuts
+    from acbench.runner.config import RunConfig
+    from acbench.runner.shortcuts import task_shortcuts
 
     names = set(RunConfig.field_names()) | {f.lstrip("-").replace("-", "_") for f in task_shortcuts()}
     for call in (acbench.load_model, acbench.compress, acbench.evaluate, acbench.sweep, acbench.load_results, acbench.compare,

@@ -549,7 +549,7 @@ def test_a_setting_for_what_the_run_does_not_include_is_refused(tmp_path, tiny, 
     the run may or may not include: the run starts only if every one of them applies to something it computes
     (checked on the resolved configuration), else one line naming the setting."""
     from acbench.cli import run_config_from_argv
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
     from acbench import methods as registry
 
     argv = ["run", "--model", str(tiny), "--output", str(tmp_path / "out"), "--no-report", "--quiet", "--no-latency",

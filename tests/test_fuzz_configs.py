@@ -102,7 +102,7 @@ def test_generated_model_configs(tmp_path, tiny, checked_only, changes, drop, ru
 
 def _config_keys() -> list[str]:
     from acbench.cli.run import _NEGATED
-    from acbench.runner.config import shortcut_dest, task_shortcuts
+    from acbench.runner.shortcuts import shortcut_dest, task_shortcuts
     from acbench.runner.config import RunConfig
 
     return sorted(RunConfig.field_names() - set(_NEGATED.values()) - {"model", "output", "executor"}

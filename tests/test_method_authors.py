@@ -62,7 +62,8 @@ def test_a_built_in_method_is_keyed_by_its_own_module_file():
 
 
 def test_a_plugins_method_key_holds_its_code_digest_and_a_built_ins_does_not(tmp_path, monkeypatch):
-    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
 
     _package(tmp_path, "my_keyed_pkg", "SCALE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -590,7 +590,7 @@ def test_a_resolved_run_is_costed_with_its_own_settings():
     from acbench.cli import _parser
     from acbench.cli.plan import plan_config
     from acbench.measure.costs import estimate_run_costs
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
 
     model = str(CONFIGS / "llama-3-8b")
     flags = ["--model", model, "--methods", "pca", "fasc-kfac", "act-sparse", "--rank", "0.5", "0.25",
@@ -638,7 +638,7 @@ def test_the_calibrations_of_their_own_by_hand(tiny):
     from acbench.cli import _parser
     from acbench.cli.plan import plan_config
     from acbench.measure.costs import estimate_run_costs, own_calibration_costs
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
 
     flags = ["--model", tiny, "--methods", "wanda", "whitened-svd", "--sparsity", "0.5", "--rank", "0.8",
              "--budget", "params", "--calibration", "authors"]

@@ -89,7 +89,7 @@ def variants(cmd: str) -> list[list[str]]:
 def check(argv: list[str]) -> None:
     """The command's own checks, short of opening a model: raises UserError or SystemExit (the parser's)."""
     from acbench.cli import _parser
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
 
     args = _parser().parse_args(argv[1:])
     if args.cmd == "run":

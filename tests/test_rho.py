@@ -88,8 +88,9 @@ def _tiny_context(**spec_kw):
     from acbench.model.groups import find_input_groups
     from acbench.model.sources import open_and_load_model
     from acbench.cli.smoke import tiny_checkpoint
-    from acbench.runner.config import RunConfig, resolve_run
-    from acbench.runner.execute import AnalysisContext
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
+    from acbench.runner.worker import AnalysisContext
     from acbench.tasks.data.text_data import sample_text_windows, load_text
 
     lm = open_and_load_model(str(tiny_checkpoint()), progress=False)

@@ -192,9 +192,11 @@ def test_a_calibration_shorter_than_a_groups_width_is_named_for_the_methods_it_f
 
 
 def test_the_run_says_it_once_per_calibration_and_the_cell_records_it(tmp_path, capsys):
-    from acbench.runner.config import RunConfig, resolve_run
+    from acbench.runner.config import RunConfig
+    from acbench.runner.resolve import resolve_run
     from acbench.core.log import console_lines
-    from acbench.runner.execute import cell_calibration, warn_short_calibrations
+    from acbench.runner.worker import cell_calibration
+    from acbench.runner.prepare import warn_short_calibrations
 
     model = tiny_model("llama", hidden=32, inter=48)
     groups = find_input_groups(model)

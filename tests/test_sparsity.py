@@ -257,9 +257,11 @@ def test_mixed_sweep_one_leaderboard_with_matched_compute(tmp_path, capsys, monk
     assert "not a measured speedup" in md
     assert list((out / "plots").glob("*_vs_compute.png"))
     capsys.readouterr()
-    import acbench.runner.execute as execute
+    import acbench.runner.prepare
+    import acbench.runner.worker
 
-    monkeypatch.setattr(execute, "calibration_windows", lambda *a: pytest.fail("a rerun tokenized the calibration"))
+    for module in (acbench.runner.prepare, acbench.runner.worker):
+        monkeypatch.setattr(module, "calibration_windows", lambda *a: pytest.fail("a rerun tokenized the calibration"))
     assert main(argv) == 0
     assert "0 cell(s) to compute" in capsys.readouterr().out
 

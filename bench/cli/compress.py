@@ -55,7 +55,7 @@ def cmd_compress(args) -> int:
 
     from acbench.model.checkpoint import check_target
     from acbench.runner.one_variant import save_compressed
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
     from acbench.methods.base import SparsityMethod
 
     config, out = compress_config(args)

@@ -47,7 +47,7 @@ def cmd_plan(args) -> int:
     """The run these flags describe, validated as `bench run` validates it (one validator), then costed; a model
     may be a bare config.json, which only the plan reads. Several models: each model's plan, then the sweep's
     total."""
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
     from acbench.results.leaderboard_display import check_margins, check_reference_name
     from acbench.core.errors import UserError
 
@@ -162,7 +162,7 @@ def check_against_model(run) -> None:
     a pattern a group cannot keep, --stats-memory below one group's statistics."""
     from acbench.calibration.memory import calibration_chunks
     from acbench.measure.costs import load_model_config
-    from acbench.runner.execute import check_groups, check_lengths, warn_short_calibrations
+    from acbench.runner.prepare import check_groups, check_lengths, warn_short_calibrations
     from acbench.model.groups import find_input_groups, meta_model
 
     config = load_model_config(run.config.model)

@@ -8,8 +8,9 @@ import dataclasses
 
 from acbench.core.errors import UserError
 
-from acbench.runner.config import (DEFAULT_TASKS, RunConfig, check_config_types, merge_option_blocks, shortcut_dest,
-                                 shortcut_options, split_method_names, task_shortcuts)
+from acbench.runner.config import DEFAULT_TASKS, RunConfig
+from acbench.runner.run_checks import check_config_types, split_method_names
+from acbench.runner.shortcuts import merge_option_blocks, shortcut_dest, shortcut_options, task_shortcuts
 from acbench.model.sources import ALIASES, DEFAULT_MODEL
 from acbench.results.leaderboard_display import MARGIN_HELP, check_margins
 
@@ -419,7 +420,7 @@ def run_config(args) -> RunConfig:
 
 def cmd_run(args) -> int:
     from acbench.api import run_configs, write_leaderboard
-    from acbench.runner.config import resolve_run
+    from acbench.runner.resolve import resolve_run
 
     configs = run_configs_of(args)
     config = configs[0]

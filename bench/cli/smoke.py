@@ -157,8 +157,9 @@ def _read_cell(path: Path) -> dict | None:
 def smoke(output: str | None = None, names: list[str] | None = None, latency: bool = True) -> int:
     from acbench import methods
     from acbench.runner.cells import ModelInfo, plan
-    from acbench.runner.config import resolve_run
-    from acbench.runner.execute import LocalExecutor, execute, prepare
+    from acbench.runner.resolve import resolve_run
+    from acbench.runner.execute import LocalExecutor, execute
+    from acbench.runner.prepare import prepare
     from acbench.leaderboard.report import write_report
 
     from acbench.results.leaderboard_display import report_display

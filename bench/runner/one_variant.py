@@ -25,8 +25,9 @@ from acbench.calibration.memory import calibration_chunks
 from acbench.measure.latency import with_calibration_peak
 from acbench.runner.config import OWN_CALIBRATION, SEQUENTIAL_CALIBRATION, Run, solve_device_for
 from acbench.results.store import available_cpus
-from acbench.runner.execute import (Worker, deploy_one, log, open_checked, third_party_kept, variant_allocation,
-                                  cell_calibration, write_kept_lines)
+from acbench.runner.execute import third_party_kept, write_kept_lines
+from acbench.runner.worker import Worker, deploy_one, variant_allocation, cell_calibration
+from acbench.runner.prepare import log, open_checked
 
 
 @dataclass

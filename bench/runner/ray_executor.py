@@ -45,7 +45,7 @@ def compute_share(run, cells: list, calibrate: bool, cache: str, stats_cache: st
     import torch
 
     from acbench.calibration.engine import allocator_tuning
-    from acbench.runner.execute import Worker
+    from acbench.runner.worker import Worker
 
     os.environ["ACBENCH_CACHE"] = cache  # the driver's cache: the calibration task wrote the statistics there
     os.environ["ACBENCH_STATS_CACHE"] = stats_cache
@@ -88,7 +88,7 @@ def probe_ray_address(address: str | None, timeout: float) -> None:
     """A HOST:PORT that nothing listens on is said within `timeout` seconds (ray.init itself retries for minutes)."""
     import socket
 
-    from acbench.runner.config import ray_host_port
+    from acbench.runner.run_checks import ray_host_port
 
     target = ray_host_port(address) if address else None
     if target is None:

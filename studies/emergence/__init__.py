@@ -263,8 +263,9 @@ def sweep_checkpoints(paths: list[Path], sources: Sources, cfg: EmergeConfig, ou
                       seq_len: int, n_blocks: int, progress: bool) -> list[list[Path]]:
     """The harness's sweep on every checkpoint; returns each checkpoint's cell paths (computed now or before)."""
     from acbench.runner.cells import ModelInfo, plan
-    from acbench.runner.config import resolve_run
-    from acbench.runner.execute import LocalExecutor, execute, prepare
+    from acbench.runner.resolve import resolve_run
+    from acbench.runner.execute import LocalExecutor, execute
+    from acbench.runner.prepare import prepare
 
     out = []
     for path in paths:
