@@ -177,7 +177,7 @@ def test_the_layout_table_states_the_layering_test_order():
 def test_display_says_only_what_the_run_did():
     """No speed note where nothing was timed (--no-latency), no calibration size where nothing is calibrated."""
     from acbench.runner.resolve import resolve_run
-    from acbench.leaderboard.report import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
+    from acbench.leaderboard.formatting import COMPUTE_NOTE, LATENCY_NOTE, measured_speed, speed_notes
 
     untimed = [{"method": "act-sparse", "compute ratio": 0.5, "decode speedup": None}]
     assert not measured_speed(untimed) and speed_notes(untimed, sparse=True) == [COMPUTE_NOTE]

@@ -12,6 +12,7 @@ import pytest
 from acbench.core.record import SCHEMA_VERSION
 from acbench.leaderboard.load import SUPPORTED_SCHEMA, read_result_set
 from acbench.results.leaderboard_display import report_display
+from acbench.leaderboard import formatting, plots, report, sections
 from acbench.leaderboard.report import build_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
@@ -152,7 +153,7 @@ def test_cells_with_other_settings_are_named_not_merged(rendered):
 
 
 def test_unequal_parameter_ratios_flagged():
-    from acbench.leaderboard.report import param_ratio_warning
+    from acbench.leaderboard.formatting import param_ratio_warning
 
     rows = [{"method": "dense", "param ratio": 1.0}, {"method": "pca", "param ratio": 0.708},
             {"method": "svd", "param ratio": 0.775}, {"method": "fasc", "param ratio": 0.712}]
@@ -225,7 +226,7 @@ def test_paired_perplexity_difference_is_the_mean_window_nll_difference(rendered
 
 
 def test_bos_protocol_in_the_header_and_mixed_protocols_flagged():
-    from acbench.leaderboard.report import _header
+    from acbench.leaderboard.sections import _header
 
     from acbench.core.record import CellId, CellRecord
 
@@ -243,7 +244,7 @@ def test_stage_totals_count_each_piece_once():
     """A variant's compression and latency are in each of its cells, a calibration in every variant's: counted
     once each; evaluations and analyses add up."""
     from acbench.core.record import CellId, CellRecord
-    from acbench.leaderboard.report import stage_totals
+    from acbench.leaderboard.sections import stage_totals
 
     def cell(method, task, timings, kind="task", cache="c1"):
         return CellRecord(cell=CellId("m", method, 0.5, "rank", task, kind=kind), metrics={"x": 1.0},
@@ -349,8 +350,6 @@ def test_write_report_writes_where_asked_and_says_what_it_skipped(tmp_path, caps
 
 def test_write_report_refusals_in_full(tmp_path, monkeypatch):
     from acbench.core.errors import UserError
-    from acbench.leaderboard import report
-
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
     with pytest.raises(UserError) as e:
@@ -647,39 +646,38 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
     compute warnings word for word, the machine and bounds lines with parts missing, the header of an undated
     compressed checkpoint, rows of one allocation sharing a label, an analysis whose details cannot be rendered."""
     from acbench.core.record import CellId, CellRecord
-    from acbench.leaderboard import report
     from acbench.leaderboard.tables import Display
 
-    assert [report._num(v, "ppl") for v in (12.3456, 99999.994, 1e5, 4.671e8)] == ["12.35", "99999.99", "1e+05",
+    assert [formatting._num(v, "ppl") for v in (12.3456, 99999.994, 1e5, 4.671e8)] == ["12.35", "99999.99", "1e+05",
                                                                                    "4.67e+08"]
-    assert report._num(0.12345, "{:.3f}") == "0.123"
+    assert formatting._num(0.12345, "{:.3f}") == "0.123"
     rows = [{"method": "dense", "compute ratio": 1.0}, {"method": "wanda", "compute ratio": 0.5},
             {"method": "act-sparse", "compute ratio": 0.52}, {"method": "teal", "compute ratio": 0.504}]
-    assert report.param_ratio_warning(rows, "compute ratio") == [
+    assert formatting.param_ratio_warning(rows, "compute ratio") == [
         "**Unequal budgets:** compute ratios in this table range from 0.500 (teal, wanda) to 0.520 (act-sparse).", ""]
-    assert report.param_ratio_warning([{"method": "a", "param ratio": 0.5}, {"method": "b", "param ratio": 0.52}]) == [
+    assert formatting.param_ratio_warning([{"method": "a", "param ratio": 0.5}, {"method": "b", "param ratio": 0.52}]) == [
         "**Unequal budgets:** parameter ratios in this table range from 0.500 (a) to 0.520 (b), more than 0.01 "
         "apart; rows are not compared at equal size (`--budget params` sets the same parameter ratio for every "
         "method).", ""]
-    assert report.param_ratio_warning([{"method": "a", "param ratio": 0.0}, {"method": "b", "param ratio": 0.01}]) == []
-    assert report.machine_line({"cpu_model": "X"}) == "- machine: X"
-    assert report.machine_line({"cpu_model": "X", "cpus_available": 2, "torch_blas": "openblas"}) == (
+    assert formatting.param_ratio_warning([{"method": "a", "param ratio": 0.0}, {"method": "b", "param ratio": 0.01}]) == []
+    assert sections.machine_line({"cpu_model": "X"}) == "- machine: X"
+    assert sections.machine_line({"cpu_model": "X", "cpus_available": 2, "torch_blas": "openblas"}) == (
         "- machine: X; 2 CPUs available, None threads used; torch BLAS openblas")
 
     def cell(**kw):
         return CellRecord(cell=CellId("m", "pca", 0.5, "rank", "lama", "k"), metrics={"p@1": 0.5},
                           primary_metric="p@1", **kw)
 
-    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}}})]) == []
-    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {"copy_gb_s": 1.0}},
+    assert sections.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}}})]) == []
+    assert sections.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {"copy_gb_s": 1.0}},
                                              "body_overhead": {"dense_body_ms": 3.0, "floor_ms": 1.25}})]) == [
         "- what bounds decode here: dense body decode 3.00 ms/token, of which 1.25 ms outside the linear products "
         "(the overhead floor)"]
-    assert report.bounds_line([cell(latency={"conditions": None}), cell()]) == []
+    assert sections.bounds_line([cell(latency={"conditions": None}), cell()]) == []
     # a probe's part is printed only whole: a speed without its shape, a body time without its floor
-    assert report.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}, "dense_product": {"gb_s": 5.0}},
+    assert sections.bounds_line([cell(latency={"conditions": {"memory_bandwidth": {}, "dense_product": {"gb_s": 5.0}},
                                              "body_overhead": {"dense_body_ms": 3.0}})]) == []
-    head = report._header([cell(model_fingerprint={"sha256": "a" * 40, "compressed": "from pca at 0.5"})])
+    head = sections._header([cell(model_fingerprint={"sha256": "a" * 40, "compressed": "from pca at 0.5"})])
     assert head[:2] == ["- model fingerprint: sha256=aaaaaaaaaaaaaaaa", "- compressed checkpoint: from pca at 0.5"]
     assert head[-1] == "- results undated" and "- seed: " in head
     # two rows whose allocations put the same k everywhere share one line of the k table
@@ -693,7 +691,7 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
                           compression={"allocation": alloc, "groups": ks})
 
     written = []
-    lines = report.allocation_section({"pca+fisher": [fisher("pca")], "svd+fisher": [fisher("svd")],
+    lines = sections.allocation_section({"pca+fisher": [fisher("pca")], "svd+fisher": [fisher("svd")],
                                        "asvd": [_rec("asvd", "lama", 0.5, "p@1", True, compression={"groups": ks})]},
                                       "m", "rank", 0.5, "groups=mlp_in", tmp_path, written)
     assert lines[:5] == ["Rank allocation (budget over the compressed groups):", "",
@@ -701,34 +699,33 @@ def test_report_lines_in_full_on_hand_input(tmp_path):
                          "- svd+fisher: 1,234 of a 1,300-parameter budget (0.2500 of dense), allocated in 0.75 s", ""]
     assert "| asvd, pca+fisher, svd+fisher | mlp_in  | 2 3          |" in lines[7]
     assert [p.name for p in written] == ["m_k_rank_0.5_groups_mlp_in.png"]
-    assert report.allocation_section({"asvd": [_rec("asvd", "lama", 0.5, "p@1", True, compression={"groups": ks})]},
+    assert sections.allocation_section({"asvd": [_rec("asvd", "lama", 0.5, "p@1", True, compression={"groups": ks})]},
                                      "m", "rank", 0.5, "all", tmp_path, written) == []
 
     def broken(cell, plot_dir, stem, title):
         raise KeyError("units")
 
     g = {"analyses": {"rho": {("rank", 0.5): _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis")}}}
-    assert report.analysis_sections(g, "m", Display(sections={"rho": broken}), tmp_path, []) == [
+    assert sections.analysis_sections(g, "m", Display(sections={"rho": broken}), tmp_path, []) == [
         "### rho at rank ratio 0.5", "", "*rho: its details could not be rendered (KeyError); its metrics:*", "",
         "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
-    assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2:] == [
+    assert sections.analysis_sections(g, "m", Display(), tmp_path, [])[2:] == [
         "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |", ""]
 
 
 def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch):
-    from acbench.leaderboard import report
     from acbench.leaderboard.load import read_result_set
     from acbench.leaderboard.tables import Column, group_cells, metric_columns
 
     col = Column("acc", "t", "acc", True)
     rows = [{"method": "dense", "acc": 0.5}, {"method": "a", "acc": 0.5}, {"method": "b", "acc": 0.4}]
-    table = report.markdown_table(rows, "b", [col])
+    table = formatting.markdown_table(rows, "b", [col])
     assert table.splitlines()[2:] == ["| dense    | 0.500     |", "| a        | **0.500** |",  # dense: never bold
                                       "| b (ref)  | 0.400     |"]
     # a task without a chance level is skipped, not the end of the note
-    monkeypatch.setattr(report, "chance_table", lambda cells, columns=None: {
+    monkeypatch.setattr(formatting, "chance_table", lambda cells, columns=None: {
         "x": None, "lama": {"acc": 0.6, "chance": 0.1, "n": 40, "p": 1e-9, "above": True}})
-    assert report.chance_note([]) == [
+    assert formatting.chance_note([]) == [
         "- recovery % averages the accuracy tasks where dense is significantly above chance (each item's chance "
         "level as its task records it): lama dense 0.600 vs chance 0.100 (n=40, one-sided p=1e-09): above chance"]
     monkeypatch.undo()
@@ -736,11 +733,11 @@ def test_bold_chance_and_the_cross_family_reference_edges(tmp_path, monkeypatch)
     cells = g["dense"] + [c for per in g["ranks"].values() for cs in per.values() for c in cs]
     columns = metric_columns(cells)
     # a reference method that is not among the matched rows: no differences, no failure
-    lines = report.cross_family_section(g, {}, columns, "model-c", "svd", tmp_path, [])
+    lines = sections.cross_family_section(g, {}, columns, "model-c", "svd", tmp_path, [])
     assert lines[0] == "### Both families at compute ratio 0.5" and not any("Δ" in line for line in lines)
     asked = []
-    monkeypatch.setattr(report, "matched_compute", lambda sections, target: asked.append(target) or {})
-    report.cross_family_section(g, {}, columns, "model-c", "pca", tmp_path, [], target=0.25)
+    monkeypatch.setattr(sections, "matched_compute", lambda sections, target: asked.append(target) or {})
+    sections.cross_family_section(g, {}, columns, "model-c", "pca", tmp_path, [], target=0.25)
     assert asked == [0.25]
 
 
@@ -749,13 +746,12 @@ def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
     line without a dense row; a scoped section skipped (not the end of the loop); a row without a value or a
     compute ratio left out; no columns, no figure."""
     from acbench.core.record import ALL_GROUPS
-    from acbench.leaderboard import plots, report
     from acbench.leaderboard.tables import Column
 
     got = []
     monkeypatch.setattr(plots, "metric_vs_compute", lambda points, dense, label, lower, title, path:
                         got.append([points, dense, label, lower, path.name]) or path)
-    monkeypatch.setattr(report, "matched_compute", lambda sections, target: {})
+    monkeypatch.setattr(sections, "matched_compute", lambda sections, target: {})
     g = {"dense": [], "ranks": {("rank", 0.5, ALL_GROUPS): {}, ("2:4", 0.5, ALL_GROUPS): {}}}
     acc, acc2 = Column("lama p@1", "lama", "p@1", True), Column("mmlu acc", "mmlu", "acc", True)
     nll = Column("wikitext ppl", "wikitext", "ppl", False)
@@ -769,18 +765,18 @@ def test_the_both_families_figure_on_hand_rows(tmp_path, monkeypatch):
         ("unstructured", 0.3, ALL_GROUPS): [{"method": "teal", "param ratio": 0.3, "lama p@1": 0.2}],
     }
     written = []
-    lines = report.cross_family_section(g, section_rows, [acc, acc2], "m", "pca", tmp_path, written)
+    lines = sections.cross_family_section(g, section_rows, [acc, acc2], "m", "pca", tmp_path, written)
     assert got == [[{"pca": [(0.6, 0.5)], "act-sparse @ N:4": [(0.5, 0.4)], "teal (unstructured)": [(0.3, 0.2)]},
                     None, "lama p@1", False, "m_lama_vs_compute.png"]]
     assert lines[-2:] == ["![lama p@1 vs compute ratio](plots/m_lama_vs_compute.png)", ""]
     assert [p.name for p in written] == ["m_lama_vs_compute.png"]
     got.clear()
-    report.cross_family_section(g, section_rows, [acc, nll], "m", "pca", tmp_path, [])
+    sections.cross_family_section(g, section_rows, [acc, nll], "m", "pca", tmp_path, [])
     assert got == [[{"pca": [(0.6, 12.0)]}, None, "wikitext ppl", True, "m_wikitext_vs_compute.png"]]
     got.clear()
-    report.cross_family_section(g, {}, [acc], "m", "pca", tmp_path, written)
+    sections.cross_family_section(g, {}, [acc], "m", "pca", tmp_path, written)
     assert got == [] and len(written) == 1  # a column but no row to plot: no figure
-    lines = report.cross_family_section(g, section_rows, [], "m", "pca", tmp_path, written)
+    lines = sections.cross_family_section(g, section_rows, [], "m", "pca", tmp_path, written)
     assert got == [] and len(written) == 1 and lines[0] == "### Both families at compute ratio 0.5"
 
 
@@ -789,7 +785,6 @@ def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
     with a measured interval; Δ NLL only where both perplexities are positive numbers, each accuracy wherever
     the row has it; point labels per family."""
     from acbench.core.record import ALL_GROUPS
-    from acbench.leaderboard import plots, report
     from acbench.leaderboard.tables import Column
 
     got = []
@@ -813,7 +808,7 @@ def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
                                              {"method": "teal", **t, "ppl ppl": 1.0}],
     }
     written = []
-    lines = report.frontier_section({}, section_rows, columns, "m", tmp_path, written)
+    lines = sections.frontier_section({}, section_rows, columns, "m", tmp_path, written)
     band = (1.5, 1.25, 1.75)
     assert got == [[{"Δ NLL vs dense (ppl ppl)": {"low-rank": [("pca @ rank 0.5", *band, math.log(2.0)),
                                                                 ("fasc @ rank 0.5", *band, math.log(0.05))],
@@ -826,7 +821,7 @@ def test_the_quality_against_speed_figure_on_hand_rows(tmp_path, monkeypatch):
         "![quality vs measured decode speedup](plots/m_quality_vs_speed.png)", ""]
     assert [p.name for p in written] == ["m_quality_vs_speed.png"]
     got.clear()
-    assert report.frontier_section({}, scoped, columns, "m", tmp_path, written) == [] and got == []
+    assert sections.frontier_section({}, scoped, columns, "m", tmp_path, written) == [] and got == []
 
 
 def test_a_model_evaluated_as_loaded(tmp_path):
@@ -860,7 +855,6 @@ def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
     """Across rank ratios on hand rows: one accuracy column alone stays as printed ("0.500", not re-read as a
     number), a missing value is blank; without a dense row the figures get no dense mark; without a loss column
     no loss figure; the loss figure takes only rows with both a parameter ratio and a loss."""
-    from acbench.leaderboard import plots, report
     from acbench.leaderboard.tables import Column
 
     calls = []
@@ -871,7 +865,7 @@ def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
     cross = {"pca": {0.5: {"lama p@1": 0.5, "ppl ppl": 12.0, "param ratio": 0.5},
                      0.25: {"lama p@1": 0.25, "param ratio": 0.25}},
              "svd": {0.5: {"ppl ppl": 20.0}}}
-    assert report.across_ranks_section({"dense": []}, cross, "m", "pca", [acc], tmp_path, []) == [
+    assert sections.across_ranks_section({"dense": []}, cross, "m", "pca", [acc], tmp_path, []) == [
         "### Across rank ratios (lama p@1)", "",
         "| method   | 0.5   | 0.25   |\n|----------|-------|--------|\n| pca      | 0.500 | 0.250  |\n"
         "| svd      |       |        |", "", "![accuracy vs rank ratio](plots/m_accuracy_vs_rank.png)", ""]
@@ -879,7 +873,7 @@ def test_the_across_ranks_table_and_figures_on_hand_rows(tmp_path, monkeypatch):
     assert calls == [accuracy]
     calls.clear()
     written = []
-    lines = report.across_ranks_section({"dense": []}, cross, "m", "pca", [acc, ppl], tmp_path, written)
+    lines = sections.across_ranks_section({"dense": []}, cross, "m", "pca", [acc, ppl], tmp_path, written)
     assert calls == [accuracy, ["loss", {"pca": [(0.5, 12.0)], "svd": []}, None]]
     assert lines[2].splitlines()[2:] == ["| pca      | 0.500 / 12.00 | 0.250 / |", "| svd      | / 20.00       | /       |"]
     assert [p.name for p in written] == ["m_accuracy_vs_rank.png", "m_ppl_vs_params.png"]
@@ -921,7 +915,6 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
     differ, a sparsity section on compute ratios, every row's numeric fallbacks in one line; no blank line for
     speed notes a section without speedups does not have; the flat rows carry each row's place."""
     from acbench.core.record import ALL_GROUPS
-    from acbench.leaderboard import report
     from acbench.leaderboard.tables import Column
 
     dense = {"method": "dense", "acc": 0.5, "param ratio": 1.0}
@@ -931,11 +924,11 @@ def test_rank_sections_on_hand_rows(tmp_path, monkeypatch):
             ("2:4", 0.5, ALL_GROUPS): [
                 dense, {"method": "act-sparse", "acc": 0.45, "param ratio": 1.0, "compute ratio": 0.5},
                 {"method": "teal", "acc": 0.35, "param ratio": 1.0, "compute ratio": 0.7}]}
-    monkeypatch.setattr(report, "rank_table", lambda dense, by, ref, columns, margins=None: rows[next(k for k in rows if k[0] == by)])
-    monkeypatch.setattr(report, "allocation_section", lambda *a: [])
-    monkeypatch.setattr(report, "item_set_warning", lambda *a: [])  # hand rows have no cells (its own test has)
+    monkeypatch.setattr(sections, "rank_table", lambda dense, by, ref, columns, margins=None: rows[next(k for k in rows if k[0] == by)])
+    monkeypatch.setattr(sections, "allocation_section", lambda *a: [])
+    monkeypatch.setattr(sections, "item_set_warning", lambda *a: [])  # hand rows have no cells (its own test has)
     flat = [{"model": "earlier"}]
-    md, shown, cross = report.rank_sections({"dense": [], "ranks": {k: k[0] for k in rows}}, "m", "pca",
+    md, shown, cross = sections.rank_sections({"dense": [], "ranks": {k: k[0] for k in rows}}, "m", "pca",
                                             [Column("acc", "t", "acc", True)], tmp_path, [], flat)
     tables = [line for line in md if line.startswith("| method")]
     assert [line for line in md if line not in tables] == [
@@ -993,19 +986,15 @@ def test_a_reference_method_that_is_not_there(tmp_path):
 
 
 def test_the_header_counts_the_analyses_wall_time():
-    from acbench.leaderboard import report
-
     task = _rec("pca", "lama", 0.5, "p@1", True, timings={"evaluate_s": 4.0})
     rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 12.0})
-    assert "- wall time the cells record: evaluation 4.0 s, analyses 12 s (total 16 s)" in report._header([task], [rho])
+    assert "- wall time the cells record: evaluation 4.0 s, analyses 12 s (total 16 s)" in sections._header([task], [rho])
 
 
 def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypatch):
     """Rows whose k differ keep separate lines of the k table (rows with the same k share one); a single block's
     k stays text, left-aligned like the others; the figure gets the same merged rows."""
     from acbench.core.record import CellId, CellRecord
-    from acbench.leaderboard import plots, report
-
     drawn = []
     monkeypatch.setattr(plots, "k_by_block", lambda ks, title, path: drawn.append(ks) or path)
     alloc = {"rule": "fisher", "allocated_params": 100, "budget_params": 120, "allocated_ratio": 0.5,
@@ -1017,7 +1006,7 @@ def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypat
                            compression={"allocation": alloc, "groups": [{"group": "layers.0.mlp_in", "k": k,
                                                                          "d_in": 16}]})]
 
-    lines = report.allocation_section({"pca+fisher": row("pca", 12), "svd+fisher": row("svd", 10),
+    lines = sections.allocation_section({"pca+fisher": row("pca", 12), "svd+fisher": row("svd", 10),
                                        "asvd+fisher": row("asvd", 12)}, "m", "rank", 0.5, "all", tmp_path, [])
     assert lines[-4].splitlines() == ["| row                     | group   | k by block   |",
                                       "|-------------------------|---------|--------------|",
@@ -1028,7 +1017,7 @@ def test_rows_with_different_allocations_get_their_own_lines(tmp_path, monkeypat
 
 
 def test_the_perplexity_column_the_frontier_reads():
-    from acbench.leaderboard.report import _ppl_label
+    from acbench.leaderboard.formatting import _ppl_label
     from acbench.leaderboard.tables import Column
 
     loss, ppl = Column("lama nll", "lama", "nll", False), Column("PPL", "ppl-token", "ppl", False)
@@ -1040,7 +1029,6 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
     """Analysis cells by budget, then ratio high to low, each rendered by its analysis with its file stem and
     title (figures added to the written list), else as its metrics (a missing value blank); a cell its analysis
     cannot read is named by its file."""
-    from acbench.leaderboard import report
     from acbench.leaderboard.tables import Display
 
     def cell(budget, rank):
@@ -1059,7 +1047,7 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
     g = {"analyses": {"rho": {("rank", 0.25): cell("rank", 0.25), ("rank", 0.5): cell("rank", 0.5), ("params", 0.5): bad},
                       "other": {("rank", 0.5): cell("rank", 0.5)}}}
     written = [tmp_path / "earlier.png"]
-    md = report.analysis_sections(g, "m/x", Display(sections={"rho": render}), tmp_path, written)
+    md = sections.analysis_sections(g, "m/x", Display(sections={"rho": render}), tmp_path, written)
     assert asked == [("params", 0.5, "m_x_rho_params_0.5", "m/x @ 0.5"), ("rank", 0.5, "m_x_rho_rank_0.5", "m/x @ 0.5"),
                      ("rank", 0.25, "m_x_rho_rank_0.25", "m/x @ 0.25")]
     table = "| metric   | value   |\n|----------|---------|\n| rho_mean | 0.25    |"
@@ -1070,30 +1058,28 @@ def test_analysis_sections_order_render_and_fall_back(tmp_path):
                   "### rho at rank ratio 0.25", "", "rendered 0.25", ""]
     assert [p.name for p in written] == ["earlier.png", "m_x_rho_rank_0.5.png", "m_x_rho_rank_0.25.png"]
     g = {"analyses": {"other": {("rank", 0.5): _rec("rho-analysis", "rho", None, "rho_mean", None, kind="analysis")}}}
-    assert report.analysis_sections(g, "m", Display(), tmp_path, [])[2].splitlines()[-1] == "| rho_mean |         |"
+    assert sections.analysis_sections(g, "m", Display(), tmp_path, [])[2].splitlines()[-1] == "| rho_mean |         |"
 
 
 def test_the_header_on_hand_cells(monkeypatch):
     """Header lines a golden tree does not reach: a calibration without its spec, BOS protocols that differ, wall
     time printed to a tenth of a second below 10 s and to the second from 10 s; the budget warning names every
     row exactly half the tolerance from an end."""
-    from acbench.leaderboard import report
-
     a = _rec("pca", "lama", 0.5, "p@1", True, bos="bos-1", calibration={"cache": "c1"}, timings={"evaluate_s": 10.0})
     b = _rec("svd", "lama", 0.5, "p@1", True, bos="bos-0")
     rho = _rec("rho-analysis", "rho", 0.25, "rho_mean", None, kind="analysis", timings={"rho_s": 0.5})
-    head = report._header([a, b], [rho])
+    head = sections._header([a, b], [rho])
     dated = [_rec("pca", "lama", 0.5, "p@1", True, seed=s, env={"date": d})
              for s, d in ((1, "2026-11-03T10:00"), (0, "2026-11-01T09:00"), (1, "2026-11-02T08:00"))]
-    assert "- seed: 0, 1" in report._header(dated)
-    assert report._header(dated)[-1] == "- results dated 2026-11-01 to 2026-11-03"
+    assert "- seed: 0, 1" in sections._header(dated)
+    assert sections._header(dated)[-1] == "- results dated 2026-11-01 to 2026-11-03"
     assert head[1:4] == ["- calibration: None x None tokens from None, None (x, g) pairs/group, seed None",
                          "- BOS protocol (calibration and perplexity windows; BOS never scored): bos-0, bos-1 — MIXED: "
                          "these rows are not comparable",
                          "- wall time the cells record: evaluation 10 s, analyses 0.5 s (total 10 s)"]
-    monkeypatch.setattr(report, "PARAM_RATIO_TOLERANCE", 0.25)  # a power of two: the half is exact
+    monkeypatch.setattr(formatting, "PARAM_RATIO_TOLERANCE", 0.25)  # a power of two: the half is exact
     rows = [{"method": m, "param ratio": r} for m, r in (("a", 0.5), ("b", 0.625), ("c", 1.0), ("d", 0.875))]
-    assert report.param_ratio_warning(rows)[0].startswith(
+    assert formatting.param_ratio_warning(rows)[0].startswith(
         "**Unequal budgets:** parameter ratios in this table range from 0.500 (a, b) to 1.000 (c, d), more than 0.25")
 
 

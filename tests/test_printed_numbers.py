@@ -686,7 +686,7 @@ def test_a_cells_identity_holds_the_weights_hash_when_known():
 
 
 def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
-    from acbench.leaderboard.report import _fmt_speedup
+    from acbench.leaderboard.formatting import _fmt_speedup
 
     row = {"decode speedup": 1.05, "decode speedup ci": (0.97, 1.13), "decode converged": False}
     assert _fmt_speedup(row, "decode speedup") == "= dense (1.05x [0.97, 1.13]) (not converged)"
@@ -701,7 +701,7 @@ def test_a_comparison_that_did_not_converge_says_so_beside_its_number():
 
 def test_the_header_names_what_bounds_decode():
     from acbench.core.record import CellRecord
-    from acbench.leaderboard.report import bounds_line
+    from acbench.leaderboard.sections import bounds_line
 
     lat = {"conditions": {"memory_bandwidth": {"copy_gb_s": 14.04, "triad_gb_s": 15.96, "array_mb": 256, "threads": 2},
                           "dense_product": {"shape": [640, 2048], "dtype": "float32", "gb_s": 12.34}},

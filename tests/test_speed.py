@@ -17,7 +17,7 @@ from acbench.measure.latency import LatencySpec, compare_latency, latency, ratio
 from acbench.core.compressed_layers import InputSparsifier, SparseInputLinear
 from acbench.core.sparsity import sparse_input, sparsify, top_indices, topk_mask
 from acbench.core.stats import RankSpec, SparsitySpec
-from acbench.leaderboard.report import FRONTIER_NLL, frontier_line
+from acbench.leaderboard.formatting import FRONTIER_NLL, frontier_line
 from acbench.leaderboard.tables import Column
 
 from conftest import tiny_model
@@ -254,7 +254,7 @@ def test_frontier_line_names_the_fastest_row_within_the_quality_distance():
 
 
 def test_speed_notes_only_for_what_a_section_shows():
-    from acbench.leaderboard.report import BOUND_NOTE, COMPUTE_NOTE, LATENCY_NOTE, speed_notes
+    from acbench.leaderboard.formatting import BOUND_NOTE, COMPUTE_NOTE, LATENCY_NOTE, speed_notes
 
     untimed = [{"method": "dense"}, {"method": "pca", "param ratio": 0.5}]  # a --no-latency run
     assert speed_notes(untimed, False) == [] and speed_notes(untimed, True) == [COMPUTE_NOTE]
