@@ -1,6 +1,6 @@
 """acbench: a benchmark harness for post-training activation compression, as a library and a CLI (`bench`).
 
-The Python calls (bench/api.py): `load_model`, `compress`, `evaluate`, `sweep`, `load_results`. They are loaded on
+The Python calls (bench/api/): `load_model`, `compress`, `evaluate`, `sweep`, `load_results`. They are loaded on
 first use, so `import acbench` (and the CLI's start) stays light. `acbench.UserError` is what every call raises for a
 problem with what it was given (one line naming it and the fix), so a program can catch it.
 

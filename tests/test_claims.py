@@ -184,7 +184,7 @@ def test_the_compute_line_names_every_thread_count_its_cells_ran_on():
 
 
 def test_the_sweep_asks_for_cloze_mmlu_every_pair_and_rank_without_latency():
-    from acbench.api import sweep_configs
+    from acbench.api.sweep_call import sweep_configs
     from acbench.studies.claims import Settings, sweep_keywords
 
     kw = sweep_keywords(Settings(mmlu_limit=7, output="x"))

@@ -107,7 +107,7 @@ def test_calibration_forms_give_the_same_windows(lm):
     """A datasets column is its texts; a token tensor is used as it is (its digest names it)."""
     import datasets
 
-    from acbench.api import calibration_tokens
+    from acbench.api.compress_call import calibration_tokens
 
     texts = calibration_tokens(TEXTS, lm.tokenizer, 2, 32, 0, "none")
     column = calibration_tokens(datasets.Dataset.from_dict({"body": TEXTS}), lm.tokenizer, 2, 32, 0, "none",
@@ -250,7 +250,7 @@ def test_one_vocabulary_across_the_calls(lm, tmp_path):
     rank= with ranks= and a model in memory in one line; acbench.list_methods() and acbench.list_tasks() list the registries."""
     from acbench import methods as method_registry
     from acbench import tasks as task_registry
-    from acbench.api import sweep_configs
+    from acbench.api.sweep_call import sweep_configs
 
     small = {"calib_samples": 2, "calib_seq_len": 32, "progress": False, "cache": False}
     with acbench.compress(lm, None, "pca", rank=0.5, **small) as c:
@@ -347,7 +347,7 @@ def test_the_statistics_cache_is_listed_and_cleared(lm, tmp_path, monkeypatch):
 
 def test_refusals_speak_the_calls_keywords(lm):
     """A refusal shared with the CLI names the keyword the Python caller typed, not a flag, and no config file."""
-    from acbench.api import api_words
+    from acbench.api.caller_state import api_words
 
     small = {"progress": False, "cache": False}
     with pytest.raises(acbench.UserError, match=r"^calib_samples= must be a positive integer, got 0$"):

@@ -403,7 +403,7 @@ def config_from_args(args) -> RunConfig:
 def run_configs_of(args) -> list[RunConfig]:
     """bench run's own checks of its flags and config file, short of opening a model or writing anything: one
     config per model."""
-    from acbench.api import check_sweep_tasks
+    from acbench.api.sweep_call import check_sweep_tasks
 
     configs = configs_from_args(args)
     check_sweep_tasks(configs[0])
@@ -419,7 +419,7 @@ def run_config(args) -> RunConfig:
 
 
 def cmd_run(args) -> int:
-    from acbench.api import run_configs, write_leaderboard
+    from acbench.api.sweep_call import run_configs, write_leaderboard
     from acbench.runner.resolve import resolve_run
 
     configs = run_configs_of(args)
