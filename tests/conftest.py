@@ -206,8 +206,9 @@ def checked_only(monkeypatch):
 
 
 # measured with --durations on a 2-core machine (2026-12-04): the slow tests over 40 s
-LONGEST_FIRST = ("tests/test_real_models.py::test_golden_values_smollm2",
-                 "tests/test_python_api_docs.py::test_the_page_runs_as_written_on_smollm2",
+# the docs page on SmolLM2 (399 s of a 621 s slow run on 2 cores, 2026-12-07), then the golden values (157 s)
+LONGEST_FIRST = ("tests/test_python_api_docs.py::test_the_page_runs_as_written_on_smollm2",
+                 "tests/test_real_models.py::test_golden_values_smollm2",
                  "tests/test_method_authors.py::test_a_generated_method_installs_lists_passes_its_checks_and_"
                  "recomputes_after_an_edit", "tests/test_real_models.py::test_mmlu_native_equals_lm_eval_on_smollm2",
                  "tests/test_real_models.py::test_converted_default_model_matches_gguf_and_is_cached")
