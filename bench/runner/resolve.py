@@ -4,6 +4,7 @@ run_checks.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from acbench import tasks as task_registry
 from acbench.core.errors import UserError
@@ -11,7 +12,7 @@ from acbench.core.stats import RankSpec
 from acbench.core.units import parse_bytes
 from acbench.tasks.base import RunShared, Task
 from acbench.runner.selection import Selection
-from acbench.runner.config import Run, RunConfig, until_decided_task
+from acbench.runner.config import Run, RunConfig
 from acbench.runner.run_checks import (check_allocation, check_budgets_used, check_calibration, check_config_types,
                                        check_execution, check_methods, check_options_used, check_rank_flags_used,
                                        check_settings_used, check_task_names, check_until_decided_reference,
@@ -65,8 +66,9 @@ def resolve_run(config: RunConfig, writes: bool = True) -> Run:
     check_settings_used(config, model_tasks, margins)
     if config.until_decided:
         check_until_decided_reference(config, names)
-        model_tasks = {name: until_decided_task(task, config, margins) for name, task in model_tasks.items()}
-    return Run(config=config, methods=names,
-               ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
-               allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,
-               analyses=analyses, stats_memory=parse_bytes(config.stats_memory) if config.stats_memory else None)
+    run = Run(config=config, methods=names,
+              ranks=tuple(RankSpec(r, config.budget, config.rank_align) for r in ranks), patterns=tuple(patterns),
+              allocate=tuple(dict.fromkeys(config.allocate)), selection=selection, bos=config.bos, tasks=model_tasks,
+              analyses=analyses, stats_memory=parse_bytes(config.stats_memory) if config.stats_memory else None)
+    # each task as the run sizes it: Run.task, the one place --until-decided is applied
+    return replace(run, tasks={name: run.task(name) for name in model_tasks}) if config.until_decided else run
