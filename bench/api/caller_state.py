@@ -58,7 +58,7 @@ def _reset_after(tokens):
 
 def keeps_caller_state(fn):
     """`fn` run inside kept_state, its refusals in the API's words (api_words). Its status lines go through the
-    `bench` logger, dropped for a call made with progress=False; a caller who set that logger above INFO gets no
+    `acbench` logger, dropped for a call made with progress=False; a caller who set that logger above INFO gets no
     bars either."""
     params = inspect.signature(fn).parameters
     takes_progress = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())  # sweep's

@@ -27,7 +27,7 @@ from acbench.results.store import results_name
 
 
 def log(msg: str) -> None:
-    """A run's status line, through the `bench` logger (its warnings go through acbench.core.log.warn)."""
+    """A run's status line, through the `acbench` logger (its warnings go through acbench.core.log.warn)."""
     say(msg)
 
 
