@@ -126,8 +126,9 @@ def save_compressed(run: Run, out: Path, merge: bool = False, overwrite: bool = 
         lm = worker.model()
         dense_bytes = weight_bytes(lm.model)
         t0 = time.perf_counter()
-        with compress_model(lm, run, worker.selected, run.config.model, worker.text(), cache=True, merge=merge,
-                            solve_device=worker.solve_device) as done:
+        # the windows prepared (where a statistic needs them): compress_model tokenizes only what it reads
+        with compress_model(lm, run, worker.selected, run.config.model, worker.calib_windows, cache=True,
+                            merge=merge, solve_device=worker.solve_device) as done:
             seconds = time.perf_counter() - t0
             written = done.save(out, overwrite)
     if said:
