@@ -30,6 +30,25 @@ class NoSettings:
     pass
 
 
+ADDED_LATER = "added_later"  # dataclass field metadata: the setting is left out of a result's key at its default
+
+
+def added_setting(default):
+    """A setting added after results were stored: at its default it is left out of `settings_dict` (the key of
+    every result), so the stored results keep their keys and a run at the default plans none of them again; set to
+    anything else it enters the key as every setting does."""
+    return dataclasses.field(default=default, metadata={ADDED_LATER: True})
+
+
+def keyed_settings(settings) -> dict:
+    """A Settings dataclass as its results' key holds it: every field, less those added later left at default."""
+    out = dataclasses.asdict(settings)
+    for f in dataclasses.fields(settings):
+        if f.metadata.get(ADDED_LATER) and out.get(f.name) == f.default:
+            del out[f.name]
+    return out
+
+
 class Plugin:
     """What methods, tasks and analyses share: identity, version and settings built from `key=value` options."""
 
@@ -56,7 +75,7 @@ class Plugin:
         return cls(settings)
 
     def settings_dict(self) -> dict:
-        return dataclasses.asdict(self.settings)
+        return keyed_settings(self.settings)
 
 
 # the package whose modules each hold their own plugins: a plugin there is keyed by its own file; a plugin elsewhere

@@ -177,6 +177,9 @@ class SparseActivation(SparseResult):
     # per site, low-rank factors the dropped channels still go through: y = W (m * x) + A (B ((1 - m) * x)), with
     # the whole W kept beside them (R-Sparse); a site left out has no low-rank branch
     residual_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    # with a threshold: the leading fraction of each evaluated sequence left dense (TEAL sparsifies the second half
+    # of a prefill only); 0: every token sparsified
+    dense_prefix: float = 0.0
     form: str = "sparse-activation"
 
     def mask_groups(self, site_names) -> list[tuple[tuple[str, ...], torch.Tensor | None]]:
@@ -196,6 +199,9 @@ class SparseActivation(SparseResult):
             return (f"a threshold together with mitigation {self.mitigation!r}: a threshold keeps "
                     f"|x_j| * scale_j > threshold and applies no mitigation; return mitigation='none' with the "
                     f"threshold, or a top-k pattern without it")
+        if self.dense_prefix and (self.threshold is None or not 0 < self.dense_prefix < 1):
+            return (f"dense_prefix {self.dense_prefix!r}: a leading fraction in (0, 1) left dense applies to a "
+                    "threshold sparsifier only; return it with a threshold, or 0")
         if self.mitigation == "shift" and self.mu is None:
             return "mitigation 'shift' without mu: return the calibrated per-channel mean as mu"
         for name in ("scale", "mu"):

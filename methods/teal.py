@@ -3,16 +3,30 @@ exceeds a static threshold, calibrated per input group so that the calibration t
 and compare |x| with it at run time (no top-k). The density a token keeps varies; the calibrated one is the
 budget's, and a run records the density measured on each task's tokens (`measured_density` in its cells).
 
+TEAL's recipe as its authors run it is three settings: `--calibration authors` (10 x 2,048 tokens),
+`--allocate greedy` (a density per group, acbench.deploy.allocation) and `prefill_half=true` (the first half of
+each evaluated sequence dense).
+
 The threshold is read off the group's |x| histogram (acbench.core.stats.magnitude_threshold): the magnitude above which
 the target fraction of the calibration values lies.
 """
 
 from __future__ import annotations
 
-from acbench.core.linalg import check_finite
-from acbench.core.stats import magnitude_threshold
+from dataclasses import dataclass
 
-from .base import SparseActivation, SparsityMethod
+from acbench.core.linalg import check_finite
+from acbench.core.registry import added_setting
+from acbench.core.stats import ONE_PASS, magnitude_threshold
+
+from .base import AuthorsCalibration, SparseActivation, SparsityMethod
+
+
+@dataclass(frozen=True)
+class TealSettings:
+    # TEAL's evaluation (its SparsifyFn): the first half of each evaluated sequence stays dense, as a prompt would,
+    # and only the second half is sparsified; False: every token, as a deployment that sparsifies prefill
+    prefill_half: bool = added_setting(False)
 
 
 class Teal(SparsityMethod):
@@ -21,6 +35,9 @@ class Teal(SparsityMethod):
                    "0.5), |x| compared with it at run time; reads the |x| histogram")
     needs = frozenset({"abs_hist"})
     takes_group_density = True  # each group's threshold calibrated at its own density
+    Settings = TealSettings
+    authors_calibration = AuthorsCalibration(10, 2048, ONE_PASS, "Alpaca samples", "TEAL code (teal/grab_acts.py: "
+                                             "activation histograms from 10 x 2,048 tokens)")
 
     @classmethod
     def pattern_problem(cls, pattern):
@@ -32,4 +49,5 @@ class Teal(SparsityMethod):
     def solve(self, weights, stats, pattern):
         check_finite("teal", abs_hist=stats.abs_hist)
         threshold = magnitude_threshold(stats.abs_hist, pattern.density)
-        return SparseActivation(pattern=pattern, threshold=threshold, extras={"threshold": threshold})
+        return SparseActivation(pattern=pattern, threshold=threshold, extras={"threshold": threshold},
+                                dense_prefix=0.5 if self.settings.prefill_half else 0.0)

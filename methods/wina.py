@@ -38,6 +38,7 @@ class Wina(SparsityMethod):
     description = ("WINA as its authors run it: per token and per weight matrix, the top |x_j| ||W[:, j]|| by that "
                    "matrix's own column norms (k_proj, gate_proj; weighted=all: every matrix), the others top |x_j|")
     Settings = WinaSettings
+    takes_group_density = True  # a per-token top-k at its group's density: TEAL's greedy allocation applies (the authors' recipe)
 
     def weighs(self, site: str) -> bool:
         return self.settings.weighted == "all" or site.rsplit(".", 1)[-1] in WEIGHTED_AUTHORS

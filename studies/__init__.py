@@ -97,6 +97,7 @@ def budget_label(cell) -> str:
 class Side:
     method: str
     budget: str  # "density 0.5", "2:4", "params 0.8", "rank 0.75"
+    allocation: str = "uniform"  # the rule that splits the budget across groups (greedy: TEAL's)
 
     @property
     def label(self) -> str:
@@ -111,9 +112,12 @@ class Side:
         return {"rank": [float(value)], "budget": kind}
 
 
-def find(cells: list, model: str, side: Side, task: str):
+def find(cells: list, model: str, side: Side, task: str, options: dict | None = None):
+    """The cell of `side` on `task`, evaluated with `options` (task settings it must hold: a setting given as None
+    must be absent or null), or None."""
     for c in cells:
         if c.cell.model == model and c.cell.method == side.method and c.cell.task == task and \
-                budget_label(c) == side.budget:
+                budget_label(c) == side.budget and (c.cell.allocation or "uniform") == side.allocation and \
+                all((c.task_config or {}).get(k) == v for k, v in (options or {}).items()):
             return c
     return None

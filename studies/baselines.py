@@ -27,6 +27,8 @@ from acbench.core.significance import compare, verdict
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
 TASK = "ppl-token"
+# the page reads the 16 windows of 256 tokens it was measured on (the reproductions study also stores 2,048-token ones)
+TASK_OPTIONS = {"seq_len": 256, "max_windows": 16, "scored": None}
 MARGIN = 0.02  # nats of mean NLL: the ppl-token task's default margin
 DESTROYED = 5.0  # a row whose perplexity is this many times dense's: the budget destroys the model
 ACTIVATION_OLD, ACTIVATION_NEW = ("act-sparse", "teal"), ("wina", "r-sparse", "larosa", "cats")
@@ -52,12 +54,12 @@ def comparisons(cells: list[CellRecord], models) -> list[dict]:
 
     out = []
     for model in models:
-        dense = find(cells, model, Side(DENSE, ""), TASK)
+        dense = find(cells, model, Side(DENSE, ""), TASK, TASK_OPTIONS)
         for budget, new, old in SECTIONS:
             for n in new:
-                a = find(cells, model, Side(n, budget), TASK)
+                a = find(cells, model, Side(n, budget), TASK, TASK_OPTIONS)
                 for o in old:
-                    b = find(cells, model, Side(o, budget), TASK)
+                    b = find(cells, model, Side(o, budget), TASK, TASK_OPTIONS)
                     d = compare(b, a) if a and b else None
                     if d is not None:
                         out.append({"model": model, "budget": budget, "new": a, "old": b, "dense": dense, "d": d,

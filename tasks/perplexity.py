@@ -10,21 +10,26 @@ import torch
 from tqdm.auto import tqdm
 
 from .base import RunShared, Shortcut, Task, TaskResult, base_model, mean_stderr, model_device, next_token_nll
-from .data.text_data import evaluation_windows, load_text, resolve_bos
+from acbench.core.registry import added_setting, keyed_settings
+
+from .data.text_data import evaluation_windows, load_text, resolve_bos, sliding_windows
 
 
 token_windows = evaluation_windows
 
 
 @torch.no_grad()
-def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool = True) -> torch.Tensor:
-    """Per window: summed NLL of tokens 2..T given their prefix (labels shifted once)."""
+def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool = True,
+               scored: int | None = None) -> torch.Tensor:
+    """Per window: summed NLL of tokens 2..T given their prefix (labels shifted once); with `scored`, of its last
+    `scored` tokens only."""
     device = model_device(model)
     out = []
     for start in tqdm(range(0, len(windows), batch_size), desc="ppl", disable=not progress, leave=False):
         ids = windows[start:start + batch_size].to(device)
         hidden = base_model(model)(input_ids=ids, use_cache=False).last_hidden_state
-        out.append(next_token_nll(model, hidden[:, :-1], ids[:, 1:]).sum(1).cpu())
+        nll = next_token_nll(model, hidden[:, :-1], ids[:, 1:])
+        out.append((nll if scored is None else nll[:, -scored:]).sum(1).cpu())
     return torch.cat(out)
 
 
@@ -36,9 +41,23 @@ class PPLTokenSettings:
     batch_size: int = 2
     # BOS protocol shared with calibration: window | stream | none | auto (window if the tokenizer adds BOS)
     bos: str = "auto"
+    # sliding windows (TEAL's protocol): each window advances by `scored` tokens and is scored on its last `scored`
+    # only, the rest its context; None: non-overlapping windows scored on every token after the first
+    scored: int | None = added_setting(None)
 
     def minimums(self):
-        return {"seq_len": (self.seq_len, 2), "batch_size": (self.batch_size, 1), "max_windows": (self.max_windows, 1)}
+        return {"seq_len": (self.seq_len, 2), "batch_size": (self.batch_size, 1), "max_windows": (self.max_windows, 1),
+                "scored": (self.scored, 1)}
+
+    @property
+    def scored_per_window(self) -> int:
+        return self.seq_len - 1 if self.scored is None else self.scored
+
+    def windows(self, tokenizer, bos: str) -> torch.Tensor:
+        text = load_text(self.source, "eval")
+        if self.scored is None:
+            return token_windows(tokenizer, text, self.seq_len, self.max_windows, bos)
+        return sliding_windows(tokenizer, text, self.seq_len, self.scored, self.max_windows, bos)
 
 
 class PPLToken(Task):
@@ -62,24 +81,26 @@ class PPLToken(Task):
         return {"batch_size": min(shared.batch_size, 2), "bos": shared.bos}
 
     def size_note(self) -> str:
-        return f"ppl-token {self.settings.max_windows or 'all'} x {self.settings.seq_len} tokens"
+        s = self.settings
+        slide = "" if s.scored is None else f" sliding, the last {s.scored} scored"
+        return f"ppl-token {s.max_windows or 'all'} x {s.seq_len} tokens{slide}"
 
     def check(self, tokenizer) -> None:
-        s = self.settings
-        token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, resolve_bos(tokenizer, s.bos))
+        self.settings.windows(tokenizer, resolve_bos(tokenizer, self.settings.bos))
 
     def item_pool(self, tokenizer) -> list | None:
         """The windows --ppl-windows allows (every window of the text by default under --until-decided), in a
         seeded random order (seed 0): (index in the text, window) pairs."""
         s = self.settings
         self._pool_bos = bos = resolve_bos(tokenizer, s.bos)
-        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
+        windows = s.windows(tokenizer, bos)
         order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(0)).tolist()
         return [(i, windows[i]) for i in order]
 
     def score_items(self, model, tokenizer, items: list, progress: bool = True) -> list[dict]:
         s = self.settings
-        nll = window_nll(model, torch.stack([w for _, w in items]), s.batch_size, progress) / (s.seq_len - 1)
+        nll = window_nll(model, torch.stack([w for _, w in items]), s.batch_size, progress,
+                         s.scored) / s.scored_per_window
         return [{"window": i, "nll": float(v)} for (i, _), v in zip(items, nll.tolist())]
 
     def item_identity(self, item) -> dict:
@@ -95,17 +116,18 @@ class PPLToken(Task):
         return TaskResult(
             metrics={"ppl": ppl, "nll": nll},
             stderr={"ppl": ppl * nll_se, "nll": nll_se},  # delta method
-            details={"protocol": "ppl-token", "bos": bos, "n_windows": len(per_window),
-                     "n_tokens": len(per_window) * (s.seq_len - 1)},
+            details={"protocol": "ppl-token" if s.scored is None else "ppl-token sliding", "bos": bos,
+                     "n_windows": len(per_window), "n_tokens": len(per_window) * s.scored_per_window,
+                     "window": s.seq_len, "scored_per_window": s.scored_per_window},
             records=[{"window": i, "nll": float(v)} for i, v in zip(index, per_window)],
-            config={**s.__dict__, "bos": bos},
+            config={**keyed_settings(s), "bos": bos},
         )
 
     def evaluate(self, model, tokenizer, progress=True) -> TaskResult:
         s = self.settings
         bos = resolve_bos(tokenizer, s.bos)
-        windows = token_windows(tokenizer, load_text(s.source, "eval"), s.seq_len, s.max_windows, bos)
-        per_window = window_nll(model, windows, s.batch_size, progress) / (s.seq_len - 1)
+        windows = s.windows(tokenizer, bos)
+        per_window = window_nll(model, windows, s.batch_size, progress, s.scored) / s.scored_per_window
         return self._result(per_window.tolist(), list(range(len(windows))), bos)
 
 

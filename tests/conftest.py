@@ -117,7 +117,8 @@ def one_block_with_c():
     return model, groups, calibrate(model, groups, windows, frozenset({"C"}), CalibSpec(), progress=False)
 
 
-def hand_cell(model, method, task, rank, values, budget="rank", compute=0.5, calibration=None, timings=None):
+def hand_cell(model, method, task, rank, values, budget="rank", compute=0.5, calibration=None, timings=None,
+              task_config=None, allocation="uniform", fingerprint=None, compression=None):
     """A cell made by hand: per-window NLLs (ppl-token) or per-item 0/1 answers (any other task), stored as a run
     stores them, for the tests of what is built from cells (studies' tables and verdicts)."""
     import math
@@ -131,14 +132,19 @@ def hand_cell(model, method, task, rank, values, budget="rank", compute=0.5, cal
         records = [{"id": i, "correct": bool(v), "chance": 0.25} for i, v in enumerate(values)]
         metrics, key = {"p@1": sum(values) / len(values)}, "p@1"
     dense = method == "dense"
+    if task_config is None:  # the run's default protocol
+        task_config = {"seq_len": 256, "max_windows": 16, "bos": "none"} if task == "ppl-token" else {}
     return CellRecord.from_json({
         "schema_version": 4, "cell": {"model": model, "method": method, "rank": None if dense else rank,
-                                      "budget": "rank" if dense else budget, "task": task, "key": "k"},
+                                      "budget": "rank" if dense else budget, "task": task, "key": "k",
+                                      "allocation": allocation},
+        "task_config": task_config,
         "higher_is_better": {key: task != "ppl-token"}, "metrics": metrics, "primary_metric": key,
         "versions": {"task": 1, "method": None if dense else 1}, "records": records,
-        "model_fingerprint": {"source": "gguf", "sha256": "x", "dtype": "float32"}, "seed": 0, "stderr": {},
+        "model_fingerprint": fingerprint or {"source": "gguf", "sha256": "x", "dtype": "float32"}, "seed": 0,
+        "stderr": {},
         "env": {"date": "2026-12-05T00:00:00Z"}, "details": {}, "calibration": calibration, "timings": timings or {},
-        "compression": None if dense else {"param_ratio": 1.0, "compute_ratio": compute}})
+        "compression": None if dense else {"param_ratio": 1.0, "compute_ratio": compute, **(compression or {})}})
 
 
 @pytest.fixture(params=["llama", "gemma3"])

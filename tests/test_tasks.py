@@ -617,7 +617,7 @@ def test_ppl_token_stores_an_overflowing_perplexity_as_infinite(small_model, tok
 
     monkeypatch.setattr(perplexity, "load_text", lambda source, part: " ".join(["word"] * 200))
     monkeypatch.setattr(perplexity, "window_nll",
-                        lambda model, windows, batch, progress=True: torch.full((len(windows),), nll * 15))
+                        lambda model, windows, batch, progress=True, scored=None: torch.full((len(windows),), nll * 15))
     got = perplexity.PPLToken.from_options({"seq_len": 16, "max_windows": 2, "bos": "none"}).evaluate(
         small_model, tokenizer, progress=False)
     assert got.metrics["nll"] == pytest.approx(nll)

@@ -77,7 +77,7 @@ def sparsifier_for(result: SparseActivation, dtype=None, device=None, scale=_GRO
     """The sparsifier of the group's mask, or (`scale` given: a tensor, or None for |x|) of one of its masks."""
     n, m = result.pattern.topk_args(result.d_in)
     return InputSparsifier(n, m, result.mitigation, result.scale if scale is _GROUP_SCALE else scale, result.mu, dtype,
-                           device, result.threshold, result.rotation)
+                           device, result.threshold, result.rotation, result.dense_prefix)
 
 
 def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) -> Undo:
@@ -94,7 +94,8 @@ def _apply_sparse_activation(model: nn.Module, group, result: SparseActivation) 
                  "mitigation": result.mitigation, "owner": readers[0], "keep": sparsifier.n, "block": sparsifier.m,
                  "scale": sparsifier.scale is not None, "mu": result.mu is not None,
                  "threshold": result.threshold is not None, "d_in": group.d_in,
-                 **({"rotation": True} if result.rotation is not None else {})}
+                 **({"rotation": True} if result.rotation is not None else {}),
+                 **({"dense_prefix": result.dense_prefix} if result.dense_prefix else {})}
         for i, name in enumerate(readers):
             mod = SparseInputLinear(sites[name], sparsifier, owner=i == 0)
             spec = {**shape, "d_out": sites[name].out_features}

@@ -90,6 +90,13 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: bool = True) -> dict:
     return meta
 
 
+def loaded_as(model: torch.nn.Module) -> dict:
+    """The model as loaded, before any compression: its parameter count (embeddings included, tied ones once) and
+    the dtype its weights are held in; a reproduction compares both with the paper's model."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    return {"parameters": sum(p.numel() for p in model.parameters()), "loaded_dtype": "/".join(dtypes)}
+
+
 @dataclass
 class LoadedModel:
     model: torch.nn.Module

@@ -25,7 +25,7 @@ from acbench.runner.config import (OWN_CALIBRATION, SEQUENTIAL_CALIBRATION, Run,
 from acbench.model.groups import find_input_groups
 from acbench.measure.latency import (LatencySpec, compare_latency, latency, measured_density, peak_memory,
                                   threshold_sparsifiers, weight_bytes, with_calibration_peak)
-from acbench.model.sources import LoadedModel, ModelSource, load_weights, open_model
+from acbench.model.sources import LoadedModel, ModelSource, load_weights, loaded_as, open_model
 from acbench.runner.selection import ALL
 from acbench.runner.until_decided import (evaluate_until_decided, partial_path,
                                         reference_records)
@@ -175,6 +175,7 @@ class Worker:
     elsewhere: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)  # wall seconds per stage, in the order they first ran
     solve_device: str | None = None  # where the solves run: resolved once, when the model is loaded
+    loaded_as: dict = field(default_factory=dict)  # the dense model's parameters and dtype, read when it is loaded
 
     def spent(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + seconds
@@ -197,6 +198,7 @@ class Worker:
                 self.models.clear()  # one model per process
                 self.models[key] = self.lm
         self.solve_device = solve_device_for(self.run.config, self.lm.model)
+        self.loaded_as = loaded_as(self.lm.model)
         if not self.run.methods:  # the model as it is (--methods dense): a compressed checkpoint has no dense groups
             return self.lm
         self.groups = find_input_groups(self.lm.model)
@@ -210,8 +212,10 @@ class Worker:
         return self.run.selection.scope
 
     def common(self) -> dict:
+        """What every cell of this worker records of the run: the model (its identity, and its parameters and dtype
+        as loaded, read before any variant is deployed), seed, environment and BOS protocol."""
         lm = self.model()
-        return {"model_fingerprint": lm.fingerprint, "seed": self.run.config.seed,
+        return {"model_fingerprint": {**lm.fingerprint, **self.loaded_as}, "seed": self.run.config.seed,
                 "env": environment(self.run.config.device), "bos": self.run.bos}
 
     # -------------------------------------------- claims: parallel runs on one results directory split the work

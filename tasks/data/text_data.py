@@ -232,3 +232,24 @@ def evaluation_windows(tokenizer, text: str, seq_len: int, max_windows: int | No
         raise UserError(f"the evaluation text has {len(ids)} tokens, fewer than one window of {seq_len}: "
                         "use more text or a smaller --ppl-seq-len")
     return _with_window_bos(tokenizer, ids[: n * span].view(n, span), bos)
+
+
+def sliding_windows(tokenizer, text: str, seq_len: int, scored: int, max_windows: int | None,
+                    bos: str = "none") -> torch.Tensor:
+    """Windows of seq_len tokens that advance by `scored` tokens through the text stream, each scored on its last
+    `scored` tokens only, so that every scored token sees seq_len - scored tokens of context before it (TEAL's
+    protocol: 2,048 of context, 512 scored); the first seq_len - scored tokens of the text are context only.
+    Under `window` each is [BOS] + seq_len - 1 text tokens."""
+    if not 1 <= scored < seq_len:
+        raise UserError(f"ppl-token scored {scored}: score between 1 and seq_len - 1 ({seq_len - 1}) tokens of each "
+                        "window, e.g. seq_len=2560 scored=512")
+    ids = text_ids(tokenizer, text, bos)
+    span = seq_len - 1 if bos == "window" else seq_len
+    n = (len(ids) - span) // scored + 1 if len(ids) >= span else 0
+    if max_windows:
+        n = min(n, max_windows)
+    if n <= 0:
+        raise UserError(f"the evaluation text has {len(ids)} tokens, fewer than one window of {seq_len}: "
+                        "use more text or a smaller --ppl-seq-len")
+    rows = torch.stack([ids[i * scored: i * scored + span] for i in range(n)])
+    return _with_window_bos(tokenizer, rows, bos)
