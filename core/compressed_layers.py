@@ -257,7 +257,8 @@ class InputSparsifier(ReadOnce, nn.Module):
     count above a threshold) and ("masked", x_sparse, eta) otherwise (prefill, evaluation)."""
 
     def __init__(self, n: int, m: int, mitigation: str, scale: torch.Tensor | None, mu: torch.Tensor | None,
-                 dtype=None, device=None, threshold: float | None = None, rotation: torch.Tensor | None = None):
+                 dtype=None, device=None, threshold: float | None = None, rotation: torch.Tensor | None = None,
+                 dense_prefix: float = 0.0):
         nn.Module.__init__(self)
         ReadOnce.__init__(self)
         self.n, self.m, self.mitigation = n, m, mitigation
@@ -271,6 +272,9 @@ class InputSparsifier(ReadOnce, nn.Module):
                              torch.tensor(float(threshold), dtype=dtype, device=device))
         # LaRoSa: the top-k is taken on z = x Q, and every reading site holds W Q
         self.register_buffer("rotation", as_buffer(rotation))
+        # TEAL's evaluation: the first dense_prefix of each sequence a forward sees (its prompt half, at 0.5) is left
+        # dense and only the rest sparsified; decode steps are always sparsified
+        self.dense_prefix = float(dense_prefix)
         self.reset_counts()
 
     def reset_counts(self) -> None:
@@ -283,6 +287,8 @@ class InputSparsifier(ReadOnce, nn.Module):
         decode = self.gather and x.numel() <= GATHER_MAX_ROWS * x.shape[-1]
         if self.threshold is not None:
             keep = (x.abs() if self.scale is None else x.abs() * self.scale) > self.threshold
+            if self.dense_prefix and not decode and x.dim() >= 3:
+                keep[..., : int(x.shape[-2] * self.dense_prefix), :] = True
             if decode:  # one bag of however many channels pass: 1-d indices with one offset
                 idx = keep.reshape(-1).nonzero().squeeze(1)
                 return "gathered", idx, x.reshape(-1)[idx], None, 1, idx.numel()
@@ -303,7 +309,8 @@ class InputSparsifier(ReadOnce, nn.Module):
     def extra_repr(self) -> str:
         if self.threshold is not None:
             score = "|x|" if self.scale is None else "|x| * scale"
-            return f"keep {score} > {float(self.threshold):.4g}, readers={self.n_readers}"
+            prefix = f", first {self.dense_prefix:g} of each sequence dense" if self.dense_prefix else ""
+            return f"keep {score} > {float(self.threshold):.4g}{prefix}, readers={self.n_readers}"
         turn = ", rotated" if self.rotation is not None else ""
         return f"keep {self.n} of {self.m or 'all'}, mitigation={self.mitigation}{turn}, readers={self.n_readers}"
 
@@ -462,7 +469,8 @@ def build_sparse(model: nn.Module, layout: dict) -> dict[str, SparseInputLinear]
                     if spec.get("rotation") else None)
             sparsifiers[site] = InputSparsifier(spec["keep"], spec["block"], spec["mitigation"], empty(spec["scale"]),
                                                 empty(spec["mu"]), ref.dtype, ref.device,
-                                                0.0 if spec.get("threshold") else None, turn)
+                                                0.0 if spec.get("threshold") else None, turn,
+                                                spec.get("dense_prefix", 0.0))
             sparsifiers[site].n_readers = 0
         sparsifier = sparsifiers[spec["owner"]]
         sparsifier.n_readers += 1

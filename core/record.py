@@ -138,6 +138,7 @@ NESTED_NUMBERS = {
 NESTED_TYPES = {
     "compression": {"groups": list, "fallbacks": list, "allocation": dict, "method_settings": dict, "scope": str},
     "memory": {"peak": dict}, "calibration": {"spec": dict, "authors": (dict, type(None)), "short": dict},
+    "model_fingerprint": {"parameters": int, "loaded_dtype": str},
 }
 
 
