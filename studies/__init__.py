@@ -21,8 +21,19 @@ Each script runs as `python -m acbench.studies.<name>`; figures the README shows
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
+
+
+class StudyParser(argparse.ArgumentParser):
+    """A study's flags: a bad one is one line and exit 2 (not argparse's usage block before it)."""
+
+    def error(self, message):
+        import sys
+
+        sys.stderr.write(f"{self.prog}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+        sys.exit(2)
 
 
 def output_problem(path, what: str, folder: bool = False) -> str | None:
@@ -101,7 +112,7 @@ class Side:
 
     @property
     def label(self) -> str:
-        return f"{self.method} ({self.budget})"
+        return f"{self.method} ({self.budget}{'' if self.allocation == 'uniform' else ', ' + self.allocation})"
 
     def sweep_budget(self) -> dict:
         kind, _, value = self.budget.partition(" ")
@@ -114,10 +125,9 @@ class Side:
 
 def find(cells: list, model: str, side: Side, task: str, options: dict | None = None):
     """The cell of `side` on `task`, evaluated with `options` (task settings it must hold: a setting given as None
-    must be absent or null), or None."""
-    for c in cells:
-        if c.cell.model == model and c.cell.method == side.method and c.cell.task == task and \
-                budget_label(c) == side.budget and (c.cell.allocation or "uniform") == side.allocation and \
-                all((c.task_config or {}).get(k) == v for k, v in (options or {}).items()):
-            return c
-    return None
+    must be absent or null), or None; of several (a method measured again, e.g. at its authors' calibration once
+    it declared one), the latest."""
+    found = [c for c in cells if c.cell.model == model and c.cell.method == side.method and c.cell.task == task
+             and budget_label(c) == side.budget and (c.cell.allocation or "uniform") == side.allocation
+             and all((c.task_config or {}).get(k) == v for k, v in (options or {}).items())]
+    return max(found, key=lambda c: str((c.env or {}).get("date", "")), default=None)

@@ -14,7 +14,6 @@ the page's comparisons (docs/decisions.md), and the difference it could have mis
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -132,7 +131,9 @@ def main(argv=None) -> int:
 
     from acbench.studies import refuse_bad_models, refuse_unwritable
 
-    ap = argparse.ArgumentParser(prog="python -m acbench.studies.baselines", description=__doc__.split("\n\n")[0])
+    from acbench.studies import StudyParser
+
+    ap = StudyParser(prog="python -m acbench.studies.baselines", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--root", default=str(ROOT), help="the reproductions study's cells (default %(default)s)")
     ap.add_argument("--doc", default="docs/baselines.md")

@@ -11,7 +11,6 @@ with them, so the study runs over several sittings and the page always shows wha
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections import Counter
@@ -386,7 +385,9 @@ def main(argv=None) -> int:
     from acbench.core.errors import UserError
     from acbench.core.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m acbench.studies.calibration", description=__doc__.split("\n\n")[0])
+    from acbench.studies import StudyParser
+
+    ap = StudyParser(prog="python -m acbench.studies.calibration", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS),
                     help=f"calibration sizes, multiples of {SEQ_LEN} (default {' '.join(map(str, TOKENS))})")

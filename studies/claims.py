@@ -373,7 +373,9 @@ def _limit(text: str) -> int:
 
 
 def parse(argv=None) -> Settings:
-    ap = argparse.ArgumentParser(prog="python -m acbench.studies.claims", description=__doc__.split("\n\n")[0])
+    from acbench.studies import StudyParser
+
+    ap = StudyParser(prog="python -m acbench.studies.claims", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), help="models (bench run's --model)")
     ap.add_argument("--ranks", nargs="+", type=_rank, default=list(RANKS), help="rank ratios in (0, 1]")
     ap.add_argument("--mmlu-limit", type=_limit, default=MMLU_LIMIT, help="MMLU questions per subject")

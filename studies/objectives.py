@@ -14,7 +14,6 @@ its calibration."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -139,7 +138,9 @@ def main(argv=None) -> int:
     from acbench.core.errors import UserError
     from acbench.core.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m acbench.studies.objectives", description=__doc__.split("\n\n")[0])
+    from acbench.studies import StudyParser
+
+    ap = StudyParser(prog="python -m acbench.studies.objectives", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--samples", type=int, default=16, help="windows in each of the two calibrations (default 16)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per window (default 256)")

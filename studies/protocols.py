@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from acbench.core.record import DENSE, UNIFORM, CellRecord, calibration_mode
 
@@ -208,7 +208,7 @@ def calibration_differences(cell: CellRecord) -> list[Difference]:
                               f"{authors['seq_len']} ({theirs:,})", True))
     if calibration_mode(cal) != authors.get("mode"):
         out.append(Difference(f"{m} calibration mode", calibration_mode(cal), str(authors.get("mode")), True))
-    if text_name(spec.get("source", "wiki")) != authors.get("data"):
+    if not str(authors.get("data")).startswith(text_name(spec.get("source", "wiki"))):
         out.append(Difference(f"{m} calibration text", text_name(spec.get("source", "wiki")),
                               str(authors.get("data")), False))
     if cal.get("short"):
@@ -315,9 +315,3 @@ def differences(protocol: Protocol, sides: list[tuple[str, CellRecord]]) -> list
             out.append(d)
     return out
 
-
-@dataclass
-class Outcome:
-    """What the two sides' results add to a contradiction's cause (never a condition the authors set)."""
-
-    lines: list[str] = field(default_factory=list)

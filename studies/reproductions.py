@@ -1,22 +1,28 @@
-"""Every published ordering acbench's baselines come with, tested in their authors' conditions on both embedded
-models: `python -m acbench.studies.reproductions` computes the missing cells (each method at its paper's calibration size
-and mode, `--calibration authors`; a method whose authors state none at the run's default) and writes
+"""Every published ordering acbench's baselines come with, tested on both embedded models in the protocol its paper
+states wherever acbench can run it: `python -m acbench.studies.reproductions` computes the missing cells and writes
 docs/reproductions.md from every stored cell.
 
-Each row is one claim on one model: the paper, its model and setting, its reported numbers and the ordering it
-claims, and acbench's paired difference on the same items (perplexity: per-window mean NLL; LAMA: P@1), its 95 %
-interval, its p-value before and after Holm's correction across every comparison on the page, the smallest
-difference the comparison had 80 % power to detect, and a verdict: *reproduces* (the corrected test rejects zero on
-the claimed side, or, for a claim that two methods are level, two one-sided tests put them within the margin),
-*contradicts* (it rejects on the other side, or the level pair differs), or *not detected* (a difference up to the
-detectable one could have been missed). Every contradiction names what in its
-conditions differs from the authors' (calibration size, mode, a budget that destroys the model), or is an open
-question where nothing does but the model's size. A part is one model's claims (`--models`); its cells go to
+Each claim carries its paper's protocol as data (studies/protocols.py), every part with the table, figure or code
+file it is read from: the model (parameters, precision, base or instruct), the evaluation (metric, text, window
+length, tokens scored per window, BOS), the budget and the basis of the comparison (same density, compute or
+parameters), and each method's recipe; calibration sizes are each method's own `authors_calibration`. The cells
+are measured that way: perplexity on 2,048-token windows of one token stream with one BOS at its start (TEAL's rows
+on its sliding windows of 2,048 tokens of context and 512 scored), each method at its authors' calibration size and
+mode and in its authors' recipe (TEAL's greedy densities and prefill half, magnitude pruning per layer as Wanda's
+baseline, LaRoSa at 40 %, the N:M study's mitigations), and a claim its authors state in accuracy also on LAMA (all
+1,354 probes) and MMLU in cloze form (285 questions). Each row gives acbench's paired difference on the same items
+(perplexity: per-window mean NLL; accuracy: per item), its 95 % interval, its p-value before and after Holm's
+correction across every comparison on the page, the smallest difference it had 80 % power to detect, and a
+verdict: *reproduces* (the corrected test rejects zero on the claimed side, or, for a claim that two methods are
+level, two one-sided tests put them within the margin), *contradicts* (it rejects on the other side, or the level
+pair differs), or *not detected* (a difference up to the detectable one could have been missed). Its last column
+lists every condition that still differs from the paper's protocol, computed from the two cells against the
+claim's data (the model-size ratio from the parameter counts the cells record); only a contradiction with none
+would read "open question". A part is one model's claims (`--models`); its cells go to
 `studies/cells/reproductions/`, committed with them."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -28,10 +34,11 @@ from acbench.core.significance import ALPHA, above_chance, compare
 
 from acbench.studies import Side, find, ranks_clipped_to_one
 from acbench.studies.protocols import (NOT_LOCATED, Difference, Evaluation, PaperModel, Protocol, Recipe, Reported,
-                                       differences)
+                                       basis_of, differences)
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
+LITERAL_ROOT = Path("studies/cells/reproductions-literal")  # --literal: the papers' texts from the hub
 # the margin within which two methods count as level: nats of mean NLL (perplexity within 2 %), points of accuracy
 MARGIN = {"ppl-token": 0.02, "lama": 0.02, "mmlu": 0.02}
 DESTROYED = 5.0  # a side whose perplexity is this many times dense's: the budget destroys the model
@@ -42,6 +49,7 @@ PPL_WINDOWS = 32
 # the accuracy tasks acbench runs offline: LAMA on every embedded probe, MMLU in cloze form (each answer's text)
 ACCURACY_OPTIONS = {"lama": {"per_relation": 0}, "mmlu": {"format": "cloze"}}
 ACCURACY_TASKS = tuple(ACCURACY_OPTIONS)
+LITERAL_WINDOWS = 100_000  # --literal: at most this many windows, i.e. all of the paper's test text
 
 
 @dataclass(frozen=True)
@@ -61,15 +69,37 @@ class Claim:
             return ACCURACY_TASKS
         return ("ppl-token",) + (ACCURACY_TASKS if self.protocol.evaluation.metric == "accuracy" else ())
 
-    def task_options(self, task: str) -> dict:
+    def task_options(self, task: str, literal: bool = False) -> dict:
         """The task settings the claim's cells are evaluated with: perplexity in the paper's windows (2,048
-        tokens of one stream with one BOS where the paper scores accuracy), the accuracy tasks whole."""
+        tokens of one stream with one BOS where the paper scores accuracy), the accuracy tasks whole. `literal`:
+        on the paper's own text where the hub has it (WikiText-2 test), every window of it."""
         if task != "ppl-token":
             return dict(ACCURACY_OPTIONS[task])
         ev = self.protocol.evaluation
         window, scored, bos = (ev.window, ev.scored, ev.bos) if ev.metric == "perplexity" else (2048, 2047, "stream")
-        return {"seq_len": window, "scored": None if scored == window - 1 else scored, "bos": bos,
-                "max_windows": PPL_WINDOWS}
+        out = {"seq_len": window, "scored": None if scored == window - 1 else scored, "bos": bos,
+               "max_windows": PPL_WINDOWS}
+        text = hub_text(ev.data if ev.metric == "perplexity" else "WikiText-2")
+        if literal and text:  # every window of the paper's text (WikiText-2 test holds about 140 of 2,048 tokens)
+            out.update(source=text, max_windows=LITERAL_WINDOWS)
+        return out
+
+
+# the papers' texts the hub provides, as acbench's text sources name them (Alpaca and RefinedWeb are not read)
+HUB_TEXTS = {"WikiText-2": "wikitext2", "C4": "c4"}
+
+
+def hub_text(data: str) -> str | None:
+    """The text source of a paper's data set ("C4 train segments" -> c4), or None where acbench reads none."""
+    return next((source for name, source in HUB_TEXTS.items() if data.startswith(name)), None)
+
+
+def authors_text(method: str) -> str | None:
+    """The hub text source of a method's authors' calibration set, or None."""
+    from acbench import methods
+
+    own = methods.get_method(methods.base_name(method)).authors_calibration
+    return hub_text(own.data) if own else None
 
 
 def _s(method, budget, allocation="uniform"):
@@ -247,16 +277,17 @@ def _frozen(options: dict) -> tuple:
     return tuple(sorted(options.items()))
 
 
-def sides() -> dict[tuple, list[str]]:
+def sides(literal: bool = False) -> dict[tuple, list[str]]:
     """{(budget keywords as a sorted tuple, allocation, ((task, task options as a sorted tuple), ...)): methods}
     over every claim's sides and docs/baselines.md's (its page reads these cells too, at the default perplexity
     windows), dense aside. One sweep evaluates each task in one protocol, so a method whose claims read one task in
     two protocols gets two sweeps (a sequential calibration is run once per sweep: its tasks share it)."""
     from acbench.studies.baselines import TASK as BASELINES_TASK, sides as baseline_sides
 
-    wanted = [(side, task, claim.task_options(task)) for claim in CLAIMS for task in claim.tasks
+    wanted = [(side, task, claim.task_options(task, literal)) for claim in CLAIMS for task in claim.tasks
               for side in (claim.better, claim.worse)]
-    wanted += [(Side(m, b), BASELINES_TASK, {}) for m, b in baseline_sides()]
+    if not literal:  # the baselines' page reads the embedded text's cells only
+        wanted += [(Side(m, b), BASELINES_TASK, {}) for m, b in baseline_sides()]
     per_method: dict = {}
     for side, task, options in wanted:
         if side.method == DENSE:
@@ -288,32 +319,54 @@ def calibration_cost(method: str) -> int:
     return authors.samples * authors.seq_len * (4 if authors.mode == "sequential" else 1)
 
 
-def jobs(model: str, root: Path, progress: bool = True) -> list[tuple[int, list[str], dict]]:
-    """The sweeps of one model's part, cheapest calibration first: (cost, methods, sweep keywords)."""
+def jobs(model: str, root: Path, progress: bool = True, literal: bool = False) -> list[tuple[int, list[str], dict]]:
+    """The sweeps of one model's part, cheapest calibration first: (cost, methods, sweep keywords). `literal`: each
+    method calibrated on its authors' set where the hub has it (C4, WikiText-2 train), the perplexity on
+    WikiText-2 test where the paper scores it."""
     out = []
-    for (key, allocation, evaluations), names in sides().items():
+    for (key, allocation, evaluations), names in sides(literal).items():
         budget = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
         options = {task: dict(o) for task, o in evaluations if o}
         common = {"model": model, "tasks": [task for task, _ in evaluations], "measure_latency": False,
                   "report": False, "output": str(root), "progress": progress, "allocate": [allocation], **budget,
                   **({"task_options": options} if options else {})}
-        for cost in sorted({calibration_cost(m) for m in names}):
-            out.append((cost, [m for m in names if calibration_cost(m) == cost], common))
+        kinds = sorted({(calibration_cost(m), authors_text(m) if literal else None) for m in names},
+                       key=lambda k: (k[0], k[1] or ""))
+        for cost, text in kinds:
+            same = [m for m in names if (calibration_cost(m), authors_text(m) if literal else None) == (cost, text)]
+            out.append((cost, same, {**common, **({"calib_source": text} if text else {}),
+                                     **calibration_keywords(same, cost, allocation)}))
     return sorted(out, key=lambda j: j[0])
 
 
-def run_part(model: str, root: Path, progress: bool = True, max_cost: int | None = None) -> None:
+def calibration_keywords(names: list[str], cost: int, allocation: str) -> dict:
+    """How a sweep gives its methods their authors' calibration: `calibration="authors"`, or, under a greedy
+    allocation (which splits the budget from the run's one shared calibration, and so refuses per-method ones),
+    the authors' windows and length as the run's own (one-pass; TEAL's recipe)."""
+    from acbench import methods
+
+    if not cost:
+        return {}
+    if allocation == "uniform":
+        return {"calibration": "authors"}
+    own = {methods.get_method(methods.base_name(m)).authors_calibration for m in names}
+    (one,) = own  # methods are grouped by cost; the greedy sides share TEAL's calibration
+    return {"calib_samples": one.samples, "calib_seq_len": one.seq_len}
+
+
+def run_part(model: str, root: Path, progress: bool = True, max_cost: int | None = None,
+             literal: bool = False) -> None:
     """One model's cells: every claim's methods at their budgets, each in its authors' calibration and recipe,
     evaluated in the claim's protocol; the cheapest calibrations first, so that a part stopped early has measured
     the most claims it could (`max_cost`: only sweeps whose calibration reads at most this many tokens, a
     sequential one counted four times). Dense cells come with the sweeps (each task's reference)."""
     import acbench
 
-    for cost, names, common in jobs(model, root, progress):
+    for cost, names, common in jobs(model, root, progress, literal):
         if max_cost is not None and cost > max_cost:
             continue
         # the statistics cache kept: one calibration serves every budget and protocol of its method
-        acbench.sweep(methods=names, **({"calibration": "authors"} if cost else {}), cache=True, **common)
+        acbench.sweep(methods=names, cache=True, **common)
 
 
 def verdict(claim: Claim, task: str, d: dict, p_holm: float) -> dict:
@@ -370,6 +423,7 @@ class Row:
     result: dict | None = None
     differences: list[Difference] | None = None
     notes: list[str] | None = None
+    basis: list[str] | None = None  # what the two sides share: same density, compute, parameters
 
     @property
     def conditions(self) -> str:
@@ -382,14 +436,14 @@ class Row:
         return "open question: no recorded condition differs from the authors'" if contradicts else "none"
 
 
-def measure(cells: list[CellRecord], models: list[str] | None = None) -> list[Row]:
+def measure(cells: list[CellRecord], models: list[str] | None = None, literal: bool = False) -> list[Row]:
     """One row per claim, model and task (default: the models the cells hold); Holm's correction across every
     comparison the page measures; each row's differences from its paper's protocol."""
     models = models or list(dict.fromkeys(c.cell.model for c in cells))
     out = []
     for claim in CLAIMS:
         for task in claim.tasks:
-            options = claim.task_options(task)
+            options = claim.task_options(task, literal)
             for model in models:
                 dense = find(cells, model, Side(DENSE, ""), task, options)
                 pick = lambda side: dense if side.method == DENSE else find(cells, model, side, task, options)
@@ -397,6 +451,11 @@ def measure(cells: list[CellRecord], models: list[str] | None = None) -> list[Ro
                 if row.better is not None and row.worse is not None:
                     row.d = compare(row.worse, row.better)
                 out.append(row)
+    for r in out:  # a pair at neither the same compute, density nor parameters is refused, not tested
+        if r.d is not None and r.claim.protocol.basis != "dense":
+            r.basis = basis_of(r.better, r.worse)
+            if not r.basis:
+                r.d = None
     adjusted = iter(holm([r.d["p"] for r in out if r.d is not None]))
     for r in out:
         if r.d is not None:
@@ -408,19 +467,25 @@ def measure(cells: list[CellRecord], models: list[str] | None = None) -> list[Ro
     return out
 
 
-def rows(cells: list[CellRecord], models: list[str] | None = None) -> list[list[str]]:
+def rows(cells: list[CellRecord], models: list[str] | None = None, literal: bool = False) -> list[list[str]]:
     """The page's table: one row per claim, model and task."""
     out = []
-    for r in measure(cells, models):
+    for r in measure(cells, models, literal):
         relation = "level with" if r.claim.level else "better than"
         worse = r.claim.worse.label if r.claim.worse.method != DENSE else "dense"
         head = [r.claim.paper, r.claim.claim, f"{r.claim.better.label} {relation} {worse}", r.task, r.model]
         if r.better is None or r.worse is None:
             out.append(head + ["", "", "", "", "", "not yet measured", ""])
             continue
+        if r.basis == []:
+            out.append(head + ["", "", "", "", "", "refused: the sides share neither compute, density nor "
+                               "parameters", r.conditions])
+            continue
         if r.d is None:
             out.append(head + ["", "", "", "", "", "not paired (the cells scored different items)", ""])
             continue
+        if r.basis:
+            head[1] += f", at the same {' and '.join(r.basis)}"
         v = r.result
         out.append(head + [f"{v['diff']:+.3f}", f"[{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]", f"{v['p']:.2g}",
                            f"{v['p_holm']:.2g}", "" if v["detectable"] is None else f"{v['detectable']:.3f}",
@@ -477,14 +542,14 @@ def sources(claim: Claim) -> str:
     return f"- **{claim.paper}, {claim.claim}**: " + "; ".join(parts) + "."
 
 
-def render(cells: list[CellRecord], root: Path) -> str:
+def render(cells: list[CellRecord], root: Path, literal: bool = False, models: list[str] | None = None) -> str:
     from tabulate import tabulate
 
     envs = sorted((c.env for c in cells if c.env), key=lambda e: str(e.get("date", "")))
     commits = ", ".join(dict.fromkeys(str(e.get("git_commit", "?"))[:7] for e in envs)) or "?"
-    every = list(dict.fromkeys([*MODELS, *(c.cell.model for c in cells)]))  # measured or not yet
-    measured = measure(cells, every)
-    table = tabulate(rows(cells, every), headers=["paper", "claim", "sides", "task", "model", "Δ (claimed direction)",
+    every = list(dict.fromkeys([*(models or MODELS), *(c.cell.model for c in cells)]))  # measured or not yet
+    measured = measure(cells, every, literal)
+    table = tabulate(rows(cells, every, literal), headers=["paper", "claim", "sides", "task", "model", "Δ (claimed direction)",
                                                   "95 % interval", "p", "Holm p", "detectable", "verdict",
                                                   "conditions that differ (computed from the cells)"],
                      tablefmt="github", disable_numparse=True)
@@ -501,6 +566,12 @@ def render(cells: list[CellRecord], root: Path) -> str:
         "the difference this comparison had 80 % power to detect (two-sided 5 %), from its measured paired spread "
         f"and count. Level margins: {MARGIN['ppl-token']} nats, {MARGIN['lama']} points of accuracy. Perplexity: "
         f"{PPL_WINDOWS} windows of the embedded Wikipedia text's evaluation split in the paper's layout.", "",
+        "**With the hub**: `python -m acbench.studies.reproductions --literal --models <the paper's model, e.g. "
+        "meta-llama/Llama-2-7b-hf>` calibrates each method on its authors' set (C4 through `datasets`, WikiText-2 "
+        "train) and scores perplexity on all of WikiText-2 test (cells in studies/cells/reproductions-literal/, page "
+        "docs/reproductions-literal.md); the papers' accuracy sets run through the lm-eval bridge, e.g. `bench run "
+        "--model <model> --methods cats --sparsity 0.5 --tasks lm-eval --task-option "
+        "lm-eval.tasks=arc_easy,arc_challenge,hellaswag,piqa,winogrande,boolq,openbookqa,sciq`.", "",
         "**What acbench cannot close offline**, in every row it applies to: "
         + ("the model (" + ", ".join(fixed) + ": the embedded models are 4-bit GGUF files of 135M and 268M "
            "parameters, SmolLM2 instruct-tuned) and the texts (acbench's Wikipedia sample for the papers' "
@@ -521,28 +592,41 @@ def main(argv=None) -> int:
     from acbench.core.io import atomic_write_text
     from acbench.leaderboard.load import read_result_set
 
-    ap = argparse.ArgumentParser(prog="python -m acbench.studies.reproductions", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--root", default=str(ROOT))
-    ap.add_argument("--doc", default="docs/reproductions.md")
+    from acbench.studies import StudyParser
+
+    ap = StudyParser(prog="python -m acbench.studies.reproductions", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=None, help=f"default: {' '.join(MODELS)}")
+    ap.add_argument("--root", default=None, help=f"the cells (default {ROOT}, or {LITERAL_ROOT} with --literal)")
+    ap.add_argument("--doc", default=None, help="the page (default docs/reproductions.md, or "
+                    "docs/reproductions-literal.md with --literal)")
+    ap.add_argument("--literal", action="store_true", help="the papers' own texts from the hub: each method "
+                    "calibrated on its authors' set (C4, WikiText-2 train) and perplexity on all of WikiText-2 test")
+    ap.add_argument("--max-calibration-tokens", type=int, default=None, metavar="N",
+                    help="compute only the sweeps whose calibration reads at most N tokens (a sequential one counted "
+                         "four times); the rest wait for a later part")
     ap.add_argument("--report-only", action="store_true", help="write the page from the stored cells, compute nothing")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
     from acbench.studies import refuse_bad_models, refuse_unwritable
 
+    models = a.models if a.models is not None else list(MODELS)
+    a.root = a.root or str(LITERAL_ROOT if a.literal else ROOT)
+    a.doc = a.doc or ("docs/reproductions-literal.md" if a.literal else "docs/reproductions.md")
+    if a.max_calibration_tokens is not None and a.max_calibration_tokens < 0:
+        ap.error(f"--max-calibration-tokens {a.max_calibration_tokens}: give 0 or more tokens")
     refuse_unwritable(ap, a.doc, {"--root": a.root})
-    refuse_bad_models(ap, a.models)
+    refuse_bad_models(ap, models)
     root = Path(a.root)
     if not a.report_only:
         try:
-            for model in a.models:
+            for model in models:
                 print(f"part: {model}", flush=True)
-                run_part(model, root, progress=not a.quiet)
+                run_part(model, root, progress=not a.quiet, max_cost=a.max_calibration_tokens, literal=a.literal)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     cells = read_result_set(root).cells if root.is_dir() else []
-    atomic_write_text(Path(a.doc), render(cells, root))
+    atomic_write_text(Path(a.doc), render(cells, root, a.literal, models))
     print(f"wrote {a.doc}")
     return 0
 

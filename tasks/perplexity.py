@@ -73,7 +73,7 @@ class PPLToken(Task):
     margin = 0.02  # nats of mean NLL: perplexity within 2 %
     shortcuts = (Shortcut("--ppl-windows", "max_windows", "perplexity windows (default 16)"),
                  Shortcut("--ppl-seq-len", "seq_len", "tokens per perplexity window (default 256)"),
-                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
+                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, c4, file:<path>"))
 
     @classmethod
     def run_settings(cls, shared: RunShared) -> dict:
@@ -148,7 +148,7 @@ class PPLWord(Task):
     label, order = "PPL (ppl-word)", 3
     margin = 0.02  # nats of mean NLL per word
     shortcuts = (Shortcut("--ppl-windows", "max_docs", "perplexity windows (ppl-word: documents; default 16)"),
-                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, file:<path>"))
+                 Shortcut("--text-source", "source", "evaluation text: wiki, wikitext2, c4, file:<path>"))
 
     def size_note(self) -> str:
         return f"ppl-word {self.settings.max_docs or 'all'} documents"

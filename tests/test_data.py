@@ -134,7 +134,7 @@ def test_template_without_slot():
 def test_unknown_sources_say_what_to_use():
     with pytest.raises(UserError, match="use 'embedded'"):
         load_lama("nowhere")
-    with pytest.raises(UserError, match="use wiki, wikitext2 or file"):
+    with pytest.raises(UserError, match="use wiki, wikitext2, c4 or file"):
         load_text("bogus", "eval")
 
 

@@ -28,7 +28,11 @@ def test_detectable_difference_by_hand():
     assert Z_DETECT == pytest.approx(2.8016, abs=1e-4)
 
 
-AUTHORS = {"samples": 128, "seq_len": 2048, "mode": "sequential", "data": "C4", "source": "x"}
+AUTHORS = {"samples": 128, "seq_len": 2048, "mode": "sequential", "data": "C4 train segments", "source": "x"}
+# SmolLM2 as the cells record it: 134,515,008 parameters from a 4-bit GGUF of the instruct model
+SMOL = {"source": "gguf", "sha256": "x", "file": "SmolLM2-135M-Instruct.Q4_1.gguf", "alias": "m",
+        "dtype": "float32", "parameters": 134515008, "loaded_dtype": "float32"}
+STREAM = {"seq_len": 2048, "scored": None, "bos": "stream", "max_windows": 32, "source": "wiki"}
 
 
 def _calibrated(mode=None, samples=12, seq_len=256):
@@ -38,57 +42,162 @@ def _calibrated(mode=None, samples=12, seq_len=256):
     return {"spec": spec, "stats": ["C"], "authors": AUTHORS}
 
 
-def test_each_verdict_and_the_cause_of_a_contradiction():
+def _paper_cell(method, budget, rank, values, calibration=None, config=STREAM, fingerprint=SMOL, allocation="uniform",
+                settings=None):
+    """A cell as the study stores it: 2,048-token windows of one stream, SmolLM2's fingerprint."""
+    return hand_cell("m", method, "ppl-token", rank, values, budget=budget, compute=0.5, calibration=calibration,
+                     task_config=dict(config), fingerprint=dict(fingerprint), allocation=allocation,
+                     compression={"density": rank, "method_settings": settings or {}})
+
+
+def _rows(cells):
+    from acbench.studies.reproductions import rows
+
+    return {(r[2], r[3], r[4]): r for r in rows(cells)}
+
+
+def test_each_verdict_and_every_difference_computed_from_the_cells():
     from acbench.studies.reproductions import CLAIMS, rows
 
     dense = [3.0 + 0.01 * i for i in range(8)]
-    cells = [_cell("m", "dense", "ppl-token", "", None, dense)]
-    # wanda clearly ahead of magnitude (claim: reproduces); sparsegpt behind wanda on a level claim, on 3,072
-    # one-pass tokens against its authors' 262,144 sequential: contradicts, and the cause says so
-    cells.append(_cell("m", "wanda", "ppl-token", "unstructured", 0.5, [x + 0.3 for x in dense],
-                       _calibrated("sequential", 128, 2048)))
-    cells.append(_cell("m", "magnitude-prune", "ppl-token", "unstructured", 0.5, [x + 1.0 for x in dense]))
-    cells.append(_cell("m", "sparsegpt", "ppl-token", "unstructured", 0.5,
-                       [x + 0.5 + 0.01 * (i % 2) for i, x in enumerate(dense)], _calibrated()))
-    out = {(r[3], r[5]): r for r in rows(cells)}
-    level = out[("sparsegpt (density 0.5) level with wanda (density 0.5)", "m")]
-    assert level[11] == "contradicts (they differ)" and float(level[6]) == pytest.approx(-0.205, abs=1e-9)
-    assert "sparsegpt calibrated on 3,072 tokens, its authors on 262,144" in level[12]
-    assert "sparsegpt one-pass, its authors sequential" in level[12]
-    assert "wanda" not in level[12]  # wanda ran in its authors' conditions
-    ahead = out[("wanda (density 0.5) better than magnitude-prune (density 0.5)", "m")]
-    assert ahead[11] == "reproduces" and float(ahead[6]) == pytest.approx(0.7)
-    # Holm across the page's measured comparisons (four here: sparsegpt and wanda each against magnitude too)
-    assert float(level[9]) >= float(level[8]) and ahead[8] != ""
-    # a claim whose cells are missing says so, and every claim has a row per model
-    assert out[("svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)", "m")][11] == \
+    cells = [_paper_cell("dense", "", None, dense)]
+    # wanda clearly ahead of magnitude per layer (claim: reproduces); sparsegpt behind wanda on a level claim, on
+    # 3,072 one-pass tokens against its authors' 262,144 sequential: contradicts, and every difference is named
+    cells.append(_paper_cell("wanda", "unstructured", 0.5, [x + 0.3 for x in dense], _calibrated("sequential", 128,
+                                                                                                  2048)))
+    cells.append(_paper_cell("magnitude-prune:comparison=layer", "unstructured", 0.5, [x + 1.0 for x in dense],
+                             settings={"comparison": "layer"}))
+    cells.append(_paper_cell("sparsegpt", "unstructured", 0.5, [x + 0.5 + 0.01 * (i % 2) for i, x in enumerate(dense)],
+                             _calibrated()))
+    out = _rows(cells)
+    level = out[("sparsegpt (density 0.5) level with wanda (density 0.5)", "ppl-token", "m")]
+    assert level[10] == "contradicts (they differ)" and float(level[5]) == pytest.approx(-0.205, abs=1e-9)
+    cond = level[11]
+    assert "sparsegpt calibration: 12 x 256 (3,072 tokens); the authors 128 x 2048 (262,144)" in cond
+    assert "sparsegpt calibration mode: one-pass; the authors sequential" in cond
+    assert "wanda calibration:" not in cond and "wanda calibration mode" not in cond  # wanda ran as its authors
+    # what cannot be closed offline, computed from the fingerprint: the size ratio from the parameter counts
+    assert "model size: 135M parameters; the authors LLaMA-7B, 6.7B (50x larger)" in cond
+    assert "model precision: float32 dequantised from 4-bit GGUF Q4_1; the authors float16" in cond
+    assert "model tuning: instruct; the authors base" in cond
+    assert "calibration text: acbench's Wikipedia sample; the authors C4 train segments" in cond
+    assert "evaluation text: acbench's Wikipedia sample; the authors WikiText-2" in cond
+    assert "evaluation windows" not in cond and "BOS" not in cond  # the paper's windows were run
+    assert "25-50x" not in cond and "open question" not in cond
+    ahead = out[("wanda (density 0.5) better than magnitude-prune:comparison=layer (density 0.5)", "ppl-token", "m")]
+    assert ahead[10] == "reproduces" and float(ahead[5]) == pytest.approx(0.7)
+    assert "magnitude-prune comparison" not in ahead[11]  # magnitude ran per layer, as Wanda's baseline
+    assert float(level[8]) >= float(level[7]) and ahead[7] != ""
+    assert out[("svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)", "ppl-token", "m")][
+        10] == "not yet measured"
+    assert len(rows(cells)) == sum(len(c.tasks) for c in CLAIMS)
+
+
+def test_a_cell_off_the_papers_protocol_is_never_read_as_it_and_each_setting_off_it_is_named():
+    """A 256-token cell is not the row's (it is the former protocol's); a recipe setting left at acbench's default
+    is a difference the row names."""
+    base = [3.0, 3.4, 2.9, 3.3, 3.1, 2.8]
+    short = {**STREAM, "seq_len": 256, "max_windows": 16}
+    cells = [_paper_cell("dense", "", None, base, config=short),
+             _paper_cell("wanda", "unstructured", 0.5, [b + 0.3 for b in base], config=short),
+             _paper_cell("sparsegpt", "unstructured", 0.5, [b + 0.3 for b in base], config=short)]
+    assert _rows(cells)[("sparsegpt (density 0.5) level with wanda (density 0.5)", "ppl-token", "m")][10] == \
         "not yet measured"
-    assert len(rows(cells)) == len(CLAIMS)
+    teal = [_paper_cell("dense", "", None, base, config={**STREAM, "seq_len": 2560, "scored": 512, "bos": "window"}),
+            _paper_cell("teal:prefill_half=true", "unstructured", 0.5, [b + 0.2 for b in base],
+                        config={**STREAM, "seq_len": 2560, "scored": 512, "bos": "window"}, allocation="greedy",
+                        settings={"prefill_half": True}),
+            _paper_cell("act-sparse", "unstructured", 0.5, [b + 0.5 for b in base],
+                        config={**STREAM, "seq_len": 2560, "scored": 512, "bos": "window"})]
+    row = _rows(teal)[("teal:prefill_half=true (density 0.5, greedy) level with act-sparse (density 0.5)",
+                       "ppl-token", "m")]
+    assert "teal allocation" not in row[11] and "teal prefill_half" not in row[11]
+    assert "evaluation windows" not in row[11] and "the authors Alpaca" in row[11]
+
+
+def test_open_question_only_where_no_recorded_condition_differs(monkeypatch):
+    """A contradiction whose cells match every field of the paper's protocol is the only row that reads "open
+    question"; change one recorded field and the row names it instead."""
+    from acbench.studies import Side, reproductions
+    from acbench.studies.protocols import Evaluation, PaperModel, Protocol, Reported
+
+    own = PaperModel("SmolLM2-135M", 134515008, "float32", "base", "test")
+    ev = Evaluation("perplexity", "acbench's Wikipedia sample", "its eval split", 2048, 2047, "stream", "test")
+    claim = reproductions.Claim("P", "x ahead of y", Side("act-sparse", "density 0.5"),
+                                Side("act-sparse:mitigation=shift", "density 0.5"),
+                                Protocol(own, ev, "density 0.5", "test", "density", (Reported("r", "test"),)))
+    monkeypatch.setattr(reproductions, "CLAIMS", (claim,))
+    base = [3.0 + 0.01 * i for i in range(8)]
+    plain = {**SMOL, "file": "plain.safetensors", "source": "local", "alias": "m"}
+    cells = [_paper_cell("dense", "", None, base, fingerprint=plain),
+             _paper_cell("act-sparse", "unstructured", 0.5, [b + 0.4 for b in base], fingerprint=plain),
+             _paper_cell("act-sparse:mitigation=shift", "unstructured", 0.5, [b + 0.1 for b in base],
+                         fingerprint=plain)]
+    row = reproductions.rows(cells)[0]
+    assert row[10] == "contradicts" and row[11].startswith("open question")
+    cells[1].model_fingerprint["parameters"] = 13_451_500
+    row = reproductions.rows(cells)[0]
+    assert row[10] == "contradicts" and row[11].startswith("model size: 13M parameters") and "open" not in row[11]
+
+
+def test_every_claim_carries_every_protocol_field_with_a_source_and_the_check_can_fail():
+    from dataclasses import replace
+
+    from acbench.studies.protocols import NOT_LOCATED
+    from acbench.studies.reproductions import CLAIMS
+
+    for c in CLAIMS:
+        assert c.protocol.problems() == [], (c.paper, c.claim)
+        assert all(r.source for r in c.protocol.reported)
+    assert any(r.source == NOT_LOCATED for c in CLAIMS for r in c.protocol.reported)
+    broken = replace(CLAIMS[0].protocol, model=replace(CLAIMS[0].protocol.model, source=""))
+    assert broken.problems() == ["PaperModel.source"]
+    assert "Evaluation.window/scored/bos" in " ".join(replace(CLAIMS[0].protocol, evaluation=replace(
+        CLAIMS[0].protocol.evaluation, window=None)).problems())
+
+
+def test_accuracy_claims_are_also_tested_on_accuracy_and_the_metric_difference_is_named():
+    from acbench.studies.reproductions import CLAIMS
+
+    accuracy = [c for c in CLAIMS if c.protocol.evaluation.metric == "accuracy"]
+    assert {c.paper.split(" (")[0] for c in accuracy} >= {"CATS", "LaRoSa", "R-Sparse", "WINA", "SparseGPT"}
+    for c in accuracy:
+        assert {"lama", "mmlu"} <= set(c.tasks)
+        assert c.task_options("mmlu") == {"format": "cloze"} and c.task_options("lama") == {"per_relation": 0}
+    larosa = [c for c in CLAIMS if c.paper.startswith("LaRoSa")]
+    assert {c.better.budget for c in larosa} == {"density 0.6"}  # 40 % sparsity, as the paper
+    teal = next(c for c in CLAIMS if c.paper.startswith("TEAL"))
+    assert teal.task_options("ppl-token") == {"seq_len": 2560, "scored": 512, "bos": "window", "max_windows": 32}
+    assert teal.better.allocation == "greedy" and "prefill_half=true" in teal.better.method
+
+
+SVD_LLM_SIDE = "whitened-svd:per_site=true"
+
+
+def test_a_destroyed_budget_is_named_with_the_differences():
+    base = [3.0 + 0.02 * i for i in range(6)]
+    cells = [_paper_cell("dense", "", None, base),
+             _paper_cell(SVD_LLM_SIDE, "params", 0.8, [b + 3.0 for b in base]),
+             _paper_cell("asvd", "params", 0.8, [b + 2.0 for b in base])]
+    row = _rows(cells)[("whitened-svd:per_site=true (params 0.8) better than asvd (params 0.8)", "ppl-token", "m")]
+    assert row[10] == "contradicts"
+    assert "the budget destroys the model (whitened-svd:per_site=true, asvd above 5x" in row[11]
 
 
 def test_a_difference_inside_the_noise_is_not_detected_with_what_it_could_miss():
-    from acbench.studies.reproductions import rows
-
     base = [3.0, 3.4, 2.9, 3.3, 3.1, 2.8]
     noise = [0.05, -0.04, 0.03, -0.05, 0.02, -0.01]
-    cells = [_cell("m", "dense", "ppl-token", "", None, base),
-             _cell("m", "wina", "ppl-token", "unstructured", 0.5, [b + 0.2 + e for b, e in zip(base, noise)]),
-             _cell("m", "teal", "ppl-token", "unstructured", 0.5, [b + 0.2 for b in base])]
-    row = next(r for r in rows(cells) if r[3].startswith("wina"))
-    assert row[11].startswith("not detected (could miss ") and row[12] == ""
-    assert float(row[10]) > abs(float(row[6]))
-
-
-def test_a_destroyed_budget_is_named_as_the_cause():
-    from acbench.studies.reproductions import rows
-
-    base = [3.0 + 0.02 * i for i in range(6)]
-    cells = [_cell("m", "dense", "ppl-token", "", None, base),
-             _cell("m", "whitened-svd:per_site=true", "ppl-token", "params", 0.8, [b + 3.0 for b in base]),
-             _cell("m", "asvd", "ppl-token", "params", 0.8, [b + 2.0 for b in base])]
-    row = next(r for r in rows(cells) if r[3] == "whitened-svd:per_site=true (params 0.8) better than asvd (params 0.8)")
-    assert row[11] == "contradicts"
-    assert "budget destroys the model (whitened-svd:per_site=true, asvd above 5x" in row[12]
+    teal = "teal:prefill_half=true"
+    cells = [_paper_cell("dense", "", None, base),
+             _paper_cell("wina", "unstructured", 0.5, [b + 0.2 + e for b, e in zip(base, noise)], allocation="greedy"),
+             _paper_cell(teal, "unstructured", 0.5, [b + 0.2 for b in base], allocation="greedy",
+                         settings={"prefill_half": True})]
+    row = _rows(cells)[("wina (density 0.5, greedy) better than teal:prefill_half=true (density 0.5, greedy)",
+                        "ppl-token", "m")]
+    assert row[10].startswith("not detected (could miss ") and float(row[9]) > abs(float(row[5]))
+    # WINA's orthogonal transform is not in acbench: named, as a difference acbench cannot close
+    assert "wina recipe: not available in acbench; the authors an orthogonal transform" in row[11]
+    assert "metric: perplexity; the authors accuracy on zero-shot lm-eval tasks (average)" in row[11]
 
 
 def test_calibration_study_saturation_and_budget_labels():
@@ -215,15 +324,19 @@ def test_objectives_study_on_the_tiny_model(tiny, tmp_path):
     assert re.search(r"\| fasc-kfac +\| pca +\| kfac +\| \d+ of \d+ ", doc.read_text())
 
 
-def test_unequal_compute_is_named_as_a_cause():
-    from acbench.studies.reproductions import rows
-
+def test_a_pair_off_the_papers_basis_is_named():
+    """SVD-LLM compares at the same parameters: sides whose parameter ratios differ say so, with both ratios."""
     base = [3.0 + 0.02 * i for i in range(6)]
-    cells = [_cell("m", "dense", "ppl-token", "", None, base),
-             hand_cell("m", "larosa", "ppl-token", 0.5, [b + 0.4 for b in base], budget="unstructured", compute=0.5),
-             hand_cell("m", "cats", "ppl-token", 0.5, [b + 0.2 for b in base], budget="unstructured", compute=0.77)]
-    row = next(r for r in rows(cells) if r[3] == "larosa (density 0.5) better than cats (density 0.5)")
-    assert row[11] == "contradicts" and "unequal compute (larosa 0.50, cats 0.77 of dense's)" in row[12]
+    cells = [_paper_cell("dense", "", None, base),
+             _paper_cell("svd-llm-v2", "params", 0.8, [b + 0.4 for b in base]),
+             _paper_cell(SVD_LLM_SIDE, "params", 0.8, [b + 0.2 for b in base])]
+    cells[1].compression["param_ratio"], cells[2].compression["param_ratio"] = 0.8, 0.9
+    key = ("svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)", "ppl-token", "m")
+    row = _rows(cells)[key]
+    assert row[10] == "contradicts"
+    assert "comparison basis: parameters differs (svd-llm-v2 0.80, whitened-svd:per_site=true 0.90)" in row[11]
+    cells[2].compression["param_ratio"] = 0.8
+    assert "comparison basis" not in _rows(cells)[key][11]
 
 
 def test_the_authors_one_pass_calibration_is_kept_between_the_budgets_it_serves(monkeypatch, tmp_path):
@@ -282,15 +395,15 @@ def test_an_allocation_that_clipped_a_rank_to_one_is_named_as_a_cause():
     from acbench.studies.reproductions import rows
 
     dense = [3.0 + 0.01 * i for i in range(8)]
-    v2 = _cell("m", "svd-llm-v2", "ppl-token", "params", 0.8, [x + 1.0 + 0.01 * (i % 2) for i, x in enumerate(dense)])
+    v2 = _paper_cell("svd-llm-v2", "params", 0.8, [x + 1.0 + 0.01 * (i % 2) for i, x in enumerate(dense)])
     v2.compression["fallbacks"] = [{"fallback": "svd-llm-v2 rank clipped", "group": "layers.0.attn_out", "k": -480,
                                     "clipped_to": 1, "site": "model.layers.0.self_attn.o_proj"}]
-    cells = [_cell("m", "dense", "ppl-token", "", None, dense), v2,
-             _cell("m", "whitened-svd:per_site=true", "ppl-token", "params", 0.8, [x + 0.5 for x in dense])]
+    cells = [_paper_cell("dense", "", None, dense), v2,
+             _paper_cell("whitened-svd:per_site=true", "params", 0.8, [x + 0.5 for x in dense])]
     claim = "svd-llm-v2 (params 0.8) better than whitened-svd:per_site=true (params 0.8)"
-    row = {(r[3], r[5]): r for r in rows(cells)}[(claim, "m")]
-    assert row[11].startswith("contradicts")
-    assert "svd-llm-v2's allocation clipped layers.0.attn_out (k -480) to rank 1" in row[12]
+    row = {(r[2], r[4]): r for r in rows(cells) if r[3] == "ppl-token"}[(claim, "m")]
+    assert row[10].startswith("contradicts")
+    assert "svd-llm-v2's allocation clipped layers.0.attn_out (k -480) to rank 1" in row[11]
 
 
 def test_calibration_page_gives_each_model_its_own_page(tmp_path):
@@ -317,17 +430,16 @@ def test_the_verdict_reads_the_holm_corrected_p_and_a_level_claim_the_90_interva
     its 95 % interval does not reproduces (two one-sided tests at 5 % each read the 90 % interval)."""
     from acbench.studies.reproductions import CLAIMS, verdict
 
-    ordered = next(c for c in CLAIMS if not c.level and c.task == "ppl-token")
-    level = next(c for c in CLAIMS if c.level and c.task == "ppl-token")
-    a = _cell("m", "x", "ppl-token", "unstructured", 0.5, [3.0, 3.1])
+    ordered = next(c for c in CLAIMS if not c.level and "ppl-token" in c.tasks)
+    level = next(c for c in CLAIMS if c.level and "ppl-token" in c.tasks)
     # NLL differences (worse - better side's, as compare(worse, better) gives): negative means the better side won
     d = {"diff": -0.05, "ci95": [-0.09, -0.01], "ci90": [-0.08, -0.02], "p": 0.03, "detectable": 0.06}
-    assert verdict(ordered, a, a, None, d, p_holm=0.2)["verdict"] == "not detected (could miss 0.060)"
-    assert verdict(ordered, a, a, None, d, p_holm=0.03)["verdict"] == "reproduces"
+    assert verdict(ordered, "ppl-token", d, p_holm=0.2)["verdict"] == "not detected (could miss 0.060)"
+    assert verdict(ordered, "ppl-token", d, p_holm=0.03)["verdict"] == "reproduces"
     flat = {"diff": 0.001, "ci95": [-0.025, 0.023], "ci90": [-0.018, 0.017], "p": 0.9, "detectable": 0.03}
-    assert verdict(level, a, a, None, flat, p_holm=1.0)["verdict"] == "reproduces (level within 0.02)"
+    assert verdict(level, "ppl-token", flat, p_holm=1.0)["verdict"] == "reproduces (level within 0.02)"
     wide = {**flat, "ci90": [-0.021, 0.017]}  # the 90 % interval past the margin on one side: not level
-    assert verdict(level, a, a, None, wide, p_holm=1.0)["verdict"].startswith("not detected")
+    assert verdict(level, "ppl-token", wide, p_holm=1.0)["verdict"].startswith("not detected")
 
 
 @pytest.mark.parametrize("study", ["calibration", "reproductions", "objectives", "claims"])
@@ -348,3 +460,39 @@ def test_a_bad_model_name_is_refused_before_any_part(monkeypatch, capsys, tmp_pa
         module.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err.strip().splitlines()[-1] and "error: --models" in err and not started
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--max-calibration-tokens", "-5"], "give 0 or more tokens"), (["--max-calibration-tokens", "x"], "invalid int"),
+    (["--doc", "x.txt"], "markdown"), (["--literal", "--doc", "x"], "markdown")])
+def test_reproductions_study_flags_are_one_line(capsys, argv, says):
+    from acbench.studies.reproductions import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--report-only"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and len(err.strip().splitlines()) <= 2
+
+
+def test_the_literal_page_reads_its_own_cells(tmp_path):
+    from acbench.studies.reproductions import main
+
+    doc = tmp_path / "literal.md"
+    assert main(["--literal", "--report-only", "--root", str(tmp_path / "none"), "--doc", str(doc),
+                 "--models", "smollm2-135m"]) == 0
+    text = doc.read_text()
+    assert "not yet measured" in text and "## Where each protocol is stated" in text
+
+
+def test_a_pair_at_neither_the_same_compute_density_nor_parameters_is_refused_and_says_which_it_shares():
+    base = [3.0 + 0.02 * i for i in range(6)]
+    cells = [_paper_cell("dense", "", None, base), _paper_cell("wanda", "unstructured", 0.5, [b + 0.1 for b in base]),
+             _paper_cell("magnitude-prune:comparison=layer", "unstructured", 0.5, [b + 0.9 for b in base],
+                         settings={"comparison": "layer"})]
+    key = ("wanda (density 0.5) better than magnitude-prune:comparison=layer (density 0.5)", "ppl-token", "m")
+    row = _rows(cells)[key]
+    assert row[10] == "reproduces" and row[1].endswith("at the same density and compute and parameters")
+    cells[2].compression.update(density=0.7, compute_ratio=0.77, param_ratio=0.8)
+    row = _rows(cells)[key]
+    assert row[10].startswith("refused: the sides share neither") and row[5] == ""
+    assert "comparison basis: density differs (wanda 0.50, magnitude-prune:comparison=layer 0.70)" in row[11]

@@ -80,7 +80,7 @@ RUN_FLAGS = [
                                                 "(default all)"}),
     ("--blocks", "blocks", {"help": "blocks to compress, indices and ranges, e.g. 0-5,12 (default all)"}),
     ("--tasks", "tasks", {"nargs": "+", "help": "tasks (default: lama ppl-token rho; see `bench ls tasks`)"}),
-    ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, file:<path>"}),
+    ("--calib-source", "calib_source", {"help": "calibration text: wiki (embedded), wikitext2, c4 (hub), file:<path>"}),
     ("--calib-samples", "calib_samples", {"type": int, "help": "calibration windows (default 12)"}),
     ("--calib-seq-len", "calib_seq_len", {"type": int, "help": "tokens per calibration window (default 256)"}),
     ("--calibration-mode", "calibration_mode", {"help": "one-pass (default: every block calibrated once on the dense "

@@ -104,12 +104,39 @@ def wikitext2(split: str) -> str:
     return "\n\n".join(ds["text"])
 
 
+# C4 as SparseGPT's and Wanda's code read it (datautils.get_c4, lib/data.py): the first shard of the English train
+# split for calibration, and the first 1,100 documents of the first validation shard for evaluation
+C4_FILES = {"calib": "en/c4-train.00000-of-01024.json.gz", "eval": "en/c4-validation.00000-of-00008.json.gz"}
+C4_EVAL_DOCS = 1100
+
+
+def c4(part: str) -> str:
+    from datasets import load_dataset
+
+    from acbench.core.hub import offline_unless_reachable
+
+    with offline_unless_reachable() as offline:
+        try:
+            ds = load_dataset("allenai/c4", data_files={"train": C4_FILES[part]}, split="train")
+        except Exception as e:
+            why = f"{offline}, and it is not in the local datasets cache" if offline else type(e).__name__
+            raise UserError(f"C4 ({C4_FILES[part]}) is not reachable ({why}): use the embedded text (wiki) or a "
+                            "local file (file:<path>)") from None
+    texts = ds["text"]
+    return "\n\n".join(texts[:C4_EVAL_DOCS] if part == "eval" else texts)
+
+
+TEXT_SOURCES = ("wiki", "wikitext2", "c4")
+
+
 def load_text(source: str, part: str) -> str:
-    """source: 'wiki' (embedded, split by article), 'wikitext2' (hub) or 'file:<path>'."""
+    """source: 'wiki' (embedded, split by article), 'wikitext2' or 'c4' (hub) or 'file:<path>'."""
     if source == "wiki":
         return wiki_split(part)
     if source == "wikitext2":
         return wikitext2("train" if part == "calib" else "test")
+    if source == "c4":
+        return c4(part)
     if source.startswith("file:"):
         if not source[5:]:
             raise UserError("text source 'file:' names no file: pass file:<path to a UTF-8 text file>")
@@ -120,7 +147,7 @@ def load_text(source: str, part: str) -> str:
         return text
     if Path(source).expanduser().exists():
         raise UserError(f"text source '{source}' is a path: write it as file:{source}")
-    raise UserError(f"text source '{source}' is unknown: use wiki, wikitext2 or file:<path>")
+    raise UserError(f"text source '{source}' is unknown: use wiki, wikitext2, c4 or file:<path>")
 
 
 BOS_PROTOCOLS = ("window", "stream", "none")
