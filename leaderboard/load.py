@@ -46,9 +46,11 @@ def results_folder_problem(root) -> str | None:
     return problem(root, "results folder")
 
 
-def read_result_set(*roots) -> ResultSet:
+def read_result_set(*roots, every_setting: bool = False) -> ResultSet:
     """Every *.json cell under the roots; several roots (runs, models) merge without double-counting:
-    when one cell appears twice the most recent result wins."""
+    when one cell appears twice the most recent result wins. A table shows one cell per position (the newest
+    settings); `every_setting` keeps the cells of every settings key instead (a study that reads one method in
+    several protocols from one folder)."""
     rs = ResultSet()
     best: dict[tuple, dict] = {}
     for root in roots:
@@ -93,6 +95,9 @@ def read_result_set(*roots) -> ResultSet:
             del best[key]
     # One cell per table position: where settings differ (shots, calibration size, a method's version) the newest
     # is shown and the others are named, never merged.
+    if every_setting:
+        rs.cells = sorted(best.values(), key=lambda r: tuple(str(x) for x in cell_id(r)))
+        return rs
     shown_at: dict[tuple, CellRecord] = {}
     for rec in sorted(best.values(), key=cell_date, reverse=True):
         at = coordinates(rec)

@@ -14,7 +14,7 @@ stored; nothing in core, methods, tasks, leaderboard, analyses or bench imports 
 - `claims.py`: the FASC paper's knowledge claim on both embedded models at three ranks (`make claims`).
 - `baselines.py`: the 2025 baselines against the older methods at matched compute.
 - `calibration.py`, `reproductions.py`, `objectives.py`: how much calibration each method needs, every published
-  ordering in its authors' conditions, and each method against its own objective on held-out tokens.
+  ordering in its paper's protocol where acbench can run it, and each method against its own objective on held-out tokens.
 
 Each script runs as `python -m acbench.studies.<name>`; figures the README shows are in `studies/figures/`.
 """

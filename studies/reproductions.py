@@ -531,15 +531,21 @@ def moved(cells: list[CellRecord], now: list[Row]) -> list[list[str]]:
     return out
 
 
-def sources(claim: Claim) -> str:
-    p = claim.protocol
-    ev = p.evaluation
-    parts = [f"model {p.model.name} ({p.model.parameters / 1e9:.1f}B, {p.model.precision}, {p.model.tuning}; "
-             f"{p.model.source})", f"evaluation {ev.metric} on {ev.tasks} ({ev.source})",
-             f"budget {p.budget} ({p.budget_source}), compared at the same {p.basis}"]
-    parts += [f"{r.method} {r.what} ({r.source})" for r in p.recipes]
-    parts += [f"reported: {r.text} ({r.source})" for r in p.reported]
-    return f"- **{claim.paper}, {claim.claim}**: " + "; ".join(parts) + "."
+def sources() -> list[str]:
+    """One line per paper's protocol: where each of its parts is stated, and the claims that read it."""
+    grouped: dict = {}
+    for c in CLAIMS:
+        grouped.setdefault((c.paper, c.protocol), []).append(c.claim)
+    out = []
+    for (paper, p), claims in grouped.items():
+        ev = p.evaluation
+        parts = [f"model {p.model.name} ({p.model.parameters / 1e9:.1f}B, {p.model.precision}, {p.model.tuning}; "
+                 f"{p.model.source})", f"evaluation {ev.metric} on {ev.tasks} ({ev.source})",
+                 f"budget {p.budget} ({p.budget_source}), compared " + ("with the dense model" if p.basis == "dense" else f"at the same {p.basis}")]
+        parts += [f"{r.method} {r.what} ({r.source})" for r in p.recipes]
+        parts += [f"reported: {r.text} ({r.source})" for r in p.reported]
+        out.append(f"- **{paper}**, {'; '.join(claims)}: " + "; ".join(parts) + ".")
+    return out
 
 
 def render(cells: list[CellRecord], root: Path, literal: bool = False, models: list[str] | None = None) -> str:
@@ -583,7 +589,7 @@ def render(cells: list[CellRecord], root: Path, literal: bool = False, models: l
     if changed:
         lines += [tabulate(changed, headers=["claim", "model", "task", "before", "now"], tablefmt="github",
                            disable_numparse=True), ""]
-    lines += ["## Where each protocol is stated", ""] + [sources(c) for c in CLAIMS] + [""]
+    lines += ["## Where each protocol is stated", ""] + sources() + [""]
     return "\n".join(lines)
 
 
@@ -625,7 +631,7 @@ def main(argv=None) -> int:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    cells = read_result_set(root).cells if root.is_dir() else []
+    cells = read_result_set(root, every_setting=True).cells if root.is_dir() else []
     atomic_write_text(Path(a.doc), render(cells, root, a.literal, models))
     print(f"wrote {a.doc}")
     return 0
