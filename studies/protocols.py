@@ -63,11 +63,17 @@ class Reported:
 class Protocol:
     model: PaperModel
     evaluation: Evaluation
-    budget: str  # the paper's level in acbench's words: "density 0.6" (40 % sparsity), "params 0.8", "2:4"
+    # the paper's levels in acbench's words: "density 0.6" (40 % sparsity), "params 0.8", or the two a claim
+    # compares ("density 0.5", "2:4")
+    budget: str | tuple[str, ...]
     budget_source: str
     basis: str  # density | compute | parameters | dense (a method against the dense model)
     reported: tuple[Reported, ...]
     recipes: tuple[Recipe, ...] = ()
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        return (self.budget,) if isinstance(self.budget, str) else tuple(self.budget)
 
     def problems(self) -> list[str]:
         """Fields left empty (a claim must carry every one, each with a source)."""
@@ -274,15 +280,15 @@ def basis_of(a: CellRecord, b: CellRecord) -> list[str]:
     return out
 
 
-def budget_differences(protocol: Protocol, sides: list[tuple[str, CellRecord]]) -> list[Difference]:
-    """The sides' budgets against the paper's, and the basis they are compared on."""
+def budget_differences(protocol: Protocol, cells: list[CellRecord]) -> list[Difference]:
+    """The sides' budgets, as their cells record them, against the paper's levels, and the basis they are compared
+    on."""
+    from acbench.studies import budget_label
+
     out = []
-    budgets = sorted({label for label, c in sides if c.cell.method != DENSE})
-    wanted = protocol.budget
-    off = [b for b in budgets if b != wanted and not _same_level(b, wanted)]
+    off = sorted({budget_label(c) for c in cells if c.cell.method != DENSE} - set(protocol.levels))
     if off:
-        out.append(Difference("budget", ", ".join(off), wanted, True))
-    cells = [c for _, c in sides]
+        out.append(Difference("budget", ", ".join(off), " and ".join(protocol.levels), True))
     if protocol.basis != "dense" and len(cells) == 2:
         shared = basis_of(*cells)
         if protocol.basis not in shared:
@@ -295,19 +301,13 @@ def budget_differences(protocol: Protocol, sides: list[tuple[str, CellRecord]]) 
     return out
 
 
-def _same_level(label: str, wanted: str) -> bool:
-    """A side's budget label at the paper's level: N:M patterns and levels compared as written."""
-    return label == wanted
-
-
-def differences(protocol: Protocol, sides: list[tuple[str, CellRecord]]) -> list[Difference]:
-    """Every field where the row's cells differ from the paper's protocol. `sides`: (budget label, cell) of each
-    side of the row (the dense model's cell for a side that is dense)."""
-    cells = [c for _, c in sides]
+def differences(protocol: Protocol, cells: list[CellRecord]) -> list[Difference]:
+    """Every field where the row's cells differ from the paper's protocol. `cells`: the cell of each side of the
+    row (the dense model's for a side that is dense)."""
     found = model_differences(protocol, cells[0]) + evaluation_differences(protocol, cells[0])
     for c in cells:
         found += calibration_differences(c) + recipe_differences(protocol, c)
-    found += budget_differences(protocol, sides)
+    found += budget_differences(protocol, cells)
     seen, out = set(), []
     for d in found:  # a side-independent difference (the model, the text) once
         if d.line() not in seen:

@@ -212,11 +212,11 @@ CLAIMS = (
                    (Reported("ARC-e 69.65 against magnitude's 28.03", "SparseGPT paper, its OPT-175B zero-shot "
                              "table"),), (MAGNITUDE_PER_LAYER,))),
     Claim(SPARSEGPT_PAPER, "unstructured 50 % ahead of 2:4", _s("sparsegpt", "density 0.5"), _s("sparsegpt", "2:4"),
-          Protocol(OPT_175B, SPARSEGPT_ACC, "density 0.5", "SparseGPT paper: 50 % and 2:4", "density",
+          Protocol(OPT_175B, SPARSEGPT_ACC, ("density 0.5", "2:4"), "SparseGPT paper: 50 % and 2:4", "density",
                    (Reported("ARC-e 69.65 (50 %) against 67.08 (2:4)", "SparseGPT paper, its OPT-175B zero-shot "
                              "table"),))),
     Claim(WANDA_PAPER, "unstructured 50 % ahead of 2:4", _s("wanda", "density 0.5"), _s("wanda", "2:4"),
-          _wanda("density 0.5", (), Reported("2:4 costs more than 50 % unstructured", "Wanda paper, its N:M "
+          _wanda(("density 0.5", "2:4"), (), Reported("2:4 costs more than 50 % unstructured", "Wanda paper, its N:M "
                                             "table (LLaMA)"))),
     Claim(V2_PAPER, "V2 ahead of SVD-LLM at 20 %", _s("svd-llm-v2", "params 0.8"), _s(SVD_LLM, "params 0.8"),
           _svd_llm("params 0.8", Reported("V2 7.12, SVD-LLM 7.94 (dense 5.68)", V2_TABLE))),
@@ -264,10 +264,10 @@ CLAIMS = (
                    (Reported("up to +2.94 % average accuracy over TEAL", "WINA paper, its main tables"),),
                    WINA_RECIPE + TEAL_RECIPE)),
     *(Claim(NM_PAPER, f"16:32 level with unstructured 50 %{label}", _s(m, "16:32"), _s(m, "density 0.5"),
-            _nm("16:32"), level=True) for m, label in (("act-sparse", ""),
+            _nm(("16:32", "density 0.5")), level=True) for m, label in (("act-sparse", ""),
                                                        ("act-sparse:mitigation=variance", ", variance mitigation"),
                                                        ("act-sparse:mitigation=shift", ", shift mitigation"))),
-    *(Claim(NM_PAPER, f"16:32 ahead of 2:4{label}", _s(m, "16:32"), _s(m, "2:4"), _nm("2:4"))
+    *(Claim(NM_PAPER, f"16:32 ahead of 2:4{label}", _s(m, "16:32"), _s(m, "2:4"), _nm(("16:32", "2:4")))
       for m, label in (("act-sparse", ""), ("act-sparse:mitigation=variance", ", variance mitigation"),
                        ("act-sparse:mitigation=shift", ", shift mitigation"))),
 )
@@ -461,8 +461,7 @@ def measure(cells: list[CellRecord], models: list[str] | None = None, literal: b
         if r.d is not None:
             r.result = verdict(r.claim, r.task, r.d, next(adjusted))
         if r.better is not None and r.worse is not None:
-            labels = [(r.claim.better.budget, r.better), (r.claim.worse.budget, r.worse)]
-            r.differences = differences(r.claim.protocol, labels)
+            r.differences = differences(r.claim.protocol, [r.better, r.worse])
             r.notes = outcome_notes(r.task, [r.better, r.worse], r.dense)
     return out
 
@@ -541,7 +540,7 @@ def sources() -> list[str]:
         ev = p.evaluation
         parts = [f"model {p.model.name} ({p.model.parameters / 1e9:.1f}B, {p.model.precision}, {p.model.tuning}; "
                  f"{p.model.source})", f"evaluation {ev.metric} on {ev.tasks} ({ev.source})",
-                 f"budget {p.budget} ({p.budget_source}), compared " + ("with the dense model" if p.basis == "dense" else f"at the same {p.basis}")]
+                 f"budget {' and '.join(p.levels)} ({p.budget_source}), compared " + ("with the dense model" if p.basis == "dense" else f"at the same {p.basis}")]
         parts += [f"{r.method} {r.what} ({r.source})" for r in p.recipes]
         parts += [f"reported: {r.text} ({r.source})" for r in p.reported]
         out.append(f"- **{paper}**, {'; '.join(claims)}: " + "; ".join(parts) + ".")

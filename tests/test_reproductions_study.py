@@ -118,6 +118,8 @@ def test_a_cell_off_the_papers_protocol_is_never_read_as_it_and_each_setting_off
 def test_open_question_only_where_no_recorded_condition_differs(monkeypatch):
     """A contradiction whose cells match every field of the paper's protocol is the only row that reads "open
     question"; change one recorded field and the row names it instead."""
+    from dataclasses import replace
+
     from acbench.studies import Side, reproductions
     from acbench.studies.protocols import Evaluation, PaperModel, Protocol, Reported
 
@@ -138,6 +140,10 @@ def test_open_question_only_where_no_recorded_condition_differs(monkeypatch):
     cells[1].model_fingerprint["parameters"] = 13_451_500
     row = reproductions.rows(cells)[0]
     assert row[10] == "contradicts" and row[11].startswith("model size: 13M parameters") and "open" not in row[11]
+    # the budget is read off the cells: the paper at 40 % sparsity, the cells at 50 %
+    monkeypatch.setattr(reproductions, "CLAIMS", (replace(claim, protocol=replace(claim.protocol,
+                                                                                  budget="density 0.6")),))
+    assert "budget: density 0.5; the authors density 0.6" in reproductions.rows(cells)[0][11]
 
 
 def test_every_claim_carries_every_protocol_field_with_a_source_and_the_check_can_fail():
