@@ -26,7 +26,8 @@ from acbench.core.stats import (ACTIVATION_STATS, GRADIENT_STATS, LOW_RANK_FAMIL
 EVERY_STAT = ACTIVATION_STATS | GRADIENT_STATS  # every statistic a method can ask for
 # the GroupStats fields each statistic name fills (pairs: the token sample of x and of its gradient)
 STAT_FIELDS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("mean",), "abs_hist": ("abs_hist",),
-               "act_hist": ("act_hist",), "pairs": ("xs", "gs"), "row_fisher": ("row_fisher",)}
+               "act_hist": ("act_hist",), "pairs": ("xs", "gs"), "tokens": ("xs",),
+               "row_fisher": ("row_fisher",)}
 PATTERNS = ("2:4", "8:16", "0.5")  # what the sparsity checks try: two N:M patterns and an unstructured density
 
 

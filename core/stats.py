@@ -12,8 +12,9 @@ from acbench.core.record import CALIBRATION_MODES, ONE_PASS, SEQUENTIAL  # noqa:
 
 # Statistics a method can ask for; the calibration engine collects only the union of what is asked.
 # act_hist: the |a| histogram of the activation function whose output the group reads (an MLP down projection's
-# act(gate x)); zeros where no activation module feeds the group
-ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean", "abs_hist", "act_hist"})
+# act(gate x)); zeros where no activation module feeds the group. tokens: a sample of the group's input tokens (x
+# alone, no gradient; with pairs asked for too, the pairs' x serve it)
+ACTIVATION_STATS = frozenset({"C", "abs_mean", "mean", "abs_hist", "act_hist", "tokens"})
 GRADIENT_STATS = frozenset({"F", "pairs", "row_fisher"})
 
 

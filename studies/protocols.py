@@ -176,10 +176,10 @@ def evaluation_differences(protocol: Protocol, cell: CellRecord) -> list[Differe
         window, scored = cfg.get("seq_len"), cfg.get("scored") or (cfg.get("seq_len") or 1) - 1
         if ev.metric == "perplexity" and (window, scored) != (ev.window, ev.scored):
             out.append(Difference("evaluation windows", _windows(window, scored), _windows(ev.window, ev.scored), True))
-        bos = cell.bos or cfg.get("bos")
+        bos = cfg.get("bos") or cell.bos  # the task's resolved protocol (the run's may read "auto")
         if ev.metric == "perplexity" and bos != ev.bos:
             out.append(Difference("BOS", str(bos), str(ev.bos), True))
-        if text_name(cfg.get("source", "wiki")) != ev.data:
+        if ev.metric == "perplexity" and text_name(cfg.get("source", "wiki")) != ev.data:
             out.append(Difference("evaluation text", text_name(cfg.get("source", "wiki")), ev.data, False))
     else:
         task = {"lama": "LAMA (cloze fact recall)", "mmlu": "MMLU"}.get(cell.cell.task, cell.cell.task)

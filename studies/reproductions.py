@@ -155,11 +155,14 @@ TEAL_RECIPE = (Recipe("teal", "allocation", "greedy", "block-wise greedy densiti
 WINA_RECIPE = (Recipe("wina", "allocation", "greedy", "TEAL's greedy densities", "microsoft/wina README"),
                Recipe("wina", "", None, "an orthogonal transform of the weights (SVD of W_k and W_gate, with "
                       "residual adapters)", "microsoft/wina README"))
-R_SPARSE_RECIPE = (Recipe("r-sparse", "", None, "the rank / sparsity split searched per matrix on 16 x 4,096 C4 "
-                          "tokens", "R-Sparse paper, its search (its released recipe as a file per model)"),)
+R_SPARSE_RECIPE = (Recipe("r-sparse", "search", True, "the rank / sparsity split searched on 16 x 4,096 C4 tokens",
+                          "R-Sparse paper, its search (its released recipe as a file per model)"),
+                   Recipe("r-sparse", "", None, "the split searched per matrix (acbench: per input group, one count "
+                          "of kept channels for q, k, v)", "R-Sparse paper, its search"))
 
 # the sides as their authors run them
 TEAL = "teal:prefill_half=true"
+R_SPARSE = "r-sparse:search=true"
 MAGNITUDE = "magnitude-prune:comparison=layer"
 # SVD-LLM as its code compresses: each weight matrix on its own (acbench's whitened-svd shares one basis across
 # the weights that read one input, q/k/v and gate/up, which at a parameter budget keeps more rank)
@@ -243,7 +246,7 @@ CLAIMS = (
           _s(TEAL, "density 0.5", "greedy"), _s("act-sparse", "density 0.5"),
           Protocol(LLAMA3_8B, TEAL_PPL, "density 0.5", "TEAL paper: 40-50 % sparsity", "density", (TEAL_CLAIM,),
                    TEAL_RECIPE), level=True),
-    Claim("R-Sparse (Zhang et al. 2025)", "R-Sparse ahead of sparse-only (TEAL-like)", _s("r-sparse", "density 0.5"),
+    Claim("R-Sparse (Zhang et al. 2025)", "R-Sparse ahead of sparse-only (TEAL-like)", _s(R_SPARSE, "density 0.5"),
           _s(TEAL, "density 0.5", "greedy"),
           Protocol(LLAMA2_7B, R_SPARSE_ACC, "density 0.5", "R-Sparse paper: 50 % sparsity", "density",
                    (Reported("R-Sparse 64.06 (dense 65.88); ablation 67.50 against sparse-only 66.25", NOT_LOCATED),
@@ -313,8 +316,9 @@ def calibration_cost(method: str) -> int:
     block forwards per block, and no calibration shared with another method); 0 for the run's default."""
     from acbench import methods
 
-    authors = methods.get_method(methods.base_name(method)).authors_calibration
-    if not authors:
+    comp = methods.build(method)
+    authors = comp.authors_calibration
+    if not authors or not comp.required_stats():  # none stated, or nothing read (plain r-sparse)
         return 0
     return authors.samples * authors.seq_len * (4 if authors.mode == "sequential" else 1)
 
@@ -495,7 +499,7 @@ def rows(cells: list[CellRecord], models: list[str] | None = None, literal: bool
 # the sides each claim was measured with before the authors' protocol (16 windows of 256 tokens, no recipe, LAMA on
 # 15 probes per relation): the page lists the verdicts that moved
 BEFORE_OPTIONS = {"ppl-token": {"seq_len": 256, "max_windows": 16, "scored": None}, "lama": {"per_relation": 15}}
-BEFORE_METHOD = {TEAL: "teal", MAGNITUDE: "magnitude-prune"}
+BEFORE_METHOD = {TEAL: "teal", MAGNITUDE: "magnitude-prune", R_SPARSE: "r-sparse"}
 BEFORE_BUDGET = {"density 0.6": "density 0.5", "rank 0.5": "rank 0.75"}
 
 

@@ -283,3 +283,53 @@ def test_a_literal_cell_has_no_text_difference_left(monkeypatch):
     cell.task_config["source"] = "wiki"
     assert [d.part for d in calibration_differences(cell)] == ["sparsegpt calibration text"]
     assert [d.part for d in evaluation_differences(claim.protocol, cell)] == ["evaluation text"]
+
+
+# ------------------------------------------------------------------------------------- R-Sparse's search
+
+
+@pytest.fixture(scope="module")
+def block_with_tokens():
+    from acbench.calibration.engine import CalibSpec, calibrate
+    from acbench.model.groups import find_input_groups
+
+    model = tiny_model("llama", hidden=32, inter=48, layers=2)
+    windows = torch.randint(0, 101, (4, 32), generator=torch.Generator().manual_seed(4))
+    groups = find_input_groups(model)
+    stats = calibrate(model, groups, windows, frozenset({"tokens"}), CalibSpec(pair_tokens=64), progress=False)
+    return model, groups, stats
+
+
+def test_the_token_sample_needs_no_gradient(block_with_tokens):
+    from acbench import methods
+
+    model, groups, stats = block_with_tokens
+    s = stats[groups[0].name]
+    assert s.xs is not None and s.xs.shape[1] == groups[0].d_in and s.gs is None and s.F is None
+    assert 1 <= s.xs.shape[0] <= 64
+    comp = methods.build("r-sparse:search=true")
+    assert comp.required_stats() == {"tokens"} and comp.capabilities()["gradients"] is False
+    assert methods.build("r-sparse").required_stats() == frozenset()
+
+
+def test_r_sparse_search_picks_the_split_that_reproduces_the_sample_best_and_deploys_it(block_with_tokens):
+    from acbench.methods.r_sparse import RHO_GRID, search_errors
+
+    model, groups, stats = block_with_tokens
+    half = SparsitySpec.parse("0.5")
+    with compressed(model, "r-sparse:search=true", half, stats, progress=False) as (m, summaries):
+        chosen = {s["group"]: s["sparse_ratio"] for s in summaries}
+        for g in groups:
+            weights = {n: w.weight.detach() for n, w in zip(g.site_names, g.sites)}
+            errors = search_errors(weights, stats[g.name].xs, 0.5)
+            assert chosen[g.name] == min(errors, key=errors.get) and set(errors) == set(RHO_GRID)
+            # the search's model of the deployed form is the deployed form: the chosen split's error, recomputed
+            # through the deployed sites on the same inputs, is the one the search read
+            x = stats[g.name].xs
+            with torch.no_grad():
+                got = sum(float((m.get_submodule(n)(x).double() - x.double() @ w.double().T).pow(2).sum())
+                          for n, w in weights.items())
+            assert got == pytest.approx(errors[chosen[g.name]], rel=1e-4)
+    assert set(chosen.values()) != {0.95}  # the search moved off the uniform setting somewhere
+    with compressed(model, "r-sparse", half, stats, progress=False) as (m, summaries):
+        assert {s["sparse_ratio"] for s in summaries} == {0.95}

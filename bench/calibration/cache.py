@@ -80,7 +80,8 @@ def held_stats(folder: Path, group: str) -> frozenset[str]:
             keys = set(f.keys())
     except Exception:  # unreadable: it holds nothing usable
         return frozenset()
-    return STATS - set(missing_stats(keys, STATS))
+    held = STATS - set(missing_stats(keys, STATS))
+    return held - {"tokens"} if "pairs" in held else held  # the pairs' x serve a token sample: not listed twice
 
 
 def superset_folder(base: str, needed: frozenset[str], groups) -> Path | None:

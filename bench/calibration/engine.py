@@ -236,7 +236,8 @@ class _GroupCollector:
         graded = x.requires_grad
         if graded:
             self.n_grad += flat.shape[0]
-        if "pairs" in self.needed and graded:
+        sample_x = ("pairs" in self.needed and graded) or ("tokens" in self.needed and "pairs" not in self.needed)
+        if sample_x:
             # Position 0 (BOS) is the same token with the same activation in every window: duplicates with
             # outsized norms would dominate the fourth-moment (coupling) statistics, so it is never sampled.
             seq = x.shape[1] if x.dim() == 3 else flat.shape[0]
@@ -245,7 +246,7 @@ class _GroupCollector:
             m = min(self.pairs_per_batch, len(pool))
             idx = pool[torch.randperm(len(pool), generator=self.gen)[:m]].to(flat.device)
             self.xs.append(flat[idx].float().cpu())
-        if (self.F is not None or idx is not None) and graded:
+        if (self.F is not None or (idx is not None and "pairs" in self.needed)) and graded:
             x.register_hook(lambda g, idx=idx: self._grad_hook(g, idx))
 
     def _act_hook(self, module, args, out):
@@ -265,7 +266,7 @@ class _GroupCollector:
         if self.F is not None:
             gf = flat.float()
             _accumulate(self.F, gf.T @ gf)
-        if idx is not None:
+        if idx is not None and "pairs" in self.needed:
             self.gs.append(flat[idx].float().cpu())
 
     def after_backward(self):

@@ -129,7 +129,7 @@ def _shape_problem(key: str, shape: list[int], d_in: int) -> str | None:
 
 # the tensors that hold each statistic a method can need ("row_fisher" is one tensor per site: `_sites_hold`)
 STAT_TENSORS = {"C": ("C",), "F": ("F",), "abs_mean": ("abs_mean",), "mean": ("mean",), "abs_hist": ("abs_hist",),
-                "act_hist": ("act_hist",), "pairs": ("xs", "gs")}
+                "act_hist": ("act_hist",), "pairs": ("xs", "gs"), "tokens": ("xs",)}
 
 
 STATS = frozenset(STAT_TENSORS) | {"row_fisher"}  # every statistic a group file can hold

@@ -15,6 +15,7 @@ def stat_bytes(group: InputGroup, needs: frozenset[str], pair_tokens: int, width
     the cache), the (x, g) token sample always float32."""
     d = group.d_in
     sizes = {"C": d * d * width, "F": d * d * width, "abs_mean": d * width, "mean": d * width, "pairs": 2 * pair_tokens * d * 4,
+             "tokens": pair_tokens * d * 4,
              "row_fisher": sum(group.d_outs) * width, "abs_hist": HIST_BINS * width,
              "act_hist": HIST_BINS * width}
     return {k: v for k, v in sizes.items() if k in needs}

@@ -251,7 +251,8 @@ class Run:
                 + (f", tasks {', '.join(c.tasks)}" if c.tasks else ""))
         needs = self.stats_needs()
         calibration = ([f"calibration {c.calib_samples} x {c.calib_seq_len} tokens ({c.calib_source}, seed {c.seed}"
-                        + (f", {c.pair_tokens} (x, g) pairs/group)" if "pairs" in needs else ")")]
+                        + (f", {c.pair_tokens} (x, g) pairs/group)" if "pairs" in needs else
+                           f", {c.pair_tokens} tokens sampled/group)" if "tokens" in needs else ")")]
                        if needs else [])  # a run that reads no statistics does not calibrate: no size to state
         calibration += [f"{m}: calibration {spec.samples} x {spec.seq_len} tokens, {spec.mode}"
                         + (" (its authors')" if c.calibration == AUTHORS and
