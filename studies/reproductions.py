@@ -619,8 +619,10 @@ def main(argv=None) -> int:
     from acbench.studies import refuse_bad_models, refuse_unwritable
 
     models = a.models if a.models is not None else list(MODELS)
-    a.root = a.root or str(LITERAL_ROOT if a.literal else ROOT)
-    a.doc = a.doc or ("docs/reproductions-literal.md" if a.literal else "docs/reproductions.md")
+    if a.root is None:
+        a.root = str(LITERAL_ROOT if a.literal else ROOT)
+    if a.doc is None:  # an empty --doc is refused below, not taken for the default
+        a.doc = "docs/reproductions-literal.md" if a.literal else "docs/reproductions.md"
     if a.max_calibration_tokens is not None and a.max_calibration_tokens < 0:
         ap.error(f"--max-calibration-tokens {a.max_calibration_tokens}: give 0 or more tokens")
     refuse_unwritable(ap, a.doc, {"--root": a.root})
