@@ -158,12 +158,12 @@ def model_differences(protocol: Protocol, cell: CellRecord) -> list[Difference]:
     return out
 
 
-TEXT_SOURCES = {"wiki": "acbench's Wikipedia sample", "wikitext2": "WikiText-2", "c4": "C4"}
+TEXT_NAMES = {"wiki": "acbench's Wikipedia sample", "wikitext2": "WikiText-2", "c4": "C4"}
 
 
 def text_name(source) -> str:
     source = str(source)
-    return TEXT_SOURCES.get(source, source.removeprefix("file:"))
+    return TEXT_NAMES.get(source, source.removeprefix("file:"))
 
 
 def evaluation_differences(protocol: Protocol, cell: CellRecord) -> list[Difference]:
