@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from acbench.core.errors import UserError
+from acbench.core.registry import added_setting
 from tqdm.auto import tqdm
 
 from .base import (RunShared, Shortcut, Task, TaskResult, base_model, check_limit, logits_from_hidden, mean_stderr,
@@ -141,7 +142,7 @@ class LamaSettings:
     batch_size: int = 64  # probes whose prompts share one forward (16: 178 ms/probe, 64: 113-137 on 2 cores)
     # candidates: each probe ranked against its candidate set (multi-token objects scored in full); vocab: LAMA as
     # Petroni et al. scored it, the whole vocabulary ranked at [Y], probes with a one-token object only
-    protocol: str = "candidates"
+    protocol: str = added_setting("candidates")  # added later: in the key only when not the default
 
     def __post_init__(self):
         for name in ("per_relation", "max_candidates"):  # "0 = all", one spelling in the cell key
@@ -200,12 +201,6 @@ class LAMA(Task):
             sys.stderr.write(f"LAMA: {len(ls.absent)} relation(s) listed in the relations file have no file in "
                              f"{ls.source} ({', '.join(ls.absent[:5])}{', ...' if len(ls.absent) > 5 else ''}): "
                              "scored without them\n")
-
-    def settings_dict(self) -> dict:
-        out = super().settings_dict()
-        if out["protocol"] == "candidates":  # the protocol added later enters the key only when not the default
-            del out["protocol"]
-        return out
 
     def evaluate(self, model, tokenizer, progress=True, lama_set: LamaSet | None = None) -> TaskResult:
         s = self.settings
