@@ -230,17 +230,12 @@ def setting_of(cell: CellRecord, setting: str):
     stored = (cell.compression or {}).get("method_settings") or {}
     if setting in stored:
         return stored[setting]
-    import dataclasses
-
     from acbench import methods
 
     try:
-        cls = methods.get_method(methods.base_name(cell.cell.method))
+        return getattr(methods.get_method(methods.base_name(cell.cell.method)).Settings(), setting, None)
     except KeyError:
         return None
-    defaults = {f.name: f.default for f in dataclasses.fields(cls.Settings)} if dataclasses.is_dataclass(
-        cls.Settings) else {}
-    return defaults.get(setting)
 
 
 def recipe_differences(protocol: Protocol, cell: CellRecord) -> list[Difference]:

@@ -33,8 +33,8 @@ from acbench.core.record import DENSE, CellRecord
 from acbench.core.significance import ALPHA, above_chance, compare
 
 from acbench.studies import Side, find, ranks_clipped_to_one
-from acbench.studies.protocols import (NOT_LOCATED, Difference, Evaluation, PaperModel, Protocol, Recipe, Reported,
-                                       basis_of, differences)
+from acbench.studies.protocols import (NOT_LOCATED, TEXT_NAMES, Difference, Evaluation, PaperModel, Protocol, Recipe,
+                                       Reported, basis_of, differences)
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 ROOT = Path("studies/cells/reproductions")
@@ -85,13 +85,11 @@ class Claim:
         return out
 
 
-# the papers' texts the hub provides, as acbench's text sources name them (Alpaca and RefinedWeb are not read)
-HUB_TEXTS = {"WikiText-2": "wikitext2", "C4": "c4"}
-
-
+# the papers' texts the hub provides are protocols.TEXT_NAMES' (Alpaca and RefinedWeb are not read)
 def hub_text(data: str) -> str | None:
-    """The text source of a paper's data set ("C4 train segments" -> c4), or None where acbench reads none."""
-    return next((source for name, source in HUB_TEXTS.items() if data.startswith(name)), None)
+    """The hub text source of a paper's data set ("C4 train segments" -> c4), or None where acbench reads none
+    (the embedded Wikipedia sample is not a paper's set)."""
+    return next((source for source, name in TEXT_NAMES.items() if source != "wiki" and data.startswith(name)), None)
 
 
 def authors_text(method: str) -> str | None:
