@@ -36,7 +36,7 @@ PYTEST_WORKERS ?= auto
 across-models: setup  # the default sweep on both embedded models, and the report's Across models section
 	$(VENV)/bin/bench run --model gemma-3-270m smollm2-135m --methods all --rank 0.5 --no-latency --output results/across-models
 
-claims: setup  # docs/claims.md: the FASC paper's claim on both embedded models at ranks 0.9, 0.75, 0.5 (long)
+claims: setup  # docs/claims.md: the FASC claim on both embedded models at ranks 0.9, 0.75, 0.5, LAMA and MMLU until decided (hours)
 	$(PY) -m acbench.studies.claims
 
 # docs/calibration.md: every method at calibration sizes 4k-262k tokens, one-pass and sequential (hours: runs in

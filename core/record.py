@@ -405,7 +405,10 @@ def records_digest(records, sealed: dict | None = None) -> str:
 
 def until_decided_digest(records, spec: dict) -> str:
     """The digest an until-decided cell stores in details.until_decided.digest: its records and its decision."""
-    return records_digest(records, {k: spec.get(k) for k in SEALED_UNTIL_DECIDED})
+    sealed = {k: spec.get(k) for k in SEALED_UNTIL_DECIDED}
+    if "alpha" in spec:  # sealed where a run set it (cells of the default level keep the digest they were written with)
+        sealed["alpha"] = spec["alpha"]
+    return records_digest(records, sealed)
 
 
 def until_decided_problem(rec: dict) -> str | None:
@@ -416,6 +419,9 @@ def until_decided_problem(rec: dict) -> str | None:
         return None
     if not isinstance(spec, dict):
         return "details.until_decided is not a mapping"
+    alpha = spec.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 0.5:
+        return f"details.until_decided.alpha {alpha!r} is not a level in (0, 0.5]"
     if not isinstance(spec.get("digest"), str):
         return "details.until_decided has no digest of its records (written before digests, or edited): rerun it"
     if spec["digest"] != until_decided_digest(rec.get("records") or [], spec):

@@ -106,13 +106,24 @@ def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
     if own.get("reference_digest") is not None and own["reference_digest"] != records_digest(ref_cell.records[:n]):
         return None  # the reference's records are not those this cell was decided against: no verdict from them
     d = np.asarray(b[1][:n], dtype=np.float64) - np.asarray(a[1][:n], dtype=np.float64)
-    lo, hi = paired_cs(a[0], d, spec["budget"])
+    alpha = sequence_alpha(spec)
+    if alpha is None:
+        return None  # a level no run writes: the cell is not valid, and no verdict is read from it
+    lo, hi = paired_cs(a[0], d, spec["budget"], alpha)
     sd = float(d.std(ddof=1)) if n > 1 else float("inf")
     half = (float(hi[-1]) - float(lo[-1])) / 2
     return {"diff": float(d.mean()), "ci95": [float(lo[-1]), float(hi[-1])], "ci90": [float(lo[-1]), float(hi[-1])],
             "p": None, "n": n, "budget": spec["budget"], "decision": spec.get("decision") if until_decided(cell)
             else None, "detectable": half + Z_POWER * sd / math.sqrt(n) if math.isfinite(half) else None,
-            "test": "confidence sequence (anytime-valid)"}
+            "test": "confidence sequence (anytime-valid)", "alpha": alpha}
+
+
+def sequence_alpha(spec: dict) -> float | None:
+    """The level an until-decided cell's sequences were read at (0.05 unless its run set one), or None where the
+    cell holds one no run writes (outside (0, 0.5]: cell_problem refuses such a cell)."""
+    alpha = spec.get("alpha", ALPHA)
+    ok = isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= 0.5
+    return float(alpha) if ok else None
 
 
 def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
@@ -219,3 +230,79 @@ def verdict(d: dict, margin: float | None, higher: bool | None) -> str:
     if higher is None:
         return "higher" if up else "lower"
     return "better" if up == higher else "worse"
+
+
+def _excludes_zero(kind: str, d: np.ndarray, budget: int, alpha: float) -> bool:
+    from acbench.core.confidence_sequences import paired_cs
+
+    lo, hi = paired_cs(kind, d, budget, alpha)
+    return bool(lo[-1] > 0 or hi[-1] < 0)  # nan bounds (an NLL sequence not yet readable) exclude nothing
+
+
+def anytime_p(kind: str, d, budget: int) -> float:
+    """The anytime-valid p-value of paired differences `d` read as a confidence sequence: the least level at which
+    the sequence after the last item excludes zero (1 where none below 1 does). Valid at a count chosen by the data
+    (P(p_t <= a for some t) <= a, since a sequence at level a covers at every count at once), so Holm's correction
+    may take it beside fixed-n p-values. Found by bisection on the log of the level (the sequences narrow as the
+    level grows)."""
+    d = np.asarray(d, dtype=np.float64)
+    if d.size == 0 or not _excludes_zero(kind, d, budget, 0.999999):
+        return 1.0
+    lo, hi = math.log(1e-300), math.log(0.999999)
+    if _excludes_zero(kind, d, budget, math.exp(lo)):
+        return 1e-300
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _excludes_zero(kind, d, budget, math.exp(mid)) else (mid, hi)
+    return float(math.exp(hi))
+
+
+def sequence_detectable(kind: str, d, budget: int, alpha: float, n: int | None = None) -> float | None:
+    """The difference a confidence sequence at level `alpha` detects with 80 % power after `n` items (default: the
+    budget): its half-width there plus z_b standard errors, the observed differences repeated to n items (their
+    spread kept; what the items not scored would have shown is not known) in a seeded random order. None with
+    fewer than two differences."""
+    from acbench.core.confidence_sequences import paired_cs
+
+    d = np.asarray(d, dtype=np.float64)
+    if d.size < 2:
+        return None
+    n = budget if n is None else n
+    # repeated to n and put in a seeded random order, as the task's seeded item order draws them: the width then
+    # reflects the spread, not the order the differences were listed in
+    longer = np.random.default_rng(0).permutation(np.resize(d, n))
+    lo, hi = paired_cs(kind, longer, max(budget, n), alpha)
+    half = max((float(hi[-1]) - float(lo[-1])) / 2, 0.0)
+    return half + Z_POWER * float(d.std(ddof=1)) / math.sqrt(n) if math.isfinite(half) else None
+
+
+def fixed_items_needed(kind: str, d, delta: float) -> int | None:
+    """The items a fixed-n test (McNemar for accuracy, the paired t for NLL) needs to detect `delta` with 80 % power
+    (two-sided 5 %), at the spread of the paired differences `d`: Connor (1987)'s n = (z_a sqrt(psi) + z_b sqrt(psi -
+    delta^2))^2 / delta^2 from the discordant share psi; ((z_a + z_b) sd / delta)^2 for a mean. None without a
+    spread (fewer than two differences) or delta <= 0."""
+    d = np.asarray(d, dtype=np.float64)
+    if d.size < 2 or not delta > 0:
+        return None
+    if kind == "accuracy":
+        psi = min(max(float(np.mean(d != 0)), 1.0 / d.size), 1.0)
+        return math.ceil((Z_ALPHA * math.sqrt(psi) + Z_POWER * math.sqrt(max(psi - delta ** 2, 0.0))) ** 2
+                         / delta ** 2)
+    return math.ceil((Z_DETECT * float(d.std(ddof=1)) / delta) ** 2)
+
+
+def sequence_items_needed(kind: str, d, alpha: float, delta: float, cap: int = 200_000) -> int | None:
+    """The least budget at which a confidence sequence at level `alpha`, tuned to that budget and read at its end,
+    detects `delta` with 80 % power (sequence_detectable, the observed differences repeated), by bisection up to
+    `cap` items; None where even `cap` does not or there is no spread."""
+    def reaches(n: int) -> bool:
+        got = sequence_detectable(kind, d, n, alpha)
+        return got is not None and got <= delta
+
+    if np.asarray(d).size < 2 or not reaches(cap):
+        return None
+    lo, hi = 1, cap
+    while hi - lo > max(1, lo // 100):  # to 1 %: a count of items, not a constant
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    return hi

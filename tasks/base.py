@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 
+from acbench.core.confidence_sequences import ALPHA as SEQUENCE_ALPHA
 from acbench.core.errors import UserError
 from acbench.core.registry import Plugin
 
@@ -52,9 +53,14 @@ class UntilDecided:
     reference: str
     looks: int = 20  # blocks the budget is cut into: a comparison is tested after each
     margin: float | None = None
+    # the sequence's level: 0.05, or the share of a family's level a study gives each comparison (0.05 / m), so
+    # that a stop is a decision after the family's correction too
+    alpha: float = SEQUENCE_ALPHA
 
     def as_dict(self) -> dict:
-        return {"reference": self.reference, "looks": self.looks, "margin": self.margin}
+        out = {"reference": self.reference, "looks": self.looks, "margin": self.margin}
+        # added after cells were stored: in the key only when not the default (those cells keep theirs)
+        return out if self.alpha == SEQUENCE_ALPHA else {**out, "alpha": self.alpha}
 
 
 class Task(Plugin):

@@ -35,6 +35,7 @@ VALUES = {
     "--results": ["results", "/nonexistent", "/etc/hostname", ""],
     "--vs": ["pca", "fasc", "nobody", ""],
     "--reference": ["pca", "svd", "nobody", "", "dense"],
+    "--until-decided-alpha": ["0.05", "0.002", "0.5", "0", "0.6", "nan", "inf", "-0.1", "true", "1e-320"],
     "--margin": ["lama=0.02", "ppl-token=0.05,lama=0.01", "lama=0", "lama=2", "lamma=0.02", "lama", "=0.1",
                  "lama=nan", "lama=0.02,lama=0.03", "lama=inf", "mmlu=1"],
     "--bos": ["auto", "window", "stream", "none", "always"],
@@ -280,14 +281,22 @@ def test_architecture_script_flags_end_in_one_line_or_reach_the_work(tmp_path_fa
 
 # ---------------------------------------------------------------- the claims study
 
+LAMA_SOURCES = ["embedded", "lama:examples/sources/lama/TREx:examples/sources/lama/relations.jsonl",
+                "lama:/nonexistent:/nonexistent.jsonl", "lama:examples/sources/lama/TREx", "qa_wikidata:",
+                "qa_wikidata:/etc/hostname", "lama:examples/sources/lama/TREx:examples/sources/lama/TREx",
+                "hub:lama"]
+
 @settings(max_examples=60, deadline=None)
 @given(ranks=st.lists(st.one_of(WEIRD, st.sampled_from(["0.9", "0.75", "0.5", "1", "1.5"])), min_size=1, max_size=3),
        limit=st.one_of(WEIRD, st.sampled_from(["10", "1"])),
        doc=st.sampled_from(["docs/claims.md", "x.txt", "", "a/", "/dev/null/claims.md", "docs"]),
-       models=st.lists(st.sampled_from(["smollm2-135m", "gemma-3-270m", "nope"]), min_size=1, max_size=2))
-def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, ranks, limit, doc, models):
-    """`python -m acbench.studies.claims`: --ranks, --mmlu-limit, --doc and --models as typed; each ends in exit 2 with one
-    line (argparse's, or bench's UserError for a model bench refuses), or reaches the sweep with checked values."""
+       models=st.lists(st.sampled_from(["smollm2-135m", "gemma-3-270m", "nope"]), min_size=1, max_size=2),
+       lama=st.one_of(WEIRD, st.sampled_from(LAMA_SOURCES)), report_only=st.booleans())
+def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, capsys, ranks, limit, doc, models, lama,
+                                                               report_only):
+    """`python -m acbench.studies.claims`: --ranks, --mmlu-limit, --lama-source, --doc, --models and --report-only as
+    typed; each ends in exit 2 with one line (argparse's, or bench's UserError for a model bench refuses), or reaches
+    the sweep (or the stored cells) with checked values."""
     import acbench.studies.claims as claims
     from acbench.core.errors import UserError
 
@@ -300,8 +309,11 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
         return []
 
     monkeypatch.setattr(claims, "compute_cells", fake_sweep)
+    monkeypatch.setattr(claims, "stored_cells", fake_sweep)
     monkeypatch.setattr(claims, "write_doc", lambda s, cells: Path(s.doc))
-    argv = ["--ranks", *ranks, "--mmlu-limit", limit, "--doc", doc, "--models", *models]
+    argv = ["--ranks", *ranks, "--mmlu-limit", limit, "--doc", doc, "--models", *models,
+            "--lama-source" if not lama.startswith("-") else f"--lama-source={lama}",
+            *([] if lama.startswith("-") else [lama]), *(["--report-only"] if report_only else [])]
     try:
         code = claims.main(argv)
     except SystemExit as e:
@@ -318,7 +330,9 @@ def test_claims_study_flags_end_in_one_line_or_reach_the_sweep(monkeypatch, caps
     assert code == 0 and len(reached) == 1
     s = reached[0]
     assert all(0 < r <= 1 for r in s.ranks) and len(set(s.ranks)) == len(s.ranks) == len(ranks)
-    assert s.mmlu_limit >= 1 and s.doc.endswith(".md")
+    assert s.mmlu_limit >= 0 and s.doc.endswith(".md")
+    # a probe source reaches the sweep only where it reads (here: the embedded set and the examples' copy)
+    assert s.lama_source == lama and lama in LAMA_SOURCES[:2]
 
 
 # ---------------------------------------------------------------- the newer baselines' settings

@@ -440,3 +440,39 @@ def test_the_digests_are_of_the_canonical_text_written_here():
     assert until_decided_problem({"details": {"until_decided": 3}}) == "details.until_decided is not a mapping"
     assert until_decided_problem({"details": {"until_decided": {}}, "records": []}) == (
         "details.until_decided has no digest of its records (written before digests, or edited): rerun it")
+
+
+# ---------------------------------------------------------------- the level a family's run records
+
+@SETTINGS
+@given(alpha=st.one_of(json_value, st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+    [0.05, 0.002, 0.5, 0.5000001, 0, -0.01, 1, True, "0.01", None])), sealed=st.booleans())
+def test_a_stored_level_is_read_only_as_a_level_the_run_wrote(tmp_path_factory, alpha, sealed):
+    """details.until_decided.alpha set to anything, sealed into the digest or not: the reference is read (and a
+    comparison made at that level) only for a level in (0, 0.5] sealed with its records; else one line naming the
+    file, and no comparison is read from the cell."""
+    from acbench.core.record import CellRecord, until_decided_digest
+    from acbench.core.significance import sequential_compare
+    from acbench.runner.until_decided import reference_records
+
+    path, cell = _reference_cell(tmp_path_factory.mktemp("level"))
+    spec = cell["details"]["until_decided"]
+    spec["alpha"] = alpha
+    if sealed:
+        spec["digest"] = until_decided_digest(cell["records"], spec)
+    path.write_text(json.dumps(cell))
+    valid = sealed and isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= 0.5
+    try:
+        got = reference_records(path)
+    except UserError as e:
+        assert not valid and str(path) in str(e) and "\n" not in str(e)
+        try:
+            CellRecord.from_json(cell)
+            raise AssertionError("a cell refused as a reference was read as a cell")
+        except ValueError:
+            return
+    assert valid and got == REFERENCE
+    other = json.loads(json.dumps(cell))
+    other["cell"]["method"] = "svd"
+    shown = sequential_compare(CellRecord.from_json(cell), CellRecord.from_json(other))
+    assert shown["alpha"] == alpha and shown["diff"] == 0

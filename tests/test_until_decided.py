@@ -301,3 +301,49 @@ def test_a_tampered_kept_file_is_refused_before_any_work(tiny, decided, tmp_path
     rc, text = _run(["run", "--model", str(tiny), *ARGS, "--until-decided", "--output", str(out), "--no-report"])
     assert rc == 2 and f"{keep} (the blocks an interrupted until-decided run kept): " in text and "digest" in text
     assert "[svd" not in text and not svd_path.exists() and keep.exists()
+
+
+# ---------------------------------------------------------------- a family's level: --until-decided-alpha
+
+class _Noisy(_Windows):
+    """40 windows whose NLL is lower than the reference's by 0.1 with spread: decided early at 0.05, later (or
+    never) at a level a family's correction asks for."""
+
+    def score_items(self, model, tokenizer, items, progress=True):
+        self.scored += [i for i, _ in items]
+        return [{"window": i, "nll": 3.0 - 0.1 + 0.1 * ((i * 7) % 5 - 2) + 0.01 * (i % 7)} for i, _ in items]
+
+
+def test_a_level_set_for_a_family_is_used_recorded_and_sealed():
+    from acbench.core.record import until_decided_digest
+    from acbench.runner.until_decided import evaluate_until_decided
+    from acbench.tasks.base import UntilDecided
+
+    ref = _Windows().score_items(None, None, _Windows().item_pool(None))
+    plain = _Noisy()
+    strict = _Noisy()
+    strict.until_decided = UntilDecided("pca", looks=4, margin=0.02, alpha=0.05 / 1000)
+    a = evaluate_until_decided(plain, None, None, ref, progress=False).details["until_decided"]
+    b = evaluate_until_decided(strict, None, None, ref, progress=False).details["until_decided"]
+    assert "alpha" not in a and b["alpha"] == 0.05 / 1000  # the default level leaves the record as it was
+    assert a["decision"] == "better" and b["items"] > a["items"]  # the stricter sequence needs more windows
+    assert UntilDecided("pca").as_dict() == {"reference": "pca", "looks": 20, "margin": None}  # keys kept
+    assert UntilDecided("pca", alpha=0.001).as_dict()["alpha"] == 0.001
+    records = _Noisy().score_items(None, None, _Noisy().item_pool(None))[:b["items"]]
+    assert b["digest"] == until_decided_digest(records, b)
+    assert until_decided_digest(records, {**b, "alpha": 0.05}) != b["digest"]  # the level is sealed with the rest
+
+
+def test_the_level_is_refused_in_one_line_where_it_cannot_apply(tiny, tmp_path):
+    base = ["run", "--model", str(tiny), "--methods", "pca", "svd", "--rank", "0.5", "--tasks", "ppl-token",
+            "--ppl-windows", "3", "--ppl-seq-len", "16", "--no-latency", "--quiet", "--calib-samples", "1",
+            "--output", str(tmp_path / "r")]
+    rc, text = _run([*base, "--until-decided-alpha", "0.01"])
+    assert rc == 2 and "--until-decided-alpha 0.01 only sets the level of --until-decided's" in text
+    for bad in ("0", "0.6", "nan", "inf"):
+        rc, text = _run([*base, "--until-decided", f"--until-decided-alpha={bad}"])
+        assert rc == 2 and "--until-decided-alpha must be a level in (0, 0.5]" in text, (bad, text)
+    rc, text = _run([*base, "--until-decided", "--until-decided-alpha", "0.01"])
+    assert rc == 0, text[-500:]
+    cells = _cells(tmp_path / "r")
+    assert cells[("svd", "ppl-token")]["details"]["until_decided"]["alpha"] == 0.01

@@ -96,6 +96,9 @@ RUN_FLAGS = [
                                                   "--lama-limit / --mmlu-limit / --ppl-windows)"}),
     ("--reference", "reference", {"help": "with --until-decided: the method every comparison is tested against "
                                           "(default pca)"}),
+    ("--until-decided-alpha", "until_decided_alpha", {"type": float, "help": "with --until-decided: the confidence "
+                                                      "sequences' level (default 0.05; 0.05 / m for m comparisons "
+                                                      "read as one family)"}),
     ("--pair-tokens", "pair_tokens", {"type": int, "help": "sampled (x, g) token pairs per group (default 512)"}),
     ("--bos", "bos", {"choices": ["auto", "window", "stream", "none"],
                       "help": "BOS protocol of calibration and ppl-token windows: window ([BOS] + text per window), "

@@ -92,6 +92,8 @@ class RunConfig:
     # decided by a confidence sequence, or its budget is spent (docs/decisions.md)
     until_decided: bool = False
     reference: str | None = None  # None: DEFAULT_REFERENCE; set only with until_decided (alone it would do nothing)
+    # the confidence sequences' level (None: 0.05); a study testing m comparisons as one family gives each 0.05 / m
+    until_decided_alpha: float | None = None
     progress: bool = True
 
     @classmethod
@@ -287,7 +289,8 @@ def until_decided_task(task: Task, config: RunConfig, margins: dict) -> Task:
     given = config.task_options.get(task.name) or {}
     whole = {f: None for f in UNTIL_DECIDED_BUDGETS.get(task.name, ()) if f not in given}
     out = type(task)(dataclasses.replace(task.settings, **whole)) if whole else task
-    out.until_decided = UntilDecided(reference_method(config), margin=margins.get(task.name, task.margin))
+    level = {} if config.until_decided_alpha is None else {"alpha": float(config.until_decided_alpha)}
+    out.until_decided = UntilDecided(reference_method(config), margin=margins.get(task.name, task.margin), **level)
     return out
 
 

@@ -292,6 +292,14 @@ def check_settings_used(config: RunConfig, model_tasks: dict, margins: dict) -> 
     if config.reference is not None and not config.until_decided:
         raise UserError(f"--reference {config.reference!r} only names the method --until-decided tests against, and "
                         "this run evaluates every item: add --until-decided, or leave --reference out")
+    alpha = config.until_decided_alpha
+    if alpha is not None and not config.until_decided:
+        raise UserError(f"--until-decided-alpha {alpha!r} only sets the level of --until-decided's confidence "
+                        "sequences, and this run evaluates every item: add --until-decided, or leave it out")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or not math.isfinite(alpha) or not 0 < alpha <= 0.5):
+        raise UserError(f"--until-decided-alpha must be a level in (0, 0.5] (0.05 by default; 0.05 / m for each of "
+                        f"m comparisons read as one family), got {alpha!r}")
     if config.until_decided and all(type(t).item_pool is Task.item_pool for t in model_tasks.values()):
         raise UserError(f"--until-decided stops the tasks that score items in blocks (lama, mmlu, ppl-token), and this "
                         f"run's tasks ({', '.join(sorted(model_tasks)) or 'analyses only'}) are evaluated whole: add one of them to "

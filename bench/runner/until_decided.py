@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from acbench.core.confidence_sequences import paired_cs, sequential_decision
+from acbench.core.confidence_sequences import ALPHA, paired_cs, sequential_decision
 from acbench.tasks.base import Task, TaskResult
 
 
@@ -48,10 +48,11 @@ def reference_records(path: Path) -> list[dict] | None:
     return records if isinstance(records, list) else None
 
 
-def decide(kind: str, ref: list[float], mine: list[float], budget: int, margin, higher) -> tuple:
-    """(decision or None, lower, upper) of the confidence sequence on the items scored so far."""
+def decide(kind: str, ref: list[float], mine: list[float], budget: int, margin, higher,
+           alpha: float = ALPHA) -> tuple:
+    """(decision or None, lower, upper) of the confidence sequence at level `alpha` on the items scored so far."""
     d = np.asarray(mine, dtype=np.float64) - np.asarray(ref[:len(mine)], dtype=np.float64)
-    lo, hi = paired_cs(kind, d, budget)
+    lo, hi = paired_cs(kind, d, budget, alpha)
     return sequential_decision(float(lo[-1]), float(hi[-1]), margin, higher), float(lo[-1]), float(hi[-1])
 
 
@@ -177,7 +178,7 @@ def evaluate_until_decided(task: Task, model, tokenizer, reference: list[dict] |
         if mine is None or mine[0] != ref[0] or len(ref[1]) < len(mine[1]) or ref[2][:len(mine[2])] != mine[2]:
             ref = None  # the stored reference scored other items: this comparison cannot stop early
             continue
-        decision, *bounds = decide(ref[0], ref[1], mine[1], len(pool), spec.margin, higher)
+        decision, *bounds = decide(ref[0], ref[1], mine[1], len(pool), spec.margin, higher, spec.alpha)
         if decision:
             records = records[:start + block]
             break
