@@ -215,8 +215,11 @@ def comparison(cells: dict, models, rank: float, task: str, claimant: str, basel
             entry.update(sequential_extent(shown, kind, d))
             entry["detectable"] = entry["whole_detectable"]
         per[m] = entry
+    # no model compared because a cell is missing (not because a model is at chance or without room)
+    unmeasured = not per and any(dense_cell(cells, m, task) is None or None in pair(cells, m, rank, task, claimant,
+                                                                                      baseline) for m in models)
     out = {"rank": rank, "task": task, "claimant": claimant, "baseline": baseline, "per_model": per,
-           "common": None, "pooled": None, "interval": None, "detectable": None}
+           "common": None, "pooled": None, "interval": None, "detectable": None, "unmeasured": unmeasured}
     if len(per) >= 2:
         effects, variances = [p["diff"] for p in per.values()], [p["var"] for p in per.values()]
         out["common"] = common_effect(effects, variances)
@@ -240,6 +243,8 @@ def verdict(r: dict, higher: bool) -> str:
     compared."""
     per = r["per_model"]
     if not per:
+        if r.get("unmeasured"):
+            return "not measured yet"
         return "no room above chance" if r["task"] == "mmlu" else "at chance"
     claimed = sum(p["holm_p"] < ALPHA and (p["shown"]["diff"] > 0) == higher for p in per.values())
     against = sum(p["holm_p"] < ALPHA and p["shown"]["diff"] != 0 and (p["shown"]["diff"] > 0) != higher
@@ -293,6 +298,8 @@ def per_model_text(p: dict, task: str) -> str:
 
 
 def absent_text(cells: dict, model: str, task: str) -> str:
+    if dense_cell(cells, model, task) is None:
+        return "not measured yet"
     if task == "mmlu":
         r = room(cells, model)
         if r["above"] is not None and not r["room"]:
@@ -305,7 +312,9 @@ def verdict_rows(rows: list[dict], models, cells: dict) -> list[list[str]]:
     body = []
     for r in rows:
         task, per = r["task"], r["per_model"]
-        texts = [per_model_text(per[m], task) if m in per else absent_text(cells, m, task) for m in models]
+        compared = set(above_chance_models(cells, models, task))
+        texts = [per_model_text(per[m], task) if m in per else "not measured yet" if m in compared else
+                 absent_text(cells, m, task) for m in models]
         common = r["common"]
         # after a data-chosen stop a fixed-n interval is not one: the sequential rows' common effect is its estimate
         pooled = "" if not common else fmt_ci(common["estimate"], common["ci95"], task, common["p"]) \
@@ -422,7 +431,7 @@ def summary_lines(rows: list[dict], families: dict[str, int]) -> list[str]:
     for task, (label, _, higher) in TASKS.items():
         mine = [r for r in rows if r["task"] == task]
         parts = []
-        for state in ("holds", "reversed", "not detected", "no room", "at chance"):
+        for state in ("holds", "reversed", "not detected", "no room", "at chance", "not measured"):
             hits = [r for r in mine if r["verdict"].startswith(state)]
             if hits:
                 parts.append(f"{state} for " + ", ".join(f"{r['claimant']} − {r['baseline']} at {r['rank']:g}"
@@ -473,8 +482,9 @@ def dense_chance_lines(by: dict, models) -> list[str]:
                     room_txt = (f"; {100 * r['above']:.1f} points over chance against the claimed "
                                 f"{100 * CLAIMED[0]:.0f}-{100 * CLAIMED[1]:.0f}: "
                                 + ("room, compared" if r["room"] else "no room, left out of the verdict"))
+                p = f"p = {a['p']:.2g}" if a["p"] > 0 else "p < 1e-300"
                 out.append(f"{m} {TASKS[task][0]}: {100 * a['acc']:.1f} % on {a['n']:,} items against chance "
-                           f"{100 * a['chance']:.1f} % (one-sided p = {a['p']:.2g}: "
+                           f"{100 * a['chance']:.1f} % (one-sided {p}: "
                            f"{'above chance' if a['above'] else 'at chance'}{room_txt})")
     return out
 

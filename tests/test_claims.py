@@ -155,7 +155,11 @@ def test_lama_leaves_out_a_model_at_chance_and_missing_cells():
                   _cell("b", "dense", "lama", None, DENSE_ROOM, reference="pca"),
                   _cell("b", "pca", "lama", 0.5, DENSE_ROOM, reference="pca")])  # b lacks fasc
     r = comparison(cells, ["a", "b"], 0.5, "lama", "fasc", "pca")
-    assert r["verdict"] == "at chance" and r["per_model"] == {} and r["detectable"] is None
+    # b would be compared once its cell is stored: the row waits for it rather than reading "at chance"
+    assert r["verdict"] == "not measured yet" and r["per_model"] == {} and r["detectable"] is None
+    assert comparison(cells, ["a"], 0.5, "lama", "fasc", "pca")["verdict"] == "at chance"
+    mmlu = comparison(_set([]), ["a"], 0.5, "mmlu", "fasc", "pca")
+    assert mmlu["verdict"] == "not measured yet"  # no dense MMLU stored: neither "no room" nor "not detected"
 
 
 def test_a_pair_is_read_only_from_the_run_against_its_own_baseline():
