@@ -276,19 +276,21 @@ def sequence_detectable(kind: str, d, budget: int, alpha: float, n: int | None =
     return half + Z_POWER * float(d.std(ddof=1)) / math.sqrt(n) if math.isfinite(half) else None
 
 
-def fixed_items_needed(kind: str, d, delta: float) -> int | None:
+def fixed_items_needed(kind: str, d, delta: float, alpha: float = ALPHA) -> int | None:
     """The items a fixed-n test (McNemar for accuracy, the paired t for NLL) needs to detect `delta` with 80 % power
-    (two-sided 5 %), at the spread of the paired differences `d`: Connor (1987)'s n = (z_a sqrt(psi) + z_b sqrt(psi -
-    delta^2))^2 / delta^2 from the discordant share psi; ((z_a + z_b) sd / delta)^2 for a mean. None without a
-    spread (fewer than two differences) or delta <= 0."""
+    (two-sided, at level `alpha`: a family's share where the comparison is one of m), at the spread of the paired
+    differences `d`: Connor (1987)'s n = (z_a sqrt(psi) + z_b sqrt(psi - delta^2))^2 / delta^2 from the discordant
+    share psi; ((z_a + z_b) sd / delta)^2 for a mean. None without a spread (fewer than two differences) or
+    delta <= 0."""
     d = np.asarray(d, dtype=np.float64)
     if d.size < 2 or not delta > 0:
         return None
+    z_a = float(stats.norm.ppf(1 - alpha / 2))
     if kind == "accuracy":
         psi = min(max(float(np.mean(d != 0)), 1.0 / d.size), 1.0)
-        return math.ceil((Z_ALPHA * math.sqrt(psi) + Z_POWER * math.sqrt(max(psi - delta ** 2, 0.0))) ** 2
+        return math.ceil((z_a * math.sqrt(psi) + Z_POWER * math.sqrt(max(psi - delta ** 2, 0.0))) ** 2
                          / delta ** 2)
-    return math.ceil((Z_DETECT * float(d.std(ddof=1)) / delta) ** 2)
+    return math.ceil(((z_a + Z_POWER) * float(d.std(ddof=1)) / delta) ** 2)
 
 
 def sequence_items_needed(kind: str, d, alpha: float, delta: float, cap: int = 200_000) -> int | None:

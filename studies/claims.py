@@ -187,15 +187,15 @@ def differences_of(ref: CellRecord, other: CellRecord) -> tuple[str, np.ndarray]
 
 def sequential_extent(shown: dict, kind: str, d: np.ndarray) -> dict:
     """What a comparison evaluated until decided spent and could see: its anytime-valid p, the difference its whole
-    budget detects (80 % power, at its level), the fixed-n items a test would need to detect the difference it
-    detected at the items it spent, and, where the whole budget cannot detect TARGET, the budget that would."""
+    budget detects (80 % power, at its level), the items a fixed-n test at the same level would need to detect that
+    same difference (what evaluating a fixed count, decided in advance, would have cost instead), and, where the
+    whole budget cannot detect TARGET, the budget that would."""
     alpha, budget, n = shown["alpha"], shown["budget"], shown["n"]
     whole = sequence_detectable(kind, d, budget, alpha)
-    at_spent = sequence_detectable(kind, d, budget, alpha, n=n)
     need = sequence_items_needed(kind, d, alpha, TARGET) if kind == "accuracy" and whole is not None \
         and whole > TARGET else None
     return {"p": anytime_p(kind, d, budget), "whole_detectable": whole, "spent": n,
-            "fixed_items": fixed_items_needed(kind, d, at_spent) if at_spent else None, "items_for_target": need}
+            "fixed_items": fixed_items_needed(kind, d, whole, alpha) if whole else None, "items_for_target": need}
 
 
 def comparison(cells: dict, models, rank: float, task: str, claimant: str, baseline: str) -> dict:
@@ -327,8 +327,8 @@ def verdict_rows(rows: list[dict], models, cells: dict) -> list[list[str]]:
 
 def spent_rows(rows: list[dict]) -> list[list[str]]:
     """One row per comparison evaluated until decided: the items it spent against the budget, how it ended, the
-    difference the whole budget detects, the fixed-n items a test needs for the difference it detected at the items
-    it spent, and the budget that would detect TARGET where this one does not."""
+    difference the whole budget detects, the items a fixed-n test at the same level needs to detect that difference,
+    and the budget that would detect TARGET where this one does not."""
     body = []
     for r in rows:
         for m, p in r["per_model"].items():
@@ -347,7 +347,7 @@ def spent_rows(rows: list[dict]) -> list[list[str]]:
 
 def spent_totals(rows: list[dict]) -> dict:
     """Items the claimants scored until decided, the items scoring each on its whole budget would have taken, and
-    the fixed-n items the same detectable differences would have needed."""
+    the items fixed-n tests at the same levels would have needed for the same detectable differences."""
     spent = budget = fixed = 0
     for r in rows:
         for p in r["per_model"].values():
@@ -632,16 +632,18 @@ def spent_lines(rows: list[dict]) -> list[str]:
         "## What evaluating until decided spent",
         "",
         f"The claimants scored {totals['spent']:,} items until decided, where their whole budgets hold "
-        f"{totals['budget']:,}; a fixed-n test detecting, in each comparison, the difference its sequence detected "
-        f"at the items it spent would have needed {totals['fixed']:,} (Connor 1987; a sequence read after every "
-        "block is wider than a fixed-n interval at the same count, so a comparison that runs to its budget costs "
-        f"more items than a fixed-n one). Where a whole budget cannot detect {100 * TARGET:.0f} points (the "
+        f"{totals['budget']:,}; fixed-n tests at the same level, each sized in advance to detect the difference "
+        f"its comparison's whole budget detects, would have needed {totals['fixed']:,} (Connor 1987). A sequence "
+        "read after every block is wider than a fixed-n interval at the same count, so a comparison that runs to "
+        "its budget spends more items than the fixed-n test sized for the same difference; one decided early can "
+        "spend fewer. Where a whole budget cannot "
+        f"detect {100 * TARGET:.0f} points (the "
         "target: half the smallest claimed effect), the last column gives the budget a sequence at the same level "
         "would need, from the spread of the differences observed (repeated): LAMA's own release "
         "(`--lama-source`, below) holds tens of thousands of probes.",
         "",
         tabulate(spent_rows(rows), headers=["rank", "benchmark", "difference", "model", "items", "ended",
-                                            "detectable (whole budget)", "fixed-n items for the same",
+                                            "detectable (whole budget)", "fixed-n items, same level",
                                             f"budget to detect {100 * TARGET:.0f} points"],
                  tablefmt="github", disable_numparse=True) if spent_rows(rows) else "No comparison evaluated until "
         "decided is stored yet.",

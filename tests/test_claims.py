@@ -93,8 +93,7 @@ def test_a_sequential_comparison_reads_its_sequence_its_anytime_p_and_what_it_sp
     assert p["p"] == pytest.approx(anytime_p("accuracy", d, 1354)) and p["p"] < alpha  # decided at its level
     assert p["whole_detectable"] == pytest.approx(sequence_detectable("accuracy", d, 1354, alpha))
     assert r["detectable"] == p["whole_detectable"]  # the column reads the whole budget, not the items spent
-    assert p["fixed_items"] == fixed_items_needed("accuracy", d, sequence_detectable("accuracy", d, 1354, alpha,
-                                                                                       n=400))
+    assert p["fixed_items"] == fixed_items_needed("accuracy", d, p["whole_detectable"], alpha)
     assert r["verdict"] == "holds in 1 of 1"
 
 
@@ -120,6 +119,7 @@ def test_the_fixed_n_count_inverts_the_detectable_difference():
         n = fixed_items_needed("accuracy", d, delta)
         assert detectable_accuracy(0.2, n) <= delta < detectable_accuracy(0.2, n - 1) + 1e-9
     assert fixed_items_needed("accuracy", d[:1], 0.05) is None and fixed_items_needed("accuracy", d, 0) is None
+    assert fixed_items_needed("accuracy", d, 0.05, alpha=0.05 / 24) > fixed_items_needed("accuracy", d, 0.05)
 
 
 def test_mmlu_is_read_only_on_a_model_with_room_for_the_claim():
