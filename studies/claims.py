@@ -215,11 +215,13 @@ def comparison(cells: dict, models, rank: float, task: str, claimant: str, basel
             entry.update(sequential_extent(shown, kind, d))
             entry["detectable"] = entry["whole_detectable"]
         per[m] = entry
-    # no model compared because a cell is missing (not because a model is at chance or without room)
-    unmeasured = not per and any(dense_cell(cells, m, task) is None or None in pair(cells, m, rank, task, claimant,
-                                                                                      baseline) for m in models)
+    # models not compared because a cell is missing (not because they are at chance or without room)
+    pending = [m for m in models if m not in per and (dense_cell(cells, m, task) is None or (
+        m in above_chance_models(cells, [m], task) and None in pair(cells, m, rank, task, claimant, baseline)))]
+    unmeasured = not per and bool(pending)
     out = {"rank": rank, "task": task, "claimant": claimant, "baseline": baseline, "per_model": per,
-           "common": None, "pooled": None, "interval": None, "detectable": None, "unmeasured": unmeasured}
+           "common": None, "pooled": None, "interval": None, "detectable": None, "unmeasured": unmeasured,
+           "pending": len(pending)}
     if len(per) >= 2:
         effects, variances = [p["diff"] for p in per.values()], [p["var"] for p in per.values()]
         out["common"] = common_effect(effects, variances)
@@ -251,10 +253,11 @@ def verdict(r: dict, higher: bool) -> str:
                   for p in per.values())
     parts = ([f"holds in {claimed} of {len(per)}"] if claimed else []) + \
         ([f"reversed in {against} of {len(per)}"] if against else [])
+    waiting = f"; {r['pending']} more not measured yet" if r.get("pending") else ""
     if parts:
-        return ", ".join(parts)
+        return ", ".join(parts) + waiting
     miss = r.get("detectable")
-    return "not detected" + (f" (could miss {fmt_float(miss, r['task'])})" if miss is not None else "")
+    return "not detected" + (f" (could miss {fmt_float(miss, r['task'])})" if miss is not None else "") + waiting
 
 
 def correct_per_benchmark(rows: list[dict]) -> dict[str, int]:

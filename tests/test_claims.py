@@ -158,6 +158,11 @@ def test_lama_leaves_out_a_model_at_chance_and_missing_cells():
     # b would be compared once its cell is stored: the row waits for it rather than reading "at chance"
     assert r["verdict"] == "not measured yet" and r["per_model"] == {} and r["detectable"] is None
     assert comparison(cells, ["a"], 0.5, "lama", "fasc", "pca")["verdict"] == "at chance"
+    # one model decided, the other's cells still to come: the count says so
+    cells.update(_set([*_accuracy_pair("c", "lama", 0.5, "fasc", "pca", [1] * 100 + [0] * 300, [1] * 250 +
+                                       [0] * 150), _cell("c", "dense", "lama", None, DENSE_ROOM, reference="pca")]))
+    assert comparison(cells, ["c", "b"], 0.5, "lama", "fasc", "pca")["verdict"] == \
+        "holds in 1 of 1; 1 more not measured yet"
     mmlu = comparison(_set([]), ["a"], 0.5, "mmlu", "fasc", "pca")
     assert mmlu["verdict"] == "not measured yet"  # no dense MMLU stored: neither "no room" nor "not detected"
 
