@@ -411,6 +411,11 @@ def until_decided_digest(records, spec: dict) -> str:
     return records_digest(records, sealed)
 
 
+def is_sequence_level(alpha) -> bool:
+    """A level an until-decided run may set for its confidence sequences: a number in (0, 0.5] (not a bool, not nan)."""
+    return isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= 0.5
+
+
 def until_decided_problem(rec: dict) -> str | None:
     """A cell evaluated until decided must carry the digest of its records and decision, and match it: an edited
     reference would move every verdict taken against it, and an edited decision would be printed as taken."""
@@ -420,7 +425,7 @@ def until_decided_problem(rec: dict) -> str | None:
     if not isinstance(spec, dict):
         return "details.until_decided is not a mapping"
     alpha = spec.get("alpha", 0.05)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 0.5:
+    if not is_sequence_level(alpha):
         return f"details.until_decided.alpha {alpha!r} is not a level in (0, 0.5]"
     if not isinstance(spec.get("digest"), str):
         return "details.until_decided has no digest of its records (written before digests, or edited): rerun it"

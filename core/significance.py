@@ -121,9 +121,10 @@ def sequential_compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:
 def sequence_alpha(spec: dict) -> float | None:
     """The level an until-decided cell's sequences were read at (0.05 unless its run set one), or None where the
     cell holds one no run writes (outside (0, 0.5]: cell_problem refuses such a cell)."""
+    from acbench.core.record import is_sequence_level
+
     alpha = spec.get("alpha", ALPHA)
-    ok = isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 < alpha <= 0.5
-    return float(alpha) if ok else None
+    return float(alpha) if is_sequence_level(alpha) else None
 
 
 def compare(ref_cell: CellRecord, cell: CellRecord) -> dict | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from acbench import methods
 from acbench import tasks as task_registry
 from acbench.core.errors import UserError, did_you_mean
-from acbench.core.record import DENSE, UNIFORM
+from acbench.core.record import DENSE, UNIFORM, is_sequence_level
 from acbench.core.settings import type_problems
 from acbench.core.stats import CALIBRATION_MODES, LOW_RANK_FAMILY, SEQUENTIAL, SPARSITY_FAMILY, SparsitySpec
 from acbench.tasks.base import Task
@@ -296,8 +296,7 @@ def check_settings_used(config: RunConfig, model_tasks: dict, margins: dict) -> 
     if alpha is not None and not config.until_decided:
         raise UserError(f"--until-decided-alpha {alpha!r} only sets the level of --until-decided's confidence "
                         "sequences, and this run evaluates every item: add --until-decided, or leave it out")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                              or not math.isfinite(alpha) or not 0 < alpha <= 0.5):
+    if alpha is not None and not is_sequence_level(alpha):
         raise UserError(f"--until-decided-alpha must be a level in (0, 0.5] (0.05 by default; 0.05 / m for each of "
                         f"m comparisons read as one family), got {alpha!r}")
     if config.until_decided and all(type(t).item_pool is Task.item_pool for t in model_tasks.values()):
