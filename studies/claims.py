@@ -56,15 +56,15 @@ class Settings:
     doc: str = "docs/claims.md"
 
 
-def family_size(s: Settings, task: str, models=None) -> int:
+def family_size(s: Settings, models=None) -> int:
     """The per-model tests of one benchmark's family: models x ranks x claimants x baselines."""
     return len(s.models if models is None else models) * len(s.ranks) * len(CLAIMANTS) * len(BASELINES)
 
 
-def sequence_level(s: Settings, task: str, models=None) -> float:
+def sequence_level(s: Settings, models=None) -> float:
     """The level each of the family's sequences runs at (Bonferroni's share of 0.05): a comparison stopped as
     decided is then significant after Holm's correction over the family."""
-    return ALPHA / family_size(s, task, models)
+    return ALPHA / family_size(s, models)
 
 
 def _mmlu_options(s: Settings) -> dict:
@@ -91,7 +91,7 @@ def sequential_keywords(s: Settings, task: str, baseline: str, models: list[str]
     options = {"lama_source": s.lama_source} if task == "lama" else _mmlu_options(s)
     return {"model": list(models), "methods": [*CLAIMANTS, baseline], "rank": list(s.ranks), "tasks": [task],
             **options, "until_decided": True, "reference": baseline,
-            "until_decided_alpha": sequence_level(s, task, models), "measure_latency": False, "output": s.output}
+            "until_decided_alpha": sequence_level(s, models), "measure_latency": False, "output": s.output}
 
 
 def compute_cells(s: Settings) -> list[CellRecord]:
@@ -190,11 +190,11 @@ def sequential_extent(shown: dict, kind: str, d: np.ndarray) -> dict:
     budget detects (80 % power, at its level), the items a fixed-n test at the same level would need to detect that
     same difference (what evaluating a fixed count, decided in advance, would have cost instead), and, where the
     whole budget cannot detect TARGET, the budget that would."""
-    alpha, budget, n = shown["alpha"], shown["budget"], shown["n"]
+    alpha, budget = shown["alpha"], shown["budget"]
     whole = sequence_detectable(kind, d, budget, alpha)
     need = sequence_items_needed(kind, d, alpha, TARGET) if kind == "accuracy" and whole is not None \
         and whole > TARGET else None
-    return {"p": anytime_p(kind, d, budget), "whole_detectable": whole, "spent": n,
+    return {"p": anytime_p(kind, d, budget), "whole_detectable": whole,
             "fixed_items": fixed_items_needed(kind, d, whole, alpha) if whole else None, "items_for_target": need}
 
 

@@ -221,8 +221,8 @@ def test_a_sequence_at_the_familys_share_stays_decided_after_holm():
     from acbench.studies.claims import Settings, family_size, sequence_level
 
     s = Settings(models=("a", "b"), ranks=(0.9, 0.75, 0.5))
-    assert family_size(s, "lama") == 24 and sequence_level(s, "lama") == pytest.approx(0.05 / 24)
-    assert sequence_level(s, "mmlu", ["a"]) == pytest.approx(0.05 / 12)
+    assert family_size(s) == 24 and sequence_level(s) == pytest.approx(0.05 / 24)
+    assert sequence_level(s, ["a"]) == pytest.approx(0.05 / 12)
     rng = np.random.default_rng(1)
     d = rng.choice([1.0, -1.0, 0.0], size=700, p=[0.16, 0.04, 0.8])
     lo, hi = paired_cs("accuracy", d, 1354, 0.05 / 24)
